@@ -1,0 +1,213 @@
+"""Block shapes as numpy columns, and exact parameter / cache sizes computed from them.
+
+``costmodels`` speaks in shapes, not in ``nas`` objects: a :class:`BlockTable` holds one
+row per block (or per alternative) with plain integer columns, and every function here is
+vectorized over rows. ``nas.arch`` turns its block configs into a table and reads its
+parameter counts from here, so the counting lives in one place.
+
+Parameter layout per kind (h = hidden size; every block but NoOp has a pre-norm of h):
+
+* attention: q ``h*nq*d``, k and v ``h*nkv*d`` each, o ``nq*d*h``; optional qkv bias
+  ``(nq+2nkv)*d``, o bias ``h``, q/k norm ``2*d``.
+* mamba (Mamba-2, HF NemotronH layout): I = heads*head_dim; in_proj ``h*(2I + 2*g*N + heads)``;
+  depthwise conv over ``I + 2*g*N`` channels, ``kernel`` taps (+ bias); ``dt_bias``,
+  ``A_log``, ``D`` of ``heads`` each; gated RMSNorm ``I``; out_proj ``I*h``.
+* moe: router ``E*h`` (+ ``E`` correction bias); with a latent size L the routed experts
+  work in L dims, with ``h*L`` down and ``L*h`` up projections around them; each routed
+  expert has 2 (relu2) or 3 (SwiGLU) matrices of ``in*width``; a shared expert works in h.
+* ffn: 2 or 3 matrices of ``h*width`` (+ biases ``(mats-1)*width + h``).
+* linear: one ``h*h`` matrix.
+* noop: nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import IntEnum
+
+import numpy as np
+
+from costmodels.dtypes import PrecisionRecipe, TensorRole
+
+
+class Kind(IntEnum):
+    """Block kind codes used in the ``kind`` column."""
+
+    NOOP = 0
+    ATTENTION = 1
+    MAMBA = 2
+    MOE = 3
+    FFN = 4
+    LINEAR = 5
+
+
+KIND_NAMES = {k: k.name.lower() for k in Kind}
+
+
+@dataclass
+class BlockTable:
+    """Columns describing N blocks; irrelevant columns of a row are 0.
+
+    All columns are int64 numpy arrays of equal length. ``window`` is the sliding-window
+    length of an attention block (0 = full attention).
+    """
+
+    kind: np.ndarray
+    hidden: np.ndarray
+    # attention
+    n_heads: np.ndarray
+    n_kv_heads: np.ndarray
+    head_dim: np.ndarray
+    window: np.ndarray
+    qkv_bias: np.ndarray
+    o_bias: np.ndarray
+    qk_norm: np.ndarray
+    # mamba
+    m_heads: np.ndarray
+    m_head_dim: np.ndarray
+    state: np.ndarray
+    groups: np.ndarray
+    conv_kernel: np.ndarray
+    conv_bias: np.ndarray
+    proj_bias: np.ndarray
+    # moe
+    experts: np.ndarray
+    top_k: np.ndarray
+    expert_width: np.ndarray
+    shared_width: np.ndarray
+    latent: np.ndarray
+    router_bias: np.ndarray
+    # moe + ffn
+    gated: np.ndarray
+    # ffn
+    ffn_width: np.ndarray
+    ffn_bias: np.ndarray
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_rows(cls, rows: list[dict[str, int]]) -> BlockTable:
+        """Build a table from dicts of column values (missing columns are 0)."""
+        names = cls.columns()
+        unknown = {k for r in rows for k in r} - set(names)
+        if unknown:
+            raise KeyError(f"unknown BlockTable columns: {sorted(unknown)}")
+        data = {n: np.fromiter((int(r.get(n, 0)) for r in rows), dtype=np.int64, count=len(rows))
+                for n in names}
+        return cls(**data)
+
+    @classmethod
+    def concat(cls, tables: list[BlockTable]) -> BlockTable:
+        return cls(**{n: np.concatenate([getattr(t, n) for t in tables]) for n in cls.columns()})
+
+    def take(self, index: np.ndarray | list[int]) -> BlockTable:
+        idx = np.asarray(index, dtype=np.int64)
+        return BlockTable(**{n: getattr(self, n)[idx] for n in self.columns()})
+
+    def __len__(self) -> int:
+        return int(self.kind.shape[0])
+
+
+def _is(t: BlockTable, kind: Kind) -> np.ndarray:
+    return (t.kind == int(kind)).astype(np.int64)
+
+
+def mamba_dims(t: BlockTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(inner I = heads*head_dim, in_proj output width, conv channels) per row."""
+    inner = t.m_heads * t.m_head_dim
+    bc = 2 * t.groups * t.state
+    return inner, 2 * inner + bc + t.m_heads, inner + bc
+
+
+def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndarray]:
+    """Parameters per tensor role, per row (int64).
+
+    ``active=True`` counts what one token touches: ``top_k`` routed experts instead of all.
+    """
+    h = t.hidden
+    att, mam, moe, ffn, lin = (_is(t, k) for k in
+                               (Kind.ATTENTION, Kind.MAMBA, Kind.MOE, Kind.FFN, Kind.LINEAR))
+    norm = h * (t.kind != int(Kind.NOOP)).astype(np.int64)
+
+    qd, kvd = t.n_heads * t.head_dim, t.n_kv_heads * t.head_dim
+    att_w = att * (2 * h * qd + 2 * h * kvd)
+    att_o = att * (t.qkv_bias * (qd + 2 * kvd) + t.o_bias * h + t.qk_norm * 2 * t.head_dim)
+
+    inner, in_out, conv_ch = mamba_dims(t)
+    mam_w = mam * (h * in_out + inner * h)
+    mam_o = mam * (t.proj_bias * (in_out + h) + conv_ch * t.conv_kernel
+                   + t.conv_bias * conv_ch + 3 * t.m_heads + inner)
+
+    mats = 2 + t.gated
+    exp_in = np.where(t.latent > 0, t.latent, h)
+    n_exp = t.top_k if active else t.experts
+    routed = moe * n_exp * mats * exp_in * t.expert_width
+    shared = moe * mats * h * t.shared_width
+    moe_o = moe * (t.experts * h + t.router_bias * t.experts + 2 * h * t.latent)
+
+    ffn_w = ffn * mats * h * t.ffn_width
+    ffn_o = ffn * t.ffn_bias * ((mats - 1) * t.ffn_width + h)
+
+    return {
+        TensorRole.ATTENTION: att_w,
+        TensorRole.MAMBA: mam_w,
+        TensorRole.ROUTED_EXPERTS: routed,
+        TensorRole.SHARED_EXPERTS: shared,
+        TensorRole.FFN: ffn_w,
+        TensorRole.OTHER: norm + att_o + mam_o + moe_o + ffn_o + lin * h * h,
+    }
+
+
+def params(t: BlockTable, active: bool = False) -> np.ndarray:
+    """Total (or active) parameters per row."""
+    return sum(role_params(t, active).values())  # type: ignore[return-value]
+
+
+def weight_bytes(t: BlockTable, recipe: PrecisionRecipe, active: bool = False) -> np.ndarray:
+    """Weight bytes per row under ``recipe`` (float64)."""
+    out = np.zeros(len(t), dtype=np.float64)
+    for role, n in role_params(t, active).items():
+        out += n * recipe.weight_bytes_per_param(role)
+    return out
+
+
+def kv_elems_per_token(t: BlockTable) -> np.ndarray:
+    """KV-cache elements stored per token of context (K and V), per row."""
+    return _is(t, Kind.ATTENTION) * 2 * t.n_kv_heads * t.head_dim
+
+
+def kv_bytes(t: BlockTable, recipe: PrecisionRecipe, context: int | np.ndarray) -> np.ndarray:
+    """KV-cache bytes of one sequence at ``context`` tokens; sliding windows cap the length."""
+    ctx = np.asarray(context, dtype=np.float64)
+    length = np.where(t.window > 0, np.minimum(t.window, ctx), ctx)
+    return kv_elems_per_token(t) * length * recipe.kv_cache.bytes
+
+
+def conv_state_elems(t: BlockTable) -> np.ndarray:
+    """Mamba conv-state elements per sequence: conv channels x (kernel - 1) past inputs."""
+    _, _, conv_ch = mamba_dims(t)
+    return _is(t, Kind.MAMBA) * conv_ch * np.maximum(t.conv_kernel - 1, 0)
+
+
+def ssm_state_elems(t: BlockTable) -> np.ndarray:
+    """Mamba SSM-state elements per sequence: heads x head_dim x state size."""
+    return _is(t, Kind.MAMBA) * t.m_heads * t.m_head_dim * t.state
+
+
+def state_bytes_per_sequence(t: BlockTable, recipe: PrecisionRecipe) -> np.ndarray:
+    """Conv state + SSM state bytes of one sequence, each in its own recipe dtype."""
+    return (conv_state_elems(t) * recipe.conv_state.bytes
+            + ssm_state_elems(t) * recipe.ssm_state.bytes)
+
+
+def nonblock_role_params(hidden: int, vocab: int, tied: bool, final_norm: bool = True
+                         ) -> dict[TensorRole, int]:
+    """Embedding, LM head and final-norm parameters (the non-block term)."""
+    emb = hidden * vocab
+    return {
+        TensorRole.EMBEDDINGS: emb,
+        TensorRole.LM_HEAD: 0 if tied else emb,
+        TensorRole.OTHER: hidden if final_norm else 0,
+    }

@@ -1,0 +1,1 @@
+"""What a device can do: shipped hardware profiles and their schema."""
