@@ -12,7 +12,8 @@ Parameter layout per kind (h = hidden size; every block but NoOp has a pre-norm 
 * mamba (Mamba-2, HF NemotronH layout): I = heads*head_dim; in_proj ``h*(2I + 2*g*N + heads)``;
   depthwise conv over ``I + 2*g*N`` channels, ``kernel`` taps (+ bias); ``dt_bias``,
   ``A_log``, ``D`` of ``heads`` each; gated RMSNorm ``I``; out_proj ``I*h``.
-* moe: router ``E*h`` (+ ``E`` correction bias); with a latent size L the routed experts
+* moe: router ``E*h`` (+ ``E`` correction bias; + ``h`` for a sigmoid shared-expert gate,
+  as in Qwen2-MoE); with a latent size L the routed experts
   work in L dims, with ``h*L`` down and ``L*h`` up projections around them; each routed
   expert has 2 (relu2) or 3 (SwiGLU) matrices of ``in*width``; a shared expert works in h.
 * ffn: 2 or 3 matrices of ``h*width`` (+ biases ``(mats-1)*width + h``).
@@ -77,6 +78,7 @@ class BlockTable:
     shared_width: np.ndarray
     latent: np.ndarray
     router_bias: np.ndarray
+    shared_gate: np.ndarray
     # moe + ffn
     gated: np.ndarray
     # ffn
@@ -145,7 +147,8 @@ def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndar
     n_exp = t.top_k if active else t.experts
     routed = moe * n_exp * mats * exp_in * t.expert_width
     shared = moe * mats * h * t.shared_width
-    moe_o = moe * (t.experts * h + t.router_bias * t.experts + 2 * h * t.latent)
+    moe_o = moe * (t.experts * h + t.router_bias * t.experts + 2 * h * t.latent
+                   + t.shared_gate * h)
 
     ffn_w = ffn * mats * h * t.ffn_width
     ffn_o = ffn * t.ffn_bias * ((mats - 1) * t.ffn_width + h)

@@ -1,0 +1,342 @@
+"""The architecture model: frozen block configs per kind and ``ModelArch``.
+
+A block is one residual branch with its own pre-norm: a Llama layer is two blocks
+(attention, then FFN); a Nemotron-H layer is one (Mamba, MoE, attention or MLP).
+Parameter, weight-byte, KV and state accounting is exact and comes from
+:mod:`costmodels.shapes` (one place for the formulas), so the cost model and the
+architecture can never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from functools import cached_property
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
+
+from costmodels import shapes
+from costmodels.dtypes import PrecisionRecipe, TensorRole, get_recipe
+from costmodels.shapes import BlockTable, Kind
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def describe(self) -> str:
+        """A short human-readable label, e.g. ``attention q32/kv8 d128``."""
+        return self.kind  # type: ignore[attr-defined]
+
+
+class Attention(_Block):
+    """Grouped-query attention."""
+
+    kind: Literal["attention"] = "attention"
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    sliding_window: PositiveInt | None = None
+    rope: bool = True
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> Attention:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        return self
+
+    def describe(self) -> str:
+        s = f"attention q{self.num_heads}/kv{self.num_kv_heads} d{self.head_dim}"
+        return s + (f" window{self.sliding_window}" if self.sliding_window else "")
+
+
+class Mamba(_Block):
+    """Mamba-2 mixer (HF NemotronH layout)."""
+
+    kind: Literal["mamba"] = "mamba"
+    num_heads: PositiveInt
+    head_dim: PositiveInt
+    state_size: PositiveInt
+    n_groups: PositiveInt = 1
+    conv_kernel: PositiveInt = 4
+    conv_bias: bool = True
+    proj_bias: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> Mamba:
+        if self.num_heads % self.n_groups:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of n_groups ({self.n_groups})"
+            )
+        return self
+
+    def describe(self) -> str:
+        return f"mamba h{self.num_heads}x{self.head_dim} state{self.state_size}"
+
+
+class MoE(_Block):
+    """Routed mixture of experts, optional latent projections and shared expert."""
+
+    kind: Literal["moe"] = "moe"
+    num_experts: PositiveInt
+    top_k: PositiveInt
+    expert_width: PositiveInt
+    shared_width: NonNegativeInt = 0
+    latent_size: PositiveInt | None = None
+    gated: bool = True
+    activation: str = "silu"
+    router: Literal["softmax", "sigmoid"] = "softmax"
+    router_bias: bool = False
+    norm_topk: bool = True
+    routed_scaling: float = 1.0
+    shared_gate: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> MoE:
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})"
+            )
+        return self
+
+    def describe(self) -> str:
+        s = f"moe {self.num_experts}x{self.expert_width} top{self.top_k}"
+        if self.shared_width:
+            s += f" shared{self.shared_width}"
+        return s + (f" latent{self.latent_size}" if self.latent_size else "")
+
+
+class FFN(_Block):
+    """Dense MLP: gated (SwiGLU-style, 3 matrices) or not (2 matrices)."""
+
+    kind: Literal["ffn"] = "ffn"
+    width: PositiveInt
+    gated: bool = True
+    activation: str = "silu"
+    bias: bool = False
+
+    def describe(self) -> str:
+        return f"ffn {self.width}"
+
+
+class Linear(_Block):
+    """A block replaced by one hidden x hidden matrix (keeps its pre-norm)."""
+
+    kind: Literal["linear"] = "linear"
+
+
+class NoOp(_Block):
+    """A removed block: the residual stream passes through."""
+
+    kind: Literal["noop"] = "noop"
+
+
+Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp, Field(discriminator="kind")]
+BLOCK_TYPES: dict[str, type[_Block]] = {
+    "attention": Attention, "mamba": Mamba, "moe": MoE, "ffn": FFN, "linear": Linear, "noop": NoOp,
+}
+_KIND_CODE = {"attention": Kind.ATTENTION, "mamba": Kind.MAMBA, "moe": Kind.MOE,
+              "ffn": Kind.FFN, "linear": Kind.LINEAR, "noop": Kind.NOOP}
+
+
+def block_row(block: _Block, hidden: int) -> dict[str, int]:
+    """The :class:`costmodels.shapes.BlockTable` columns of one block."""
+    row: dict[str, int] = {"kind": int(_KIND_CODE[block.kind]), "hidden": hidden}  # type: ignore[attr-defined]
+    if isinstance(block, Attention):
+        row.update(n_heads=block.num_heads, n_kv_heads=block.num_kv_heads,
+                   head_dim=block.head_dim, window=block.sliding_window or 0,
+                   qkv_bias=int(block.qkv_bias), o_bias=int(block.o_bias),
+                   qk_norm=int(block.qk_norm))
+    elif isinstance(block, Mamba):
+        row.update(m_heads=block.num_heads, m_head_dim=block.head_dim, state=block.state_size,
+                   groups=block.n_groups, conv_kernel=block.conv_kernel,
+                   conv_bias=int(block.conv_bias), proj_bias=int(block.proj_bias))
+    elif isinstance(block, MoE):
+        row.update(experts=block.num_experts, top_k=block.top_k,
+                   expert_width=block.expert_width, shared_width=block.shared_width,
+                   latent=block.latent_size or 0, router_bias=int(block.router_bias),
+                   shared_gate=int(block.shared_gate), gated=int(block.gated))
+    elif isinstance(block, FFN):
+        row.update(ffn_width=block.width, gated=int(block.gated), ffn_bias=int(block.bias))
+    return row
+
+
+def blocks_table(blocks: list[_Block] | tuple[_Block, ...], hidden: int) -> BlockTable:
+    """A :class:`BlockTable` with one row per block."""
+    return BlockTable.from_rows([block_row(b, hidden) for b in blocks])
+
+
+class ParamCounts(BaseModel):
+    """Exact parameter counts. Totals include embeddings and LM head and exclude MTP."""
+
+    model_config = ConfigDict(frozen=True)
+
+    total: int
+    active: int
+    embeddings: int
+    lm_head: int
+    final_norm: int
+    blocks_total: int
+    blocks_active: int
+    by_kind_total: dict[str, int]
+    by_kind_active: dict[str, int]
+    mtp: int
+
+    @property
+    def total_without_embeddings(self) -> int:
+        """Total without the input embedding table and the LM head."""
+        return self.total - self.embeddings - self.lm_head
+
+    @property
+    def active_without_embeddings(self) -> int:
+        """Active without the input embedding table (the LM head is computed every token)."""
+        return self.active - self.embeddings
+
+
+class ModelArch(BaseModel):
+    """A (possibly heterogeneous) decoder-only model: an ordered list of residual blocks.
+
+    ``model_type`` is the HF type it was imported from (used to pick the export type);
+    ``hf_extra`` keeps the HF fields that do not shape the architecture (token ids,
+    rope scaling, ...) so that an export carries them through.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden_size: PositiveInt
+    vocab_size: PositiveInt
+    tie_embeddings: bool = False
+    final_norm: bool = True
+    blocks: tuple[Block, ...]
+    mtp_blocks: tuple[Block, ...] = ()
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    model_type: str = ""
+    hf_extra_json: str = "{}"
+
+    @property
+    def hf_extra(self) -> dict[str, Any]:
+        return json.loads(self.hf_extra_json)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def kind_counts(self) -> dict[str, int]:
+        return dict(Counter(b.kind for b in self.blocks))
+
+    def replace_blocks(self, blocks: list[_Block] | tuple[_Block, ...]) -> ModelArch:
+        """A copy with other blocks (same embeddings, norms, MTP)."""
+        return self.model_copy(update={"blocks": tuple(blocks)})
+
+    # ---- accounting -----------------------------------------------------------------
+    @cached_property
+    def table(self) -> BlockTable:
+        """The blocks as a :class:`costmodels.shapes.BlockTable`."""
+        return blocks_table(self.blocks, self.hidden_size)
+
+    def block_table(self) -> BlockTable:
+        return self.table
+
+    def block_params(self, active: bool = False) -> np.ndarray:
+        """Parameters per block (int64)."""
+        return shapes.params(self.table, active)
+
+    def nonblock_role_params(self) -> dict[TensorRole, int]:
+        return shapes.nonblock_role_params(self.hidden_size, self.vocab_size,
+                                           self.tie_embeddings, self.final_norm)
+
+    def mtp_params(self) -> int:
+        """MTP parameters: its blocks plus, per MTP depth, the 2h->h projection and 3 norms."""
+        if not self.mtp_blocks:
+            return 0
+        h = self.hidden_size
+        t = blocks_table(self.mtp_blocks, h)
+        return int(shapes.params(t).sum()) + 2 * h * h + 3 * h
+
+    def param_counts(self) -> ParamCounts:
+        """Exact total and active parameter counts, per kind, MTP apart."""
+        tot, act = self.block_params(), self.block_params(active=True)
+        nb = self.nonblock_role_params()
+        by_t: Counter[str] = Counter()
+        by_a: Counter[str] = Counter()
+        for b, t, a in zip(self.blocks, tot, act):
+            by_t[b.kind] += int(t)
+            by_a[b.kind] += int(a)
+        nonblock = sum(nb.values())
+        return ParamCounts(
+            total=int(tot.sum()) + nonblock,
+            active=int(act.sum()) + nonblock,
+            embeddings=nb[TensorRole.EMBEDDINGS],
+            lm_head=nb[TensorRole.LM_HEAD],
+            final_norm=nb[TensorRole.OTHER],
+            blocks_total=int(tot.sum()),
+            blocks_active=int(act.sum()),
+            by_kind_total=dict(by_t),
+            by_kind_active=dict(by_a),
+            mtp=self.mtp_params(),
+        )
+
+    def weight_bytes(self, recipe: PrecisionRecipe | str = "bf16") -> float:
+        """Weight bytes of blocks + embeddings + LM head + final norm under ``recipe`` (no MTP)."""
+        r = get_recipe(recipe)
+        nb = sum(n * r.weight_bytes_per_param(role) for role, n in
+                 self.nonblock_role_params().items())
+        return float(shapes.weight_bytes(self.table, r).sum()) + nb
+
+    def weight_bytes_by_role(self, recipe: PrecisionRecipe | str = "bf16") -> dict[str, float]:
+        r = get_recipe(recipe)
+        out: dict[str, float] = {}
+        for role, n in shapes.role_params(self.table).items():
+            out[role.value] = float(n.sum()) * r.weight_bytes_per_param(role)
+        for role, n in self.nonblock_role_params().items():
+            out[role.value] = out.get(role.value, 0.0) + n * r.weight_bytes_per_param(role)
+        return {k: v for k, v in out.items() if v}
+
+    def kv_bytes_per_token(self, recipe: PrecisionRecipe | str = "bf16") -> float:
+        """KV-cache bytes per token of context, summed over attention blocks.
+
+        Sliding-window blocks count here too; their total is capped at the window length
+        (see :meth:`kv_bytes`).
+        """
+        r = get_recipe(recipe)
+        return float(shapes.kv_elems_per_token(self.table).sum()) * r.kv_cache.bytes
+
+    def kv_bytes(self, context: int, recipe: PrecisionRecipe | str = "bf16") -> float:
+        """KV-cache bytes of one sequence at ``context`` tokens (windows capped)."""
+        return float(shapes.kv_bytes(self.table, get_recipe(recipe), context).sum())
+
+    def state_bytes_per_sequence(self, recipe: PrecisionRecipe | str = "bf16") -> float:
+        """Mamba conv state + SSM state bytes per sequence (each in its own dtype)."""
+        return float(shapes.state_bytes_per_sequence(self.table, get_recipe(recipe)).sum())
+
+    def summary(self, recipe: PrecisionRecipe | str = "bf16") -> dict[str, Any]:
+        """Plain-data summary (what ``puzzle-nas inspect --json`` prints)."""
+        r = get_recipe(recipe)
+        pc = self.param_counts()
+        return {
+            "model_type": self.model_type,
+            "num_blocks": self.num_blocks,
+            "blocks_by_kind": self.kind_counts(),
+            "total_params": pc.total,
+            "active_params": pc.active,
+            "total_params_without_embeddings": pc.total_without_embeddings,
+            "active_params_without_embeddings": pc.active_without_embeddings,
+            "embedding_params": pc.embeddings,
+            "lm_head_params": pc.lm_head,
+            "params_by_kind": pc.by_kind_total,
+            "active_params_by_kind": pc.by_kind_active,
+            "mtp_params": pc.mtp,
+            "precision": r.name,
+            "weight_bytes": self.weight_bytes(r),
+            "weight_bytes_by_role": self.weight_bytes_by_role(r),
+            "kv_bytes_per_token": self.kv_bytes_per_token(r),
+            "state_bytes_per_sequence": self.state_bytes_per_sequence(r),
+        }

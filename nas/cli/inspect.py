@@ -1,0 +1,59 @@
+"""``puzzle-nas inspect CONFIG``: parameters, weight bytes, KV and state sizes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+GB, GIB = 1e9, 2**30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="parameter counts and memory of an HF config.json",
+                       description="Exact total/active parameters, a per-kind breakdown, weight "
+                       "bytes under a precision recipe, KV bytes per token and SSM state bytes "
+                       "per sequence of an HF config.json.")
+    p.add_argument("config", help="HF config.json (or a folder holding one)")
+    p.add_argument("--precision", default="bf16",
+                   help="recipe name (bf16, fp8, nvfp4) or a recipe JSON file (default bf16)")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=run)
+
+
+def _b(n: float) -> str:
+    return f"{n / 1e9:,.3f} B"
+
+
+def _bytes(n: float) -> str:
+    return f"{n / GB:,.2f} GB ({n / GIB:,.2f} GiB)"
+
+
+def run(args: argparse.Namespace) -> int:
+    from costmodels.dtypes import get_recipe
+    from nas.hf import load_config
+
+    arch = load_config(args.config)
+    recipe = get_recipe(args.precision)
+    s = arch.summary(recipe)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(f"{args.config}: {s['model_type']}, {s['num_blocks']} blocks "
+          + ", ".join(f"{n} {k}" for k, n in s["blocks_by_kind"].items()))
+    print(f"  total parameters   {s['total_params']:>18,}  ({_b(s['total_params'])})")
+    print(f"  active parameters  {s['active_params']:>18,}  ({_b(s['active_params'])})")
+    print(f"    without embeddings: total {_b(s['total_params_without_embeddings'])}, "
+          f"active {_b(s['active_params_without_embeddings'])}")
+    print(f"  embeddings {s['embedding_params']:,}, LM head {s['lm_head_params']:,}")
+    if s["mtp_params"]:
+        print(f"  MTP (not in totals) {s['mtp_params']:,}")
+    print("  per kind (total / active):")
+    for k, n in s["params_by_kind"].items():
+        print(f"    {k:<10} {n:>18,} / {s['active_params_by_kind'][k]:,}")
+    print(f"  weights under {recipe.name}: {_bytes(s['weight_bytes'])}")
+    for role, n in s["weight_bytes_by_role"].items():
+        print(f"    {role:<15} {_bytes(n)}")
+    print(f"  KV cache per token: {s['kv_bytes_per_token']:,.0f} bytes ({recipe.kv_cache.value})")
+    print(f"  SSM+conv state per sequence: {s['state_bytes_per_sequence']:,.0f} bytes "
+          f"({_bytes(s['state_bytes_per_sequence'])})")
+    return 0
