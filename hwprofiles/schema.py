@@ -1,0 +1,234 @@
+"""The schema of a hardware profile: what one accelerator can do, each number with its source.
+
+Units inside: bytes, bytes/s, FLOP/s, seconds. Every number is a :class:`Figure`
+(``{"value": ..., "source": ...}``) so that a profile can never hold a figure without
+saying where it came from (a datasheet URL and date, ``FACTS.md``, or
+``"measured on <device> <date>"``).
+
+Efficiency curves give the achieved fraction of peak as a function of op size
+(FLOPs for compute curves, bytes for memory/link curves): a list of ``[size, fraction]``
+points interpolated linearly in ``log(size)`` and held flat beyond the ends. A curve with
+one point is a constant, which is what the shipped profiles use (published large-op
+fractions; the small-op penalty is carried by ``kernel_overhead_s``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Compute dtypes a profile may list a peak for (the values of ``costmodels.dtypes.DType``
+# except fp32, which no cost here computes in).
+COMPUTE_DTYPES = ("bf16", "fp16", "fp8", "int8", "nvfp4", "mxfp4")
+
+
+class Figure(BaseModel):
+    """A number and where it came from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    value: float
+    source: str = Field(min_length=3)
+
+    @field_validator("value")
+    @classmethod
+    def _finite_nonneg(cls, v: float) -> float:
+        if not math.isfinite(v) or v < 0:
+            raise ValueError("must be a finite number >= 0")
+        return v
+
+
+class EfficiencyCurve(BaseModel):
+    """Achieved fraction of peak vs op size; ``points`` are ``[size, fraction]`` pairs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    points: list[tuple[float, float]] = Field(min_length=1)
+    source: str = Field(min_length=3)
+
+    @field_validator("points")
+    @classmethod
+    def _check(cls, pts: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        sizes = [p[0] for p in pts]
+        if any(s <= 0 for s in sizes) or sizes != sorted(sizes) or len(set(sizes)) != len(sizes):
+            raise ValueError("sizes must be > 0 and strictly increasing")
+        if any(not (0.0 < f <= 1.0) for _, f in pts):
+            raise ValueError("fractions must be in (0, 1]")
+        return pts
+
+    @property
+    def is_constant(self) -> bool:
+        return len(self.points) == 1
+
+    @property
+    def peak_fraction(self) -> float:
+        """The curve's largest fraction (its value for large ops)."""
+        return max(f for _, f in self.points)
+
+    def at(self, size: float | np.ndarray) -> float | np.ndarray:
+        """Fraction of peak achieved by an op of ``size`` (FLOPs or bytes); vectorized."""
+        if self.is_constant:
+            f = self.points[0][1]
+            return f if np.isscalar(size) else np.full(np.shape(size), f)
+        xs = np.log(np.array([p[0] for p in self.points]))
+        ys = np.array([p[1] for p in self.points])
+        out = np.interp(np.log(np.maximum(np.asarray(size, dtype=np.float64), 1.0)), xs, ys)
+        return float(out) if np.isscalar(size) else out
+
+
+class Efficiency(BaseModel):
+    """Achieved fractions of peak, per kind of work."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    matmul: dict[str, EfficiencyCurve]
+    """Dense GEMM, fraction of ``peak_flops[dtype]``, keyed by compute dtype."""
+    attention: EfficiencyCurve
+    """Flash-style attention math, fraction of the BF16 peak."""
+    grouped_matmul_prefill: EfficiencyCurve
+    """MoE grouped GEMM with many tokens per expert, fraction of peak FLOP/s."""
+    grouped_matmul_decode: EfficiencyCurve
+    """MoE grouped GEMM with few tokens per expert (decode), fraction of memory bandwidth."""
+    memory: EfficiencyCurve
+    """Streaming from device memory, fraction of ``memory_bandwidth``."""
+    link: EfficiencyCurve
+    """Collectives over the scale-up link, fraction of ``interconnect.bandwidth``."""
+
+    @field_validator("matmul")
+    @classmethod
+    def _keys(cls, v: dict[str, EfficiencyCurve]) -> dict[str, EfficiencyCurve]:
+        bad = sorted(set(v) - set(COMPUTE_DTYPES))
+        if bad:
+            raise ValueError(f"unknown compute dtype(s) {bad}; expected {list(COMPUTE_DTYPES)}")
+        return v
+
+
+class Interconnect(BaseModel):
+    """The scale-up link between GPUs of one node (NVLink, Infinity Fabric, PCIe)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    bandwidth: Figure
+    """Bytes/s per GPU, per direction."""
+    latency: Figure
+    """Seconds: fixed cost of one collective (all-reduce) regardless of size."""
+
+
+class HardwareProfile(BaseModel):
+    """What one accelerator can do. Units: bytes, bytes/s, FLOP/s (dense), seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    display_name: str
+    vendor: str
+    aliases: list[str] = Field(default_factory=list)
+    notes: str = ""
+
+    memory_bytes: Figure
+    """Usable device memory, bytes (what the driver exposes)."""
+    memory_bandwidth: Figure
+    """Peak device-memory bandwidth, bytes/s."""
+    peak_flops: dict[str, Figure]
+    """Dense (not "with sparsity") tensor peak FLOP/s per compute dtype."""
+    efficiency: Efficiency
+    kernel_overhead_s: Figure
+    """Fixed seconds added to every kernel (launch + ramp)."""
+    l2_bytes: Figure | None = None
+    """Last-level on-chip cache, bytes (informational)."""
+    interconnect: Interconnect
+    gpus_per_node: Figure
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _peaks(cls, v: dict[str, Figure]) -> dict[str, Figure]:
+        bad = sorted(set(v) - set(COMPUTE_DTYPES))
+        if bad:
+            raise ValueError(f"unknown compute dtype(s) {bad}; expected {list(COMPUTE_DTYPES)}")
+        if "bf16" not in v:
+            raise ValueError("a bf16 peak is required")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HardwareProfile:
+        missing = sorted(set(self.peak_flops) - set(self.efficiency.matmul))
+        if missing:
+            raise ValueError(f"efficiency.matmul lacks a curve for {missing}")
+        if self.memory_bytes.value <= 0 or self.memory_bandwidth.value <= 0:
+            raise ValueError("memory_bytes and memory_bandwidth must be > 0")
+        if self.gpus_per_node.value < 1 or self.gpus_per_node.value != int(self.gpus_per_node.value):
+            raise ValueError("gpus_per_node must be a positive integer")
+        return self
+
+    # -- conveniences (plain numbers) ------------------------------------------------------
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s of compute dtype ``dtype`` (KeyError if the device has none)."""
+        return self.peak_flops[dtype].value
+
+    def compute_dtype(self, weight_dtype: str) -> str:
+        """The dtype a GEMM with ``weight_dtype`` weights computes in on this device.
+
+        A dtype the device has tensor-core math for computes natively; otherwise weights are
+        dequantized: FP4 formats to FP8 (or BF16 where there is no FP8), FP8/INT8 to BF16.
+        This is a memory saving with no math speedup (e.g. NVFP4 weights on Hopper).
+        """
+        w = str(weight_dtype)
+        chains = {
+            "nvfp4": ("nvfp4", "fp8", "bf16"),
+            "mxfp4": ("mxfp4", "fp8", "bf16"),
+            "fp8": ("fp8", "bf16"),
+            "int8": ("int8", "bf16"),
+            "fp16": ("fp16", "bf16"),
+            "bf16": ("bf16",),
+            "fp32": ("bf16",),
+        }
+        for d in chains.get(w, ("bf16",)):
+            if d in self.peak_flops:
+                return d
+        return "bf16"
+
+    def matmul_fraction(self, dtype: str) -> float:
+        """Large-GEMM achieved fraction of peak for compute dtype ``dtype``."""
+        return self.efficiency.matmul[dtype].peak_fraction
+
+    def summary_rows(self) -> list[tuple[str, str, str]]:
+        """(field, value, source) rows for display; values formatted with units."""
+        rows: list[tuple[str, str, str]] = []
+        m = self.memory_bytes.value
+        rows.append(("memory", f"{m / 1e9:.1f} GB ({m / 2**30:.1f} GiB)", self.memory_bytes.source))
+        rows.append(("memory bandwidth", f"{self.memory_bandwidth.value / 1e12:.3f} TB/s",
+                     self.memory_bandwidth.source))
+        for d in COMPUTE_DTYPES:
+            if d in self.peak_flops:
+                f = self.peak_flops[d]
+                rows.append((f"peak {d} (dense)", f"{f.value / 1e12:,.0f} TFLOP/s", f.source))
+        e = self.efficiency
+        for d, c in e.matmul.items():
+            rows.append((f"matmul efficiency {d}", _curve_str(c), c.source))
+        for key in ("attention", "grouped_matmul_prefill", "grouped_matmul_decode", "memory",
+                    "link"):
+            c = getattr(e, key)
+            rows.append((f"{key.replace('_', ' ')} efficiency", _curve_str(c), c.source))
+        rows.append(("kernel overhead", f"{self.kernel_overhead_s.value * 1e6:.1f} us",
+                     self.kernel_overhead_s.source))
+        if self.l2_bytes is not None:
+            rows.append(("last-level cache", f"{self.l2_bytes.value / 2**20:.0f} MiB",
+                         self.l2_bytes.source))
+        ic = self.interconnect
+        rows.append((f"link ({ic.name}) per direction",
+                     f"{ic.bandwidth.value / 1e9:.0f} GB/s", ic.bandwidth.source))
+        rows.append(("link collective latency", f"{ic.latency.value * 1e6:.1f} us",
+                     ic.latency.source))
+        rows.append(("GPUs per node", f"{int(self.gpus_per_node.value)}",
+                     self.gpus_per_node.source))
+        return rows
+
+
+def _curve_str(c: EfficiencyCurve) -> str:
+    if c.is_constant:
+        return f"{c.points[0][1]:.0%}"
+    return " ".join(f"{f:.0%}@{s:.3g}" for s, f in c.points)
