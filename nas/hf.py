@@ -171,13 +171,13 @@ def _windows(r: _Reader, mt: str, n: int) -> list[int | None]:
     window = r.int("sliding_window", None)
     if mt in ("mistral", "mixtral"):
         return [window] * n
+    use = r.bool("use_sliding_window", False)
+    first = r.int("max_window_layers", n, minimum=0)
     types = r.raw("layer_types", None)
     if types is not None:
         if not isinstance(types, list) or len(types) != n:
             raise r.err("layer_types", f"expected a list of {n} layer types")
         return [window if t == "sliding_attention" else None for t in types]
-    use = r.bool("use_sliding_window", False)
-    first = r.int("max_window_layers", n, minimum=0)
     return [window if (use and window and i >= first) else None for i in range(n)]
 
 

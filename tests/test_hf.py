@@ -1,0 +1,207 @@
+"""HF config import/export: round trips for every supported type, heterogeneous exports,
+published parameter counts of other families, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import LLAMA, NANO, SUPER
+
+from hwprofiles.errors import InputError
+from nas.arch import FFN, Attention, Linear, NoOp
+from nas.hf import SUPPORTED_TYPES, ExportError, from_hf, load_config, to_hf
+
+MISTRAL_7B = {
+    "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+    "vocab_size": 32000, "sliding_window": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1,
+}
+MIXTRAL_8X7B = {
+    "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+    "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "sliding_window": None, "rope_theta": 1e6, "rms_norm_eps": 1e-5,
+}
+QWEN2_7B = {
+    "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+    "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28,
+    "vocab_size": 152064, "tie_word_embeddings": False, "use_sliding_window": False,
+    "sliding_window": 131072, "max_window_layers": 28, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+}
+QWEN3_8B = {
+    "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "num_hidden_layers": 36, "vocab_size": 151936, "tie_word_embeddings": False,
+    "attention_bias": False, "rope_theta": 1e6,
+}
+QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_hidden_layers": 48, "vocab_size": 151936, "num_experts": 128,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
+}
+QWEN15_MOE = {
+    "model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 24,
+    "vocab_size": 151936, "num_experts": 60, "num_experts_per_tok": 4,
+    "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "tie_word_embeddings": False,
+}
+DECILM = {
+    "model_type": "nemotron-nas", "hidden_size": 1024, "num_attention_heads": 16,
+    "num_hidden_layers": 3, "vocab_size": 5000, "rms_norm_eps": 1e-5, "rope_theta": 5e5,
+    "hidden_act": "silu",
+    "block_configs": [
+        {"attention": {"n_heads_in_group": 8, "no_op": False, "replace_with_linear": False},
+         "ffn": {"ffn_mult": 5.25, "no_op": False, "replace_with_linear": False}},
+        {"attention": {"n_heads_in_group": None, "no_op": True, "replace_with_linear": False},
+         "ffn": {"ffn_mult": 2.625, "no_op": False, "replace_with_linear": False}},
+        {"attention": {"n_heads_in_group": None, "no_op": False, "replace_with_linear": True},
+         "ffn": {"ffn_mult": None, "no_op": True, "replace_with_linear": False}},
+    ],
+}
+PUZZLE = {
+    **{k: v for k, v in json.loads(SUPER.read_text()).items()
+       if k not in ("hybrid_override_pattern", "mtp_hybrid_override_pattern")},
+    "model_type": "nemotron_h_puzzle", "num_hidden_layers": 4,
+    "block_configs": [
+        {"block_type": "mamba", "ssm_state_size": 96},
+        {"block_type": "moe", "moe_intermediate_size": 1280, "num_experts_per_tok": 4},
+        {"block_type": "attention"},
+        {"block_type": "moe"},
+    ],
+    "mtp_block_configs": [{"block_type": "attention"}, {"block_type": "moe"}],
+}
+SAMPLES = {
+    "llama": json.loads(LLAMA.read_text()), "mistral": MISTRAL_7B, "qwen2": QWEN2_7B,
+    "qwen3": QWEN3_8B, "mixtral": MIXTRAL_8X7B, "qwen2_moe": QWEN15_MOE,
+    "qwen3_moe": QWEN3_30B_A3B, "nemotron_h": json.loads(SUPER.read_text()),
+    "nemotron_h_puzzle": PUZZLE, "nemotron-nas": DECILM,
+}
+
+
+def test_every_supported_type_has_a_sample():
+    assert set(SAMPLES) == set(SUPPORTED_TYPES)
+
+
+@pytest.mark.parametrize("mt", list(SAMPLES))
+def test_round_trip_identity(mt):
+    a = from_hf(SAMPLES[mt])
+    exported = to_hf(a)
+    assert exported["model_type"] == mt
+    b = from_hf(json.loads(json.dumps(exported)))
+    assert b == a
+    assert to_hf(b) == exported
+
+
+@pytest.mark.parametrize("cfg,total", [
+    (MISTRAL_7B, 7_241_732_096),
+    (MIXTRAL_8X7B, 46_702_792_704),
+    (QWEN2_7B, 7_615_616_512),
+])
+def test_published_counts_of_other_families(cfg, total):
+    assert from_hf(cfg).param_counts().total == total
+
+
+def test_published_counts_rounded():
+    q3 = from_hf(QWEN3_8B).param_counts()
+    assert round(q3.total / 1e9, 1) == 8.2
+    q3moe = from_hf(QWEN3_30B_A3B).param_counts()
+    assert round(q3moe.total / 1e9, 1) == 30.5
+    # published "3.3B activated": 3.35 B with both embedding tables, 3.04 B without the input one
+    assert 3.0e9 < q3moe.active_without_embeddings < q3moe.active < 3.4e9
+    q15 = from_hf(QWEN15_MOE).param_counts()
+    assert round(q15.total / 1e9, 1) == 14.3
+    assert round(q15.active / 1e9, 1) == 2.7
+
+
+def test_decilm_widths_and_kinds():
+    a = from_hf(DECILM)
+    assert [b.kind for b in a.blocks] == ["attention", "ffn", "noop", "ffn", "linear", "noop"]
+    assert a.blocks[0].num_kv_heads == 2
+    # FACTS: width = round_up_256(int(2 * mult * h / 3)): 5.25 at 1024 -> 3584
+    assert a.blocks[1].width == 3584 and a.blocks[3].width == 1792
+
+
+def test_puzzle_per_block_overrides():
+    a = from_hf(PUZZLE)
+    assert a.blocks[0].state_size == 96
+    assert a.blocks[1].expert_width == 1280 and a.blocks[1].top_k == 4
+    assert a.blocks[3].expert_width == 2688 and a.blocks[3].top_k == 22
+    assert a.blocks[1].latent_size == 1024
+    assert [b.kind for b in a.mtp_blocks] == ["attention", "moe"]
+
+
+def test_heterogeneous_super_child_exports_as_puzzle():
+    parent = load_config(SUPER)
+    blocks = list(parent.blocks)
+    for i, b in enumerate(blocks):
+        if b.kind == "moe" and i % 3 == 0:
+            blocks[i] = b.model_copy(update={"expert_width": 1536, "top_k": 10})
+        if b.kind == "mamba" and i % 4 == 0:
+            blocks[i] = b.model_copy(update={"state_size": 96})
+    blocks[7] = NoOp()
+    child = parent.replace_blocks(blocks)
+    cfg = to_hf(child)
+    assert cfg["model_type"] == "nemotron_h_puzzle"
+    assert len(cfg["block_configs"]) == 88
+    assert cfg["block_configs"][7] == {"block_type": "noop"}
+    back = from_hf(json.loads(json.dumps(cfg)))
+    assert back.blocks == child.blocks
+    assert back.param_counts().total < parent.param_counts().total
+
+
+def test_pruned_llama_exports_as_decilm():
+    parent = load_config(LLAMA)
+    blocks = list(parent.blocks)
+    blocks[0] = blocks[0].model_copy(update={"num_kv_heads": 2})
+    blocks[3] = FFN(width=7168)
+    blocks[4] = NoOp()
+    blocks[5] = Linear()
+    blocks[7] = FFN(width=5000)  # not a multiple of 256: written as intermediate_size
+    child = parent.replace_blocks(blocks)
+    cfg = to_hf(child)
+    assert cfg["model_type"] == "nemotron-nas"
+    assert cfg["block_configs"][0]["attention"]["n_heads_in_group"] == 16
+    assert cfg["block_configs"][3]["ffn"]["intermediate_size"] == 5000
+    back = from_hf(json.loads(json.dumps(cfg)))
+    assert back.blocks == child.blocks
+
+
+def test_explicit_type_that_cannot_hold_the_arch():
+    a = load_config(NANO)
+    with pytest.raises(ExportError):
+        to_hf(a, "llama")
+
+
+def test_sliding_layers_qwen2():
+    cfg = {**QWEN2_7B, "use_sliding_window": True, "sliding_window": 4096,
+           "max_window_layers": 20}
+    a = from_hf(cfg)
+    windows = [b.sliding_window for b in a.blocks if isinstance(b, Attention)]
+    assert windows == [None] * 20 + [4096] * 8
+    assert from_hf(to_hf(a)) == a
+
+
+@pytest.mark.parametrize("cfg,field", [
+    ({"model_type": "gpt2"}, "model_type"),
+    ({**json.loads(SUPER.read_text()), "num_hidden_layers": 87}, "num_hidden_layers"),
+    ({**MISTRAL_7B, "intermediate_size": -5}, "intermediate_size"),
+    ({k: v for k, v in MISTRAL_7B.items() if k != "hidden_size"}, "hidden_size"),
+    ({**json.loads(SUPER.read_text()), "hybrid_override_pattern": "MEX"},
+     "hybrid_override_pattern"),
+    ({**PUZZLE, "num_hidden_layers": 1,
+      "block_configs": [{"block_type": "mamba", "ssm_state_size": 0}]},
+     "block_configs[0].ssm_state_size"),
+    ({**QWEN3_8B, "num_key_value_heads": 5}, None),
+])
+def test_bad_input_names_the_field(cfg, field):
+    with pytest.raises(InputError) as exc:
+        from_hf(cfg, source="cfg.json")
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("cfg.json")
+    if field:
+        assert field in msg
