@@ -1,0 +1,301 @@
+"""Vectorized per-block costs: N block rows x W workloads in one numpy pass per block kind.
+
+The contract the search relies on: **costs are additive over blocks**. For a model made of
+rows ``i`` of a :class:`BlockTable` plus the non-block term (``costmodels.model``):
+
+* ``TTFT[w]   = sum_i prefill_s[i, w] + nonblock.prefill_s[w]``                  (seconds)
+* ``TPOT[w]   = sum_i decode_s[i, w]  + nonblock.decode_s[w]``                   (seconds)
+* ``runtime[w] = sum_i runtime_s[i, w] + nonblock.runtime_s[w]``, where
+  ``runtime_s = prefill_passes * prefill_s + (osl - 1) * decode_s`` is the time the
+  ``tp`` GPUs of one model instance spend serving B requests (B = batch or concurrency).
+* weights / KV / state bytes per GPU: plain sums over rows.
+
+Each block's time is the sum of its ops' roofline times (``costmodels.roofline``) plus its
+tensor-parallel all-reduce. Decode is priced at the mean context of the generated tokens
+(``isl + osl/2``): exact wherever a block's decode time is linear in context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodels import ops
+from costmodels.dtypes import PrecisionRecipe, TensorRole
+from costmodels.parallel import allreduce_bytes, check_parallel, linear_cols, shard_table
+from costmodels.roofline import Roof
+from costmodels.shapes import (
+    BlockTable,
+    Kind,
+    kv_elems_per_token,
+    mamba_dims,
+    role_params,
+    state_bytes_per_sequence,
+)
+from costmodels.workload import Workload, parse_workload
+from hwprofiles.schema import HardwareProfile
+
+DEFAULT_SSD_CHUNK = 128  # Mamba-2 chunk length (tokens), the NemotronH / Mamba-2 default
+
+# Kernels launched per op (each pays the profile's kernel_overhead_s once per pass).
+K_NORM, K_PROJ2, K_ATTN, K_SSD_PREFILL, K_SSD_DECODE = 1, 2, 2, 5, 1
+K_ROUTER, K_EXPERTS, K_SHARED = 2, 5, 3
+
+
+@dataclass
+class BlockCosts:
+    """Per-row x per-workload costs of a block table on one hardware profile.
+
+    All byte figures are **per GPU** of the ``tp`` GPUs serving one model instance.
+
+    Attributes:
+        workloads: the W workloads, in column order.
+        tp, ep: the parallel layout priced.
+        prefill_s: ``[N, W]`` seconds, each block's share of time to first token (one
+            prefill pass over ``prefill_sequences * isl`` tokens).
+        decode_s: ``[N, W]`` seconds, each block's share of one decode step (batch B) at
+            the mean generated context ``isl + osl/2``.
+        runtime_s: ``[N, W]`` seconds, ``prefill_passes * prefill_s + (osl-1) * decode_s``.
+        memory_bytes: ``[N, W]`` bytes, ``weight_bytes + B * (kv at isl+osl + state)``.
+        weight_bytes: ``[N]`` bytes of weights.
+        kv_bytes_per_token: ``[N]`` KV-cache bytes per token of context (uncapped).
+        window: ``[N]`` sliding window (tokens; 0 = full): KV length is ``min(ctx, window)``.
+        state_bytes_per_sequence: ``[N]`` conv + SSM state bytes per sequence.
+        workspace_bytes_per_token: ``[N]`` activation bytes per in-flight token (the
+            widest intermediate plus input and output); the model's workspace is a max over
+            rows, not a sum.
+    """
+
+    workloads: tuple[Workload, ...]
+    tp: int
+    ep: int
+    prefill_s: np.ndarray
+    decode_s: np.ndarray
+    runtime_s: np.ndarray
+    memory_bytes: np.ndarray
+    weight_bytes: np.ndarray
+    kv_bytes_per_token: np.ndarray
+    window: np.ndarray
+    state_bytes_per_sequence: np.ndarray
+    workspace_bytes_per_token: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.weight_bytes.shape[0])
+
+    def kv_bytes(self, context: int | float) -> np.ndarray:
+        """``[N]`` KV-cache bytes of one sequence at ``context`` tokens (windows cap it)."""
+        return self.kv_bytes_per_token * ops.attended(float(context), self.window)
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> BlockCosts:
+        """The costs of a subset of rows (e.g. one child architecture), same workloads."""
+        idx = np.asarray(rows, dtype=np.int64)
+        return BlockCosts(
+            workloads=self.workloads, tp=self.tp, ep=self.ep,
+            **{k: getattr(self, k)[idx] for k in _ROW_FIELDS},
+        )
+
+
+_ROW_FIELDS = ("prefill_s", "decode_s", "runtime_s", "memory_bytes", "weight_bytes",
+               "kv_bytes_per_token", "window", "state_bytes_per_sequence",
+               "workspace_bytes_per_token")
+
+
+def _scale(fb: tuple, m: np.ndarray) -> tuple:
+    """(flops, bytes) times a 0/1 presence mask (an absent op moves no activations)."""
+    return fb[0] * m, fb[1] * m
+
+
+def _workload_columns(workloads: Sequence[Workload]) -> dict[str, np.ndarray]:
+    def row(vals: list[float]) -> np.ndarray:
+        return np.asarray(vals, dtype=np.float64)[None, :]
+
+    return {
+        "B": row([w.sequences for w in workloads]),
+        "Bp": row([w.prefill_sequences for w in workloads]),
+        "S": row([w.isl for w in workloads]),
+        "C": row([w.mean_decode_context for w in workloads]),
+        "P": row([w.prefill_passes for w in workloads]),
+        "O": row([w.osl for w in workloads]),
+        "ctx": row([w.max_context for w in workloads]),
+    }
+
+
+def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe,
+                 workloads: Sequence[Workload | str], tp: int = 1, ep: int = 1,
+                 ssd_chunk: int = DEFAULT_SSD_CHUNK) -> BlockCosts:
+    """Price every row of ``table`` for every workload on ``hw`` under ``recipe``.
+
+    Args:
+        table: N block rows (``costmodels.shapes.BlockTable``).
+        hw: the device.
+        recipe: weight dtype per tensor role, KV / SSM-state / conv-state / activation dtypes.
+            A GEMM computes in ``hw.compute_dtype(weight dtype)`` (e.g. NVFP4 weights compute
+            in FP8 on Hopper: fewer bytes, same math speed as FP8).
+        workloads: W workloads (``Workload`` or strings like ``"isl=8192,osl=1024,batch=64"``).
+        tp, ep: tensor parallel degree; expert parallel degree (1 or ``tp``).
+        ssd_chunk: Mamba-2 chunk length for the prefill scan.
+
+    Returns:
+        :class:`BlockCosts` with ``[N, W]`` seconds / bytes and ``[N]`` per-row bytes.
+    """
+    check_parallel(tp, ep)
+    wls = tuple(parse_workload(w) for w in workloads)
+    if not wls:
+        raise ValueError("price_blocks needs at least one workload")
+    n, nw = len(table), len(wls)
+    wc = _workload_columns(wls)
+    B, Bp, S, C = wc["B"], wc["Bp"], wc["S"], wc["C"]
+    Tp, Td = Bp * S, B
+
+    st = shard_table(table, tp, ep)
+    roof = Roof(hw)
+    eff = hw.efficiency
+    a = recipe.activations.bytes
+    kvb, ssb, csb = recipe.kv_cache.bytes, recipe.ssm_state.bytes, recipe.conv_state.bytes
+    wb = {r: recipe.weight_bytes_per_param(r) for r in TensorRole}
+    cd = {r: hw.compute_dtype(recipe.weight_dtype(r).value) for r in TensorRole}
+    act_dtype = hw.compute_dtype(recipe.activations.value)
+    link = hw.interconnect
+    link_eff = eff.link.peak_fraction
+
+    def gemm_t(fb: tuple, dtype: str, k: float | np.ndarray) -> np.ndarray:
+        f, b = fb
+        return roof.time(f, b, roof.matmul(dtype, f), roof.memory(b), k)
+
+    def elem_t(fb: tuple, k: float | np.ndarray) -> np.ndarray:
+        f, b = fb
+        return roof.time(f, b, roof.matmul(act_dtype, f), roof.memory(b), k)
+
+    def attn_t(fb: tuple, k: float) -> np.ndarray:
+        f, b = fb
+        return roof.time(f, b, roof.compute(act_dtype, eff.attention, f), roof.memory(b), k)
+
+    def grouped_t(fb: tuple, dtype: str, k: float | np.ndarray) -> np.ndarray:
+        f, b = fb
+        return roof.time(f, b, roof.compute(dtype, eff.grouped_matmul_prefill, f),
+                         roof.memory(b, eff.grouped_matmul_decode), k)
+
+    def add(f1: tuple, f2: tuple) -> tuple:
+        return f1[0] + f2[0], f1[1] + f2[1]
+
+    prefill = np.zeros((n, nw))
+    decode = np.zeros((n, nw))
+    kind = table.kind
+
+    for kd in (Kind.ATTENTION, Kind.MAMBA, Kind.MOE, Kind.FFN, Kind.LINEAR):
+        idx = np.flatnonzero(kind == int(kd))
+        if idx.size == 0:
+            continue
+
+        def col(name: str, idx: np.ndarray = idx) -> np.ndarray:
+            return getattr(st, name)[idx].astype(np.float64)[:, None]
+
+        h = col("hidden")
+        tp_p = [elem_t(ops.norm_residual(Tp, h, a, wb[TensorRole.OTHER]), K_NORM)]
+        tp_d = [elem_t(ops.norm_residual(Td, h, a, wb[TensorRole.OTHER]), K_NORM)]
+
+        if kd == Kind.ATTENTION:
+            nq, nkv, d, wdw = col("n_heads"), col("n_kv_heads"), col("head_dim"), col("window")
+            w, dt = wb[TensorRole.ATTENTION], cd[TensorRole.ATTENTION]
+            for T, out in ((Tp, tp_p), (Td, tp_d)):
+                proj = add(ops.gemm(T, h, (nq + 2 * nkv) * d, w, a), ops.gemm(T, nq * d, h, w, a))
+                out.append(gemm_t(proj, dt, K_PROJ2))
+            tp_p.append(attn_t(ops.attention_prefill(Bp, S, wdw, nq, nkv, d, a, kvb), K_ATTN))
+            tp_d.append(attn_t(ops.attention_decode(B, C, wdw, nq, nkv, d, a, kvb), K_ATTN))
+
+        elif kd == Kind.MAMBA:
+            H, Pd, N, G, K = (col(c) for c in ("m_heads", "m_head_dim", "state", "groups",
+                                                "conv_kernel"))
+            inner = H * Pd
+            in_w = 2 * inner + 2 * G * N + H
+            conv_ch = inner + 2 * G * N
+            w, dt, wo = wb[TensorRole.MAMBA], cd[TensorRole.MAMBA], wb[TensorRole.OTHER]
+            for T, out in ((Tp, tp_p), (Td, tp_d)):
+                proj = add(ops.gemm(T, h, in_w, w, a), ops.gemm(T, inner, h, w, a))
+                out.append(gemm_t(proj, dt, K_PROJ2))
+                out.append(elem_t(ops.gated_norm(T, inner, a, wo), 1))
+            tp_p.append(elem_t(ops.conv_prefill(Bp, S, conv_ch, K, a, wo, csb), 1))
+            tp_d.append(elem_t(ops.conv_decode(B, conv_ch, K, a, wo, csb), 1))
+            tp_p.append(gemm_t(ops.ssd_prefill(Bp, S, H, Pd, N, G, ssd_chunk, a, ssb),
+                               act_dtype, K_SSD_PREFILL))
+            tp_d.append(elem_t(ops.ssd_decode(B, H, Pd, N, G, a, ssb), K_SSD_DECODE))
+
+        elif kd == Kind.MOE:
+            E, k, F, Sw, L, gated = (col(c) for c in ("experts", "top_k", "expert_width",
+                                                       "shared_width", "latent", "gated"))
+            mats = 2 + gated
+            e_in = np.where(L > 0, L, h)
+            wo, do = wb[TensorRole.OTHER], cd[TensorRole.OTHER]
+            has_lat = (L > 0).astype(np.float64)
+            has_sh = (Sw > 0).astype(np.float64)
+            for T, out in ((Tp, tp_p), (Td, tp_d)):
+                router = ops.gemm(T, h, E, wo, a)
+                lat = _scale(add(ops.gemm(T, h, L, wo, a), ops.gemm(T, L, h, wo, a)), has_lat)
+                out.append(gemm_t(add(router, lat), do, K_ROUTER + 2 * has_lat))
+                fr, br = ops.moe_experts(T, E, k, F, e_in, mats, wb[TensorRole.ROUTED_EXPERTS], a)
+                out.append(grouped_t((fr / ep, br / ep), cd[TensorRole.ROUTED_EXPERTS],
+                                     K_EXPERTS * (E > 0)))
+                ws = wb[TensorRole.SHARED_EXPERTS]
+                sh = _scale(add(add(ops.gemm(T, h, (mats - 1) * Sw, ws, a),
+                                    ops.gemm(T, Sw, h, ws, a)),
+                                ops.activation(T, Sw, gated, a)), has_sh)
+                out.append(gemm_t(sh, cd[TensorRole.SHARED_EXPERTS], K_SHARED * has_sh))
+
+        elif kd == Kind.FFN:
+            F, gated = col("ffn_width"), col("gated")
+            mats = 2 + gated
+            w, dt = wb[TensorRole.FFN], cd[TensorRole.FFN]
+            for T, out in ((Tp, tp_p), (Td, tp_d)):
+                proj = add(ops.gemm(T, h, (mats - 1) * F, w, a), ops.gemm(T, F, h, w, a))
+                out.append(gemm_t(proj, dt, K_PROJ2))
+                out.append(elem_t(ops.activation(T, F, gated, a), 1))
+
+        else:  # LINEAR
+            cols = linear_cols(st, tp)[idx].astype(np.float64)[:, None]
+            for T, out in ((Tp, tp_p), (Td, tp_d)):
+                out.append(gemm_t(ops.gemm(T, h, cols, wb[TensorRole.OTHER], a),
+                                  cd[TensorRole.OTHER], 1))
+
+        if tp > 1:
+            for T, out in ((Tp, tp_p), (Td, tp_d)):
+                out.append(ops.allreduce_time(allreduce_bytes(T, h, a), tp,
+                                              link.bandwidth.value, link_eff, link.latency.value))
+        prefill[idx] = sum(tp_p)
+        decode[idx] = sum(tp_d)
+
+    # memory, per GPU
+    rp = role_params(st)
+    is_lin = (table.kind == int(Kind.LINEAR)).astype(np.float64)
+    other = rp[TensorRole.OTHER] - is_lin * table.hidden * (table.hidden - linear_cols(st, tp))
+    weight = (rp[TensorRole.ROUTED_EXPERTS] / ep * wb[TensorRole.ROUTED_EXPERTS]
+              + other * wb[TensorRole.OTHER])
+    for r in (TensorRole.ATTENTION, TensorRole.MAMBA, TensorRole.SHARED_EXPERTS, TensorRole.FFN):
+        weight = weight + rp[r] * wb[r]
+    kv_tok = kv_elems_per_token(st) * kvb
+    window = table.window.astype(np.float64)
+    state = state_bytes_per_sequence(st, recipe)
+    mem = weight[:, None] + B * (kv_tok[:, None] * ops.attended(wc["ctx"], window[:, None])
+                                 + state[:, None])
+
+    _, in_w, _ = mamba_dims(st)
+    mats = 2 + st.gated
+    widest = np.select(
+        [kind == int(Kind.ATTENTION), kind == int(Kind.MAMBA), kind == int(Kind.MOE),
+         kind == int(Kind.FFN), kind == int(Kind.LINEAR)],
+        [(st.n_heads + 2 * st.n_kv_heads) * st.head_dim, in_w,
+         st.experts + np.maximum(-(-st.top_k // ep) * (mats - 1) * st.expert_width,
+                                 (mats - 1) * st.shared_width),
+         (mats - 1) * st.ffn_width, st.hidden],
+        0,
+    ).astype(np.float64)
+    workspace = np.where(kind == int(Kind.NOOP), 0.0, (2.0 * table.hidden + widest) * a)
+
+    runtime = wc["P"] * prefill + (wc["O"] - 1.0) * decode
+    return BlockCosts(
+        workloads=wls, tp=int(tp), ep=int(ep), prefill_s=prefill, decode_s=decode,
+        runtime_s=runtime, memory_bytes=mem, weight_bytes=weight.astype(np.float64),
+        kv_bytes_per_token=kv_tok.astype(np.float64), window=window,
+        state_bytes_per_sequence=state.astype(np.float64), workspace_bytes_per_token=workspace,
+    )

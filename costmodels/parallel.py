@@ -1,0 +1,64 @@
+"""Tensor and expert parallelism: per-GPU shapes and collective costs.
+
+A model instance runs on ``tp`` GPUs (Megatron-style tensor parallelism):
+
+* attention: query heads ``ceil(nq/tp)`` per GPU, KV heads ``ceil(nkv/tp)`` (replicated
+  when ``nkv < tp``, as serving engines do);
+* Mamba-2: heads ``ceil(H/tp)``, B/C groups ``ceil(G/tp)`` (replicated when ``G < tp``);
+* FFN and the MoE shared expert: width ``ceil(F/tp)``; a linear block: ``ceil(h/tp)``
+  output columns;
+* routed experts: with ``ep == 1`` each expert's width is sharded ``ceil(F/tp)``; with
+  ``ep == tp`` each GPU holds ``E/ep`` whole experts (expected distinct experts touched and
+  routed FLOPs divide by ``ep``). Router, latent projections and norms are replicated.
+
+Every non-NoOp block ends with one all-reduce of its output (``tokens * hidden``
+activations) over the ``tp`` GPUs, priced as a ring over the profile's scale-up link.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels.shapes import BlockTable, Kind
+from hwprofiles.errors import InputError
+
+
+def check_parallel(tp: int, ep: int) -> None:
+    """Validate the parallel layout: ``tp >= 1`` and ``ep`` in ``{1, tp}``."""
+    if int(tp) != tp or tp < 1:
+        raise InputError(f"tp must be a positive integer, got {tp!r}", field="tp")
+    if int(ep) != ep or ep < 1 or (ep != 1 and ep != tp):
+        raise InputError(f"ep must be 1 or equal to tp ({tp}), got {ep!r}", field="ep")
+
+
+def _ceil_div(x: np.ndarray, n: int) -> np.ndarray:
+    return -(-x // n)
+
+
+def shard_table(t: BlockTable, tp: int, ep: int = 1) -> BlockTable:
+    """Per-GPU shapes of every row under ``tp``/``ep`` (see module docstring).
+
+    Routed experts under ``ep > 1`` keep their full count and width here (the router still
+    sees all ``E``); callers divide routed weights, touched experts and FLOPs by ``ep``.
+    A linear block's ``h/tp`` output columns have no column here; see ``linear_cols``.
+    """
+    check_parallel(tp, ep)
+    if tp == 1:
+        return t
+    cols = {n: getattr(t, n) for n in BlockTable.columns()}
+    for name in ("n_heads", "n_kv_heads", "m_heads", "groups", "ffn_width", "shared_width"):
+        cols[name] = _ceil_div(cols[name], tp)
+    if ep == 1:
+        cols["expert_width"] = _ceil_div(cols["expert_width"], tp)
+    return BlockTable(**cols)
+
+
+def linear_cols(t: BlockTable, tp: int) -> np.ndarray:
+    """Output columns per GPU of each row's linear replacement matrix (0 for other kinds)."""
+    return np.where(t.kind == int(Kind.LINEAR), _ceil_div(t.hidden, tp), 0)
+
+
+def allreduce_bytes(tokens: np.ndarray | float, hidden: np.ndarray | float, act_bytes: float
+                    ) -> np.ndarray:
+    """Bytes all-reduced after a block: ``tokens * hidden * act_bytes``."""
+    return np.asarray(tokens, dtype=np.float64) * hidden * act_bytes
