@@ -1,0 +1,204 @@
+"""Norms, activations, attention, dense FFN and the linear replacement block.
+
+Every mixer takes ``forward(x, cache=None, offset=0)``: ``x`` is the pre-normed input of
+shape ``(batch, length, hidden)``; ``cache`` is this block's dict in a
+:class:`nas.modules.model.Cache` (or ``None`` for a stateless full-sequence pass) and
+``offset`` is the absolute position of ``x[:, 0]``. Parameter names follow the Hugging
+Face checkpoints (``q_proj``, ``gate_proj`` ...) so that export is mostly a prefix change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nas.arch import FFN, Attention
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """Squared ReLU (Nemotron-H's ``relu2``)."""
+    return torch.square(F.relu(x))
+
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "relu": F.relu,
+    "relu2": relu2,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "tanh": torch.tanh,
+}
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The activation function called ``name`` (HF ``hidden_act`` spelling)."""
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}; expected one of "
+                         f"{', '.join(sorted(_ACTIVATIONS))}") from None
+
+
+class RMSNorm(nn.Module):
+    """RMS norm with a learned scale, computed in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables ``(length, head_dim)`` for rotate-half RoPE (HF Llama layout)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                        device=positions.device) / head_dim))
+    ang = positions.float()[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` of shape ``(b, heads, l, d)`` by the tables of shape ``(l, d)``."""
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rot * sin
+
+
+class AttentionMixer(nn.Module):
+    """Grouped-query attention with optional RoPE, sliding window, q/k norm and biases.
+
+    The KV cache keeps every past key and value (``cache["k"]``, ``cache["v"]`` of shape
+    ``(b, kv_heads, past, head_dim)``); a sliding window is applied through the mask.
+    """
+
+    def __init__(self, cfg: Attention, hidden: int, rope_theta: float = 10000.0,
+                 eps: float = 1e-5):
+        super().__init__()
+        if cfg.rope and cfg.head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim, got {cfg.head_dim}")
+        self.cfg = cfg
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.rope_theta = rope_theta
+        qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = nn.Linear(hidden, qd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(hidden, kvd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(hidden, kvd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(qd, hidden, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, eps)
+            self.k_norm = RMSNorm(cfg.head_dim, eps)
+
+    def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
+                offset: int = 0) -> torch.Tensor:
+        b, n, _ = x.shape
+        d = self.head_dim
+        q = self.q_proj(x).view(b, n, self.n_heads, d).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.n_kv, d).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.n_kv, d).transpose(1, 2)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.cfg.rope:
+            pos = torch.arange(offset, offset + n, device=x.device)
+            cos, sin = rope_tables(pos, d, self.rope_theta, q.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            if "k" in cache:
+                k = torch.cat([cache["k"], k], dim=2)
+                v = torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+        s = k.shape[2]
+        past = s - n
+        rep = self.n_heads // self.n_kv
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        window = self.cfg.sliding_window
+        if window is None and past == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=n > 1)
+        else:
+            qpos = torch.arange(past, s, device=x.device)[:, None]
+            kpos = torch.arange(s, device=x.device)[None, :]
+            mask = kpos <= qpos
+            if window is not None:
+                mask = mask & (qpos - kpos < window)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.n_heads * d))
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
+        for lin, s in ((self.q_proj, std), (self.k_proj, std), (self.v_proj, std),
+                       (self.o_proj, out_std)):
+            nn.init.normal_(lin.weight, std=s)
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+        if self.cfg.qk_norm:
+            nn.init.ones_(self.q_norm.weight)
+            nn.init.ones_(self.k_norm.weight)
+
+
+class FFNMixer(nn.Module):
+    """Dense MLP: ``down(act(gate(x)) * up(x))`` when gated, else ``down(act(up(x)))``."""
+
+    def __init__(self, cfg: FFN, hidden: int):
+        super().__init__()
+        self.cfg = cfg
+        self.act = activation(cfg.activation)
+        if cfg.gated:
+            self.gate_proj = nn.Linear(hidden, cfg.width, bias=cfg.bias)
+        self.up_proj = nn.Linear(hidden, cfg.width, bias=cfg.bias)
+        self.down_proj = nn.Linear(cfg.width, hidden, bias=cfg.bias)
+
+    def intermediate(self, x: torch.Tensor) -> torch.Tensor:
+        """The activations entering ``down_proj`` (one per channel)."""
+        if self.cfg.gated:
+            return self.act(self.gate_proj(x)) * self.up_proj(x)
+        return self.act(self.up_proj(x))
+
+    def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
+                offset: int = 0) -> torch.Tensor:
+        return self.down_proj(self.intermediate(x))
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
+        mats = [self.up_proj] + ([self.gate_proj] if self.cfg.gated else [])
+        for lin in mats:
+            nn.init.normal_(lin.weight, std=std)
+        nn.init.normal_(self.down_proj.weight, std=out_std)
+        for lin in mats + [self.down_proj]:
+            if lin.bias is not None:
+                nn.init.zeros_(lin.bias)
+
+
+class LinearMixer(nn.Module):
+    """A block replaced by one ``hidden x hidden`` matrix (no bias)."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
+                offset: int = 0) -> torch.Tensor:
+        return self.linear(x)
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
+        nn.init.normal_(self.linear.weight, std=out_std)
+
+
+def default_out_std(num_blocks: int, std: float = 0.02) -> float:
+    """Output-projection init std: ``std / sqrt(2 * blocks)`` (GPT-2 style)."""
+    return std / math.sqrt(2 * max(num_blocks, 1))

@@ -1,0 +1,144 @@
+"""Pre-norm residual blocks and the causal LM that stacks any :class:`~nas.arch.ModelArch`.
+
+Module names (what ``state_dict`` keys look like; :mod:`nas.build` maps them to HF names):
+``embed.weight``, ``blocks.{i}.norm.weight``, ``blocks.{i}.mixer.<mixer params>``,
+``norm.weight`` (final norm), ``lm_head.weight`` (absent when embeddings are tied).
+MTP blocks (``arch.mtp_blocks``) are not built: they are a training / speculative-decoding
+head, not part of the next-token forward, and ``ModelArch.param_counts().total`` excludes
+them too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.modules.layers import (
+    AttentionMixer,
+    FFNMixer,
+    LinearMixer,
+    RMSNorm,
+    default_out_std,
+)
+from nas.modules.mamba import MambaMixer
+from nas.modules.moe import MoEMixer
+
+
+def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
+    """The mixer module for one block config (``None`` for a no-op)."""
+    h = arch.hidden_size
+    if isinstance(cfg, Attention):
+        return AttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps)
+    if isinstance(cfg, Mamba):
+        return MambaMixer(cfg, h, arch.norm_eps)
+    if isinstance(cfg, MoE):
+        return MoEMixer(cfg, h)
+    if isinstance(cfg, FFN):
+        return FFNMixer(cfg, h)
+    if isinstance(cfg, Linear):
+        return LinearMixer(h)
+    if isinstance(cfg, NoOp):
+        return None
+    raise TypeError(f"unknown block config {cfg!r}")
+
+
+class Block(nn.Module):
+    """``x + mixer(norm(x))``; a no-op block has neither norm nor mixer and returns ``x``."""
+
+    def __init__(self, cfg: _Block, arch: ModelArch):
+        super().__init__()
+        self.cfg = cfg
+        self.mixer = make_mixer(cfg, arch)
+        self.norm = RMSNorm(arch.hidden_size, arch.norm_eps) if self.mixer is not None else None
+
+    def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
+                offset: int = 0) -> torch.Tensor:
+        if self.mixer is None:
+            return x
+        return x + self.mixer(self.norm(x), cache, offset)  # type: ignore[misc]
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
+        """Random init of the mixer (normal ``std``, output projections ``out_std``)."""
+        if self.mixer is not None:
+            self.mixer.reset_parameters(std, out_std)  # type: ignore[operator]
+            nn.init.ones_(self.norm.weight)  # type: ignore[union-attr]
+
+
+class Cache:
+    """Per-block decoding state (KV for attention, conv + SSM state for Mamba) and the
+    number of tokens already consumed."""
+
+    def __init__(self, num_blocks: int):
+        self.layers: list[dict[str, Any]] = [{} for _ in range(num_blocks)]
+        self.offset = 0
+
+
+class CausalLM(nn.Module):
+    """A decoder-only LM over any (heterogeneous) :class:`ModelArch`."""
+
+    def __init__(self, arch: ModelArch):
+        super().__init__()
+        self.arch = arch
+        h, v = arch.hidden_size, arch.vocab_size
+        self.embed = nn.Embedding(v, h)
+        self.blocks = nn.ModuleList(Block(b, arch) for b in arch.blocks)
+        self.norm = RMSNorm(h, arch.norm_eps) if arch.final_norm else None
+        self.lm_head = None if arch.tie_embeddings else nn.Linear(h, v, bias=False)
+
+    def new_cache(self) -> Cache:
+        """An empty cache for incremental decoding."""
+        return Cache(len(self.blocks))
+
+    def head_weight(self) -> torch.Tensor:
+        """The LM-head matrix (the embedding table when tied)."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def hidden(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+        """Final hidden states (after the final norm) for ``tokens (b, l)``."""
+        offset = cache.offset if cache is not None else 0
+        x = self.embed(tokens)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, cache.layers[i] if cache is not None else None, offset)
+        if cache is not None:
+            cache.offset += tokens.shape[1]
+        return self.norm(x) if self.norm is not None else x
+
+    def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+        """Next-token logits ``(b, l, vocab)``; with a cache, continues from its state."""
+        return self.hidden(tokens, cache) @ self.head_weight().t()
+
+    @torch.no_grad()
+    def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """Greedy decoding through the caches; returns prompt + new tokens ``(b, l + n)``."""
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        cache = self.new_cache()
+        logits = self(tokens, cache)
+        out = [tokens]
+        for i in range(max_new_tokens):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            out.append(nxt)
+            if i + 1 < max_new_tokens:
+                logits = self(nxt, cache)
+        return torch.cat(out, dim=1)
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """Random init: normal(std) matrices, GPT-2-style scaled output projections,
+        unit norms, Mamba's usual dt / A init."""
+        out_std = default_out_std(len(self.blocks), std)
+        nn.init.normal_(self.embed.weight, std=std)
+        if self.lm_head is not None:
+            nn.init.normal_(self.lm_head.weight, std=std)
+        if self.norm is not None:
+            nn.init.ones_(self.norm.weight)
+        for blk in self.blocks:
+            blk.reset_parameters(std, out_std)
+
+    def num_parameters(self) -> int:
+        """Number of parameter elements (each tensor once)."""
+        return sum(p.numel() for p in self.parameters())
