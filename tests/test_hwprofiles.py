@@ -1,0 +1,122 @@
+"""Hardware profiles: every shipped profile loads, cites its sources, and bad input fails cleanly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import BaseModel
+
+import hwprofiles
+from hwprofiles.errors import InputError
+from hwprofiles.schema import Figure, HardwareProfile
+
+EXPECTED = {"h100-sxm", "h100-pcie", "h200-sxm", "b200", "gb200", "b300", "a100-sxm-80gb",
+            "l40s", "mi300x", "mi325x", "mi355x"}
+
+
+def _figures(obj, path=""):
+    """Yield (path, Figure) for every Figure inside a profile."""
+    if isinstance(obj, Figure):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _figures(v, f"{path}.{k}")
+    elif isinstance(obj, BaseModel):
+        for k in type(obj).model_fields:
+            yield from _figures(getattr(obj, k), f"{path}.{k}")
+
+
+def test_all_devices_shipped():
+    assert EXPECTED <= set(hwprofiles.available())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_figure_cites_a_source(name):
+    p = hwprofiles.get(name)
+    figs = list(_figures(p))
+    assert len(figs) >= 10
+    for path, f in figs:
+        assert ("http" in f.source or "FACTS.md" in f.source or "measured on" in f.source
+                or "assumed" in f.source or "whitepaper" in f.source), (path, f.source)
+    curves = [p.efficiency.attention, p.efficiency.memory, p.efficiency.link,
+              p.efficiency.grouped_matmul_prefill, p.efficiency.grouped_matmul_decode,
+              *p.efficiency.matmul.values()]
+    for c in curves:
+        assert "published" in c.source or "assumed" in c.source, c.source
+    # datasheet figures are dense: the bf16 peak is never the doubled "with sparsity" one
+    if "fp8" in p.peak_flops:
+        assert p.peak("fp8") == pytest.approx(2 * p.peak("bf16"), rel=0.02)
+
+
+def test_datasheet_figures_from_facts():
+    h100 = hwprofiles.get("h100-sxm")
+    assert h100.memory_bytes.value == 81_559 * 2**20
+    assert h100.peak("bf16") == 989e12 and h100.peak("fp8") == 1979e12
+    assert h100.memory_bandwidth.value == 3.35e12
+    assert "nvfp4" not in h100.peak_flops  # Hopper has no FP4 math
+    assert h100.compute_dtype("nvfp4") == "fp8"
+    assert hwprofiles.get("a100").compute_dtype("fp8") == "bf16"
+    b200 = hwprofiles.get("b200")
+    assert b200.peak("nvfp4") == 9000e12 and b200.compute_dtype("nvfp4") == "nvfp4"
+    assert hwprofiles.get("mi355x").peak("mxfp4") == 10100e12
+    assert hwprofiles.get("mi300x").interconnect.bandwidth.value == 448e9
+    assert hwprofiles.get("h100-sxm").efficiency.matmul["bf16"].at(1e12) == pytest.approx(0.80)
+
+
+@pytest.mark.parametrize("alias,name", [("H100", "h100-sxm"), ("h100 sxm", "h100-sxm"),
+                                         ("H200", "h200-sxm"), ("MI300X", "mi300x"),
+                                         ("A100", "a100-sxm-80gb"), ("GB200", "gb200")])
+def test_aliases_case_insensitive(alias, name):
+    assert hwprofiles.get(alias).name == name
+
+
+def test_unknown_device_is_one_line_input_error():
+    with pytest.raises(InputError) as exc:
+        hwprofiles.get("h900")
+    msg = str(exc.value)
+    assert "\n" not in msg and "h900" in msg and "h100-sxm" in msg
+
+
+def test_load_roundtrip_and_path(tmp_path):
+    p = hwprofiles.get("b200")
+    f = tmp_path / "mine.json"
+    f.write_text(p.model_dump_json())
+    assert hwprofiles.load(f) == p
+    assert hwprofiles.get(str(f)) == p
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda d: d.pop("memory_bandwidth"), "memory_bandwidth"),
+    (lambda d: d["memory_bytes"].pop("source"), "memory_bytes.source"),
+    (lambda d: d["peak_flops"].update(bf16={"value": -1.0, "source": "x" * 5}), "peak_flops.bf16"),
+    (lambda d: d["efficiency"]["memory"].update(points=[[1.0, 1.5]]), "efficiency.memory"),
+    (lambda d: d["peak_flops"].update(fp64={"value": 1.0, "source": "datasheet"}), "peak_flops"),
+])
+def test_malformed_profile_is_one_line_error(tmp_path, mutate, field):
+    data = json.loads(hwprofiles.get("h100").model_dump_json())
+    mutate(data)
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(data))
+    with pytest.raises(InputError) as exc:
+        hwprofiles.load(f)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(f) in msg and field in msg
+
+
+def test_not_json_and_missing_file(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        hwprofiles.load(f)
+    with pytest.raises(InputError, match="file not found"):
+        hwprofiles.load(tmp_path / "nope.json")
+
+
+def test_measured_curve_interpolates():
+    data = json.loads(hwprofiles.get("h100").model_dump_json())
+    data["efficiency"]["memory"] = {"points": [[1e6, 0.2], [1e9, 0.8]], "source": "measured on test"}
+    p = HardwareProfile.model_validate(data)
+    c = p.efficiency.memory
+    assert c.at(1e3) == pytest.approx(0.2) and c.at(1e12) == pytest.approx(0.8)
+    assert c.at(10 ** 7.5) == pytest.approx(0.5)  # halfway in log(size)
