@@ -1,0 +1,280 @@
+"""Torch modules: exactness of the SSD scan, caches, attention masks and MoE dispatch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp  # noqa: E402
+from nas.modules import (  # noqa: E402
+    AttentionMixer,
+    CausalLM,
+    MambaMixer,
+    MoEMixer,
+    ssd_chunked,
+    ssd_step,
+)
+
+pytestmark = pytest.mark.torch
+torch.set_num_threads(2)
+
+
+def _init(m):
+    torch.manual_seed(0)
+    m.reset_parameters()
+    return m
+
+
+# ---- Mamba-2 ----------------------------------------------------------------------------
+@pytest.mark.parametrize("length,chunk", [(1, 4), (7, 4), (16, 4), (19, 8), (12, 64)])
+def test_ssd_chunked_equals_step_recurrence(length, chunk):
+    g = torch.Generator().manual_seed(length * 100 + chunk)
+    b, H, P, N = 2, 3, 4, 5
+    x = torch.randn(b, length, H, P, generator=g)
+    dt = torch.rand(b, length, H, generator=g) * 0.5
+    A = -torch.rand(H, generator=g) * 2 - 0.1
+    B = torch.randn(b, length, H, N, generator=g)
+    C = torch.randn(b, length, H, N, generator=g)
+    s0 = torch.randn(b, H, P, N, generator=g)
+    y, final = ssd_chunked(x, dt, A, B, C, chunk=chunk, state=s0)
+    state, ys = s0, []
+    for t in range(length):
+        yt, state = ssd_step(x[:, t], dt[:, t], A, B[:, t], C[:, t], state)
+        ys.append(yt)
+    torch.testing.assert_close(y, torch.stack(ys, 1), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(final, state, rtol=1e-4, atol=1e-5)
+
+
+def test_ssd_decay_is_real():
+    """A strongly decaying state forgets: a pulse at t=0 has (almost) no effect later."""
+    x = torch.zeros(1, 10, 1, 1)
+    x[0, 0] = 1.0
+    dt = torch.ones(1, 10, 1)
+    B = torch.ones(1, 10, 1, 1)
+    y, _ = ssd_chunked(x, dt, torch.tensor([-5.0]), B, B, chunk=4)
+    assert y[0, 0].item() == pytest.approx(1.0)
+    assert y[0, 1].item() == pytest.approx(math.exp(-5), rel=1e-4)
+    assert y[0, 9].abs().item() < 1e-15
+
+
+def _mamba(**kw):
+    cfg = Mamba(num_heads=4, head_dim=4, state_size=6, n_groups=2, conv_kernel=4, **kw)
+    m = _init(MambaMixer(cfg, 16))
+    m.chunk_size = 4
+    return m
+
+
+@pytest.mark.parametrize("kw", [{}, {"conv_bias": False, "proj_bias": True}])
+def test_mamba_incremental_equals_full(kw):
+    m = _mamba(**kw)
+    x = torch.randn(2, 11, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = m(x)
+        cache: dict = {}
+        parts = [m(x[:, :5], cache)]  # prefill, then one token at a time (step path)
+        parts += [m(x[:, t:t + 1], cache) for t in range(5, 9)]
+        parts.append(m(x[:, 9:], cache))  # a multi-token chunk continuing from a state
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-5)
+    assert cache["conv"].shape == (2, m.conv_dim, 3)
+    assert cache["ssm"].shape == (2, 4, 4, 6)
+
+
+def test_mamba_is_causal():
+    m = _mamba()
+    x = torch.randn(1, 9, 16)
+    x2 = x.clone()
+    x2[:, 6:] += 1.0
+    with torch.no_grad():
+        a, b = m(x), m(x2)
+    torch.testing.assert_close(a[:, :6], b[:, :6])
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+# ---- attention --------------------------------------------------------------------------
+def _naive_attention(m: AttentionMixer, x: torch.Tensor) -> torch.Tensor:
+    """Loop-over-positions reference (explicit GQA mapping, window and RoPE)."""
+    cfg = m.cfg
+    b, n, _ = x.shape
+    d = cfg.head_dim
+    q = m.q_proj(x).view(b, n, cfg.num_heads, d)
+    k = m.k_proj(x).view(b, n, cfg.num_kv_heads, d)
+    v = m.v_proj(x).view(b, n, cfg.num_kv_heads, d)
+    if cfg.qk_norm:
+        q, k = m.q_norm(q), m.k_norm(k)
+    if cfg.rope:
+        inv = 1.0 / (m.rope_theta ** (torch.arange(0, d, 2).float() / d))
+        def rot(t, pos):
+            out = t.clone()
+            for i in range(d // 2):
+                c, s = math.cos(pos * inv[i]), math.sin(pos * inv[i])
+                a1, a2 = t[..., i], t[..., i + d // 2]
+                out[..., i], out[..., i + d // 2] = a1 * c - a2 * s, a2 * c + a1 * s
+            return out
+        q = torch.stack([rot(q[:, t], t) for t in range(n)], 1)
+        k = torch.stack([rot(k[:, t], t) for t in range(n)], 1)
+    out = torch.zeros(b, n, cfg.num_heads, d)
+    group = cfg.num_heads // cfg.num_kv_heads
+    for t in range(n):
+        lo = 0 if cfg.sliding_window is None else max(0, t - cfg.sliding_window + 1)
+        for hq in range(cfg.num_heads):
+            hk = hq // group
+            s = (k[:, lo:t + 1, hk] @ q[:, t, hq, :, None])[..., 0] / math.sqrt(d)
+            out[:, t, hq] = (s.softmax(-1)[..., None] * v[:, lo:t + 1, hk]).sum(1)
+    return m.o_proj(out.reshape(b, n, -1))
+
+
+ATTS = [
+    Attention(num_heads=4, num_kv_heads=2, head_dim=8),
+    Attention(num_heads=4, num_kv_heads=1, head_dim=8, sliding_window=3, qk_norm=True,
+              qkv_bias=True, o_bias=True),
+    Attention(num_heads=2, num_kv_heads=2, head_dim=6, rope=False),
+    Attention(num_heads=6, num_kv_heads=3, head_dim=4, sliding_window=1),
+]
+
+
+@pytest.mark.parametrize("cfg", ATTS, ids=lambda c: c.describe())
+def test_attention_matches_naive_reference(cfg):
+    m = _init(AttentionMixer(cfg, 16, rope_theta=100.0))
+    with torch.no_grad():
+        m.o_proj.weight.normal_()  # larger weights so that mistakes show
+        x = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(3))
+        torch.testing.assert_close(m(x), _naive_attention(m, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", ATTS, ids=lambda c: c.describe())
+def test_attention_incremental_equals_full(cfg):
+    m = _init(AttentionMixer(cfg, 16))
+    x = torch.randn(2, 10, 16)
+    with torch.no_grad():
+        full = m(x)
+        cache: dict = {}
+        parts = [m(x[:, :4], cache, 0)] + [m(x[:, t:t + 1], cache, t) for t in range(4, 7)]
+        parts.append(m(x[:, 7:], cache, 7))
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-5)
+    assert cache["k"].shape == (2, cfg.num_kv_heads, 10, cfg.head_dim)
+
+
+# ---- MoE --------------------------------------------------------------------------------
+MOES = [
+    MoE(num_experts=5, top_k=5, expert_width=8),
+    MoE(num_experts=4, top_k=4, expert_width=8, gated=False, activation="relu2",
+        router="sigmoid", router_bias=True, routed_scaling=2.5, shared_width=12, latent_size=6),
+    MoE(num_experts=3, top_k=3, expert_width=8, norm_topk=False, shared_width=8,
+        shared_gate=True),
+]
+
+
+def _dense_moe(m: MoEMixer, x: torch.Tensor) -> torch.Tensor:
+    """Every expert on every token, weighted by the (renormalized, scaled) router scores."""
+    cfg = m.cfg
+    logits = m.gate(x)
+    p = logits.softmax(-1) if cfg.router == "softmax" else logits.sigmoid()
+    if cfg.norm_topk:
+        p = p / p.sum(-1, keepdim=True)
+    p = p * cfg.routed_scaling
+    xin = m.fc1_latent_proj(x) if cfg.latent_size else x
+    out = sum(p[:, e:e + 1] * m.expert(e, xin) for e in range(cfg.num_experts))
+    if cfg.latent_size:
+        out = m.fc2_latent_proj(out)
+    if cfg.shared_width:
+        s = m.shared_experts(x)
+        out = out + (torch.sigmoid(m.shared_expert_gate(x)) * s if cfg.shared_gate else s)
+    return out
+
+
+@pytest.mark.parametrize("cfg", MOES, ids=lambda c: c.describe())
+def test_moe_all_experts_equals_dense_weighted_sum(cfg):
+    m = _init(MoEMixer(cfg, 12))
+    if cfg.router_bias:
+        with torch.no_grad():
+            m.gate.e_score_correction_bias.normal_()  # selection only: must not matter here
+    x = torch.randn(3, 7, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), _dense_moe(m, x.reshape(-1, 12)).view(3, 7, 12),
+                                   rtol=1e-4, atol=1e-6)
+
+
+def test_moe_topk_dispatch_matches_per_token_reference():
+    cfg = MoE(num_experts=6, top_k=2, expert_width=8, router="sigmoid", router_bias=True,
+              routed_scaling=1.5)
+    m = _init(MoEMixer(cfg, 10))
+    with torch.no_grad():
+        m.gate.e_score_correction_bias.copy_(torch.tensor([0, 0, 5.0, 0, 0, -5.0]))
+        x = torch.randn(20, 10)
+        out = m(x)
+        scores = m.gate(x).sigmoid()
+        ref = torch.zeros_like(out)
+        for t in range(20):
+            sel = (scores[t] + m.gate.e_score_correction_bias).topk(2).indices
+            w = scores[t, sel] / scores[t, sel].sum() * 1.5
+            for e, we in zip(sel.tolist(), w):
+                ref[t] += we * m.expert(e, x[t:t + 1])[0]
+            assert 2 in sel.tolist() and 5 not in sel.tolist()  # the bias steers selection
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_moe_masked_expert_is_never_used():
+    m = _init(MoEMixer(MoE(num_experts=4, top_k=2, expert_width=8), 8))
+    x = torch.randn(50, 8)
+    mask = torch.tensor([False, True, False, False])
+    idx, _ = m.route(x, mask)
+    assert (idx == 1).sum() == 0
+    assert (m.route(x)[0] == 1).any()
+
+
+# ---- whole models -----------------------------------------------------------------------
+def _hybrid(tie=False) -> CausalLM:
+    arch = ModelArch(
+        hidden_size=16, vocab_size=40, tie_embeddings=tie, blocks=(
+            Mamba(num_heads=4, head_dim=4, state_size=4, n_groups=2),
+            MoE(num_experts=4, top_k=2, expert_width=8, gated=False, activation="relu2",
+                router="sigmoid", router_bias=True, shared_width=8, latent_size=8),
+            Attention(num_heads=4, num_kv_heads=2, head_dim=4, rope=False),
+            FFN(width=24), Linear(), NoOp(),
+            Attention(num_heads=2, num_kv_heads=1, head_dim=8, sliding_window=4),
+            Mamba(num_heads=2, head_dim=8, state_size=8, n_groups=1, conv_kernel=2),
+        ))
+    model = _init(CausalLM(arch))
+    for blk in model.blocks:
+        if isinstance(blk.mixer, MambaMixer):
+            blk.mixer.chunk_size = 4
+    return model
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_hybrid_incremental_decode_equals_full_forward(tie):
+    model = _hybrid(tie)
+    tokens = torch.randint(0, 40, (2, 13), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_cache()
+        parts = [model(tokens[:, :6], cache)]
+        parts += [model(tokens[:, t:t + 1], cache) for t in range(6, 13)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-5)
+    assert cache.offset == 13
+    assert model.num_parameters() == model.arch.param_counts().total
+
+
+def test_generate_is_greedy_through_caches():
+    model = _hybrid()
+    prompt = torch.randint(0, 40, (2, 5), generator=torch.Generator().manual_seed(6))
+    out = model.generate(prompt, 6)
+    assert out.shape == (2, 11) and torch.equal(out[:, :5], prompt)
+    with torch.no_grad():  # the same tokens from full forwards without a cache
+        seq = prompt
+        for _ in range(6):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq)
+
+
+def test_noop_block_is_identity_and_has_no_parameters():
+    arch = ModelArch(hidden_size=8, vocab_size=10, blocks=(NoOp(), NoOp()))
+    model = _init(CausalLM(arch))
+    assert all(b.mixer is None and b.norm is None for b in model.blocks)
+    t = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        h = model.norm(model.embed(t))
+        torch.testing.assert_close(model(t), h @ model.lm_head.weight.t())
