@@ -172,10 +172,13 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
         f, b = fb
         return roof.time(f, b, roof.compute(act_dtype, eff.attention, f), roof.memory(b), k)
 
-    def grouped_t(fb: tuple, dtype: str, k: float | np.ndarray) -> np.ndarray:
+    def grouped_t(fb: tuple, dtype: str, k: float | np.ndarray, decode: bool) -> np.ndarray:
+        # many tokens per expert (prefill): compute at the grouped-GEMM fraction of peak and
+        # plain streaming; few tokens per expert (decode): weight streaming at the grouped
+        # decode fraction of bandwidth.
         f, b = fb
-        return roof.time(f, b, roof.compute(dtype, eff.grouped_matmul_prefill, f),
-                         roof.memory(b, eff.grouped_matmul_decode), k)
+        mem = roof.memory(b, eff.grouped_matmul_decode if decode else None)
+        return roof.time(f, b, roof.compute(dtype, eff.grouped_matmul_prefill, f), mem, k)
 
     def add(f1: tuple, f2: tuple) -> tuple:
         return f1[0] + f2[0], f1[1] + f2[1]
@@ -236,7 +239,7 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                 out.append(gemm_t(add(router, lat), do, K_ROUTER + 2 * has_lat))
                 fr, br = ops.moe_experts(T, E, k, F, e_in, mats, wb[TensorRole.ROUTED_EXPERTS], a)
                 out.append(grouped_t((fr / ep, br / ep), cd[TensorRole.ROUTED_EXPERTS],
-                                     K_EXPERTS * (E > 0)))
+                                     K_EXPERTS * (E > 0), decode=out is tp_d))
                 ws = wb[TensorRole.SHARED_EXPERTS]
                 sh = _scale(add(add(ops.gemm(T, h, (mats - 1) * Sw, ws, a),
                                     ops.gemm(T, Sw, h, ws, a)),

@@ -1,0 +1,256 @@
+"""Block and model pricing: regimes on H100, additivity, parallelism, monotonicity, NoOp."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hwprofiles
+from costmodels.blocks import price_blocks
+from costmodels.dtypes import DType, PrecisionRecipe, TensorRole, get_recipe
+from costmodels.model import (
+    NonBlockShape,
+    max_concurrency,
+    price_model,
+    price_nonblock,
+    summarize,
+)
+from costmodels.shapes import BlockTable, Kind, params
+from hwprofiles.errors import InputError
+from hwprofiles.schema import HardwareProfile
+
+H100 = hwprofiles.get("h100-sxm")
+BF16 = get_recipe("bf16")
+
+# Llama-3.1-8B shapes (configs/llama-3.1-8b.json), built without nas
+ATT8B = dict(kind=Kind.ATTENTION, hidden=4096, n_heads=32, n_kv_heads=8, head_dim=128)
+FFN8B = dict(kind=Kind.FFN, hidden=4096, ffn_width=14336, gated=1)
+LLAMA8B = BlockTable.from_rows([ATT8B, FFN8B] * 32)
+LLAMA8B_NB = NonBlockShape(hidden=4096, vocab=128256, tied=False)
+
+# Nemotron-3-Super-like rows (FACTS.md §2)
+MAMBA = dict(kind=Kind.MAMBA, hidden=4096, m_heads=128, m_head_dim=64, state=128, groups=8,
+             conv_kernel=4, conv_bias=1)
+MOE = dict(kind=Kind.MOE, hidden=4096, experts=512, top_k=22, expert_width=2688,
+           shared_width=5376, latent=1024, router_bias=1)
+ATT_SUPER = dict(kind=Kind.ATTENTION, hidden=4096, n_heads=32, n_kv_heads=2, head_dim=128)
+
+
+def scaled(hw: HardwareProfile, flops: float = 1.0, bw: float = 1.0) -> HardwareProfile:
+    data = json.loads(hw.model_dump_json())
+    for f in data["peak_flops"].values():
+        f["value"] *= flops
+    data["memory_bandwidth"]["value"] *= bw
+    return HardwareProfile.model_validate(data)
+
+
+def ttft_tpot(hw, wl, table=LLAMA8B, recipe=BF16):
+    m = price_model(table, LLAMA8B_NB, hw, recipe, [wl])
+    return m.ttft_s[0], m.tpot_s[0], m
+
+
+def test_llama8b_weights_match_exact_param_count():
+    m = price_model(LLAMA8B, LLAMA8B_NB, H100, BF16, ["isl=1,osl=2,batch=1"])
+    assert int(params(LLAMA8B).sum()) + 2 * 4096 * 128256 + 4096 == 8_030_261_248
+    assert m.weight_bytes == 2 * 8_030_261_248
+
+
+def test_8b_decode_batch1_is_memory_bound_on_h100():
+    wl = "isl=1024,osl=256,batch=1"
+    _, tpot, m = ttft_tpot(H100, wl)
+    floor = m.weight_bytes / (H100.memory_bandwidth.value * H100.efficiency.memory.peak_fraction)
+    assert floor <= tpot <= 1.25 * floor  # streaming the weights is nearly all of it
+    # more FLOP/s changes nothing; more bandwidth makes it faster
+    assert ttft_tpot(scaled(H100, flops=2.0), wl)[1] == pytest.approx(tpot, rel=1e-9)
+    assert ttft_tpot(scaled(H100, bw=2.0), wl)[1] < 0.6 * tpot
+
+
+def test_8k_prefill_is_compute_bound_on_h100():
+    wl = "isl=8192,osl=1,batch=1"
+    ttft, _, _ = ttft_tpot(H100, wl)
+    gemm_flops = 2 * 8192 * (8_030_261_248 - 2 * 4096 * 128256)  # all block weights
+    floor = gemm_flops / (H100.peak("bf16") * 0.80)
+    assert floor <= ttft <= 1.5 * floor
+    # a few % of prefill is memory-bound elementwise work (norms, activations)
+    assert ttft_tpot(scaled(H100, bw=2.0), wl)[0] == pytest.approx(ttft, rel=0.05)
+    assert ttft_tpot(scaled(H100, flops=2.0), wl)[0] < 0.6 * ttft
+
+
+def test_nvfp4_on_hopper_saves_bytes_not_math():
+    rows = BlockTable.from_rows([MOE])
+    fp8 = PrecisionRecipe(weights={TensorRole.ROUTED_EXPERTS: DType.FP8})
+    fp4 = PrecisionRecipe(weights={TensorRole.ROUTED_EXPERTS: DType.NVFP4})
+    wls = ["isl=8192,osl=64,batch=8", "isl=512,osl=64,batch=1"]
+    h8, h4 = (price_blocks(rows, H100, r, wls) for r in (fp8, fp4))
+    assert h4.weight_bytes[0] == pytest.approx(h8.weight_bytes[0] - 0.4375 * 512 * 2 * 1024 * 2688)
+    assert h4.prefill_s[0, 0] == pytest.approx(h8.prefill_s[0, 0], rel=1e-3)  # compute-bound
+    # decode at batch 1 streams the weights of exactly top_k = 22 experts, at the grouped-GEMM
+    # decode fraction of bandwidth: the saving is those bytes (1 - 0.5625 per parameter)
+    saved = 22 * 2 * 1024 * 2688 * (1 - 0.5625)
+    rate = H100.memory_bandwidth.value * H100.efficiency.grouped_matmul_decode.peak_fraction
+    assert h8.decode_s[0, 1] - h4.decode_s[0, 1] == pytest.approx(saved / rate)
+    b200 = hwprofiles.get("b200")
+    b8, b4 = (price_blocks(rows, b200, r, wls) for r in (fp8, fp4))
+    assert b4.prefill_s[0, 0] < 0.9 * b8.prefill_s[0, 0]  # FP4 math on Blackwell
+
+
+def test_rows_priced_together_equal_rows_priced_alone():
+    rows = [ATT8B, FFN8B, MAMBA, MOE, ATT_SUPER, dict(kind=Kind.LINEAR, hidden=4096),
+            dict(kind=Kind.NOOP, hidden=4096), dict(ATT8B, window=1024)]
+    wls = ["isl=4096,osl=512,batch=16", "isl=128,osl=128,concurrency=64"]
+    for tp, ep in ((1, 1), (4, 1), (4, 4)):
+        all_ = price_blocks(BlockTable.from_rows(rows), H100, get_recipe("nvfp4"), wls, tp, ep)
+        for i, r in enumerate(rows):
+            one = price_blocks(BlockTable.from_rows([r]), H100, get_recipe("nvfp4"), wls, tp, ep)
+            for name in ("prefill_s", "decode_s", "runtime_s", "memory_bytes", "weight_bytes"):
+                np.testing.assert_allclose(getattr(all_, name)[i], getattr(one, name)[0])
+
+
+def test_model_figures_are_block_sums_plus_nonblock():
+    wls = ["isl=2048,osl=256,batch=8", "isl=2048,osl=256,concurrency=8"]
+    b = price_blocks(LLAMA8B, H100, BF16, wls)
+    nb = price_nonblock(LLAMA8B_NB, H100, BF16, wls)
+    m = summarize(b, nb, H100)
+    np.testing.assert_allclose(m.ttft_s, b.prefill_s.sum(0) + nb.prefill_s)
+    np.testing.assert_allclose(m.tpot_s, b.decode_s.sum(0) + nb.decode_s)
+    np.testing.assert_allclose(m.runtime_s, b.runtime_s.sum(0) + nb.runtime_s)
+    B, osl = np.array([8, 8]), 256
+    # throughput per GPU = B * osl / runtime: the linear runtime bound of the search
+    np.testing.assert_allclose(m.throughput_tok_s * m.runtime_s, B * osl)
+    np.testing.assert_allclose(m.per_user_tok_s, 1 / m.tpot_s)
+    assert m.throughput_node_tok_s[0] == pytest.approx(8 * m.throughput_tok_s[0])
+    # batch mode prefills once for all 8; concurrency mode prefills each prompt alone
+    assert m.runtime_s[0] == pytest.approx(m.ttft_s[0] + 255 * m.tpot_s[0])
+    assert m.runtime_s[1] == pytest.approx(8 * m.ttft_s[1] + 255 * m.tpot_s[1])
+    assert m.ttft_s[1] < m.ttft_s[0]
+    # memory: weights + B * (ctx * kv/token) + workspace + reserve
+    kv_tok = 32 * 2 * 8 * 128 * 2
+    assert m.kv_bytes[0] == 8 * 2304 * kv_tok
+    assert m.memory_bytes[0] == pytest.approx(
+        m.weight_bytes + m.kv_bytes[0] + m.workspace_bytes[0] + m.reserve_bytes)
+    sub = summarize(b, nb, H100, rows=np.arange(0, 64, 2))  # attention blocks only
+    assert sub.weight_bytes < m.weight_bytes and sub.kv_bytes[0] == m.kv_bytes[0]
+
+
+def test_max_concurrency_closed_form():
+    b = price_blocks(LLAMA8B, H100, BF16, ["isl=1,osl=1,batch=1"])
+    nb = price_nonblock(LLAMA8B_NB, H100, BF16, ["isl=1,osl=1,batch=1"])
+    c = max_concurrency(b, nb, H100, 131072, reserve_bytes=2**30)
+    per_seq = 131072 * 32 * 2 * 8 * 128 * 2  # 16 GiB of KV per 128K-token sequence
+    assert c.kv_bytes_per_sequence == per_seq
+    expected = int((H100.memory_bytes.value - 2 * 8_030_261_248 - c.workspace_bytes - 2**30)
+                   // per_seq)
+    assert c.max_concurrency == expected == 3
+    assert max_concurrency(b, nb, scaled(H100), 131072, reserve_bytes=70e9).max_concurrency == 0
+    with pytest.raises(InputError):
+        max_concurrency(b, nb, H100, 0)
+
+
+def test_sliding_window_caps_kv_and_time():
+    rows = BlockTable.from_rows([ATT8B, dict(ATT8B, window=4096)])
+    b = price_blocks(rows, H100, BF16, ["isl=65536,osl=128,batch=4"])
+    assert b.kv_bytes(65536)[1] == b.kv_bytes(4096)[0]
+    assert b.decode_s[1, 0] < b.decode_s[0, 0] and b.prefill_s[1, 0] < b.prefill_s[0, 0]
+    assert b.memory_bytes[1, 0] < b.memory_bytes[0, 0]
+
+
+def test_tensor_parallel_shards_and_adds_allreduce():
+    wl = ["isl=2048,osl=128,batch=8"]
+    one = price_blocks(LLAMA8B, H100, BF16, wl, tp=1)
+    two = price_blocks(LLAMA8B, H100, BF16, wl, tp=2)
+    assert two.weight_bytes.sum() == pytest.approx(one.weight_bytes.sum() / 2, rel=1e-3)
+    # more GPUs: faster per step, but each step pays an all-reduce per block
+    assert one.decode_s.sum() / 2 < two.decode_s.sum() < one.decode_s.sum()
+    # 2 KV heads over 8 GPUs: one head per GPU (replicated), not 1/4
+    kv = price_blocks(BlockTable.from_rows([ATT_SUPER]), H100, BF16, wl, tp=8)
+    assert kv.kv_bytes_per_token[0] == 2 * 1 * 128 * 2
+    moe = BlockTable.from_rows([MOE])
+    tp8 = price_blocks(moe, H100, BF16, wl, tp=8, ep=1)
+    ep8 = price_blocks(moe, H100, BF16, wl, tp=8, ep=8)
+    assert ep8.weight_bytes[0] == pytest.approx(tp8.weight_bytes[0], rel=1e-3)
+    with pytest.raises(InputError):
+        price_blocks(moe, H100, BF16, wl, tp=8, ep=2)
+    with pytest.raises(InputError):
+        price_blocks(moe, H100, BF16, wl, tp=0)
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_noop_costs_nothing(tp):
+    noop = BlockTable.from_rows([dict(kind=Kind.NOOP, hidden=4096)])
+    b = price_blocks(noop, H100, get_recipe("nvfp4"),
+                     ["isl=8192,osl=1024,batch=64", "isl=1,osl=2,concurrency=3"], tp=tp)
+    for name in ("prefill_s", "decode_s", "runtime_s", "memory_bytes", "weight_bytes",
+                 "kv_bytes_per_token", "state_bytes_per_sequence", "workspace_bytes_per_token"):
+        assert not np.any(getattr(b, name)), name
+
+
+def test_every_shipped_profile_prices_super_rows():
+    rows = BlockTable.from_rows([MAMBA, MOE, ATT_SUPER])
+    for name in hwprofiles.available():
+        b = price_blocks(rows, hwprofiles.get(name), get_recipe("nvfp4"),
+                         ["isl=8192,osl=1024,batch=8"])
+        assert np.all(np.isfinite(b.runtime_s)) and np.all(b.runtime_s > 0), name
+
+
+# ---- monotonicity (hypothesis): a smaller alternative never costs more --------------------
+
+_WL = st.builds(lambda i, o, b, conc: f"isl={i},osl={o},{'concurrency' if conc else 'batch'}={b}",
+                st.integers(1, 20000), st.integers(1, 4000), st.integers(1, 256), st.booleans())
+_HW = st.sampled_from(["h100-sxm", "b200", "a100-sxm-80gb", "mi355x", "l40s"])
+_RECIPE = st.sampled_from(["bf16", "fp8", "nvfp4"])
+_TP = st.sampled_from([1, 2, 8])
+
+
+def _leq(small, big):
+    for name in ("prefill_s", "decode_s", "runtime_s", "memory_bytes", "weight_bytes",
+                 "kv_bytes_per_token", "state_bytes_per_sequence", "workspace_bytes_per_token"):
+        s, b = getattr(small, name)[0], getattr(big, name)[0]
+        assert np.all(s <= b * (1 + 1e-12) + 1e-18), (name, s, b)
+
+
+def _check(base: dict, smaller: dict, hw, recipe, wl, tp, ep=1):
+    kw = dict(hw=hwprofiles.get(hw), recipe=get_recipe(recipe), workloads=[wl], tp=tp, ep=ep)
+    _leq(price_blocks(BlockTable.from_rows([smaller]), **kw),
+         price_blocks(BlockTable.from_rows([base]), **kw))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 16), st.integers(1, 16), st.sampled_from([0, 512, 8192]), _WL, _HW,
+       _RECIPE, _TP)
+def test_fewer_kv_heads_never_cost_more(kv_a, kv_b, window, wl, hw, recipe, tp):
+    lo, hi = sorted((kv_a, kv_b))
+    base = dict(kind=Kind.ATTENTION, hidden=4096, n_heads=32, head_dim=128, window=window)
+    _check(dict(base, n_kv_heads=hi), dict(base, n_kv_heads=lo), hw, recipe, wl, tp)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 30000), st.integers(1, 30000), st.integers(0, 1), _WL, _HW, _RECIPE, _TP)
+def test_narrower_ffn_never_costs_more(fa, fb, gated, wl, hw, recipe, tp):
+    lo, hi = sorted((fa, fb))
+    base = dict(kind=Kind.FFN, hidden=4096, gated=gated)
+    _check(dict(base, ffn_width=hi), dict(base, ffn_width=lo), hw, recipe, wl, tp)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(64, 4096), st.integers(64, 4096), st.integers(1, 22), st.integers(1, 22),
+       st.sampled_from([0, 1024]), _WL, _HW, _RECIPE, _TP, st.booleans())
+def test_narrower_experts_or_lower_topk_never_cost_more(wa, wb, ka, kb, latent, wl, hw, recipe,
+                                                        tp, use_ep):
+    base = dict(MOE, latent=latent)
+    ep = tp if use_ep else 1
+    (wlo, whi), (klo, khi) = sorted((wa, wb)), sorted((ka, kb))
+    _check(dict(base, expert_width=whi, top_k=khi), dict(base, expert_width=wlo, top_k=khi),
+           hw, recipe, wl, tp, ep)
+    _check(dict(base, expert_width=whi, top_k=khi), dict(base, expert_width=whi, top_k=klo),
+           hw, recipe, wl, tp, ep)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(8, 256), st.integers(8, 256), _WL, _HW, _RECIPE, _TP)
+def test_smaller_ssm_state_never_costs_more(sa, sb, wl, hw, recipe, tp):
+    lo, hi = sorted((sa, sb))
+    _check(dict(MAMBA, state=hi), dict(MAMBA, state=lo), hw, recipe, wl, tp)
