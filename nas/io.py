@@ -22,6 +22,9 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     tmp_path = Path(tmp)
     try:
         writer(tmp_path)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)
         os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from hwprofiles.errors import InputError
 
 # (module under nas.cli) in the order they are listed by --help
 COMMANDS: list[str] = [
+    "search",
     "inspect",
 ]
 

@@ -1,0 +1,228 @@
+"""Blueprints (the chosen child + predicted costs + provenance), reports and plots.
+
+``blueprint.json`` keys: ``format``, ``name``, ``child`` (the child's HF config, readable by
+``puzzle-nas inspect`` and ``puzzle-nas build``), ``choices`` (one entry per parent block),
+``predicted`` (per workload, parent and child side by side, re-priced from the child's
+architecture through ``costmodels``, not read back from the library sums), ``params``,
+``quality`` (value and source), ``budgets`` (each with the child's value and whether it
+binds), ``solver`` (``status``, ``gap``, ``seconds``, ``objective``, ``best_bound``,
+``nodes``) and ``provenance`` (spec hash, profile, recipe, package version, time).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from costmodels.blocks import price_blocks
+from costmodels.model import max_concurrency, price_nonblock, summarize
+from nas import __version__
+from nas.arch import ModelArch
+from nas.hf import to_hf
+from nas.io import atomic_write, atomic_write_json, atomic_write_text
+
+GB, GIB = 1e9, 2**30
+
+
+class Blueprint(BaseModel):
+    """The file format of ``blueprint.json``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: str = "puzzle-nas/blueprint"
+    version: int = 1
+    name: str
+    child: dict[str, Any]
+    choices: list[dict[str, Any]]
+    predicted: dict[str, Any]
+    params: dict[str, Any]
+    quality: dict[str, Any]
+    budgets: list[dict[str, Any]]
+    solver: dict[str, Any]
+    provenance: dict[str, Any]
+
+
+def predict(arch: ModelArch, problem: Any) -> dict[str, Any]:
+    """Serving figures of ``arch`` for every workload of ``problem`` (a ``nas.search.Problem``):
+    TTFT, TPOT, latency, throughput per GPU and node, per-user tok/s, memory, and the largest
+    concurrency that fits at the workload's context (isl + osl)."""
+    from nas.search import nonblock_shape
+
+    wls = list(problem.workloads.values())
+    blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, tp=problem.tp,
+                          ep=problem.ep)
+    nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls, tp=problem.tp)
+    mc = summarize(blocks, nb, problem.hw, reserve_bytes=problem.reserve_bytes)
+    out = {}
+    d = mc.to_dict()
+    for i, w in enumerate(wls):
+        row = d["workloads"][i]
+        try:
+            conc = max_concurrency(blocks, nb, problem.hw, w.max_context,
+                                   reserve_bytes=problem.reserve_bytes).max_concurrency
+        except ValueError:
+            conc = None
+        row["max_concurrency"] = conc
+        row["context"] = w.max_context
+        out[w.name] = row
+    return out
+
+
+def _pct(child: float, parent: float) -> str:
+    return f"{100.0 * child / parent:.1f}%" if parent else "-"
+
+
+def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any,
+                   quality_source: str, child: ModelArch) -> Blueprint:
+    """Assemble the blueprint of one solution."""
+    from nas.search import _flat
+
+    flat = _flat(alts)
+    pa = problem.parent
+    choices = []
+    for r in result.chosen:
+        a = flat[int(r)]
+        choices.append({"block": a.block, "parent": pa.blocks[a.block].describe(),
+                        "child": a.child.describe(), "change": a.label,
+                        "kind": a.child.kind,
+                        "quality": float(library.scores["quality"][r])})
+    pp, cp = pa.param_counts(), child.param_counts()
+    pred_p, pred_c = predict(pa, problem), predict(child, problem)
+    predicted = {name: {"parent": pred_p[name], "child": pred_c[name]} for name in pred_p}
+    budgets = []
+    for (bi, key), row in zip(cons.origin, cons.budgets):
+        value = float(result.totals.get(key, math.nan))
+        bound = row.hi if row.hi is not None else row.lo
+        slack = (bound - value) if row.hi is not None else (value - bound)
+        budgets.append({"spec_index": bi, "spec": cons.described[bi], "key": key,
+                        "bound": bound, "child_value": value,
+                        "binding": bool(abs(slack) <= 1e-3 * max(abs(bound), 1e-12)),
+                        "slack": slack})
+    return Blueprint(
+        name=problem.spec.name,
+        child=to_hf(child),
+        choices=choices,
+        predicted=predicted,
+        params={"parent_total": pp.total, "parent_active": pp.active,
+                "child_total": cp.total, "child_active": cp.active},
+        quality={"value": float(result.totals.get("quality", math.nan)),
+                 "source": quality_source,
+                 "is_prior": "prior" in quality_source},
+        budgets=budgets,
+        solver={"status": result.status, "objective": result.objective, "gap": result.gap,
+                "best_bound": result.best_bound, "nodes": result.nodes,
+                "seconds": result.seconds, "message": result.message,
+                "objective_key": str(cons.objective)},
+        provenance={"spec_hash": problem.spec_hash, "profile": problem.hw.name,
+                    "recipe": problem.recipe.name, "tp": problem.tp, "ep": problem.ep,
+                    "package": "puzzle-nas", "version": __version__,
+                    "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
+    )
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / GB:.1f} GB ({n / GIB:.1f} GiB)"
+
+
+def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
+    """A readable summary of a blueprint."""
+    lines = [f"# puzzle-nas search: {bp.name}", ""]
+    q = bp.quality
+    lines.append(f"Quality source: **{q['source']}**" + (
+        " — the scores are a structural prior, not measurements." if q["is_prior"] else ""))
+    s = bp.solver
+    gap = "-" if s["gap"] is None else f"{s['gap']:.2e}"
+    lines.append(f"Solver: {s['status']}, objective {s['objective']}, gap {gap}, "
+                 f"{s['seconds']:.3f} s ({s['objective_key']}).")
+    pv = bp.provenance
+    lines.append(f"Hardware: {pv['profile']} (tp={pv['tp']}, ep={pv['ep']}), precision "
+                 f"{pv['recipe']}, spec {pv['spec_hash']}, puzzle-nas {pv['version']}.")
+    p = bp.params
+    lines += ["", "## Parameters", "",
+              "| | parent | child | child / parent |", "|---|---:|---:|---:|",
+              f"| total | {p['parent_total'] / 1e9:.2f} B | {p['child_total'] / 1e9:.2f} B | "
+              f"{_pct(p['child_total'], p['parent_total'])} |",
+              f"| active | {p['parent_active'] / 1e9:.2f} B | {p['child_active'] / 1e9:.2f} B | "
+              f"{_pct(p['child_active'], p['parent_active'])} |"]
+    lines += ["", "## Per workload (predicted)", "",
+              "| workload | figure | parent | child | child / parent |",
+              "|---|---|---:|---:|---:|"]
+    for name, pc in bp.predicted.items():
+        pa, ch = pc["parent"], pc["child"]
+        rows = [("TTFT", "ttft_s", lambda v: f"{v * 1e3:.1f} ms"),
+                ("decode / token", "tpot_s", lambda v: f"{v * 1e3:.2f} ms"),
+                ("throughput / GPU", "throughput_tok_s", lambda v: f"{v:,.0f} tok/s"),
+                ("per-user speed", "per_user_tok_s", lambda v: f"{v:,.1f} tok/s"),
+                ("memory / GPU", "memory_bytes", _fmt_bytes)]
+        for label, key, f in rows:
+            lines.append(f"| {name} | {label} | {f(pa[key])} | {f(ch[key])} | "
+                         f"{_pct(ch[key], pa[key])} |")
+        lines.append(f"| {name} | max concurrency @ {pa['context']:,} tokens | "
+                     f"{pa['max_concurrency']} | {ch['max_concurrency']} | |")
+    lines += ["", "## Budgets", "", "| budget | MIP key | bound | child | binds |",
+              "|---|---|---:|---:|:---:|"]
+    for b in bp.budgets:
+        lines.append(f"| {b['spec']} | `{b['key']}` | {b['bound']:.6g} | "
+                     f"{b['child_value']:.6g} | {'**yes**' if b['binding'] else 'no'} |")
+    if not bp.budgets:
+        lines.append("| (none) | | | | |")
+    changed = [c for c in bp.choices if c["change"] != "parent"]
+    lines += ["", f"## Blocks ({len(changed)} of {len(bp.choices)} changed)", "",
+              "| block | parent | child | change | quality |", "|---:|---|---|---|---:|"]
+    for c in bp.choices:
+        mark = "" if c["change"] == "parent" else "**"
+        lines.append(f"| {c['block']} | {c['parent']} | {mark}{c['child']}{mark} | "
+                     f"{c['change']} | {c['quality']:.4g} |")
+    if homogeneous is not None:
+        lines += ["", "## Homogeneous baseline (same budgets)", "",
+                  f"Quality {homogeneous.quality['value']:.6g} vs searched "
+                  f"{bp.quality['value']:.6g} (lower is better); params "
+                  f"{homogeneous.params['child_total'] / 1e9:.2f} B."]
+    return "\n".join(lines) + "\n"
+
+
+def save_outputs(out_dir: str | Path, blueprints: list[Blueprint], report: str,
+                 extra: dict[str, Any] | None = None) -> list[Path]:
+    """Write ``blueprint.json`` (the best), ``blueprint-<k>.json`` for the rest of a pool,
+    ``report.md`` and any extra JSON files, each atomically."""
+    out = Path(out_dir)
+    paths = [atomic_write_json(out / "blueprint.json", blueprints[0].model_dump())]
+    for k, bp in enumerate(blueprints[1:], start=2):
+        paths.append(atomic_write_json(out / f"blueprint-{k}.json", bp.model_dump()))
+    paths.append(atomic_write_text(out / "report.md", report))
+    for name, obj in (extra or {}).items():
+        paths.append(atomic_write_json(out / name, obj))
+    return paths
+
+
+def plot_pareto(path: str | Path, metric: str, unit: str, points: list[tuple[float, float]],
+                parent: tuple[float, float], baseline: list[tuple[float, float]] | None = None,
+                quality_label: str = "quality score (lower is better)",
+                title: str = "") -> Path:
+    """Quality vs the swept cost: the searched frontier, the parent, and a baseline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    if points:
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, "o-", color="tab:blue", label="searched (heterogeneous)")
+    if baseline:
+        xs, ys = zip(*sorted(baseline))
+        ax.plot(xs, ys, "s--", color="tab:orange", label="homogeneous baseline")
+    ax.plot([parent[0]], [parent[1]], "*", color="black", markersize=14, label="parent")
+    ax.set_xlabel(f"{metric} ({unit})")
+    ax.set_ylabel(quality_label)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(path, lambda p: fig.savefig(p, format="png"))
+    plt.close(fig)
+    return Path(path)

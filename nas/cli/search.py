@@ -1,0 +1,88 @@
+"""``puzzle-nas search [SPEC] [-o DIR] [--json]`` and ``puzzle-nas schema``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DEFAULT_SPEC = EXAMPLES / "nemotron3-super-h100.json"
+GB, GIB = 1e9, 2**30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("search", help="run a search from a JSON spec",
+                       description="Price every alternative of every parent block, score it, "
+                       "solve one MIP with HiGHS, and write blueprint.json, report.md, "
+                       "library.json (and pareto.png for a sweep).")
+    p.add_argument("spec", nargs="?", default=None,
+                   help=f"search spec JSON (default: the shipped example {DEFAULT_SPEC.name})")
+    p.add_argument("-o", "--out", default=None,
+                   help="output folder (default: out/<spec name>)")
+    p.add_argument("--json", action="store_true",
+                   help="print the blueprint JSON on stdout instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+    s = sub.add_parser("schema", help="print the JSON schema of search specs")
+    s.set_defaults(func=run_schema)
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    from nas.spec import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return 0
+
+
+def _ms(v: float) -> str:
+    return f"{v * 1e3:,.2f} ms"
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from nas.search import run as run_search
+    from nas.spec import load_spec
+
+    path = Path(args.spec) if args.spec else DEFAULT_SPEC
+    spec, base, digest = load_spec(path)
+    out = Path(args.out) if args.out else Path("out") / spec.name
+    progress = False if (args.quiet or args.json) else None
+    if not args.json:
+        print(f"searching {spec.name} ({path}) ...", file=sys.stderr)
+    res = run_search(spec, base, out, digest, progress=progress)
+    bp = res.blueprints[0]
+    if args.json:
+        print(json.dumps(bp.model_dump(), indent=2))
+        return 0
+    p, q, s = bp.params, bp.quality, bp.solver
+    lib = res.library
+    print(f"{spec.name}: {lib.num_blocks} parent blocks, {lib.num_replacements} alternatives, "
+          f"priced on {bp.provenance['profile']} (tp={bp.provenance['tp']}) under "
+          f"{bp.provenance['recipe']}")
+    gap = "-" if s["gap"] is None else f"{s['gap']:.1e}"
+    print(f"solver: {s['status']}, objective {s['objective']:.6g}, gap {gap}, "
+          f"{s['seconds']:.3f} s")
+    print(f"quality: {q['value']:.6g} from {q['source']}")
+    print(f"params: total {p['parent_total'] / 1e9:.2f} B -> {p['child_total'] / 1e9:.2f} B, "
+          f"active {p['parent_active'] / 1e9:.2f} B -> {p['child_active'] / 1e9:.2f} B")
+    print()
+    hdr = (f"{'workload':<14}{'':<8}{'TTFT':>12}{'ms/token':>11}{'tok/s/GPU':>12}"
+           f"{'user tok/s':>11}{'memory/GPU GiB':>16}{'max conc':>10}")
+    print(hdr)
+    for name, pc in bp.predicted.items():
+        for who in ("parent", "child"):
+            r = pc[who]
+            print(f"{name:<14}{who:<8}{_ms(r['ttft_s']):>12}{r['tpot_s'] * 1e3:>11.2f}"
+                  f"{r['throughput_tok_s']:>12,.0f}{r['per_user_tok_s']:>11,.1f}"
+                  f"{r['memory_bytes'] / GIB:>16,.1f}{str(r['max_concurrency']):>10}")
+    print()
+    for b in bp.budgets:
+        print(f"budget {b['spec']}: {'BINDS' if b['binding'] else 'slack'} "
+              f"({b['key']} = {b['child_value']:.6g}, bound {b['bound']:.6g})")
+    changed = sum(1 for c in bp.choices if c["change"] != "parent")
+    print(f"{changed} of {len(bp.choices)} blocks changed; "
+          f"{len(res.blueprints)} blueprint(s); total {res.timings['total_s']:.2f} s")
+    print("wrote: " + ", ".join(str(f) for f in res.files))
+    return 0

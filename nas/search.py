@@ -1,0 +1,639 @@
+"""The search pipeline: spec -> parent -> alternatives -> priced -> scored -> library -> MIP.
+
+Each step is a public function a training stack can call alone::
+
+    problem = resolve(spec, base_dir)            # parent ModelArch, profile, recipe, workloads
+    alts = alternatives(problem)                 # per parent block, its child blocks
+    costs = price(problem, alts)                 # costmodels, one vectorized pass
+    quality, source = score(problem, alts)       # score file, or the structural prior
+    library = build_library(problem, alts, costs, quality)
+    cons = constraints(problem, library)         # objective, budgets, count rules
+    result = solve(problem, library, cons)       # HiGHS (or the homogeneous enumeration)
+    child = child_arch(problem, library, result.chosen)
+
+Library keys (all additive over blocks; the non-block term is a library constant):
+``params``, ``active_params``, ``weight_bytes`` and, per workload ``W``,
+``ttft_s@W``, ``tpot_s@W``, ``runtime_s@W`` (time one replica spends serving B requests),
+``memory_bytes@W`` (weights + B x (KV at isl+osl + state) + workspace + reserve, per GPU);
+the score key is ``quality``. Budgets translate as:
+
+* throughput per GPU >= X  ->  ``runtime_s@W <= B * osl / (X * tp)``
+* per-user decode speed >= X tok/s  ->  ``tpot_s@W <= 1 / X``
+* max concurrency >= N at W's context  ->  memory with N sequences <= device memory
+* relative bounds ("60%") are fractions of the parent's own total of the same key
+  (for throughput / per-user speed, the runtime / TPOT bound is the parent's divided by
+  the fraction).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import hwprofiles
+from costmodels import shapes
+from costmodels.blocks import BlockCosts, price_blocks
+from costmodels.dtypes import PrecisionRecipe, get_recipe, recipe_from_dict
+from costmodels.memory import DEFAULT_PREFILL_CHUNK
+from costmodels.model import NonBlockCosts, NonBlockShape, price_nonblock, workspace_bytes
+from costmodels.workload import Workload
+from hwprofiles.errors import InputError
+from hwprofiles.schema import HardwareProfile
+from nas import mip, space
+from nas import quality as q
+from nas.arch import ModelArch, NoOp
+from nas.hf import from_hf, load_config
+from nas.library import BlockLibrary
+from nas.progress import Progress
+from nas.spec import BudgetSpec, SearchSpec, parse_quantity
+
+
+@dataclass
+class Problem:
+    """A resolved spec: real objects instead of names and paths."""
+
+    spec: SearchSpec
+    base_dir: Path
+    spec_hash: str
+    parent: ModelArch
+    hw: HardwareProfile
+    recipe: PrecisionRecipe
+    workloads: dict[str, Workload]
+    reserve_bytes: float
+
+    @property
+    def tp(self) -> int:
+        return self.spec.hw.tp
+
+    @property
+    def ep(self) -> int:
+        return self.spec.hw.ep
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.hw.gpus
+
+    @property
+    def device_bytes(self) -> float:
+        """Usable memory of one GPU (bytes); memory figures are per GPU."""
+        return float(self.hw.memory_bytes.value)
+
+
+def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -> Problem:
+    """Load the parent, the hardware profile and the recipe a spec names."""
+    base = Path(base_dir)
+    if isinstance(spec.parent, str):
+        p = Path(spec.parent)
+        parent = load_config(p if p.is_absolute() else base / p)
+    else:
+        parent = from_hf(spec.parent, source="spec: parent")
+    prof = spec.hw.profile
+    pp = base / prof
+    hw = hwprofiles.get(str(pp) if prof.endswith(".json") and pp.exists() else prof)
+    if isinstance(spec.precision, str):
+        pr = base / spec.precision
+        recipe = get_recipe(str(pr) if spec.precision.endswith(".json") else spec.precision)
+    else:
+        recipe = recipe_from_dict(spec.precision, source="spec: precision")
+    wls = {name: Workload(name=name, **w.model_dump()) for name, w in spec.workloads.items()}
+    reserve, rel = parse_quantity(spec.runtime_reserve, "memory", "runtime_reserve")
+    if rel:
+        reserve *= float(hw.memory_bytes.value)
+    return Problem(spec, base, spec_hash, parent, hw, recipe, wls, reserve)
+
+
+def alternatives(problem: Problem) -> list[list[space.Alternative]]:
+    """Per parent block, its alternatives (parent block first)."""
+    return space.alternatives(problem.parent, problem.spec.search_space)
+
+
+@dataclass
+class Priced:
+    """Every alternative priced: block costs (rows in flattened alternative order) and the
+    non-block term."""
+
+    rows: BlockCosts
+    params: np.ndarray
+    active_params: np.ndarray
+    nonblock: NonBlockCosts
+    workspace_bytes: dict[str, float]
+
+
+def nonblock_shape(arch: ModelArch) -> NonBlockShape:
+    return NonBlockShape(arch.hidden_size, arch.vocab_size, arch.tie_embeddings, arch.final_norm)
+
+
+def _flat(alts: list[list[space.Alternative]]) -> list[space.Alternative]:
+    return [a for block in alts for a in block]
+
+
+def price(problem: Problem, alts: list[list[space.Alternative]],
+          progress: bool | None = None) -> Priced:
+    """Price every alternative for every workload (vectorized costmodels pass)."""
+    flat = _flat(alts)
+    h = problem.parent.hidden_size
+    from nas.arch import blocks_table
+
+    wl = list(problem.workloads.values())
+    with Progress(len(flat), "pricing", progress) as bar:
+        table = blocks_table([a.child for a in flat], h)
+        rows = price_blocks(table, problem.hw, problem.recipe, wl, tp=problem.tp, ep=problem.ep)
+        bar.update(len(flat))
+    nb = price_nonblock(nonblock_shape(problem.parent), problem.hw, problem.recipe, wl,
+                        tp=problem.tp)
+    # activation workspace is a max over blocks, not a sum: hold the parent's (a child is no
+    # wider) as a constant, so memory budgets stay linear and conservative; same formula as
+    # costmodels.model.summarize
+    parent_rows = rows.take([i for i, a in enumerate(flat) if a.is_parent])
+    workspace = {}
+    for w in wl:
+        tokens = max(min(w.prefill_sequences * w.isl, DEFAULT_PREFILL_CHUNK), w.sequences)
+        workspace[w.name] = float(workspace_bytes(parent_rows, nb, tokens,
+                                                  max(w.prefill_sequences, w.sequences)))
+        workspace[w.name + "#conc"] = float(workspace_bytes(
+            parent_rows, nb, min(w.max_context, DEFAULT_PREFILL_CHUNK), 1.0))
+    return Priced(rows, shapes.params(table).astype(np.float64),
+                  shapes.params(table, active=True).astype(np.float64), nb, workspace)
+
+
+def score(problem: Problem, alts: list[list[space.Alternative]]) -> tuple[np.ndarray, str]:
+    """Quality score per alternative (lower is better) and a label of where it came from."""
+    qs = problem.spec.quality
+    if qs.scores:
+        path = Path(qs.scores)
+        path = path if path.is_absolute() else problem.base_dir / path
+        table = q.load_scores(path, qs.metric)
+        return q.scores_for(alts, table, str(path)), f"measured: {path.name} ({qs.metric})"
+    return q.structural_prior(list(problem.parent.blocks), alts), q.PRIOR_LABEL
+
+
+def build_library(problem: Problem, alts: list[list[space.Alternative]], priced: Priced,
+                  quality: np.ndarray) -> BlockLibrary:
+    """The block library the MIP reads (one replacement per alternative)."""
+    flat = _flat(alts)
+    pa = problem.parent
+    nb_params = sum(pa.nonblock_role_params().values())
+    nb_active = nb_params
+    costs: dict[str, np.ndarray] = {
+        "params": priced.params, "active_params": priced.active_params,
+        "weight_bytes": priced.rows.weight_bytes,
+    }
+    nb = priced.nonblock
+    constants: dict[str, float] = {"params": float(nb_params), "active_params": float(nb_active),
+                                   "weight_bytes": float(nb.weight_bytes)}
+    for j, w in enumerate(problem.workloads.values()):
+        n = w.name
+        costs[f"ttft_s@{n}"] = priced.rows.prefill_s[:, j]
+        costs[f"tpot_s@{n}"] = priced.rows.decode_s[:, j]
+        costs[f"runtime_s@{n}"] = priced.rows.runtime_s[:, j]
+        costs[f"memory_bytes@{n}"] = priced.rows.memory_bytes[:, j]
+        constants[f"ttft_s@{n}"] = float(nb.prefill_s[j])
+        constants[f"tpot_s@{n}"] = float(nb.decode_s[j])
+        constants[f"runtime_s@{n}"] = float(nb.runtime_s[j])
+        constants[f"memory_bytes@{n}"] = (nb.weight_bytes + priced.workspace_bytes[n]
+                                          + problem.reserve_bytes)
+    tags = []
+    for a in flat:
+        t = [a.child.kind, f"parent:{pa.blocks[a.block].kind}"]
+        if not isinstance(a.child, NoOp):
+            t.append(f"kept:{pa.blocks[a.block].kind}")
+        tags.append(t)
+    return BlockLibrary(
+        num_blocks=pa.num_blocks,
+        start=[a.block for a in flat], end=[a.block + 1 for a in flat],
+        costs=costs, scores={"quality": quality},
+        labels=[a.label for a in flat], tags=tags,
+        children=[[a.child.model_dump()] for a in flat],
+        constants=constants,
+        block_names=[f"{i}:{b.kind}" for i, b in enumerate(pa.blocks)],
+    )
+
+
+# ---- constraints ------------------------------------------------------------------------
+@dataclass
+class Constraints:
+    """The MIP's objective, budget rows and count rows, with where each came from."""
+
+    objective: mip.Objective
+    budgets: list[mip.Budget]
+    counts: list[mip.CountRule]
+    described: list[str] = field(default_factory=list)
+    # per budget row: (spec budget index, function mapping a total of the key back to the
+    # spec's metric, in the metric's units)
+    origin: list[tuple[int, str]] = field(default_factory=list)
+
+
+def parent_totals(library: BlockLibrary) -> dict[str, float]:
+    """Totals of every key for the parent (its own alternative in every block)."""
+    idx = [i for i, lab in enumerate(library.labels) if lab == "parent"]
+    return {k: float(v[idx].sum()) + library.constants.get(k, 0.0)
+            for k, v in {**library.costs, **library.scores}.items()}
+
+
+def _concurrency_key(problem: Problem, library: BlockLibrary, priced: Priced | None,
+                     wname: str, n: int) -> str:
+    """Add ``memory_bytes@W#N`` (memory with N sequences at W's context) to the library."""
+    key = f"memory_bytes@{wname}#{n}"
+    if key in library.costs:
+        return key
+    w = problem.workloads[wname]
+    rows = priced.rows if priced is not None else None
+    if rows is None:
+        raise InputError("max_concurrency budgets need the priced rows")
+    per_seq = rows.kv_bytes(w.max_context) + rows.state_bytes_per_sequence
+    library.costs[key] = rows.weight_bytes + n * per_seq
+    library.constants[key] = (priced.nonblock.weight_bytes  # type: ignore[union-attr]
+                              + priced.workspace_bytes[wname + "#conc"]  # type: ignore[union-attr]
+                              + problem.reserve_bytes)
+    return key
+
+
+def budget_rows(problem: Problem, library: BlockLibrary, b: BudgetSpec, index: int,
+                priced: Priced | None = None, override: str | float | None = None
+                ) -> tuple[list[mip.Budget], list[mip.CountRule], str]:
+    """Translate one spec budget into MIP rows (``override`` replaces its bound)."""
+    where = f"budgets[{index}]"
+    parent = parent_totals(library)
+    m, wname = b.metric, b.workload
+    if m == "kept_blocks":
+        lo = None if b.min is None else int(parse_quantity(b.min, m, where + ".min")[0])
+        hi = None if b.max is None else int(parse_quantity(b.max, m, where + ".max")[0])
+        if override is not None:
+            v = int(parse_quantity(override, m, where)[0])
+            lo, hi = (v, hi) if b.min is not None else (lo, v)
+        return [], [mip.CountRule(f"kept:{b.kind}", lo, hi, unit="blocks")], \
+            f"kept {b.kind} blocks in [{lo}, {hi}]"
+
+    w = problem.workloads.get(wname or "")
+    out: list[mip.Budget] = []
+    text = []
+    for side in ("max", "min"):
+        raw = getattr(b, side)
+        if raw is None:
+            continue
+        if override is not None:
+            raw = override
+        val, rel = parse_quantity(raw, m, f"{where}.{side}")
+        lower_is_bound = side == "min"
+        if m in ("throughput", "per_user_tps"):
+            if side != "min":
+                raise InputError(f"{m} takes a min (a speed target)", field=f"{where}.max")
+            key = f"runtime_s@{wname}" if m == "throughput" else f"tpot_s@{wname}"
+            if rel:
+                bound = parent[key] / val
+            elif m == "throughput":
+                bound = w.sequences * w.osl / (val * problem.tp)  # type: ignore[union-attr]
+            else:
+                bound = 1.0 / val
+            out.append(mip.Budget(key, None, bound))
+            text.append(f"{m}@{wname} >= {raw}")
+            continue
+        if m == "max_concurrency":
+            if side != "min":
+                raise InputError("max_concurrency takes a min", field=f"{where}.max")
+            n = int(math.ceil(val * (parent_max_concurrency(problem, library, priced, wname)
+                                     if rel else 1.0)))
+            key = _concurrency_key(problem, library, priced, wname, n)  # type: ignore[arg-type]
+            out.append(mip.Budget(key, None, problem.device_bytes))
+            text.append(f"max_concurrency@{wname} >= {n}")
+            continue
+        key = {"memory": f"memory_bytes@{wname}", "ttft": f"ttft_s@{wname}",
+               "tpot": f"tpot_s@{wname}", "runtime": f"runtime_s@{wname}",
+               "total_params": "params", "active_params": "active_params",
+               "weight_memory": "weight_bytes", "quality": "quality"}[m]
+        if math.isnan(val):  # "device"
+            val = problem.device_bytes
+        bound = parent[key] * val if rel else val
+        out.append(mip.Budget(key, bound, None) if lower_is_bound
+                   else mip.Budget(key, None, bound))
+        text.append(f"{m}{'@' + wname if wname else ''} {'>=' if lower_is_bound else '<='} "
+                    f"{raw}")
+    return out, [], "; ".join(text)
+
+
+def parent_max_concurrency(problem: Problem, library: BlockLibrary, priced: Priced | None,
+                           wname: str) -> float:
+    """Largest concurrency the parent fits at workload ``wname``'s context (per GPU)."""
+    w = problem.workloads[wname]
+    key = f"memory_bytes@{wname}"
+    idx = [i for i, lab in enumerate(library.labels) if lab == "parent"]
+    rows = priced.rows  # type: ignore[union-attr]
+    per_seq = float((rows.kv_bytes(w.max_context) + rows.state_bytes_per_sequence)[idx].sum())
+    fixed = parent_totals(library)[key] - w.sequences * per_seq
+    return max(0.0, math.floor((problem.device_bytes - fixed) / per_seq)) if per_seq else math.inf
+
+
+def objective_of(problem: Problem) -> mip.Objective:
+    o = problem.spec.objective
+    if o.minimize == "quality":
+        return mip.Objective({"quality": 1.0}, "min")
+    target = o.minimize or o.maximize or ""
+    metric, _, wname = target.partition("@")
+    if o.maximize is not None:
+        key = {"throughput": f"runtime_s@{wname}", "per_user_tps": f"tpot_s@{wname}"}.get(metric)
+        if key is None or not wname:
+            raise InputError("maximize takes 'throughput@WORKLOAD' or 'per_user_tps@WORKLOAD'",
+                             field="objective.maximize")
+        return mip.Objective({key: 1.0}, "min")
+    key = {"runtime": f"runtime_s@{wname}", "tpot": f"tpot_s@{wname}",
+           "ttft": f"ttft_s@{wname}", "memory": f"memory_bytes@{wname}",
+           "total_params": "params", "active_params": "active_params",
+           "weight_memory": "weight_bytes"}.get(metric)
+    if key is None or (metric in ("runtime", "tpot", "ttft", "memory") and not wname):
+        raise InputError("minimize takes 'quality', 'runtime@W', 'tpot@W', 'ttft@W', "
+                         "'memory@W', 'total_params', 'active_params' or 'weight_memory'",
+                         field="objective.minimize")
+    return mip.Objective({key: 1.0}, "min")
+
+
+def constraints(problem: Problem, library: BlockLibrary, priced: Priced | None = None
+                ) -> Constraints:
+    """Objective, budget rows and count rows of the spec."""
+    cons = Constraints(objective_of(problem), [], [])
+    for i, b in enumerate(problem.spec.budgets):
+        rows, counts, text = budget_rows(problem, library, b, i, priced)
+        cons.budgets += rows
+        cons.counts += counts
+        cons.described.append(text)
+        cons.origin += [(i, r.key) for r in rows]
+    return cons
+
+
+def options_of(problem: Problem) -> mip.SolveOptions:
+    s = problem.spec.solver
+    return mip.SolveOptions(time_limit=s.time_limit, mip_rel_gap=s.gap, threads=s.threads,
+                            seed=s.seed)
+
+
+# ---- homogeneous baseline -----------------------------------------------------------------
+def homogeneous_solve(library: BlockLibrary, cons: Constraints,
+                      max_combinations: int = 5_000_000) -> mip.Result:
+    """Best child where every block of a kind (same parent block) takes the same choice.
+
+    Exact: enumerates every combination of per-group choices with numpy (no MIP), so the
+    baseline is the true optimum of the restricted space.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    # group parent blocks by their set of alternative labels (same parent shape)
+    by_block: dict[int, list[int]] = {}
+    for r in range(library.num_replacements):
+        by_block.setdefault(int(library.start[r]), []).append(r)
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for b in range(library.num_blocks):
+        labels = tuple(library.labels[r] for r in by_block[b])
+        groups.setdefault((library.block_name(b).split(":", 1)[-1],) + labels, []).append(b)
+    keys = list(library.costs) + list(library.scores)
+    tag_keys = sorted({c.tag for c in cons.counts})
+    allv = {**library.costs, **library.scores}
+    gmats, glabels = [], []
+    for gk, blocks in groups.items():
+        labels = gk[1:]
+        mat = np.zeros((len(labels), len(keys) + len(tag_keys)))
+        for b in blocks:
+            for li, r in enumerate(by_block[b]):
+                mat[li, :len(keys)] += [allv[k][r] for k in keys]
+                mat[li, len(keys):] += [float(t in library.tags[r]) * library.lengths[r]
+                                        for t in tag_keys]
+        gmats.append(mat)
+        glabels.append(blocks)
+    sizes = [m.shape[0] for m in gmats]
+    total = math.prod(sizes)
+    if total > max_combinations:
+        raise InputError(f"homogeneous space has {total:,} combinations (limit "
+                         f"{max_combinations:,}); narrow the search space")
+    grids = np.meshgrid(*[np.arange(s) for s in sizes], indexing="ij")
+    idx = [g.reshape(-1) for g in grids]
+    totals = sum(m[i] for m, i in zip(gmats, idx))
+    const = np.array([library.constants.get(k, 0.0) for k in keys] + [0.0] * len(tag_keys))
+    totals = totals + const
+    ok = np.ones(totals.shape[0], dtype=bool)
+    col = {k: j for j, k in enumerate(keys + tag_keys)}
+    for b in cons.budgets:
+        v = totals[:, col[b.key]]
+        tol = 1e-9 * max(1.0, abs(b.hi if b.hi is not None else b.lo))  # type: ignore[arg-type]
+        if b.hi is not None:
+            ok &= v <= b.hi + tol
+        if b.lo is not None:
+            ok &= v >= b.lo - tol
+    for c in cons.counts:
+        v = totals[:, col[c.tag]]
+        if c.min is not None:
+            ok &= v >= c.min
+        if c.max is not None:
+            ok &= v <= c.max
+    obj = sum(w * totals[:, col[k]] for k, w in cons.objective.weights.items())
+    if cons.objective.sense == "max":
+        obj = -obj
+    secs = time.perf_counter() - t0
+    if not ok.any():
+        return mip.Result("infeasible", None, None, None, 0, secs,
+                          message="no homogeneous child meets every budget")
+    best = int(np.flatnonzero(ok)[np.argmin(obj[ok])])
+    chosen = []
+    for gi, blocks in enumerate(glabels):
+        li = int(idx[gi][best])
+        chosen += [by_block[b][li] for b in blocks]
+    chosen_arr = np.asarray(sorted(chosen, key=lambda r: library.start[r]), dtype=np.int64)
+    tot = {k: float(totals[best, col[k]]) for k in keys}
+    val = float(sum(w * tot[k] for k, w in cons.objective.weights.items()))
+    return mip.Result("optimal", val, val, 0.0, 0, secs, chosen=chosen_arr,
+                      choices=[int(r) for r in chosen_arr], totals=tot,
+                      message=f"exhaustive over {total:,} homogeneous combinations")
+
+
+def solve(problem: Problem, library: BlockLibrary, cons: Constraints,
+          homogeneous: bool | None = None) -> list[mip.Result]:
+    """Solve (a diverse pool when the spec asks for one). Raises ``InfeasibleError``."""
+    hom = problem.spec.search_space.homogeneous if homogeneous is None else homogeneous
+    if hom:
+        res = homogeneous_solve(library, cons)
+        if res.status == "infeasible":
+            raise mip.InfeasibleError("homogeneous search: " + res.message)
+        return [res]
+    s = problem.spec.solver
+    if s.diverse > 1:
+        return mip.diverse_pool(library, cons.objective, cons.budgets, n=s.diverse,
+                                min_distance=s.min_distance, counts=cons.counts,
+                                options=options_of(problem))
+    return [mip.solve(library, cons.objective, cons.budgets, counts=cons.counts,
+                      options=options_of(problem)).raise_if_infeasible()]
+
+
+def child_arch(problem: Problem, library: BlockLibrary, chosen: np.ndarray,
+               alts: list[list[space.Alternative]]) -> ModelArch:
+    """The child ``ModelArch`` of a solution."""
+    flat = _flat(alts)
+    blocks = [None] * problem.parent.num_blocks
+    for r in chosen:
+        blocks[int(library.start[r])] = flat[int(r)].child  # type: ignore[call-overload]
+    return problem.parent.replace_blocks(blocks)  # type: ignore[arg-type]
+
+
+def sweep_values(problem: Problem) -> list[str | float]:
+    sw = problem.spec.solver.sweep
+    assert sw is not None
+    if sw.values:
+        return list(sw.values)
+    if sw.start is None or sw.stop is None:
+        raise InputError("give values, or start and stop", field="solver.sweep")
+    b = problem.spec.budgets[sw.budget]
+    a, rel_a = parse_quantity(sw.start, b.metric, "solver.sweep.start")
+    z, rel_z = parse_quantity(sw.stop, b.metric, "solver.sweep.stop")
+    if rel_a != rel_z:
+        raise InputError("start and stop must both be absolute or both relative",
+                         field="solver.sweep")
+    vals = np.linspace(a, z, sw.num)
+    return [f"{v * 100:.6g}%" for v in vals] if rel_a else [float(v) for v in vals]
+
+
+# ---- the whole job -------------------------------------------------------------------------
+@dataclass
+class SearchOutcome:
+    """What :func:`run` produced: blueprints (best first), files written, and the pieces."""
+
+    problem: Problem
+    library: BlockLibrary
+    blueprints: list[Any]
+    homogeneous: Any | None
+    sweep: dict[str, Any] | None
+    files: list[Path]
+    timings: dict[str, float]
+
+
+_SWEEP_UNITS = {"memory": ("GiB", 2**30), "weight_memory": ("GiB", 2**30),
+                "ttft": ("ms", 1e-3), "tpot": ("ms", 1e-3), "runtime": ("s", 1.0),
+                "per_user_tps": ("tok/s", 1.0), "throughput": ("tok/s per GPU", 1.0),
+                "total_params": ("B params", 1e9), "active_params": ("B params", 1e9),
+                "quality": ("score", 1.0)}
+
+
+def _metric_value(problem: Problem, b: BudgetSpec, key: str, total: float) -> float:
+    """A library total of ``key`` in the spec metric's own units (for plots)."""
+    unit = _SWEEP_UNITS.get(b.metric, ("", 1.0))[1]
+    if b.metric == "throughput":
+        w = problem.workloads[b.workload]  # type: ignore[index]
+        return w.sequences * w.osl / (total * problem.tp)
+    if b.metric == "per_user_tps":
+        return 1.0 / total
+    return total / unit
+
+
+def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced: Priced,
+              homogeneous: bool = False) -> dict[str, Any]:
+    """Re-solve over the spec's sweep grid; returns points (metric value, quality)."""
+    sw = problem.spec.solver.sweep
+    assert sw is not None
+    b = problem.spec.budgets[sw.budget]
+    if b.metric in ("kept_blocks", "max_concurrency"):
+        raise InputError(f"cannot sweep a {b.metric} budget", field="solver.sweep.budget")
+    values = sweep_values(problem)
+    others = [r for (bi, _), r in zip(cons.origin, cons.budgets) if bi != sw.budget]
+    keyed = []
+    for v in values:
+        rows, _, _ = budget_rows(problem, library, b, sw.budget, priced, override=v)
+        keyed.append(rows[0])
+    key = keyed[0].key
+    points, results = [], []
+    for v, row in zip(values, keyed):
+        if homogeneous:
+            c2 = Constraints(cons.objective, others + [row], cons.counts)
+            res = homogeneous_solve(library, c2)
+        else:
+            res = None
+        results.append((v, row, res))
+    if not homogeneous:
+        hi = [r.hi if r.hi is not None else r.lo for _, r, _ in results]
+        sw_res = mip.sweep(library, cons.objective, others, key=key, values=hi,
+                           counts=cons.counts, options=options_of(problem))
+        results = [(v, r, res) for (v, r, _), res in zip(results, sw_res.results)]
+    for v, _, res in results:
+        if res is not None and res.ok:
+            points.append({"value": v, "metric": _metric_value(problem, b, key, res.totals[key]),
+                           "quality": res.totals["quality"], "status": res.status,
+                           "chosen": [int(i) for i in res.chosen]})
+        else:
+            points.append({"value": v, "metric": None, "quality": None,
+                           "status": res.status if res is not None else "error",
+                           "chosen": []})
+    parent = parent_totals(library)
+    return {"budget": sw.budget, "metric": b.metric, "workload": b.workload, "key": key,
+            "unit": _SWEEP_UNITS.get(b.metric, ("", 1.0))[0],
+            "parent": {"metric": _metric_value(problem, b, key, parent[key]),
+                       "quality": parent["quality"]},
+            "points": points}
+
+
+def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: str = "",
+        progress: bool | None = None) -> SearchOutcome:
+    """spec -> blueprint(s), ``report.md``, ``library.json`` and ``pareto.png`` in ``out_dir``."""
+    import time
+
+    from nas import blueprint as bpm
+
+    t: dict[str, float] = {}
+    t0 = time.perf_counter()
+    problem = resolve(spec, base_dir, spec_hash)
+    alts = alternatives(problem)
+    t["space_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    priced = price(problem, alts, progress)
+    quality, qsource = score(problem, alts)
+    library = build_library(problem, alts, priced, quality)
+    cons = constraints(problem, library, priced)
+    t["price_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    with Progress(1, "solving", progress) as bar:
+        results = solve(problem, library, cons)
+        bar.update(1)
+    hom_res = None
+    if problem.spec.search_space.compare_homogeneous and not problem.spec.search_space.homogeneous:
+        hom_res = homogeneous_solve(library, cons)
+    t["solve_s"] = time.perf_counter() - t2
+
+    blueprints = [bpm.make_blueprint(problem, library, alts, r, cons, qsource,
+                                     child_arch(problem, library, r.chosen, alts))
+                  for r in results]
+    hom_bp = None
+    if hom_res is not None and hom_res.ok:
+        hom_bp = bpm.make_blueprint(problem, library, alts, hom_res, cons, qsource,
+                                    child_arch(problem, library, hom_res.chosen, alts))
+    sweep = None
+    files: list[Path] = []
+    if problem.spec.solver.sweep is not None:
+        t3 = time.perf_counter()
+        with Progress(1, "sweeping", progress) as bar:
+            sweep = run_sweep(problem, library, cons, priced,
+                              homogeneous=problem.spec.search_space.homogeneous)
+            if problem.spec.search_space.compare_homogeneous:
+                sweep["homogeneous"] = run_sweep(problem, library, cons, priced,
+                                                 homogeneous=True)["points"]
+            bar.update(1)
+        t["sweep_s"] = time.perf_counter() - t3
+        pts = [(p["metric"], p["quality"]) for p in sweep["points"] if p["metric"] is not None]
+        base = [(p["metric"], p["quality"]) for p in sweep.get("homogeneous", [])
+                if p["metric"] is not None] or None
+        par = sweep["parent"]
+        unit = sweep["unit"]
+        label = f"{sweep['metric']}" + (f"@{sweep['workload']}" if sweep["workload"] else "")
+        files.append(bpm.plot_pareto(Path(out_dir) / "pareto.png", label, unit, pts,
+                                     (par["metric"], par["quality"]), base,
+                                     quality_label=f"quality: {qsource}",
+                                     title=f"{problem.spec.name}: quality vs {label}"))
+    t["total_s"] = time.perf_counter() - t0
+    report = bpm.report_markdown(blueprints[0], hom_bp)
+    extra: dict[str, Any] = {"library.json": library_json(library)}
+    if sweep is not None:
+        extra["sweep.json"] = sweep
+    files = bpm.save_outputs(out_dir, blueprints, report, extra) + files
+    return SearchOutcome(problem, library, blueprints, hom_bp, sweep, files, t)
+
+
+def library_json(library: BlockLibrary) -> dict[str, Any]:
+    """The library as its JSON file object (``puzzle-nas solve`` reads it)."""
+    return library.to_dict()

@@ -1,0 +1,130 @@
+"""Alternatives per parent block: the search space a spec describes, as plain data.
+
+Every parent block gets a menu of child blocks: itself first, then the spec's variations
+(fewer KV heads, sliding windows, narrower FFN, fewer/narrower experts, lower top-k,
+smaller SSM state, fewer Mamba heads, linear, no-op), deduplicated. Each alternative
+covers exactly its own parent block (a span [i, i+1)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.spec import SearchSpace, _Axis
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """One child block for parent block ``block`` (``label`` is unique within the block)."""
+
+    block: int
+    child: _Block
+    label: str
+    is_parent: bool
+
+
+def _in_ranges(axis: _Axis, i: int) -> bool:
+    return axis.blocks is None or any(a <= i < b for a, b in axis.blocks)
+
+
+def _round(x: float, to: int) -> int:
+    return max(to, int(round(x / to)) * to)
+
+
+def _label(parent: _Block, child: _Block) -> str:
+    if child == parent:
+        return "parent"
+    if isinstance(child, NoOp | Linear):
+        return child.kind
+    diffs = []
+    for k, v in child.model_dump().items():
+        if getattr(parent, k, None) != v:
+            diffs.append(f"{k}={v}")
+    return ",".join(diffs)
+
+
+def _attention(b: Attention, s: SearchSpace) -> list[_Block]:
+    kvs = [k for k in s.attention.kv_heads if b.num_heads % k == 0] or [b.num_kv_heads]
+    kvs = sorted(set(kvs) | {b.num_kv_heads}, reverse=True)
+    windows: list[int | None] = [b.sliding_window, *s.attention.sliding_window]
+    out: list[_Block] = [b.model_copy(update={"num_kv_heads": k, "sliding_window": w})
+                         for k, w in product(kvs, windows)]
+    if s.attention.linear:
+        out.append(Linear())
+    if s.attention.noop:
+        out.append(NoOp())
+    return out
+
+
+def _ffn(b: FFN, s: SearchSpace) -> list[_Block]:
+    widths = {b.width, *s.ffn.widths}
+    widths |= {_round(b.width * f, s.ffn.round_to) for f in s.ffn.fractions}
+    out: list[_Block] = [b.model_copy(update={"width": w})
+                         for w in sorted(widths, reverse=True) if w <= b.width]
+    if s.ffn.linear:
+        out.append(Linear())
+    if s.ffn.noop:
+        out.append(NoOp())
+    return out
+
+
+def _moe(b: MoE, s: SearchSpace) -> list[_Block]:
+    m = s.moe
+    experts = {b.num_experts, *m.experts}
+    experts |= {max(1, int(round(b.num_experts * f))) for f in m.expert_fractions}
+    widths = {b.expert_width, *m.expert_widths}
+    widths |= {_round(b.expert_width * f, m.round_to) for f in m.width_fractions}
+    topks = {b.top_k, *m.top_k}
+    shared = {b.shared_width, *m.shared_widths}
+    out: list[_Block] = []
+    for e, w, k, sh in product(sorted(experts, reverse=True), sorted(widths, reverse=True),
+                               sorted(topks, reverse=True), sorted(shared, reverse=True)):
+        if k <= e and e <= b.num_experts and w <= b.expert_width and k <= b.top_k \
+                and sh <= b.shared_width:
+            out.append(b.model_copy(update={"num_experts": e, "expert_width": w, "top_k": k,
+                                            "shared_width": sh}))
+    if m.noop:
+        out.append(NoOp())
+    return out
+
+
+def _mamba(b: Mamba, s: SearchSpace) -> list[_Block]:
+    states = {b.state_size, *s.mamba.state_sizes}
+    heads = {h for h in {b.num_heads, *s.mamba.heads} if h % b.n_groups == 0}
+    out: list[_Block] = [b.model_copy(update={"state_size": st, "num_heads": h})
+                         for h, st in product(sorted(heads, reverse=True),
+                                              sorted(states, reverse=True))
+                         if st <= b.state_size and h <= b.num_heads]
+    if s.mamba.noop:
+        out.append(NoOp())
+    return out
+
+
+_GEN = {"attention": ("attention", _attention), "ffn": ("ffn", _ffn), "moe": ("moe", _moe),
+        "mamba": ("mamba", _mamba)}
+
+
+def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative]]:
+    """Per parent block, its alternatives (the parent block first)."""
+    out: list[list[Alternative]] = []
+    for i, b in enumerate(parent.blocks):
+        children: list[_Block] = [b]
+        if b.kind in _GEN:
+            axis_name, gen = _GEN[b.kind]
+            if _in_ranges(getattr(space, axis_name), i):
+                children += gen(b, space)  # type: ignore[operator]
+        seen: set[_Block] = set()
+        alts = []
+        for c in children:
+            if c in seen:
+                continue
+            seen.add(c)
+            alts.append(Alternative(block=i, child=c, label=_label(b, c), is_parent=c == b))
+        out.append(alts)
+    return out
+
+
+def count(alts: list[list[Alternative]]) -> int:
+    return sum(len(a) for a in alts)

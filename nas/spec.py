@@ -1,0 +1,325 @@
+"""``SearchSpec``: the JSON a user writes for ``puzzle-nas search``.
+
+Every mistake is reported with its JSON path (``budgets[2].max: ...``). The schema is
+published by ``puzzle-nas schema``.
+
+Budgets name a metric and, for per-workload metrics, a workload; bounds are absolute with
+a unit (``"80 GiB"``, ``"5000 tok/s"``, ``"10 ms"``, ``"75B"``) or relative to the
+parent's own priced figure (``"60%"``). ``"device"`` as a memory bound means the usable
+memory of the GPUs of one replica.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hwprofiles.errors import InputError
+
+WORKLOAD_METRICS = ("memory", "ttft", "tpot", "per_user_tps", "throughput", "runtime",
+                    "max_concurrency")
+GLOBAL_METRICS = ("total_params", "active_params", "weight_memory", "kept_blocks", "quality")
+METRICS = WORKLOAD_METRICS + GLOBAL_METRICS
+# metrics where larger is better: their bounds are lower bounds
+HIGHER_IS_BETTER = ("per_user_tps", "throughput", "max_concurrency", "kept_blocks")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorkloadSpec(_Model):
+    """A named serving workload: tokens in, tokens out, batch or concurrency."""
+
+    isl: int = Field(ge=1, description="input (prompt) length, tokens")
+    osl: int = Field(ge=1, description="output length, tokens")
+    batch: int | None = Field(default=None, ge=1, description="static batch size")
+    concurrency: int | None = Field(default=None, ge=1,
+                                    description="requests in flight (continuous batching)")
+
+    @model_validator(mode="after")
+    def _one(self) -> WorkloadSpec:
+        if (self.batch is None) == (self.concurrency is None):
+            raise ValueError("give exactly one of batch or concurrency")
+        return self
+
+
+class HardwareSpec(_Model):
+    profile: str = Field(description="a shipped profile name (puzzle-nas hw list) or a JSON file")
+    tp: int = Field(default=1, ge=1, description="tensor-parallel degree")
+    ep: int = Field(default=1, ge=1, description="expert-parallel degree")
+    gpus_per_replica: int | None = Field(default=None, ge=1,
+                                         description="GPUs serving one model copy (default tp)")
+
+    @model_validator(mode="after")
+    def _gpus(self) -> HardwareSpec:
+        if self.gpus_per_replica is not None and self.gpus_per_replica != self.tp:
+            raise ValueError(f"gpus_per_replica ({self.gpus_per_replica}) must equal tp "
+                             f"({self.tp}): a replica is its tensor-parallel group (pipeline "
+                             "parallelism is not modeled)")
+        if self.ep not in (1, self.tp):
+            raise ValueError(f"ep must be 1 or tp ({self.tp}), got {self.ep}")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return self.tp
+
+
+class _Axis(_Model):
+    blocks: list[tuple[int, int]] | None = Field(
+        default=None, description="restrict these alternatives to block ranges [start, end)")
+
+
+class AttentionSpace(_Axis):
+    kv_heads: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    sliding_window: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    noop: bool = False
+    linear: bool = False
+
+
+class FFNSpace(_Axis):
+    widths: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
+    round_to: int = Field(default=64, ge=1, description="round fractional widths to this")
+    noop: bool = False
+    linear: bool = False
+
+
+class MoESpace(_Axis):
+    experts: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    expert_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
+    expert_widths: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    width_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
+    top_k: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    shared_widths: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    round_to: int = Field(default=64, ge=1)
+    noop: bool = False
+
+
+class MambaSpace(_Axis):
+    state_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    heads: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    noop: bool = False
+
+
+class SearchSpace(_Model):
+    """Per block kind, the axes to try. The parent block is always an alternative."""
+
+    attention: AttentionSpace = Field(default_factory=AttentionSpace)
+    ffn: FFNSpace = Field(default_factory=FFNSpace)
+    moe: MoESpace = Field(default_factory=MoESpace)
+    mamba: MambaSpace = Field(default_factory=MambaSpace)
+    homogeneous: bool = Field(default=False, description="Minitron-style: every block of a "
+                              "kind gets the same choice (a baseline)")
+    compare_homogeneous: bool = Field(default=False, description="also solve the homogeneous "
+                                      "baseline and report/plot it beside the search")
+
+
+class QualitySpec(_Model):
+    scores: str | None = Field(default=None, description="score file (JSON or CSV) keyed by "
+                               "block and alternative; relative to the spec")
+    metric: str = Field(default="kl_div", description="which score column to minimize")
+    prior: Literal["structural"] = "structural"
+
+
+class BudgetSpec(_Model):
+    """``metric`` (on ``workload`` for per-workload metrics) bounded by ``max`` and/or ``min``."""
+
+    metric: Literal[METRICS]  # type: ignore[valid-type]
+    workload: str | None = None
+    kind: str | None = Field(default=None, description="block kind, for kept_blocks")
+    max: str | float | None = None
+    min: str | float | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> BudgetSpec:
+        if self.max is None and self.min is None:
+            raise ValueError("give max or min")
+        if self.metric in WORKLOAD_METRICS and not self.workload:
+            raise ValueError(f"metric {self.metric} needs a workload")
+        if self.metric == "kept_blocks" and not self.kind:
+            raise ValueError("kept_blocks needs a kind (attention, mamba, moe or ffn)")
+        return self
+
+
+class ObjectiveSpec(_Model):
+    minimize: str | None = Field(default="quality", description="'quality' (sum of scores), "
+                                 "or 'runtime@W', 'tpot@W', 'ttft@W', 'memory@W', "
+                                 "'total_params', 'active_params'")
+    maximize: str | None = Field(default=None, description="'throughput@W' or "
+                                 "'per_user_tps@W' (turned into minimizing the runtime)")
+
+    @model_validator(mode="after")
+    def _one(self) -> ObjectiveSpec:
+        if self.maximize is not None:
+            if "minimize" in self.model_fields_set and self.minimize is not None:
+                raise ValueError("give exactly one of minimize or maximize")
+            object.__setattr__(self, "minimize", None)
+        if (self.minimize is None) == (self.maximize is None):
+            raise ValueError("give exactly one of minimize or maximize")
+        return self
+
+
+class SweepSpec(_Model):
+    """Re-solve with one budget moved over a grid -> a Pareto frontier."""
+
+    budget: int = Field(ge=0, description="index into budgets of the bound to sweep")
+    values: list[str | float] | None = None
+    start: str | float | None = None
+    stop: str | float | None = None
+    num: int = Field(default=10, ge=2, le=200)
+
+
+class SolverSpec(_Model):
+    time_limit: float = Field(default=60.0, gt=0, description="seconds per solve")
+    gap: float = Field(default=1e-4, ge=0, description="relative MIP gap")
+    diverse: int = Field(default=1, ge=1, description="number of diverse solutions")
+    min_distance: int = Field(default=2, ge=1, description="blocks each solution differs in")
+    threads: int = Field(default=1, ge=1)
+    seed: int = 0
+    sweep: SweepSpec | None = None
+
+
+class SearchSpec(_Model):
+    """Everything ``puzzle-nas search`` needs."""
+
+    name: str = "search"
+    parent: str | dict[str, Any] = Field(description="HF config.json path (relative to the "
+                                         "spec) or an inline HF config object")
+    hardware: HardwareSpec | str
+    precision: str | dict[str, Any] = "bf16"
+    workloads: dict[str, WorkloadSpec]
+    search_space: SearchSpace = Field(default_factory=SearchSpace)
+    quality: QualitySpec = Field(default_factory=QualitySpec)
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    budgets: list[BudgetSpec] = Field(default_factory=list)
+    solver: SolverSpec = Field(default_factory=SolverSpec)
+    runtime_reserve: str | float = Field(default="2 GiB", description="memory held back for "
+                                         "the serving runtime (CUDA context, allocator slack)")
+
+    @field_validator("hardware", mode="before")
+    @classmethod
+    def _hw(cls, v: Any) -> Any:
+        return {"profile": v} if isinstance(v, str) else v
+
+    @field_validator("workloads")
+    @classmethod
+    def _wl(cls, v: dict[str, WorkloadSpec]) -> dict[str, WorkloadSpec]:
+        if not v:
+            raise ValueError("give at least one workload")
+        return v
+
+    @model_validator(mode="after")
+    def _refs(self) -> SearchSpec:
+        for i, b in enumerate(self.budgets):
+            if b.workload is not None and b.workload not in self.workloads:
+                raise ValueError(f"budgets[{i}].workload {b.workload!r} is not one of the "
+                                 f"workloads {sorted(self.workloads)}")
+        obj = self.objective.minimize or self.objective.maximize or ""
+        if "@" in obj and obj.split("@", 1)[1] not in self.workloads:
+            raise ValueError(f"objective names workload {obj.split('@', 1)[1]!r}, not one of "
+                             f"{sorted(self.workloads)}")
+        if self.solver.sweep is not None and self.solver.sweep.budget >= len(self.budgets):
+            raise ValueError(f"solver.sweep.budget {self.solver.sweep.budget} is not an index "
+                             f"into budgets (there are {len(self.budgets)})")
+        return self
+
+    @property
+    def hw(self) -> HardwareSpec:
+        return self.hardware  # type: ignore[return-value]
+
+
+def _loc(err: dict[str, Any]) -> str:
+    out = ""
+    for p in err["loc"]:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif p in ("str", "float", "dict[str,any]", "HardwareSpec", "function-before[_hw()]"):
+            continue
+        else:
+            out += ("." if out else "") + str(p)
+    return out or "(root)"
+
+
+def parse_spec(data: Any, source: str = "spec") -> SearchSpec:
+    """Validate a spec object; errors carry the JSON path of the first mistake."""
+    try:
+        return SearchSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        raise InputError(msg, path=source, field=_loc(err)) from None
+
+
+def load_spec(path: str | Path) -> tuple[SearchSpec, Path, str]:
+    """Read a spec file; returns (spec, folder relative paths resolve against, sha256)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError("file not found", path=str(path)) from None
+    except (IsADirectoryError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read ({exc.__class__.__name__})", path=str(path)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})",
+                         path=str(path)) from None
+    return parse_spec(data, str(path)), path.resolve().parent, spec_hash(data)
+
+
+def spec_hash(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema of :class:`SearchSpec`."""
+    return SearchSpec.model_json_schema()
+
+
+# ---- quantities -------------------------------------------------------------------------
+_UNITS = {
+    "memory": {"b": 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10,
+               "mib": 2**20, "gib": 2**30, "tib": 2**40},
+    "time": {"s": 1, "sec": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "min": 60},
+    "rate": {"tok/s": 1, "tokens/s": 1, "ktok/s": 1e3},
+    "count": {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12},
+}
+METRIC_UNITS = {
+    "memory": "memory", "weight_memory": "memory", "ttft": "time", "tpot": "time",
+    "runtime": "time", "per_user_tps": "rate", "throughput": "rate",
+    "total_params": "count", "active_params": "count", "kept_blocks": "count",
+    "max_concurrency": "count", "quality": "count",
+}
+_Q = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([^\d\s].*)?$")
+
+
+def parse_quantity(value: str | float, metric: str, field: str) -> tuple[float, bool]:
+    """(number in base units, is_relative). ``"60%"`` -> (0.6, True)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value), False
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            return float(text[:-1]) / 100.0, True
+        except ValueError:
+            raise InputError(f"cannot read {value!r} as a percentage", field=field) from None
+    if text.lower() == "device" and metric in ("memory", "weight_memory"):
+        return float("nan"), False  # resolved against the hardware by the caller
+    m = _Q.match(text)
+    units = _UNITS[METRIC_UNITS[metric]]
+    if not m:
+        raise InputError(f"cannot read {value!r}; expected a number with a unit from "
+                         f"{sorted(u for u in units if u)} or a percentage", field=field)
+    unit = (m.group(2) or "").strip().lower()
+    if unit not in units:
+        raise InputError(f"unknown unit {unit!r} for {metric}; expected one of "
+                         f"{sorted(u for u in units if u) or ['none']} or a percentage",
+                         field=field)
+    return float(m.group(1)) * units[unit], False
