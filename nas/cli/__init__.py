@@ -19,6 +19,8 @@ from hwprofiles.errors import InputError
 COMMANDS: list[str] = [
     "search",
     "inspect",
+    "hw",
+    "cost",
 ]
 
 

@@ -1,0 +1,131 @@
+"""``puzzle-nas cost CONFIG --hw NAME --workload ...``: serving cost of a model on a device.
+
+Prints per workload TTFT, decode ms/token, request latency, throughput per GPU and per
+node, per-user tok/s and memory per GPU; with ``--context N`` the largest concurrency that
+fits at N tokens and the memory breakdown behind it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+GB, GIB = 1e9, 2**30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "cost", help="price a model on a device for named workloads",
+        description="Analytical serving cost of an HF config.json on a hardware profile: "
+        "TTFT, decode time per token, throughput, per-user speed, memory, and the largest "
+        "concurrency that fits at a context length.")
+    p.add_argument("config", help="HF config.json (or a folder holding one)")
+    p.add_argument("--hw", required=True, help="hardware profile name (see `puzzle-nas hw list`) "
+                   "or a profile JSON file")
+    p.add_argument("--precision", default="bf16",
+                   help="precision recipe: bf16, fp8, nvfp4 or a recipe JSON file (default bf16)")
+    p.add_argument("--kv-dtype", default=None, help="override the recipe's KV-cache dtype (e.g. fp8)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per model instance")
+    p.add_argument("--ep", type=int, default=1, help="expert parallelism for MoE: 1 or equal to --tp")
+    p.add_argument("--workload", action="append", default=[], metavar="SPEC",
+                   help="isl=8192,osl=1024,batch=64 (or concurrency=N); repeatable")
+    p.add_argument("--context", type=int, default=None,
+                   help="context length (tokens) at which to report the largest concurrency that fits")
+    p.add_argument("--reserve-gib", type=float, default=None,
+                   help="runtime memory reserve per GPU in GiB (default 2)")
+    p.add_argument("--step-overhead-us", type=float, default=0.0,
+                   help="framework overhead per forward pass, microseconds (default 0)")
+    p.add_argument("--mtp", action="store_true",
+                   help="serve with the config's MTP (multi-token prediction) blocks loaded: their "
+                   "weights, KV and state count, and they run once per step (approximation: the "
+                   "MTP's 2h->h projection is priced as two hidden x hidden linear blocks)")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=run)
+
+
+def _bytes(n: float) -> str:
+    return f"{n / GB:,.2f} GB ({n / GIB:,.2f} GiB)"
+
+
+def run(args: argparse.Namespace) -> int:
+    import hwprofiles
+    from costmodels.blocks import price_blocks
+    from costmodels.dtypes import get_recipe, parse_dtype
+    from costmodels.memory import DEFAULT_RESERVE_BYTES
+    from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
+    from costmodels.parallel import check_parallel
+    from costmodels.workload import parse_workload
+    from hwprofiles.errors import InputError
+    from nas.hf import load_config
+
+    if not args.workload and args.context is None:
+        raise InputError("give at least one --workload isl=...,osl=...,batch=N or --context N")
+    if args.context is not None and args.context < 1:
+        raise InputError(f"must be a positive integer, got {args.context}", field="--context")
+    if args.reserve_gib is not None and args.reserve_gib < 0:
+        raise InputError(f"must be >= 0, got {args.reserve_gib}", field="--reserve-gib")
+    check_parallel(args.tp, args.ep)
+    hw = hwprofiles.get(args.hw)
+    recipe = get_recipe(args.precision)
+    if args.kv_dtype:
+        recipe = recipe.model_copy(update={"kv_cache": parse_dtype(args.kv_dtype)})
+    wls = [parse_workload(w) for w in args.workload]
+    reserve = DEFAULT_RESERVE_BYTES if args.reserve_gib is None else args.reserve_gib * GIB
+    arch = load_config(args.config)
+    table = arch.block_table()
+    if args.mtp and arch.mtp_blocks:
+        from costmodels.shapes import BlockTable, Kind
+        from nas.arch import blocks_table
+
+        proj = BlockTable.from_rows([{"kind": int(Kind.LINEAR), "hidden": arch.hidden_size}] * 2)
+        table = BlockTable.concat([table, blocks_table(arch.mtp_blocks, arch.hidden_size), proj])
+    shape = NonBlockShape(hidden=arch.hidden_size, vocab=arch.vocab_size,
+                          tied=arch.tie_embeddings, final_norm=arch.final_norm)
+    overhead = args.step_overhead_us * 1e-6
+    priced = wls or [parse_workload("isl=1,osl=1,batch=1")]
+    blocks = price_blocks(table, hw, recipe, priced, tp=args.tp, ep=args.ep)
+    nb = price_nonblock(shape, hw, recipe, priced, tp=args.tp, step_overhead_s=overhead)
+    model = summarize(blocks, nb, hw, reserve_bytes=reserve)
+    conc = (max_concurrency(blocks, nb, hw, args.context, reserve_bytes=reserve)
+            if args.context is not None else None)
+
+    out = model.to_dict()
+    if not wls:
+        out["workloads"] = []
+    out = {"config": str(args.config), "precision": recipe.name, "kv_dtype": recipe.kv_cache.value,
+           "ep": args.ep, "mtp": bool(args.mtp and arch.mtp_blocks), **out}
+    if conc is not None:
+        out["max_concurrency"] = conc.max_concurrency
+        out["concurrency"] = conc.to_dict()
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+
+    print(f"{args.config}: {arch.model_type or 'model'}, {arch.num_blocks} blocks, on "
+          f"{hw.display_name} ({hw.name}), tp={args.tp} ep={args.ep}")
+    print(f"  precision {recipe.name}: KV cache {recipe.kv_cache.value}, SSM state "
+          f"{recipe.ssm_state.value}; memory per GPU {_bytes(hw.memory_bytes.value)}")
+    print(f"  weights per GPU: {_bytes(model.weight_bytes)}"
+          + ("" if not arch.mtp_blocks else "  (MTP blocks included)" if args.mtp
+             else "  (MTP blocks not priced; --mtp includes them)"))
+    if wls:
+        print(f"  {'workload':<36} {'TTFT':>10} {'decode':>12} {'latency':>10} "
+              f"{'tok/s/GPU':>11} {'tok/s/node':>11} {'tok/s/user':>10}  memory/GPU")
+        for w in out["workloads"]:
+            mem = _bytes(w["memory_bytes"]) + ("" if w["fits"] else "  DOES NOT FIT")
+            print(f"  {w['name']:<36} {w['ttft_s'] * 1e3:>8.1f}ms {w['tpot_s'] * 1e3:>7.2f}ms/tok "
+                  f"{w['latency_s']:>9.2f}s {w['throughput_tok_s']:>11,.0f} "
+                  f"{w['throughput_node_tok_s']:>11,.0f} {w['per_user_tok_s']:>10,.1f}  {mem}")
+        print("  (throughput: output tokens/s; per node = per GPU x "
+              f"{hw.gpus_per_node.value:.0f} GPUs; GB = 10^9 bytes, GiB = 2^30 bytes)")
+    if conc is not None:
+        c = conc
+        print(f"  max concurrency at context {c.context:,} tokens: {c.max_concurrency}")
+        print(f"    usable memory          {_bytes(c.usable_bytes)}")
+        print(f"    - weights              {_bytes(c.weight_bytes)}")
+        print(f"    - activation workspace {_bytes(c.workspace_bytes)}")
+        print(f"    - runtime reserve      {_bytes(c.reserve_bytes)}")
+        print(f"    = free for sequences   {_bytes(c.free_bytes)}")
+        print(f"    per sequence: KV cache {_bytes(c.kv_bytes_per_sequence)} + SSM/conv state "
+              f"{_bytes(c.state_bytes_per_sequence)} = {_bytes(c.per_sequence_bytes)}")
+    return 0
