@@ -28,15 +28,15 @@ SAMPLING_BYTES_PER_LOGIT = 8  # fp32 logits written by the LM head GEMM epilogue
 
 def gemm(tokens: Arr, k: Arr, n: Arr, w: Arr, a: Arr) -> tuple[Arr, Arr]:
     """``[tokens, k] @ [k, n]``: FLOPs ``2*T*k*n``; bytes ``k*n*w + T*(k+n)*a``."""
-    flops = 2.0 * tokens * k * n
-    byts = k * n * w + tokens * (k + n) * a
-    return flops, byts
+    # row-only factors first, so the [rows, workloads] broadcast happens once per term
+    kn = k * n
+    return (2.0 * kn) * tokens, kn * w + ((k + n) * a) * tokens
 
 
 def norm_residual(tokens: Arr, h: Arr, a: Arr, w: Arr) -> tuple[Arr, Arr]:
     """Fused residual add + RMSNorm over ``h``: FLOPs ``5*T*h``; bytes ``4*T*h*a + h*w``
     (read input and residual, write residual and normed output; read the norm weight)."""
-    return NORM_RESIDUAL_FLOPS * tokens * h, 4.0 * tokens * h * a + h * w
+    return (NORM_RESIDUAL_FLOPS * h) * tokens, (4.0 * h * a) * tokens + h * w
 
 
 def causal_pairs(length: Arr, window: Arr) -> Arr:
@@ -134,7 +134,7 @@ def ssd_decode(seqs: Arr, heads: Arr, head_dim: Arr, state: Arr, groups: Arr, a:
 
 def gated_norm(tokens: Arr, inner: Arr, a: Arr, w: Arr) -> tuple[Arr, Arr]:
     """Mamba's gated RMSNorm ``norm(y * silu(z))``: FLOPs ``8*T*I``; bytes ``3*T*I*a + I*w``."""
-    return GATED_NORM_FLOPS * tokens * inner, 3.0 * tokens * inner * a + inner * w
+    return (GATED_NORM_FLOPS * inner) * tokens, (3.0 * inner * a) * tokens + inner * w
 
 
 def activation(tokens: Arr, width: Arr, gated: Arr, a: Arr) -> tuple[Arr, Arr]:
@@ -143,7 +143,7 @@ def activation(tokens: Arr, width: Arr, gated: Arr, a: Arr) -> tuple[Arr, Arr]:
     g = np.asarray(gated, dtype=np.float64)
     per = np.where(g > 0, ACT_FLOPS_GATED, ACT_FLOPS_PLAIN)
     io = np.where(g > 0, 3.0, 2.0)
-    return per * tokens * width, io * tokens * width * a
+    return (per * width) * tokens, (io * width * a) * tokens
 
 
 def expected_experts(experts: Arr, top_k: Arr, tokens: Arr) -> Arr:
@@ -166,11 +166,12 @@ def moe_experts(tokens: Arr, experts: Arr, top_k: Arr, width: Arr, e_in: Arr, ma
     copy ``(2*e_in + 2*F)*a`` (input, output, intermediate written and read).
     """
     touched = expected_experts(experts, top_k, tokens)
-    copies = tokens * top_k
     gated = np.asarray(mats, dtype=np.float64) > 2
     act = np.where(gated, ACT_FLOPS_GATED, ACT_FLOPS_PLAIN)
-    flops = 2.0 * copies * mats * e_in * width + act * copies * width
-    byts = touched * mats * e_in * width * w + copies * (2.0 * e_in + 2.0 * width) * a
+    per_copy_flops = (2.0 * mats * e_in + act) * width
+    per_copy_bytes = (2.0 * e_in + 2.0 * width) * a
+    flops = (top_k * per_copy_flops) * tokens
+    byts = touched * (mats * e_in * width * w) + (top_k * per_copy_bytes) * tokens
     return flops, byts
 
 
