@@ -17,7 +17,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hwprofiles.errors import InputError
 
@@ -146,6 +154,17 @@ class BudgetSpec(_Model):
         if self.metric == "kept_blocks" and not self.kind:
             raise ValueError("kept_blocks needs a kind (attention, mamba, moe or ffn)")
         return self
+
+    @field_validator("max", "min")
+    @classmethod
+    def _quantity(cls, v: str | float | None, info: ValidationInfo) -> str | float | None:
+        metric = info.data.get("metric")
+        if v is not None and metric is not None:
+            try:
+                parse_quantity(v, metric, info.field_name or "")
+            except InputError as exc:
+                raise ValueError(str(exc).split(": ", 1)[-1]) from None
+        return v
 
 
 class ObjectiveSpec(_Model):

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     spec, base, digest = load_spec(path)
     out = Path(args.out) if args.out else Path("out") / spec.name
     progress = False if (args.quiet or args.json) else None
-    if not args.json:
+    if not (args.json or args.quiet):
         print(f"searching {spec.name} ({path}) ...", file=sys.stderr)
     res = run_search(spec, base, out, digest, progress=progress)
     bp = res.blueprints[0]
