@@ -102,6 +102,13 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                         "bound": bound, "child_value": value,
                         "binding": bool(abs(slack) <= 1e-3 * max(abs(bound), 1e-12)),
                         "slack": slack})
+    for bi, rule in zip(cons.count_origin, cons.counts):
+        n = float(sum(library.lengths[r] for r in result.chosen if rule.tag in library.tags[r]))
+        budgets.append({"spec_index": bi, "spec": cons.described[bi],
+                        "key": f"count:{rule.tag}",
+                        "bound": rule.min if rule.min is not None else rule.max,
+                        "child_value": n, "binding": bool(n in (rule.min, rule.max)),
+                        "slack": (n - rule.min) if rule.min is not None else rule.max - n})
     return Blueprint(
         name=problem.spec.name,
         child=to_hf(child),

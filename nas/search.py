@@ -225,6 +225,7 @@ class Constraints:
     # per budget row: (spec budget index, function mapping a total of the key back to the
     # spec's metric, in the metric's units)
     origin: list[tuple[int, str]] = field(default_factory=list)
+    count_origin: list[int] = field(default_factory=list)
 
 
 def parent_totals(library: BlockLibrary) -> dict[str, float]:
@@ -360,6 +361,7 @@ def constraints(problem: Problem, library: BlockLibrary, priced: Priced | None =
         cons.counts += counts
         cons.described.append(text)
         cons.origin += [(i, r.key) for r in rows]
+        cons.count_origin += [i] * len(counts)
     return cons
 
 
