@@ -1,14 +1,5 @@
-"""Collect ``bench_*.py`` files here: run with ``pytest benchmarks/ --benchmark-only``.
+"""Benchmarks: run with ``pytest benchmarks/ --benchmark-only``.
 
-Plain ``pytest`` runs ``tests/`` only (``testpaths``), so benchmarks never slow it down.
+``bench_*.py`` files are collected through ``python_files`` in pyproject.toml; plain
+``pytest`` runs ``tests/`` only (``testpaths``), so benchmarks never slow the test suite.
 """
-
-from __future__ import annotations
-
-import pytest
-
-
-def pytest_collect_file(file_path, parent):
-    if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
-        return pytest.Module.from_parent(parent, path=file_path)
-    return None
