@@ -1,0 +1,392 @@
+"""The HiGHS MIP against brute-force enumeration on small random libraries."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hwprofiles.errors import InputError
+from nas.library import BlockLibrary, synthetic_library
+from nas.mip import (
+    Budget,
+    CountRule,
+    InfeasibleError,
+    MipModel,
+    Objective,
+    SolveOptions,
+    best_of,
+    diverse_pool,
+    explain_infeasible,
+    pareto_front,
+    solve,
+    sweep,
+)
+
+EXACT = SolveOptions(mip_rel_gap=0.0, mip_abs_gap=0.0)
+
+
+# --------------------------------------------------------------------------- brute force
+
+
+def all_covers(lib: BlockLibrary) -> list[tuple[int, ...]]:
+    """Every exact cover (path 0 -> L) as a tuple of replacement indices."""
+    by_start: dict[int, list[int]] = {}
+    for r in range(lib.num_replacements):
+        by_start.setdefault(int(lib.start[r]), []).append(r)
+    out: list[tuple[int, ...]] = []
+
+    def walk(node: int, acc: list[int]) -> None:
+        if node == lib.num_blocks:
+            out.append(tuple(acc))
+            return
+        for r in by_start.get(node, []):
+            walk(int(lib.end[r]), acc + [r])
+
+    walk(0, [])
+    return out
+
+
+def feasible(lib: BlockLibrary, cover: tuple[int, ...], budgets, counts=(), pin=(), forbid=()
+             ) -> bool:
+    t = lib.totals(cover)
+    for b in budgets:
+        if b.hi is not None and t[b.key] > b.hi + 1e-9:
+            return False
+        if b.lo is not None and t[b.key] < b.lo - 1e-9:
+            return False
+    for c in counts:
+        tagged = [r for r in cover if c.tag in lib.tags[r]]
+        n = sum(int(lib.lengths[r]) for r in tagged) if c.unit == "blocks" else len(tagged)
+        if (c.min is not None and n < c.min) or (c.max is not None and n > c.max):
+            return False
+    if set(pin) - set(cover) or set(forbid) & set(cover):
+        return False
+    return True
+
+
+def brute(lib, objective: Objective, budgets, **kw):
+    """(best objective, covers) by enumeration; (None, []) when nothing is feasible."""
+    sgn = 1 if objective.sense == "min" else -1
+    best = None
+    for cov in all_covers(lib):
+        if not feasible(lib, cov, budgets, **kw):
+            continue
+        t = lib.totals(cov)
+        v = sum(w * t[k] for k, w in objective.weights.items())
+        if best is None or sgn * v < sgn * best:
+            best = v
+    return best
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+@st.composite
+def libraries(draw, max_blocks: int = 6, max_alts: int = 5):
+    L = draw(st.integers(1, max_blocks))
+    ncost = draw(st.integers(1, 3))
+    starts, ends = [], []
+    for b in range(L):
+        for _ in range(draw(st.integers(1, max_alts))):
+            starts.append(b)
+            ends.append(b + 1)
+    for _ in range(draw(st.integers(0, 3)) if L >= 2 else 0):
+        s = draw(st.integers(0, L - 2))
+        e = draw(st.integers(s + 2, min(L, s + 3)))
+        starts.append(s)
+        ends.append(e)
+    R = len(starts)
+    ints = st.integers(0, 20)
+    costs = {f"c{i}": draw(st.lists(ints, min_size=R, max_size=R)) for i in range(ncost)}
+    scores = {"q": draw(st.lists(st.integers(-5, 20), min_size=R, max_size=R))}
+    tags = [["even"] if draw(st.booleans()) else ["odd"] for _ in range(R)]
+    constants = {f"c{i}": float(draw(st.integers(0, 5))) for i in range(ncost)}
+    return BlockLibrary(L, starts, ends, costs, scores, tags=tags, constants=constants)
+
+
+@st.composite
+def problems(draw):
+    lib = draw(libraries())
+    covers = all_covers(lib)
+    keys = list(lib.costs)
+    nb = draw(st.integers(1, min(3, len(keys))))
+    budgets = []
+    for k in draw(st.permutations(keys))[:nb]:
+        tot = [lib.totals(c)[k] for c in covers]
+        lo_t, hi_t = min(tot), max(tot)
+        hi = draw(st.integers(int(lo_t) - 2, int(hi_t) + 1))
+        lo = draw(st.one_of(st.none(), st.integers(min(int(lo_t) - 1, hi), hi)))
+        budgets.append(Budget(k, None if lo is None else float(lo), float(hi)))
+    if draw(st.booleans()):
+        budgets.append(Budget("q", None, float(draw(st.integers(-10, 60)))))
+    sense = draw(st.sampled_from(["min", "max"]))
+    if draw(st.booleans()):
+        obj = Objective({"q": 1.0}, sense)
+    else:
+        obj = Objective({"q": 1.0, keys[0]: draw(st.sampled_from([0.5, -1.0, 2.0]))}, sense)
+    return lib, obj, budgets
+
+
+# --------------------------------------------------------------------------- properties
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.booleans())
+def test_optimum_equals_brute_force(prob, fixing):
+    lib, obj, budgets = prob
+    best = brute(lib, obj, budgets)
+    opts = SolveOptions(mip_rel_gap=0.0, mip_abs_gap=0.0, fixing=fixing)
+    res = solve(lib, obj, budgets, options=opts)
+    if best is None:
+        assert res.status == "infeasible"
+        assert res.message
+        with pytest.raises(InfeasibleError):
+            res.raise_if_infeasible()
+    else:
+        assert res.status == "optimal", res.message
+        assert res.objective == pytest.approx(best, abs=1e-6)
+        assert res.best_bound is not None and res.gap is not None
+        assert res.gap <= 1e-6
+        # the result is a real cover meeting every budget
+        cov = tuple(int(r) for r in res.chosen)
+        assert cov in set(all_covers(lib))
+        assert feasible(lib, cov, budgets)
+        assert res.totals == pytest.approx(lib.totals(cov))
+        assert len(res.choices) == lib.num_blocks
+        for b, r in enumerate(res.choices):
+            assert lib.start[r] <= b < lib.end[r]
+
+
+@settings(max_examples=100, deadline=None)
+@given(libraries(), st.integers(0, 6), st.sampled_from(["replacements", "blocks"]),
+       st.data())
+def test_counts_pins_forbids_against_brute_force(lib, n, unit, data):
+    R = lib.num_replacements
+    lo, hi = data.draw(st.sampled_from([(n, None), (None, n), (n, n + 1)]))
+    counts = [CountRule("even", min=lo, max=hi, unit=unit)]
+    if not any("even" in t for t in lib.tags):
+        counts = []
+    pin = data.draw(st.lists(st.integers(0, R - 1), max_size=1))
+    forbid = data.draw(st.lists(st.integers(0, R - 1), max_size=2))
+    obj = Objective({"q": 1.0})
+    best = brute(lib, obj, [], counts=counts, pin=pin, forbid=forbid)
+    res = solve(lib, obj, [], counts=counts, pin=pin, forbid=forbid, options=EXACT)
+    if best is None:
+        assert res.status == "infeasible" and res.message
+    else:
+        assert res.status == "optimal"
+        assert res.objective == pytest.approx(best, abs=1e-6)
+        assert set(pin) <= set(res.chosen.tolist())
+        assert not set(forbid) & set(res.chosen.tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.integers(1, 3), st.integers(2, 4))
+def test_diverse_pool_is_the_greedy_sequence(prob, d, n):
+    lib, obj, budgets = prob
+    d = min(d, lib.num_blocks)
+    sgn = 1 if obj.sense == "min" else -1
+    covers = [c for c in all_covers(lib) if feasible(lib, c, budgets)]
+    if not covers:
+        with pytest.raises(InfeasibleError):
+            diverse_pool(lib, obj, budgets, n=n, min_distance=d, options=EXACT)
+        return
+    pool = diverse_pool(lib, obj, budgets, n=n, min_distance=d, options=EXACT)
+
+    def value(c):
+        t = lib.totals(c)
+        return sum(w * t[k] for k, w in obj.weights.items())
+
+    def blocks(c):
+        return [r for r in c for _ in range(int(lib.lengths[r]))]
+
+    prev: list[tuple[int, ...]] = []
+    for res in pool:
+        cands = [c for c in covers
+                 if all(sum(a != b for a, b in zip(blocks(c), blocks(p))) >= d for p in prev)]
+        assert cands, "solver returned a solution brute force says cannot exist"
+        assert res.objective == pytest.approx(min(sgn * value(c) for c in cands) * sgn, abs=1e-6)
+        prev.append(tuple(int(r) for r in res.chosen))
+    if len(pool) < n:  # the pool stopped: nothing else differs enough
+        assert not [c for c in covers
+                    if all(sum(a != b for a, b in zip(blocks(c), blocks(p))) >= d for p in prev)]
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def tiny() -> BlockLibrary:
+    # 3 blocks; per block: full (cost 10, q 0), half (5, 1), none (0, 5); plus a [0, 2) pair
+    start = [0, 0, 0, 1, 1, 1, 2, 2, 2, 0]
+    end = [1, 1, 1, 2, 2, 2, 3, 3, 3, 2]
+    mem = [10, 5, 0] * 3 + [3]
+    t = [1, 0.6, 0.0] * 3 + [0.2]
+    q = [0, 1, 5] * 3 + [4]
+    labels = ["full", "half", "none"] * 3 + ["pair"]
+    tags = [["kept"], ["kept"], ["none"]] * 3 + [["none"]]
+    return BlockLibrary(3, start, end, {"mem": mem, "time": t}, {"q": q}, labels=labels,
+                        tags=tags, constants={"mem": 2.0})
+
+
+def test_budget_parse_and_errors():
+    assert Budget.parse("mem<=12") == Budget("mem", None, 12.0)
+    assert Budget.parse("runtime_s@chat>=1e-3") == Budget("runtime_s@chat", 1e-3, None)
+    assert Budget.parse("1<=mem<=2") == Budget("mem", 1.0, 2.0)
+    assert Budget.parse("mem==3") == Budget("mem", 3.0, 3.0)
+    with pytest.raises(InputError):
+        Budget.parse("mem<12")
+    with pytest.raises(InputError):
+        Budget("mem", 3.0, 1.0)
+    with pytest.raises(InputError, match="unknown key 'memory'"):
+        solve(tiny(), "q", ["memory<=3"])
+    with pytest.raises(InputError, match="unknown tag"):
+        solve(tiny(), "q", counts=["attention>=1"])
+    with pytest.raises(InputError, match="out of range"):
+        solve(tiny(), "q", pin=[99])
+
+
+def test_objective_parse():
+    o = Objective.parse("max:q + 0.5*mem")
+    assert o.sense == "max" and dict(o.weights) == {"q": 1.0, "mem": 0.5}
+    assert Objective.parse("1e-3*time").weights == {"time": 1e-3}
+
+
+def test_constants_in_totals_and_budgets():
+    lib = tiny()
+    res = solve(lib, "q", ["mem<=17"], options=EXACT)  # 15 of blocks + 2 constant
+    assert res.status == "optimal"
+    assert res.totals["mem"] <= 17 + 1e-9
+    assert res.totals["mem"] == pytest.approx(lib.costs["mem"][res.chosen].sum() + 2.0)
+    assert res.objective == pytest.approx(3.0)  # half x3 (mem 15); full+half+half is 20
+    d = res.to_dict(lib)
+    assert [c["label"] for c in d["choices"]] == ["half"] * 3
+
+
+def test_dual_form_min_cost_under_quality_bound():
+    res = solve(tiny(), "time", ["q<=2"], options=EXACT)
+    assert res.status == "optimal"
+    assert res.totals["q"] <= 2
+    assert res.objective == pytest.approx(2.2)  # half, half, full; the pair (q 4) breaks q<=2
+    lib = tiny()
+    assert res.objective == pytest.approx(brute(lib, Objective({"time": 1.0}), [Budget("q", None, 2)]))
+
+
+def test_infeasible_alone_names_budget_and_least_value():
+    lib = tiny()
+    res = solve(lib, "q", ["mem<=1.5"])
+    assert res.status == "infeasible"
+    assert "mem can go no lower than 2" in res.message and "<= 1.5" in res.message
+    with pytest.raises(InfeasibleError) as ei:
+        res.raise_if_infeasible()
+    assert ei.value.exit_code == 3
+
+
+def test_infeasible_together_finds_conflicting_pair():
+    lib = tiny()
+    # q <= 2 needs mem >= 2 + 10 + 5 + 5 = 22; mem <= 15 alone is fine; time is irrelevant
+    budgets = ["mem<=15", "q<=2", "time<=10"]
+    msg = explain_infeasible(lib, [Budget.parse(b) for b in budgets])
+    assert "not together" in msg
+    assert "mem<=15" in msg and "q<=2" in msg and "time<=10" not in msg
+    assert solve(lib, "q", budgets).message == msg
+
+
+def test_infeasible_by_pins():
+    lib = tiny()
+    res = solve(lib, "q", pin=[0, 9])
+    assert res.status == "infeasible" and "overlap" in res.message
+    res = solve(lib, "q", forbid=[0, 1, 2, 9])
+    assert res.status == "infeasible" and "block" in res.message
+
+
+def test_sweep_frontier_and_warm_start():
+    lib = synthetic_library(12, seed=3, pair_noops=True)
+    base = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(12)])
+    key = "memory_bytes@chat-4k"
+    values = list(np.linspace(0.3, 1.0, 6) * base[key])
+    sw = sweep(lib, "kl_div", [f"params<={base['params'] * 0.9}"], key=key, values=values,
+               options=EXACT)
+    assert len(sw.results) == 6 and sw.values == values
+    for v, r in zip(values, sw.results):
+        one = solve(lib, "kl_div", [f"params<={base['params'] * 0.9}", f"{key}<={v}"],
+                    options=EXACT)
+        assert r.status == one.status
+        if r.ok:
+            assert r.objective == pytest.approx(one.objective, rel=1e-9, abs=1e-12)
+            assert r.totals[key] <= v * (1 + 1e-9)
+    objs = [sw.results[i].objective for i in sw.frontier]
+    costs = [sw.results[i].totals[key] for i in sw.frontier]
+    assert costs == sorted(costs) and objs == sorted(objs, reverse=True)
+
+
+def test_pareto_front():
+    pts = [(1, 5), (2, 4), (2, 6), (3, 4), (4, 1)]
+    assert pareto_front(pts) == [0, 1, 4]
+    assert pareto_front([(1, 1), (2, 3)], "max") == [0, 1]
+
+
+def test_best_of_picks_best_feasible():
+    lib = tiny()
+    name, res, allr = best_of({"b1": (lib, ["mem<=10"]), "b2": (lib, ["mem<=40"]),
+                               "b3": (lib, ["mem<=0"])}, "q", options=EXACT)
+    assert name == "b2" and res is not None and res.objective == 0
+    assert allr["b3"].status == "infeasible"
+
+
+def test_time_limit_status_is_honest():
+    lib = synthetic_library(88, seed=0)
+    base = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(88)])
+    budgets = [f"{k}<={0.6 * base[k]}" for k in lib.costs if k != "active_params"]
+    res = solve(lib, "kl_div", budgets, options=SolveOptions(time_limit=1e-3, mip_rel_gap=0))
+    assert res.status in ("feasible", "error", "optimal")
+    if res.status == "feasible":
+        assert res.gap is not None
+    if res.status == "optimal":  # only if HiGHS proved it, with rel gap 0
+        assert res.gap == pytest.approx(0.0, abs=1e-9)
+
+
+def test_banner_and_log_stay_off_stdout(capfd):
+    lib = tiny()
+    solve(lib, "q", ["mem<=20"])
+    solve(lib, "q", ["mem<=20"], options=SolveOptions(verbose=True))
+    out, err = capfd.readouterr()
+    assert "HiGHS" not in out
+    assert out == ""
+    assert "HiGHS" in err  # verbose log goes to stderr
+
+
+def test_verify_rejects_broken_solutions():
+    lib = tiny()
+    m = MipModel(lib, "q", ["mem<=20"])
+    x = np.zeros(lib.num_replacements)
+    x[[0, 3]] = 1  # block 2 uncovered
+    with pytest.raises(Exception, match="covers"):
+        m.verify(x)
+    x = np.zeros(lib.num_replacements)
+    x[[0, 3, 6]] = 1  # mem 32 > 20
+    with pytest.raises(Exception, match="budget"):
+        m.verify(x)
+
+
+def test_fixing_matches_plain_highs_on_synthetic():
+    lib = synthetic_library(30, seed=5)
+    base = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(30)])
+    budgets = [f"{k}<={0.65 * base[k]}" for k in lib.costs]
+    a = solve(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=1e-6, fixing=True))
+    b = solve(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=1e-6, fixing=False))
+    assert b.gap is not None and b.gap <= 1e-6
+    assert a.status == b.status == "optimal"
+    assert a.objective == pytest.approx(b.objective, rel=2e-6)
+    assert a.best_bound <= a.objective + 1e-12
+    assert math.isfinite(a.gap) and a.gap <= 1e-6
+
+
+def test_brute_force_helper_counts_paths():
+    lib = tiny()
+    assert len(all_covers(lib)) == 27 + 3
+    assert len(list(itertools.product(range(3), repeat=3))) == 27
