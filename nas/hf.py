@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -574,15 +575,16 @@ _BLOCK_TYPE = {"mamba": "mamba", "attention": "attention", "moe": "moe", "ffn": 
 
 
 def _nemotron_defaults(arch: ModelArch) -> dict[str, Any]:
-    """Top-level defaults: the first block of each kind (MoE before MLP for shared keys)."""
-    top: dict[str, Any] = {}
-    seen: set[str] = set()
-    for b in sorted(arch.blocks, key=lambda b: b.kind == "ffn"):
-        if b.kind not in seen:
-            seen.add(b.kind)
-            for k, v in _nemotron_fields(b, arch.hidden_size).items():
-                top.setdefault(k, v)
-    return top
+    """Top-level defaults: per key, the most common value over the blocks that set it (ties
+    go to the first seen), so per-block overrides are as few as possible."""
+    seen: dict[str, Counter[str]] = {}
+    values: dict[str, dict[str, Any]] = {}
+    for b in (*arch.blocks, *arch.mtp_blocks):
+        for k, v in _nemotron_fields(b, arch.hidden_size).items():
+            j = json.dumps(v)
+            seen.setdefault(k, Counter())[j] += 1
+            values.setdefault(k, {}).setdefault(j, v)
+    return {k: values[k][c.most_common(1)[0][0]] for k, c in seen.items()}
 
 
 def _export_nemotron_h(arch: ModelArch) -> dict[str, Any]:
