@@ -49,7 +49,7 @@ from nas.arch import ModelArch, NoOp
 from nas.hf import from_hf, load_config
 from nas.library import BlockLibrary
 from nas.progress import Progress
-from nas.spec import BudgetSpec, SearchSpec, parse_quantity
+from nas.spec import HIGHER_IS_BETTER, BudgetSpec, SearchSpec, parse_quantity
 
 
 @dataclass
@@ -571,6 +571,56 @@ def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced
             "points": points}
 
 
+def with_batch(problem: Problem, workload: str, size: int) -> Problem:
+    """A copy of ``problem`` with ``workload``'s batch (or concurrency) set to ``size``."""
+    w = problem.workloads[workload]
+    field_ = "batch" if w.batch is not None else "concurrency"
+    wls = dict(problem.workloads)
+    wls[workload] = w.model_copy(update={field_: size})
+    return Problem(problem.spec, problem.base_dir, problem.spec_hash, problem.parent,
+                   problem.hw, problem.recipe, wls, problem.reserve_bytes)
+
+
+def run_batch_sweep(problem: Problem, alts: list[list[space.Alternative]],
+                    quality: np.ndarray, homogeneous: bool = False,
+                    progress: bool | None = None) -> dict[str, Any]:
+    """The sweep grid solved once per batch size; per grid point the best child is kept.
+
+    Relative bounds resolve against the parent at each batch size, so give absolute targets
+    (e.g. tok/s) when sweeping batch sizes.
+    """
+    sw = problem.spec.solver.sweep
+    assert sw is not None and sw.workload is not None and sw.batch_sizes
+    per_batch = []
+    with Progress(len(sw.batch_sizes), "batch sizes", progress) as bar:
+        for size in sw.batch_sizes:
+            pb = with_batch(problem, sw.workload, size)
+            priced = price(pb, alts, progress=False)
+            lib = build_library(pb, alts, priced, quality)
+            cons = constraints(pb, lib, priced)
+            res = run_sweep(pb, lib, cons, priced, homogeneous)
+            per_batch.append((size, res))
+            bar.update(1)
+    out = dict(per_batch[0][1])
+    points = []
+    for i in range(len(out["points"])):
+        cands = [(res["points"][i], size) for size, res in per_batch
+                 if res["points"][i]["quality"] is not None]
+        if not cands:
+            points.append({**per_batch[0][1]["points"][i], "batch": None})
+            continue
+        best, size = min(cands, key=lambda c: c[0]["quality"])
+        points.append({**best, "batch": size})
+    out["points"] = points
+    # the parent at its best batch size for the swept metric
+    better = max if out["metric"] in HIGHER_IS_BETTER else min
+    psize, pres = better(per_batch, key=lambda c: c[1]["parent"]["metric"])
+    out["parent"] = {**pres["parent"], "batch": psize}
+    out["batch_sizes"] = list(sw.batch_sizes)
+    out["batch_workload"] = sw.workload
+    return out
+
+
 def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: str = "",
         progress: bool | None = None) -> SearchOutcome:
     """spec -> blueprint(s), ``report.md``, ``library.json`` and ``pareto.png`` in ``out_dir``."""
@@ -610,11 +660,17 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
     if problem.spec.solver.sweep is not None:
         t3 = time.perf_counter()
         with Progress(1, "sweeping", progress) as bar:
-            sweep = run_sweep(problem, library, cons, priced,
-                              homogeneous=problem.spec.search_space.homogeneous)
-            if problem.spec.search_space.compare_homogeneous:
-                sweep["homogeneous"] = run_sweep(problem, library, cons, priced,
-                                                 homogeneous=True)["points"]
+            hom = problem.spec.search_space.homogeneous
+            if problem.spec.solver.sweep.batch_sizes:
+                sweep = run_batch_sweep(problem, alts, quality, hom, progress=False)
+                if problem.spec.search_space.compare_homogeneous:
+                    sweep["homogeneous"] = run_batch_sweep(problem, alts, quality, True,
+                                                           progress=False)["points"]
+            else:
+                sweep = run_sweep(problem, library, cons, priced, homogeneous=hom)
+                if problem.spec.search_space.compare_homogeneous:
+                    sweep["homogeneous"] = run_sweep(problem, library, cons, priced,
+                                                     homogeneous=True)["points"]
             bar.update(1)
         t["sweep_s"] = time.perf_counter() - t3
         pts = [(p["metric"], p["quality"]) for p in sweep["points"] if p["metric"] is not None]

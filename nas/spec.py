@@ -186,13 +186,27 @@ class ObjectiveSpec(_Model):
 
 
 class SweepSpec(_Model):
-    """Re-solve with one budget moved over a grid -> a Pareto frontier."""
+    """Re-solve with one budget moved over a grid -> a Pareto frontier.
+
+    With ``batch_sizes`` (and ``workload``), every grid point is also solved once per batch
+    size of that workload (its batch or concurrency replaced, everything re-priced), and the
+    best child per point is kept: the Puzzle paper's way of handling a throughput target,
+    since the batch size is not a variable of the MIP.
+    """
 
     budget: int = Field(ge=0, description="index into budgets of the bound to sweep")
     values: list[str | float] | None = None
     start: str | float | None = None
     stop: str | float | None = None
     num: int = Field(default=10, ge=2, le=200)
+    workload: str | None = Field(default=None, description="workload whose batch is swept")
+    batch_sizes: list[Annotated[int, Field(ge=1)]] | None = None
+
+    @model_validator(mode="after")
+    def _batch(self) -> SweepSpec:
+        if (self.workload is None) != (self.batch_sizes is None):
+            raise ValueError("give workload and batch_sizes together")
+        return self
 
 
 class SolverSpec(_Model):
@@ -244,6 +258,10 @@ class SearchSpec(_Model):
         if "@" in obj and obj.split("@", 1)[1] not in self.workloads:
             raise ValueError(f"objective names workload {obj.split('@', 1)[1]!r}, not one of "
                              f"{sorted(self.workloads)}")
+        sw = self.solver.sweep
+        if sw is not None and sw.workload is not None and sw.workload not in self.workloads:
+            raise ValueError(f"solver.sweep.workload {sw.workload!r} is not one of the "
+                             f"workloads {sorted(self.workloads)}")
         if self.solver.sweep is not None and self.solver.sweep.budget >= len(self.budgets):
             raise ValueError(f"solver.sweep.budget {self.solver.sweep.budget} is not an index "
                              f"into budgets (there are {len(self.budgets)})")
