@@ -21,6 +21,7 @@ COMMANDS: list[str] = [
     "inspect",
     "hw",
     "cost",
+    "solve",
 ]
 
 
