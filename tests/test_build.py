@@ -1,0 +1,403 @@
+"""Builder: exact parameter counts, child init from a trained parent (KL), checkpoints."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from conftest import LLAMA, NANO, SUPER  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from hwprofiles.errors import InputError  # noqa: E402
+from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp  # noqa: E402
+from nas.build import (  # noqa: E402
+    build_model,
+    hf_state_dict,
+    init_from_parent,
+    load_pretrained,
+    save_pretrained,
+)
+from nas.hf import load_config  # noqa: E402
+
+pytestmark = pytest.mark.torch
+# One thread: on a shared 2-core CI box, two torch threads per process oversubscribe and
+# tiny ops get ~30x slower; one thread keeps the whole file to seconds.
+torch.set_num_threads(1)
+
+
+# ---- exact parameter counts of the shipped configs, shrunk ---------------------------
+def _shrink_block(b):
+    if isinstance(b, Attention):
+        kv = 4 if b.num_kv_heads == b.num_heads else 2
+        return b.model_copy(update={"num_heads": 4, "num_kv_heads": kv, "head_dim": 8})
+    if isinstance(b, Mamba):
+        return b.model_copy(update={"num_heads": 4, "head_dim": 4, "state_size": 8,
+                                    "n_groups": 2})
+    if isinstance(b, MoE):
+        return b.model_copy(update={
+            "num_experts": 6, "top_k": 2, "expert_width": 8,
+            "shared_width": 12 if b.shared_width else 0,
+            "latent_size": 4 if b.latent_size else None})
+    if isinstance(b, FFN):
+        return b.model_copy(update={"width": 16})
+    return b
+
+
+def _shrink(arch: ModelArch) -> ModelArch:
+    return arch.model_copy(update={
+        "hidden_size": 16, "vocab_size": 32,
+        "blocks": tuple(_shrink_block(b) for b in arch.blocks),
+        "mtp_blocks": tuple(_shrink_block(b) for b in arch.mtp_blocks)})
+
+
+@pytest.mark.parametrize("path", [LLAMA, NANO, SUPER], ids=lambda p: p.stem)
+def test_build_model_counts_exactly_what_arch_predicts(path):
+    big = load_config(path)
+    arch = _shrink(big)
+    assert [b.kind for b in arch.blocks] == [b.kind for b in big.blocks]
+    model = build_model(arch)
+    assert model.num_parameters() == arch.param_counts().total
+    per_block = arch.block_params()
+    for i, blk in enumerate(model.blocks):
+        assert sum(p.numel() for p in blk.parameters()) == per_block[i], i
+    with torch.no_grad():
+        out = model(torch.randint(0, 32, (1, 5)))
+    assert out.shape == (1, 5, 32) and torch.isfinite(out).all()
+
+
+def test_build_model_is_seeded_and_tied_heads_share_the_embedding():
+    arch = ModelArch(hidden_size=8, vocab_size=16, tie_embeddings=True,
+                     blocks=(FFN(width=8), Linear()))
+    a, b = build_model(arch, seed=3), build_model(arch, seed=3)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(build_model(arch, seed=4).embed.weight, a.embed.weight)
+    assert a.lm_head is None and a.num_parameters() == arch.param_counts().total
+
+
+# ---- a small parent trained on real English text ------------------------------------
+def _english_bytes() -> bytes:
+    """Docstrings of stdlib modules: real English prose, always installed."""
+    docs: list[str] = []
+    for name in ["argparse", "collections", "json", "re", "subprocess", "typing", "inspect",
+                 "textwrap", "logging", "functools", "itertools", "pathlib", "unittest",
+                 "dataclasses", "email", "threading", "decimal", "statistics", "random",
+                 "shutil", "tempfile", "zipfile", "csv", "datetime", "heapq", "contextlib"]:
+        mod = importlib.import_module(name)
+        for obj in [mod] + [getattr(mod, a) for a in dir(mod) if not a.startswith("_")]:
+            if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj):
+                with warnings.catch_warnings():  # typing.io / typing.re deprecations
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    d = inspect.getdoc(obj)
+                if d and d not in docs:
+                    docs.append(d)
+    return "\n\n".join(docs).encode("ascii", "ignore")
+
+
+PARENT = ModelArch(hidden_size=64, vocab_size=256, blocks=(
+    Attention(num_heads=4, num_kv_heads=4, head_dim=16),
+    FFN(width=256),
+    Mamba(num_heads=8, head_dim=16, state_size=16, n_groups=2),
+    MoE(num_experts=8, top_k=2, expert_width=64, shared_width=64),
+    Attention(num_heads=4, num_kv_heads=2, head_dim=16),
+    MoE(num_experts=8, top_k=4, expert_width=64, shared_width=64, latent_size=32, gated=False,
+        activation="relu2", router="sigmoid", router_bias=True, routed_scaling=2.0),
+    FFN(width=256),
+))
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def trained():
+    data = torch.tensor(list(_english_bytes()), dtype=torch.long)
+    assert len(data) > 100_000
+    cut = int(len(data) * 0.9)
+    train, held = data[:cut], data[cut:]
+    model = build_model(PARENT, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(120):
+        ix = torch.randint(0, len(train) - SEQ - 1, (16,), generator=g).tolist()
+        x = torch.stack([train[i:i + SEQ] for i in ix])
+        y = torch.stack([train[i + 1:i + SEQ + 1] for i in ix])
+        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    assert sum(losses[-10:]) / 10 < 3.3 < losses[0]  # it learned something about English
+    calib = torch.stack([train[i * SEQ:(i + 1) * SEQ] for i in range(32)])
+    held_x = torch.stack([held[i * SEQ:(i + 1) * SEQ] for i in range(16)])
+    return model, calib, held_x
+
+
+def _kl(parent, child, tokens) -> float:
+    with torch.no_grad():
+        lp = torch.log_softmax(parent(tokens), -1)
+        lq = torch.log_softmax(child(tokens), -1)
+    return float((lp.exp() * (lp - lq)).sum(-1).mean())
+
+
+def _child(i, block):
+    blocks = list(PARENT.blocks)
+    blocks[i] = block
+    return PARENT.replace_blocks(blocks)
+
+
+def test_child_equal_to_parent_is_bitwise_equal(trained):
+    parent, calib, held = trained
+    child = init_from_parent(PARENT, parent, calib)
+    with torch.no_grad():
+        assert torch.equal(child(held), parent(held))
+    assert all(r.endswith("copied") for r in child.init_report)
+
+
+LAT = PARENT.blocks[5]
+KINDS = {
+    "kv-heads-4-to-2": (0, Attention(num_heads=4, num_kv_heads=2, head_dim=16)),
+    "kv-heads-2-to-1": (4, Attention(num_heads=4, num_kv_heads=1, head_dim=16)),
+    "attention-to-linear": (4, Linear()),
+    "ffn-width-256-to-64": (1, FFN(width=64)),
+    "ffn-to-linear": (6, Linear()),
+    "experts-8-to-4": (3, MoE(num_experts=4, top_k=2, expert_width=64, shared_width=64)),
+    "expert-width-64-to-24": (3, MoE(num_experts=8, top_k=2, expert_width=24,
+                                     shared_width=64)),
+    "shared-width-64-to-16": (3, MoE(num_experts=8, top_k=2, expert_width=64,
+                                     shared_width=16)),
+    "top-k-2-to-1": (3, MoE(num_experts=8, top_k=1, expert_width=64, shared_width=64)),
+    "latent-experts-8-to-3-top-2": (5, LAT.model_copy(update={"num_experts": 3, "top_k": 2})),
+    "mamba-state-16-to-4": (2, Mamba(num_heads=8, head_dim=16, state_size=4, n_groups=2)),
+    "mamba-heads-8-to-2": (2, Mamba(num_heads=2, head_dim=16, state_size=16, n_groups=2)),
+    "moe-to-linear": (5, Linear()),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_inherited_child_is_closer_to_parent_than_random_init(trained, kind):
+    parent, calib, held = trained
+    i, block = KINDS[kind]
+    arch = _child(i, block)
+    child = init_from_parent(arch, parent, calib)
+    assert "random" not in child.init_report[i], child.init_report[i]
+    # the same child with only the pruned block randomly initialized (the rest inherited)
+    rand = init_from_parent(arch, parent, calib)
+    torch.manual_seed(1)
+    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * PARENT.num_blocks) ** 0.5)
+    kl_init, kl_rand = _kl(parent, child, held), _kl(parent, rand, held)
+    assert 0 < kl_init < kl_rand, (kind, kl_init, kl_rand, child.init_report[i])
+    assert child.num_parameters() == arch.param_counts().total
+
+
+def test_noop_drops_the_block_exactly(trained):
+    parent, calib, held = trained
+    child = init_from_parent(_child(4, NoOp()), parent, calib)
+    with torch.no_grad():
+        x = parent.embed(held)
+        for j, blk in enumerate(parent.blocks):
+            if j != 4:
+                x = blk(x)
+        ref = parent.norm(x) @ parent.lm_head.weight.t()
+        assert torch.equal(child(held), ref)
+    assert "dropped" in child.init_report[4]
+
+
+def test_more_kv_heads_and_wider_ffn_keep_the_function(trained):
+    """Duplicating KV heads and zero-growing widths are exact: a check of the mappings."""
+    parent, calib, held = trained
+    blocks = list(PARENT.blocks)
+    blocks[4] = Attention(num_heads=4, num_kv_heads=4, head_dim=16)
+    blocks[1] = FFN(width=300)
+    blocks[3] = MoE(num_experts=8, top_k=2, expert_width=80, shared_width=70)
+    child = init_from_parent(PARENT.replace_blocks(blocks), parent, calib)
+    with torch.no_grad():
+        torch.testing.assert_close(child(held), parent(held), rtol=1e-4, atol=1e-4)
+
+
+def test_kv_mean_pooling_averages_each_group(trained):
+    parent, calib, _ = trained
+    child = init_from_parent(_child(0, Attention(num_heads=4, num_kv_heads=2, head_dim=16)),
+                             parent, calib)
+    pk = parent.blocks[0].mixer.k_proj.weight.view(4, 16, 64)
+    ck = child.blocks[0].mixer.k_proj.weight.view(2, 16, 64)
+    torch.testing.assert_close(ck[1], (pk[2] + pk[3]) / 2)
+
+
+def test_init_from_parent_rejects_bad_inputs(trained):
+    parent, calib, _ = trained
+    with pytest.raises(InputError, match="blocks correspond 1:1"):
+        init_from_parent(PARENT.replace_blocks(PARENT.blocks[:-1]), parent, calib)
+    with pytest.raises(InputError, match=r"\[0, 256\)"):
+        init_from_parent(PARENT, parent, torch.tensor([[1, 2, 300]]))
+    with pytest.raises(InputError, match="integer"):
+        init_from_parent(PARENT, parent, torch.rand(2, 3))
+
+
+# ---- checkpoints ------------------------------------------------------------------------
+HYBRID = ModelArch(hidden_size=16, vocab_size=40, model_type="nemotron_h", blocks=(
+    Mamba(num_heads=4, head_dim=4, state_size=4, n_groups=2),
+    MoE(num_experts=4, top_k=2, expert_width=8, gated=False, activation="relu2",
+        router="sigmoid", router_bias=True, shared_width=8, latent_size=8),
+    Attention(num_heads=4, num_kv_heads=2, head_dim=4, rope=False), FFN(width=24, gated=False,
+                                                                        activation="relu2"),
+    Linear(), NoOp()))
+LLAMA_T = ModelArch(hidden_size=16, vocab_size=40, model_type="llama", blocks=(
+    Attention(num_heads=4, num_kv_heads=2, head_dim=4), FFN(width=24)) * 2)
+DECI = ModelArch(hidden_size=16, vocab_size=40, model_type="nemotron-nas", blocks=(
+    Attention(num_heads=4, num_kv_heads=2, head_dim=4), FFN(width=24),
+    Linear(), NoOp(), NoOp(), Linear()))
+MIXTRAL = ModelArch(hidden_size=16, vocab_size=40, model_type="mixtral", blocks=(
+    Attention(num_heads=4, num_kv_heads=2, head_dim=4, sliding_window=8),
+    MoE(num_experts=3, top_k=2, expert_width=8)))
+QWEN2_MOE = ModelArch(hidden_size=16, vocab_size=40, model_type="qwen2_moe", blocks=(
+    Attention(num_heads=4, num_kv_heads=2, head_dim=4, qkv_bias=True),
+    MoE(num_experts=3, top_k=2, expert_width=8, shared_width=8, shared_gate=True,
+        norm_topk=False)))
+QWEN3 = ModelArch(hidden_size=16, vocab_size=40, model_type="qwen3", tie_embeddings=True,
+                  blocks=(Attention(num_heads=4, num_kv_heads=1, head_dim=4, qk_norm=True),
+                          FFN(width=24)))
+
+NAMES = {
+    "nemotron_h_puzzle": (HYBRID, ["backbone.embeddings.weight", "backbone.norm_f.weight",
+                                   "backbone.layers.0.mixer.A_log",
+                                   "backbone.layers.0.mixer.conv1d.weight",
+                                   "backbone.layers.1.mixer.gate.e_score_correction_bias",
+                                   "backbone.layers.1.mixer.experts.3.down_proj.weight",
+                                   "backbone.layers.1.mixer.fc1_latent_proj.weight",
+                                   "backbone.layers.1.mixer.shared_experts.up_proj.weight",
+                                   "backbone.layers.2.mixer.o_proj.weight",
+                                   "backbone.layers.4.mixer.linear.weight", "lm_head.weight"]),
+    "llama": (LLAMA_T, ["model.embed_tokens.weight", "model.layers.1.self_attn.q_proj.weight",
+                        "model.layers.1.post_attention_layernorm.weight",
+                        "model.layers.0.mlp.gate_proj.weight", "model.norm.weight"]),
+    "nemotron-nas": (DECI, ["model.layers.1.self_attn.linear_attn.weight",
+                            "model.layers.2.mlp.linear_mlp.weight",
+                            "model.layers.0.mlp.down_proj.weight"]),
+    "mixtral": (MIXTRAL, ["model.layers.0.block_sparse_moe.experts.2.w1.weight",
+                          "model.layers.0.block_sparse_moe.gate.weight"]),
+    "qwen2_moe": (QWEN2_MOE, ["model.layers.0.self_attn.q_proj.bias",
+                              "model.layers.0.mlp.shared_expert.gate_proj.weight",
+                              "model.layers.0.mlp.shared_expert_gate.weight",
+                              "model.layers.0.mlp.experts.0.up_proj.weight"]),
+    "qwen3": (QWEN3, ["model.layers.0.self_attn.k_norm.weight"]),
+}
+
+
+@pytest.mark.parametrize("mt", list(NAMES))
+def test_save_load_round_trip_is_exact_with_hf_names(tmp_path, mt):
+    arch, names = NAMES[mt]
+    model = build_model(arch, seed=1)
+    out = save_pretrained(model, tmp_path / "ckpt")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == mt
+    tensors = load_file(str(out / "model.safetensors"))
+    for n in names:
+        assert n in tensors, n
+    assert sum(t.numel() for t in tensors.values()) == arch.param_counts().total
+    if mt == "qwen3":
+        assert "lm_head.weight" not in tensors
+    loaded = load_pretrained(out)
+    assert loaded.arch.blocks == arch.blocks
+    sd, ld = model.state_dict(), loaded.state_dict()
+    assert sd.keys() == ld.keys()
+    assert all(torch.equal(sd[k], ld[k]) for k in sd)
+    tokens = torch.randint(0, 40, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(model(tokens), loaded(tokens))
+
+
+def test_bf16_round_trip_keeps_dtype(tmp_path):
+    model = build_model(HYBRID, dtype=torch.bfloat16)
+    save_pretrained(model, tmp_path / "c")
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    loaded = load_pretrained(tmp_path / "c")
+    assert loaded.embed.weight.dtype == torch.bfloat16
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), loaded.parameters()))
+
+
+@pytest.fixture
+def saved(tmp_path):
+    model = build_model(HYBRID, seed=2)
+    return model, save_pretrained(model, tmp_path / "ckpt")
+
+
+def test_truncated_file_is_a_clear_error(saved):
+    _, out = saved
+    f = out / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) - 100])
+    with pytest.raises(InputError, match=r"model\.safetensors.*(truncated|corrupt)"):
+        load_pretrained(out)
+
+
+def test_tampered_tensor_is_named(saved):
+    _, out = saved
+    f = out / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0x40  # the last tensor's bytes (lm_head.weight is stored last)
+    f.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"tensor lm_head\.weight does not match its "
+                                         r"recorded SHA-256"):
+        load_pretrained(out)
+
+
+def test_config_that_does_not_match_the_weights_names_the_tensor(saved):
+    _, out = saved
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["block_configs"][3]["intermediate_size"] = 20
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=r"tensor backbone\.layers\.3\.mixer\.up_proj\.weight "
+                                         r"has shape \[24, 16\] but config\.json implies "
+                                         r"\[20, 16\]"):
+        load_pretrained(out)
+
+
+def test_missing_and_extra_tensors_are_named(saved):
+    model, out = saved
+    tensors = hf_state_dict(model, "nemotron_h_puzzle")
+    gone = tensors.pop("backbone.layers.2.mixer.k_proj.weight")
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(InputError, match=r"missing tensor backbone\.layers\.2\.mixer\.k_proj"):
+        load_pretrained(out)
+    tensors["backbone.layers.2.mixer.k_proj.weight"] = gone
+    tensors["backbone.layers.9.mixer.stray.weight"] = torch.zeros(2)
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(InputError, match=r"unexpected tensor backbone\.layers\.9\.mixer\.stray"):
+        load_pretrained(out)
+    assert load_pretrained(out, strict=False).num_parameters() == model.num_parameters()
+
+
+def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def broken(tensors, filename, metadata=None):
+        with open(filename, "wb") as fh:
+            fh.write(b"half a file")
+        raise OSError("disk full")
+
+    model = build_model(HYBRID)
+    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    with pytest.raises(OSError, match="disk full"):
+        save_pretrained(model, tmp_path / "new")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    good = save_pretrained(model, tmp_path / "old")
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    with pytest.raises(OSError):
+        save_pretrained(build_model(HYBRID, seed=9), good)
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
+
+
+def test_unexportable_type_is_an_input_error_and_writes_nothing(tmp_path):
+    with pytest.raises(InputError, match="cannot export as llama"):
+        save_pretrained(build_model(HYBRID), tmp_path / "x", model_type="llama")
+    assert list(tmp_path.iterdir()) == []
