@@ -22,6 +22,7 @@ COMMANDS: list[str] = [
     "hw",
     "cost",
     "solve",
+    "build",
 ]
 
 

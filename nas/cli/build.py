@@ -1,0 +1,185 @@
+"""``puzzle-nas build BLUEPRINT_OR_CONFIG [--parent DIR --calib FILE] -o DIR``.
+
+Builds the child model as torch modules, optionally initializes it from a parent
+checkpoint (:func:`nas.build.init_from_parent`), saves ``config.json`` +
+``model.safetensors`` and prints a parameter summary.
+
+Input: a blueprint JSON (the child HF config under the key ``child``), a plain HF
+``config.json``, or a folder holding one.
+
+Calibration file (``--calib``), by extension:
+
+* ``.safetensors``: one integer tensor of token ids (named ``tokens`` or ``input_ids`` when
+  the file holds several), 1-D or 2-D ``(batch, length)``;
+* ``.json``: a list of token ids, a list of equal-length lists, or ``{"tokens": ...}``;
+* anything else: text, tokenized byte-level (each UTF-8 byte is one token id 0..255; only
+  meaningful for a byte-vocabulary model, so real models should pass token ids).
+
+A 1-D sequence is cut into rows of ``--calib-len`` tokens (the remainder dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from hwprofiles.errors import InputError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "build", help="build a blueprint as a torch model, init from a parent, save",
+        description="Build the child of a blueprint (or an HF config.json) as a torch model, "
+        "optionally initialize it from a parent checkpoint using calibration tokens, and save "
+        "it as config.json + model.safetensors with HF tensor names.")
+    p.add_argument("config", help="blueprint.json (child config under 'child'), an HF "
+                   "config.json, or a folder holding one")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.add_argument("--parent", help="parent checkpoint folder (config.json + safetensors)")
+    p.add_argument("--calib", help="calibration tokens: .safetensors / .json token ids, or a "
+                   "text file tokenized byte-level")
+    p.add_argument("--calib-len", type=int, default=256,
+                   help="row length when cutting a 1-D calibration sequence (default 256)")
+    p.add_argument("--model-type", help="HF model_type to export (default: chosen as nas.hf "
+                   "does: the parent's plain type, nemotron-nas or nemotron_h_puzzle)")
+    p.add_argument("--dtype", choices=DTYPES,
+                   help="weights dtype (default: the parent's, else float32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of any random init (default 0)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def read_child_config(path: str | Path) -> tuple[dict[str, Any], str]:
+    """The child HF config dict from a blueprint, a config.json or a folder, and its source."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError("file not found", path=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read ({exc.__class__.__name__})", path=str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})",
+                         path=str(path)) from None
+    if isinstance(data, dict) and "child" in data:
+        if not isinstance(data["child"], dict):
+            raise InputError("expected the child HF config object", path=str(path),
+                             field="child")
+        return data["child"], f"{path}: child"
+    return data, str(path)
+
+
+def _rows(flat: list[int], length: int) -> list[list[int]]:
+    if length < 1:
+        raise InputError("--calib-len must be >= 1")
+    if len(flat) <= length:
+        return [flat]
+    return [flat[i:i + length] for i in range(0, len(flat) - length + 1, length)]
+
+
+def read_calibration(path: str | Path, length: int = 256) -> Any:
+    """Calibration token ids as a 2-D long tensor (see the module docstring for formats)."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("file not found", path=str(path))
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                keys = list(f.keys())
+                name = next((k for k in ("tokens", "input_ids") if k in keys),
+                            keys[0] if len(keys) == 1 else None)
+                if name is None:
+                    raise InputError(f"expected one tensor or one named tokens/input_ids; "
+                                     f"found {keys}", path=str(path))
+                t = f.get_tensor(name)
+        except InputError:
+            raise
+        except Exception as exc:
+            raise InputError(f"not a valid safetensors file: {exc}", path=str(path)) from None
+        if t.dtype.is_floating_point or t.dtype == torch.bool or t.dim() not in (1, 2):
+            raise InputError(f"tensor {name} must be 1-D or 2-D integer token ids",
+                             path=str(path))
+        t = t.long()
+        return torch.tensor(_rows(t.tolist(), length)) if t.dim() == 1 else t
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"not valid JSON ({exc})", path=str(path)) from None
+        if isinstance(data, dict):
+            data = data.get("tokens")
+        ok_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+        if isinstance(data, list) and data and all(ok_int(v) for v in data):
+            return torch.tensor(_rows(data, length))
+        if isinstance(data, list) and data and all(
+                isinstance(r, list) and r and all(ok_int(v) for v in r) for r in data) \
+                and len({len(r) for r in data}) == 1:
+            return torch.tensor(data)
+        raise InputError("expected a list of token ids or a list of equal-length lists",
+                         path=str(path))
+    raw = path.read_bytes()
+    if not raw:
+        raise InputError("empty calibration text", path=str(path))
+    return torch.tensor(_rows(list(raw), length))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from nas.build import build_model, init_from_parent, load_pretrained, save_pretrained
+    from nas.hf import from_hf
+
+    cfg, source = read_child_config(args.config)
+    arch = from_hf(cfg, source=source)
+    if bool(args.parent) != bool(args.calib):
+        raise InputError("--parent and --calib go together (the parent's activations on the "
+                         "calibration tokens rank what to keep)")
+    report: list[str] = []
+    if args.parent:
+        parent = load_pretrained(args.parent)
+        tokens = read_calibration(args.calib, args.calib_len)
+        model = init_from_parent(arch, parent, tokens, seed=args.seed)
+        report = model.init_report  # type: ignore[assignment]
+    else:
+        model = build_model(arch, seed=args.seed)
+    if args.dtype:
+        model = model.to(getattr(torch, args.dtype))
+    out = save_pretrained(model, args.output, args.model_type)
+    exported = json.loads((out / "config.json").read_text())["model_type"]
+    pc = model.arch.param_counts()
+    counted = model.num_parameters()
+    summary = {
+        "output": str(out), "model_type": exported, "num_blocks": model.arch.num_blocks,
+        "blocks_by_kind": model.arch.kind_counts(), "parameters": counted,
+        "predicted_total": pc.total, "active_params": pc.active,
+        "params_by_kind": pc.by_kind_total, "dtype": str(model.embed.weight.dtype)[6:],
+        "mtp_blocks_not_built": len(model.arch.mtp_blocks), "init": report,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"{out}: {exported}, {summary['num_blocks']} blocks "
+          + ", ".join(f"{n} {k}" for k, n in summary["blocks_by_kind"].items()))
+    print(f"  parameters {counted:,} ({counted / 1e9:.3f} B; predicted {pc.total:,}), "
+          f"active {pc.active:,}, {summary['dtype']}")
+    for k, n in pc.by_kind_total.items():
+        print(f"    {k:<10} {n:>16,}")
+    if model.arch.mtp_blocks:
+        print(f"  MTP: {len(model.arch.mtp_blocks)} blocks in the config, not built or saved")
+    if args.parent:
+        copied = sum(r.endswith(": copied") for r in report)
+        print(f"  initialized from {args.parent}: {copied} blocks copied")
+        for r in report:
+            if not r.endswith(": copied"):
+                print(f"    {r}")
+    return 0
