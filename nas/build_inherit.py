@@ -92,6 +92,7 @@ def _attention(p: AttentionMixer, c: AttentionMixer, pc: Attention, cc: Attentio
     for name in ("k_proj", "v_proj"):
         pl, cl = getattr(p, name), getattr(c, name)
         w = pl.weight.double().view(kp, d, -1)
+        pool = pool.to(w.device)
         _copy(cl.weight, torch.einsum("cp,pdh->cdh", pool, w).reshape(kc * d, -1))
         if pl.bias is not None and cl.bias is not None:
             _copy(cl.bias, (pool @ pl.bias.double().view(kp, d)).reshape(-1))
@@ -131,7 +132,7 @@ def _ffn(p: FFNMixer, c: FFNMixer, pc: FFN, cc: FFN, xin: torch.Tensor) -> str:
     if (pc.gated, pc.activation) != (cc.gated, cc.activation):
         return "random (FFN gating or activation differs)"
     if cc.width >= pc.width:
-        _ffn_channels(p, c, torch.arange(pc.width))
+        _ffn_channels(p, c, torch.arange(pc.width, device=xin.device))
         return "copied" if cc.width == pc.width else f"width {pc.width} -> {cc.width} (zero-grown)"
     acts = _flat(p.intermediate(xin))
     score = acts.abs().float().mean(0) * p.down_proj.weight.float().norm(dim=0)
@@ -151,7 +152,7 @@ def _lstsq_linear(p: torch.nn.Module, c: LinearMixer, xin: torch.Tensor, kind: s
     y = _flat(p(xin)).double()
     h = x.shape[1]
     ridge = 1e-4 * float((x * x).sum()) / max(x.numel(), 1)
-    gram = x.t() @ x + ridge * x.shape[0] * torch.eye(h, dtype=torch.float64)
+    gram = x.t() @ x + ridge * x.shape[0] * torch.eye(h, dtype=torch.float64, device=x.device)
     w = torch.linalg.solve(gram, x.t() @ y).t()
     _copy(c.linear.weight, w)
     return f"linear by least squares on the {kind} output"
@@ -166,15 +167,15 @@ def _moe(p: MoEMixer, c: MoEMixer, pc: MoE, cc: MoE, xin: torch.Tensor) -> str:
     ep, ec = pc.num_experts, cc.num_experts
     if ec < ep:
         y = p(x)
-        score = torch.empty(ep)
+        score = torch.empty(ep, device=x.device)
         for e in range(ep):
-            mask = torch.zeros(ep, dtype=torch.bool)
+            mask = torch.zeros(ep, dtype=torch.bool, device=x.device)
             mask[e] = True
             score[e] = (y - p(x, expert_mask=mask)).float().pow(2).sum(-1).mean()
         keep = _top(score, ec)
         notes.append(f"experts {ep} -> {ec} by output change when masked")
     else:
-        keep = torch.arange(ep)
+        keep = torch.arange(ep, device=x.device)
         if ec > ep:
             notes.append(f"experts {ep} -> {ec} (new experts random)")
     n = len(keep)
@@ -198,7 +199,7 @@ def _moe(p: MoEMixer, c: MoEMixer, pc: MoE, cc: MoE, xin: torch.Tensor) -> str:
                 score = p.experts_up[e].float().norm(dim=1) * dnorm
             ch = _top(score, wc)
         else:
-            ch = torch.arange(wp)
+            ch = torch.arange(wp, device=x.device)
         k = len(ch)
         names = ["experts_up"] + (["experts_gate"] if pc.gated else [])
         for name in names:
@@ -229,8 +230,9 @@ def _mamba(p: MambaMixer, c: MambaMixer, pc: Mamba, cc: Mamba, xin: torch.Tensor
     Hp, Hc, Np, Nc = pc.num_heads, cc.num_heads, pc.state_size, cc.state_size
     hpg, hcg = Hp // G, Hc // G
     notes = []
-    heads = torch.arange(Hp)
-    states = [torch.arange(Np) for _ in range(G)]
+    dev = xin.device
+    heads = torch.arange(Hp, device=dev)
+    states = [torch.arange(Np, device=dev) for _ in range(G)]
     if Hc < Hp or Nc < Np:
         s = p.ssm_inputs(xin)
     if Hc < Hp:
@@ -242,18 +244,18 @@ def _mamba(p: MambaMixer, c: MambaMixer, pc: Mamba, cc: Mamba, xin: torch.Tensor
         heads = torch.cat([gi * hpg + _top(hs[gi], hcg) for gi in range(G)])
         notes.append(f"heads {Hp} -> {Hc} by channel contribution")
     if Nc < Np:
-        energy = torch.empty(Hp, Np)
+        energy = torch.empty(Hp, Np, device=dev)
         for n in range(Np):
             yn, _ = ssd_chunked(s["x"], s["dt"], s["A"], s["B"][..., n:n + 1],
                                 s["C"][..., n:n + 1], p.chunk_size)
             energy[:, n] = yn.pow(2).sum(-1).mean(dim=(0, 1))
-        kept = torch.zeros(Hp, dtype=torch.bool)
+        kept = torch.zeros(Hp, dtype=torch.bool, device=dev)
         kept[heads] = True
         per_group = (energy * kept[:, None]).view(G, hpg, Np).sum(1)
         states = [_top(per_group[gi], Nc) for gi in range(G)]
         notes.append(f"state {Np} -> {Nc} by SSM output energy per state channel")
     inner_p = Hp * P
-    iidx = (heads[:, None] * P + torch.arange(P)).reshape(-1)
+    iidx = (heads[:, None] * P + torch.arange(P, device=dev)).reshape(-1)
     bidx = torch.cat([gi * Np + states[gi] for gi in range(G)])
     conv_idx = torch.cat([iidx, inner_p + bidx, inner_p + G * Np + bidx])
     rows = torch.cat([iidx, inner_p + conv_idx, 2 * inner_p + 2 * G * Np + heads])
@@ -334,7 +336,9 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM,
                          f"{pa.num_blocks}; blocks correspond 1:1 (use no-op to drop one)")
     tokens = _tokens(calibration_tokens, pa.vocab_size)
     dtype = parent_model.embed.weight.dtype
-    child = build_model(child_arch, seed=seed, dtype=dtype)
+    device = parent_model.embed.weight.device
+    child = build_model(child_arch, seed=seed, dtype=dtype).to(device)
+    tokens = tokens.to(device)
     was_training = parent_model.training
     parent_model.eval()
 
