@@ -198,8 +198,28 @@ def test_inherited_child_is_closer_to_parent_than_random_init(trained, kind):
     torch.manual_seed(1)
     rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * PARENT.num_blocks) ** 0.5)
     kl_init, kl_rand = _kl(parent, child, held), _kl(parent, rand, held)
-    assert 0 < kl_init < kl_rand, (kind, kl_init, kl_rand, child.init_report[i])
+    assert kl_init < kl_rand, (kind, kl_init, kl_rand, child.init_report[i])
     assert child.num_parameters() == arch.param_counts().total
+
+
+def test_expert_ranking_beats_keeping_the_other_experts(trained):
+    """The experts kept by the masking score matter more than the ones it drops."""
+    parent, calib, held = trained
+    arch = _child(3, MoE(num_experts=8 - 3, top_k=2, expert_width=64, shared_width=64))
+    child = init_from_parent(arch, parent, calib)
+    p, c = parent.blocks[3].mixer, child.blocks[3].mixer
+    kept = [e for e in range(8) if any(torch.equal(c.gate.weight[j], p.gate.weight[e])
+                                       for j in range(5))]
+    assert len(kept) == 5
+    dropped = [e for e in range(8) if e not in kept]
+    other = init_from_parent(arch, parent, calib)
+    o = other.blocks[3].mixer
+    alt = torch.tensor(dropped + kept[:2])  # the 3 dropped experts + the 2 lowest-index kept
+    with torch.no_grad():
+        for name in ("experts_up", "experts_gate", "experts_down"):
+            getattr(o, name).copy_(getattr(p, name)[alt])
+        o.gate.weight.copy_(p.gate.weight[alt])
+    assert _kl(parent, child, held) < _kl(parent, other, held)
 
 
 def test_noop_drops_the_block_exactly(trained):
