@@ -400,6 +400,21 @@ def test_missing_and_extra_tensors_are_named(saved):
     assert load_pretrained(out, strict=False).num_parameters() == model.num_parameters()
 
 
+def test_sharded_checkpoint_loads(saved):
+    model, out = saved
+    tensors = load_file(str(out / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2],
+              "model-00002-of-00002.safetensors": names[1::2]}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(out / file))
+    (out / "model.safetensors").unlink()
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: f for f, keys in shards.items() for k in keys}}))
+    loaded = load_pretrained(out)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), loaded.parameters()))
+
+
 def test_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     import safetensors.torch
 
