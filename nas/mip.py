@@ -192,7 +192,9 @@ class SolveOptions:
     to the block-sum objective (constants excluded, see the module doc); ``mip_abs_gap`` in
     objective units; ``threads`` None leaves HiGHS' default; ``verbose`` sends HiGHS' log
     to stderr (never stdout); ``tolerance`` is the relative slack of the re-verification;
-    ``fixing`` turns on LP reduced-cost fixing before the MIP (see :meth:`MipModel.solve`)."""
+    ``fixing`` turns on LP reduced-cost fixing before the MIP (see :meth:`MipModel.solve`);
+    ``warm_start`` passes earlier children to HiGHS as MIP starts (off: see
+    :meth:`MipModel.warm_start`)."""
 
     time_limit: float | None = None
     mip_rel_gap: float = 1e-4
@@ -202,6 +204,7 @@ class SolveOptions:
     verbose: bool = False
     tolerance: float = 1e-6
     fixing: bool = True
+    warm_start: bool = False
 
 
 # --------------------------------------------------------------------------- result
@@ -459,6 +462,8 @@ class MipModel:
         if o.threads is not None:
             self._set("threads", int(o.threads))
         self._incumbent: np.ndarray | None = None
+        self.explain_resolves = 64  # re-solves allowed when explaining infeasibility
+        self._pending_start = False
 
     # ---------------------------------------------------------------- helpers
     def _index(self, i: int, what: str) -> int:
@@ -502,11 +507,20 @@ class MipModel:
         self.num_rows += 1
 
     def warm_start(self, chosen: np.ndarray) -> None:
-        """Offer ``chosen`` as a starting incumbent (HiGHS ignores it if infeasible)."""
+        """Offer ``chosen`` as a starting incumbent (HiGHS ignores it if infeasible).
+
+        Only with ``SolveOptions.warm_start``: the brute-force property test caught HiGHS
+        1.16 returning a MIP start as "optimal" when it was not (the start's objective was
+        mis-mapped through presolve), so starts are off by default.
+        """
+        if not self.opts.warm_start:
+            return
         x = np.zeros(self.lib.num_replacements)
         x[np.asarray(chosen, dtype=np.int64)] = 1.0
         idx = np.arange(x.size, dtype=np.int32)
+        self.h.clearSolver()
         self.h.setSolution(x.size, idx, x)
+        self._pending_start = True
 
     # ---------------------------------------------------------------- solve
     def _run(self, time_limit: float | None) -> tuple[str, np.ndarray | None, float, int, str]:
@@ -515,6 +529,12 @@ class MipModel:
         import highspy
 
         self._set("time_limit", float(time_limit) if time_limit is not None else math.inf)
+        if not self._pending_start:
+            # HiGHS 1.16 reuses the previous run's solution as a MIP start, and the property
+            # test caught it mis-valuing such a start after presolve (returning it as
+            # "optimal" when it was not): clear it unless a start was asked for.
+            self.h.clearSolver()
+        self._pending_start = False
         with _fd1_redirected(self.opts.verbose):
             run_status = self.h.run()
         ms = self.h.getModelStatus()
@@ -546,6 +566,7 @@ class MipModel:
         self._set("solve_relaxation", True)
         try:
             self._set("time_limit", math.inf)
+            self.h.clearSolver()
             with _fd1_redirected(self.opts.verbose):
                 self.h.run()
             import highspy
@@ -665,7 +686,7 @@ class MipModel:
                 msg: str, explain: bool) -> Result:
         secs = time.perf_counter() - t0
         if st == "infeasible":
-            message = self.explain() if explain else "infeasible"
+            message = self.explain(self.explain_resolves) if explain else "infeasible"
             return Result("infeasible", None, None, None, nodes, secs, message=message)
         if st == "error" or x is None:
             return Result("error", None, None, None, nodes, secs, message=msg or "HiGHS failed")
@@ -731,10 +752,11 @@ class MipModel:
                                   f"{lib.num_blocks - same} < {d} blocks")
         return chosen
 
-    def explain(self) -> str:
+    def explain(self, max_resolves: int = 64) -> str:
         """Why the model is infeasible; see :func:`explain_infeasible`."""
         return explain_infeasible(self.lib, self.budgets, counts=self.counts, pin=self.pin,
-                                  forbid=self.forbid, options=self.opts)
+                                  forbid=self.forbid, options=self.opts,
+                                  max_resolves=max_resolves)
 
 
 # --------------------------------------------------------------------------- public API
@@ -843,8 +865,9 @@ def sweep(
 ) -> Sweep:
     """Re-solve with ``total(key) <= v`` for each ``v`` in ``values`` (replacing any upper
     bound on ``key`` in ``budgets``). Points are solved from the tightest value to the
-    loosest, each warm-started from the previous child (which stays feasible as the bound
-    loosens); results come back in the order of ``values``. Infeasible points carry their
+    loosest on one HiGHS model (only the row bound changes); with
+    ``SolveOptions.warm_start`` each starts from the previous child (which stays feasible
+    as the bound loosens). Results come back in the order of ``values``. Infeasible points carry their
     explanation in ``message``."""
     bl = [b if isinstance(b, Budget) else Budget.parse(b) for b in budgets]
     library.kind(key)
@@ -857,6 +880,7 @@ def sweep(
         idx = len(bl) - 1
     lo = bl[idx].lo
     m = MipModel(library, objective, bl, counts=counts, pin=pin, forbid=forbid, options=options)
+    m.explain_resolves = 0  # infeasible points: shortest-path explanation only
     results: list[Result | None] = [None] * len(vals)
     prev: np.ndarray | None = None
     for i in sorted(range(len(vals)), key=lambda j: vals[j]):
@@ -991,6 +1015,9 @@ def explain_infeasible(
 
     # deletion filter over the constraints (budgets and count rules)
     items: list[Budget | CountRule] = [*bl, *cl]
+    if max_resolves <= 0:
+        return ("infeasible: each budget can be met alone, but not together "
+                f"({', '.join(str(x) for x in items)}; conflict search skipped)")
     base = SolveOptions(time_limit=(options.time_limit if options else None) or 30.0,
                         mip_rel_gap=1.0, seed=options.seed if options else 0,
                         threads=options.threads if options else None)
