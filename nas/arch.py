@@ -236,6 +236,13 @@ class ModelArch(BaseModel):
         """A copy with other blocks (same embeddings, norms, MTP)."""
         return self.model_copy(update={"blocks": tuple(blocks)})
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False
+                   ) -> ModelArch:
+        """A copy (``update`` replaces fields); cached derived data is not carried over."""
+        new = super().model_copy(update=update, deep=deep)
+        new.__dict__.pop("table", None)
+        return new
+
     # ---- accounting -----------------------------------------------------------------
     @cached_property
     def table(self) -> BlockTable:

@@ -122,3 +122,12 @@ def test_frozen_and_hashable():
     with pytest.raises(ValidationError):
         a.blocks[0].num_heads = 3  # type: ignore[misc]
     assert len({a.blocks[0], a.blocks[2]}) == 1
+
+
+def test_copies_do_not_carry_cached_counts():
+    a = ModelArch(hidden_size=8, vocab_size=10, blocks=(FFN(width=8),))
+    before = a.param_counts().total
+    b = a.replace_blocks((FFN(width=16),))
+    c = a.model_copy(update={"blocks": (FFN(width=16),)})
+    assert b.param_counts().total == c.param_counts().total == before + 3 * 8 * 8
+    assert a.param_counts().total == before
