@@ -229,12 +229,16 @@ def test_shipped_examples_run(tmp_path, name):
     spec = json.loads((EXAMPLES / f"{name}.json").read_text())
     if spec["solver"].get("sweep"):
         assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
-    # the child config is what `inspect` reads
-    child_cfg = out / "child.json"
-    child_cfg.write_text(json.dumps(bp["child"]))
-    q = run_cli("inspect", str(child_cfg), "--json")
-    assert q.returncode == 0, q.stderr
-    assert json.loads(q.stdout)["total_params"] == bp["params"]["child_total"]
+    # every child config (a pool writes blueprint-2.json, ...) is what `inspect` reads
+    files = sorted(out.glob("blueprint*.json"))
+    assert len(files) == spec["solver"].get("diverse", 1)
+    for f in files:
+        b = json.loads(f.read_text())
+        child_cfg = out / "child.json"
+        child_cfg.write_text(json.dumps(b["child"]))
+        q = run_cli("inspect", str(child_cfg), "--json")
+        assert q.returncode == 0, q.stderr
+        assert json.loads(q.stdout)["total_params"] == b["params"]["child_total"]
 
 
 def test_super_example_fits_eight_1m_requests(tmp_path):
