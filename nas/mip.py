@@ -288,6 +288,19 @@ def _fd1_redirected(to_stderr: bool) -> Iterator[None]:
         os.close(target)
 
 
+_SCHEDULER: list[int | None] = [None]  # thread count HiGHS' global scheduler was started with
+
+
+def _sync_scheduler(h: Any, threads: int | None) -> None:
+    """HiGHS keeps one global thread scheduler per process and fails a run (model status
+    "Not Set") whose ``threads`` differs from the one it started with: restart it when the
+    requested count changes."""
+    want = 0 if threads is None else int(threads)
+    if _SCHEDULER[0] is not None and _SCHEDULER[0] != want:
+        h.resetGlobalScheduler(True)
+    _SCHEDULER[0] = want
+
+
 def _new_highs(verbose: bool) -> Any:
     import highspy
 
@@ -461,6 +474,7 @@ class MipModel:
         self._set("random_seed", int(o.seed))
         if o.threads is not None:
             self._set("threads", int(o.threads))
+        _sync_scheduler(self.h, o.threads)
         self._incumbent: np.ndarray | None = None
         self.explain_resolves = 64  # re-solves allowed when explaining infeasibility
         self._pending_start = False

@@ -390,3 +390,11 @@ def test_brute_force_helper_counts_paths():
     lib = tiny()
     assert len(all_covers(lib)) == 27 + 3
     assert len(list(itertools.product(range(3), repeat=3))) == 27
+
+
+def test_changing_thread_counts_between_solves():
+    # HiGHS has one global scheduler per process; a run asking another thread count used to
+    # fail with model status "Not Set"
+    lib = tiny()
+    for t in (None, 1, 2, None, 1):
+        assert solve(lib, "q", ["mem<=20"], options=SolveOptions(threads=t)).status == "optimal"
