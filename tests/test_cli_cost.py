@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nas.cli import main
-from tests.conftest import LLAMA, SUPER
+from conftest import LLAMA, SUPER
 
 
 def _run(capsys, *argv):
