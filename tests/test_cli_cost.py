@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import LLAMA, SUPER
 
 from nas.cli import main
-from conftest import LLAMA, SUPER
 
 
 def _run(capsys, *argv):
