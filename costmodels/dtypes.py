@@ -8,13 +8,12 @@ micro-scaled formats (NVFP4: 4-bit E2M1 values plus one E4M3 scale per 16 values
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, read_json
 
 
 class DType(str, Enum):
@@ -182,14 +181,7 @@ def get_recipe(name_or_path: str | Path | PrecisionRecipe) -> PrecisionRecipe:
 
 def load_recipe(path: str | Path) -> PrecisionRecipe:
     """Load a precision recipe from a JSON file (the fields of :class:`PrecisionRecipe`)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError("file not found", path=str(path)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"not valid JSON ({exc})", path=str(path)) from None
-    return recipe_from_dict(data, source=str(path))
+    return recipe_from_dict(read_json(path), source=str(path))
 
 
 def recipe_from_dict(data: object, source: str = "recipe") -> PrecisionRecipe:

@@ -8,13 +8,12 @@ message.
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, read_json
 from hwprofiles.schema import HardwareProfile
 
 __all__ = ["HardwareProfile", "InputError", "available", "get", "load"]
@@ -25,15 +24,7 @@ DATA_DIR = Path(__file__).parent / "data"
 def load(path: str | Path) -> HardwareProfile:
     """Read and validate a hardware-profile JSON file."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError("file not found", path=str(path)) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, expected a profile JSON file", path=str(path)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        msg = str(exc).splitlines()[0]
-        raise InputError(f"not valid JSON ({msg})", path=str(path)) from None
+    data = read_json(path)
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:

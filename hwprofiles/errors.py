@@ -6,6 +6,10 @@ share it without breaking the one-way import arrows ``nas -> costmodels -> hwpro
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 
 class InputError(ValueError):
     """Bad user input: a file, a field or a value that is not what was expected.
@@ -26,3 +30,36 @@ class InputError(ValueError):
             parts.append(field)
         prefix = ": ".join(parts)
         super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+def require_file(path: str | Path) -> Path:
+    """``path`` as a Path; a missing file or a folder is a one-line :class:`InputError`."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError("is a folder, expected a file", path=str(path))
+    if not path.exists():
+        raise InputError("file not found", path=str(path))
+    return path
+
+
+def read_text(path: str | Path) -> str:
+    """A text file's content; a missing or unreadable file is a one-line :class:`InputError`."""
+    path = Path(path)
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise InputError("file not found", path=str(path)) from None
+    except IsADirectoryError:
+        raise InputError("is a folder, expected a file", path=str(path)) from None
+    except (PermissionError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read ({exc.__class__.__name__})", path=str(path)) from None
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a JSON file; errors (missing, unreadable, not JSON) are one-line InputErrors."""
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})",
+                         path=str(path)) from None

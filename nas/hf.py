@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, read_json
 from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
 from nas.io import atomic_write_json
 
@@ -113,18 +113,7 @@ def load_config(path: str | Path) -> ModelArch:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError("file not found", path=str(path)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read ({exc.__class__.__name__})", path=str(path)) from None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})",
-                         path=str(path)) from None
-    return from_hf(cfg, source=str(path))
+    return from_hf(read_json(path), source=str(path))
 
 
 def from_hf(cfg: Any, source: str = "config") -> ModelArch:

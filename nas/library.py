@@ -49,7 +49,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, read_json, require_file
 from nas.io import atomic_write, atomic_write_json
 
 FORMAT = "puzzle-nas/block-library"
@@ -337,9 +337,8 @@ class BlockLibrary:
         """Read a library written by :meth:`save`, or an NVlabs/puzzle ``block_library.json``."""
         path = Path(path)
         src = str(path)
-        if not path.is_file():
-            raise InputError("no such file", path=src)
         if path.suffix == ".npz":
+            require_file(path)
             try:
                 with np.load(path, allow_pickle=False) as z:
                     meta = json.loads(str(z["meta"]))
@@ -356,12 +355,7 @@ class BlockLibrary:
             return cls(meta["num_blocks"], start, end, costs, scores, labels=meta["labels"],
                        tags=meta["tags"], children=meta["children"],
                        constants=meta["constants"], block_names=meta["block_names"], source=src)
-        try:
-            obj = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
-                             path=src) from None
-        return cls.from_dict(obj, source=src)
+        return cls.from_dict(read_json(path), source=src)
 
 
 # --------------------------------------------------------------------------- NVlabs/puzzle
@@ -392,12 +386,7 @@ def from_puzzle(obj: Mapping[str, Any] | str | Path, *, source: str | None = Non
     """
     if not isinstance(obj, Mapping):
         source = str(obj)
-        try:
-            obj = json.loads(Path(obj).read_text())
-        except FileNotFoundError:
-            raise InputError("no such file", path=source) from None
-        except json.JSONDecodeError as exc:
-            raise InputError(f"invalid JSON at line {exc.lineno}: {exc.msg}", path=source) from None
+        obj = read_json(Path(obj))
     if not isinstance(obj, Mapping) or not obj:
         raise InputError("expected an object of layer_<i> entries", path=source)
     layers: dict[int, Mapping[str, Any]] = {}

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, read_text
 from nas.arch import FFN, Attention, Linear, Mamba, MoE, NoOp, _Block
 from nas.space import Alternative
 
@@ -89,10 +89,7 @@ def structural_prior(parents: list[_Block], alts: list[list[Alternative]]) -> np
 def load_scores(path: str | Path, metric: str) -> dict[tuple[int, str], float]:
     """Read a score file into ``{(block, alternative label): score}`` for ``metric``."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError("score file not found", path=str(path)) from None
+    text = read_text(path)
     out: dict[tuple[int, str], float] = {}
 
     def put(block: object, alt: object, val: object, where: str) -> None:

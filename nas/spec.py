@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, read_json
 
 WORKLOAD_METRICS = ("memory", "ttft", "tpot", "per_user_tps", "throughput", "runtime",
                     "max_concurrency")
@@ -297,17 +297,7 @@ def parse_spec(data: Any, source: str = "spec") -> SearchSpec:
 def load_spec(path: str | Path) -> tuple[SearchSpec, Path, str]:
     """Read a spec file; returns (spec, folder relative paths resolve against, sha256)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError("file not found", path=str(path)) from None
-    except (IsADirectoryError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read ({exc.__class__.__name__})", path=str(path)) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})",
-                         path=str(path)) from None
+    data = read_json(path)
     return parse_spec(data, str(path)), path.resolve().parent, spec_hash(data)
 
 

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, read_json
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -58,15 +58,7 @@ def read_child_config(path: str | Path) -> tuple[dict[str, Any], str]:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError("file not found", path=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read ({exc.__class__.__name__})", path=str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})",
-                         path=str(path)) from None
+    data = read_json(path)
     if isinstance(data, dict) and "child" in data:
         if not isinstance(data["child"], dict):
             raise InputError("expected the child HF config object", path=str(path),
@@ -112,10 +104,7 @@ def read_calibration(path: str | Path, length: int = 256) -> Any:
         t = t.long()
         return torch.tensor(_rows(t.tolist(), length)) if t.dim() == 1 else t
     if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"not valid JSON ({exc})", path=str(path)) from None
+        data = read_json(path)
         if isinstance(data, dict):
             data = data.get("tokens")
         ok_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
