@@ -42,14 +42,18 @@ def llama_spec(**over) -> dict:
     return spec
 
 
-def solve_spec(spec: dict, tmp_path: Path | None = None):
-    s = parse_spec(spec)
-    problem = search.resolve(s, ".")
+def prepare(spec: dict):
+    """spec -> (problem, alternatives, library, constraints), the pipeline's first steps."""
+    problem = search.resolve(parse_spec(spec), ".")
     alts = search.alternatives(problem)
     priced = search.price(problem, alts, progress=False)
-    q, src = search.score(problem, alts)
+    q, _ = search.score(problem, alts)
     lib = search.build_library(problem, alts, priced, q)
-    cons = search.constraints(problem, lib, priced)
+    return problem, alts, lib, search.constraints(problem, lib, priced)
+
+
+def solve_spec(spec: dict):
+    problem, alts, lib, cons = prepare(spec)
     res = search.solve(problem, lib, cons)[0]
     child = search.child_arch(problem, lib, res.chosen, alts)
     return problem, lib, cons, res, child
@@ -257,13 +261,7 @@ def test_super_example_fits_eight_1m_requests(tmp_path):
 
 def test_diverse_pool_from_spec():
     spec = llama_spec(solver={"diverse": 3, "min_distance": 3, "time_limit": 30})
-    s = parse_spec(spec)
-    problem = search.resolve(s, ".")
-    alts = search.alternatives(problem)
-    priced = search.price(problem, alts, progress=False)
-    q, _ = search.score(problem, alts)
-    lib = search.build_library(problem, alts, priced, q)
-    cons = search.constraints(problem, lib, priced)
+    problem, _, lib, cons = prepare(spec)
     pool = search.solve(problem, lib, cons)
     assert len(pool) == 3
     for i in range(3):
