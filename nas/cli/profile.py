@@ -1,0 +1,138 @@
+"""``puzzle-nas profile -o PROFILE.json``: measure this machine's GPU (or CPU) with torch
+microbenchmarks and write a hardware profile the cost model loads (``--hw PROFILE.json``).
+
+The raw timings go beside it, to ``PROFILE.measurements.json`` (the profile schema has no
+room for them). torch is imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+GB, GIB = 1e9, 2**30
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile", help="measure a device and write a hardware profile JSON",
+        description="Time GEMMs per dtype, memory copy/triad, attention and kernel overhead on "
+        "a CUDA GPU or the CPU, and write a hardware profile (every figure labelled 'measured "
+        "on <device> <date>') usable as `puzzle-nas cost ... --hw PROFILE.json`.")
+    p.add_argument("-o", "--output", required=True, metavar="PROFILE.json",
+                   help="where to write the profile (written atomically)")
+    p.add_argument("--device", default=None,
+                   help="cuda, cuda:N or cpu (default: cuda when torch sees one, else cpu)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer sizes and repeats (seconds on a CPU, about a minute on a GPU)")
+    p.add_argument("--name", default=None,
+                   help="profile name (lowercase, digits, '.', '_', '-'; default from the device)")
+    p.add_argument("--dtypes", default=None, metavar="LIST",
+                   help="comma-separated GEMM dtypes from bf16,fp16,fp32,fp8 (bf16 required; "
+                   "default: all the device supports)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for the whole probe (default: torch's current count)")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="GPUs per node (default: torch.cuda.device_count(); 1 on CPU)")
+    p.add_argument("--link-name", default=None, help="scale-up link name, e.g. 'NVLink 4'")
+    p.add_argument("--link-gbps", type=float, default=None,
+                   help="scale-up link bandwidth per GPU per direction, GB/s (1e9 bytes/s); "
+                   "not measured: default an assumed 32 GB/s (PCIe 4.0 x16)")
+    p.add_argument("--link-latency-us", type=float, default=None,
+                   help="fixed cost of one small collective, microseconds (default assumed 10)")
+    p.add_argument("--measurements", default=None, metavar="PATH",
+                   help="where to write the raw timings (default: PROFILE.measurements.json)")
+    p.add_argument("--no-measurements", action="store_true", help="do not write raw timings")
+    p.set_defaults(func=run)
+
+
+def _rate(v: float) -> str:
+    """FLOP/s as TFLOP/s with enough digits for a CPU (0.3) or a GPU (989)."""
+    t = v / 1e12
+    return f"{t:,.0f} TFLOP/s" if t >= 100 else f"{t:.3g} TFLOP/s"
+
+
+def _bw(v: float) -> str:
+    return f"{v / 1e12:.3f} TB/s" if v >= 1e12 else f"{v / 1e9:.1f} GB/s"
+
+
+def run(args: argparse.Namespace) -> int:
+    from hwprofiles.errors import InputError
+    from nas.io import atomic_write_json
+    from nas.progress import Progress
+
+    out = Path(args.output)
+    if out.is_dir():
+        raise InputError("is a folder, expected a file path", path=str(out), field="--output")
+    if args.no_measurements and args.measurements:
+        raise InputError("give --measurements or --no-measurements, not both")
+    meas_path = None if args.no_measurements else Path(
+        args.measurements or out.with_name(f"{out.stem}.measurements.json"))
+    dtypes = None if args.dtypes is None else [d for d in args.dtypes.split(",") if d.strip()]
+
+    try:
+        from hwprofiles.probe import run_probe
+    except ImportError as exc:  # pragma: no cover - the module itself needs no torch
+        raise InputError(f"cannot load the probe ({exc})") from None
+    device = args.device
+    if device is None:
+        try:
+            import torch
+        except ImportError:
+            raise InputError("profiling needs torch: pip install 'puzzle-nas[torch]'") from None
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    bar: dict[str, Any] = {}
+
+    def progress(done: int, total: int, note: str) -> None:
+        if "p" not in bar:
+            bar["p"] = Progress(total, "profiling").__enter__()
+        p = bar["p"]
+        p.update(done - p.done, note=f"{note:<24}")
+
+    try:
+        res = run_probe(
+            device, quick=args.quick, dtypes=dtypes, progress=progress, name=args.name,
+            threads=args.threads, gpus_per_node=args.gpus_per_node, link_name=args.link_name,
+            link_bandwidth=None if args.link_gbps is None else args.link_gbps * 1e9,
+            link_latency_s=None if args.link_latency_us is None else args.link_latency_us * 1e-6)
+    finally:
+        if "p" in bar:
+            bar["p"].__exit__(None, None, None)
+    prof = res.profile
+    atomic_write_json(out, prof.model_dump(mode="json"))
+    if meas_path is not None:
+        atomic_write_json(meas_path, res.measurements_json())
+
+    m = prof.memory_bytes.value
+    meta = res.meta
+    threads = f", {meta['threads']} thread(s)" if meta.get("threads") else ""
+    print(f"wrote {out} (profile {prof.name!r})"
+          + (f" and {meas_path} ({len(res.measurements)} timings)" if meas_path else ""))
+    print(f"  device            {prof.display_name} ({meta['device_kind']}{threads}), "
+          f"{meta['date']}, {'quick' if meta['quick'] else 'full'} plan")
+    print(f"  memory            {m / GB:,.1f} GB ({m / GIB:,.1f} GiB)")
+    print(f"  memory bandwidth  {_bw(prof.memory_bandwidth.value)} (best copy/triad, "
+          "read + write bytes)")
+    for d, f in prof.peak_flops.items():
+        print(f"  peak {d:<4} (dense) {_rate(f.value)} (best achieved GEMM), large-GEMM "
+              f"efficiency {prof.matmul_fraction(d):.0%}")
+    fp32 = [r["flop_per_s"] for r in res.measurements
+            if r["kind"] == "gemm" and r["dtype"] == "fp32"]
+    if fp32:
+        print(f"  fp32 GEMM         {_rate(max(fp32))} (in the measurements only)")
+    print(f"  kernel overhead   {prof.kernel_overhead_s.value * 1e6:.2f} us")
+    if prof.l2_bytes is not None:
+        print(f"  last-level cache  {prof.l2_bytes.value / 2**20:,.0f} MiB")
+    ic = prof.interconnect
+    print(f"  link              {ic.name}: {ic.bandwidth.value / GB:,.0f} GB/s per direction, "
+          f"{ic.latency.value * 1e6:.1f} us; GPUs per node {int(prof.gpus_per_node.value)}"
+          + ("  (assumed: pass --link-gbps / --gpus-per-node)"
+             if "assumed" in ic.bandwidth.source else ""))
+    if "may overstate" in prof.memory_bandwidth.source:
+        print("  note: no memory buffer was beyond 4x the last-level cache, so the bandwidth "
+              "may be a cache rate" + ("; the full plan (no --quick) times larger buffers"
+                                       if meta["quick"] else ""))
+    print(f"use it: puzzle-nas cost CONFIG --hw {out} --workload isl=1024,osl=128,batch=1")
+    return 0
