@@ -205,7 +205,7 @@ class HardwareProfile(BaseModel):
         for d in COMPUTE_DTYPES:
             if d in self.peak_flops:
                 f = self.peak_flops[d]
-                rows.append((f"peak {d} (dense)", f"{f.value / 1e12:,.0f} TFLOP/s", f.source))
+                rows.append((f"peak {d} (dense)", f"{f.value / 1e12:,.4g} TFLOP/s", f.source))
         e = self.efficiency
         for d, c in e.matmul.items():
             rows.append((f"matmul efficiency {d}", _curve_str(c), c.source))
