@@ -78,6 +78,14 @@ class EfficiencyCurve(BaseModel):
         return float(out) if np.isscalar(size) else out
 
 
+def _known_dtypes(v: dict) -> dict:
+    """Reject keys that are not compute dtypes (a validator shared by peaks and curves)."""
+    bad = sorted(set(v) - set(COMPUTE_DTYPES))
+    if bad:
+        raise ValueError(f"unknown compute dtype(s) {bad}; expected {list(COMPUTE_DTYPES)}")
+    return v
+
+
 class Efficiency(BaseModel):
     """Achieved fractions of peak, per kind of work."""
 
@@ -99,10 +107,7 @@ class Efficiency(BaseModel):
     @field_validator("matmul")
     @classmethod
     def _keys(cls, v: dict[str, EfficiencyCurve]) -> dict[str, EfficiencyCurve]:
-        bad = sorted(set(v) - set(COMPUTE_DTYPES))
-        if bad:
-            raise ValueError(f"unknown compute dtype(s) {bad}; expected {list(COMPUTE_DTYPES)}")
-        return v
+        return _known_dtypes(v)
 
 
 class Interconnect(BaseModel):
@@ -145,9 +150,7 @@ class HardwareProfile(BaseModel):
     @field_validator("peak_flops")
     @classmethod
     def _peaks(cls, v: dict[str, Figure]) -> dict[str, Figure]:
-        bad = sorted(set(v) - set(COMPUTE_DTYPES))
-        if bad:
-            raise ValueError(f"unknown compute dtype(s) {bad}; expected {list(COMPUTE_DTYPES)}")
+        _known_dtypes(v)
         if "bf16" not in v:
             raise ValueError("a bf16 peak is required")
         return v

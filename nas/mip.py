@@ -73,6 +73,13 @@ class SolverError(RuntimeError):
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 
+def _bounds_str(key: str, lo: float | None, hi: float | None) -> str:
+    """``key<=hi``, ``key>=lo``, ``key==v`` or ``lo<=key<=hi`` (the form ``parse`` reads)."""
+    if lo is not None and hi is not None:
+        return f"{key}=={hi:g}" if lo == hi else f"{lo:g}<={key}<={hi:g}"
+    return f"{key}<={hi:g}" if hi is not None else f"{key}>={lo:g}"
+
+
 @dataclass(frozen=True)
 class Budget:
     """``lo <= total(key) <= hi`` (either side may be None); totals include constants."""
@@ -109,10 +116,7 @@ class Budget:
         return cls(key, v, v)
 
     def __str__(self) -> str:
-        if self.lo is not None and self.hi is not None:
-            return f"{self.key}=={self.hi:g}" if self.lo == self.hi else \
-                f"{self.lo:g}<={self.key}<={self.hi:g}"
-        return f"{self.key}<={self.hi:g}" if self.hi is not None else f"{self.key}>={self.lo:g}"
+        return _bounds_str(self.key, self.lo, self.hi)
 
 
 @dataclass(frozen=True)
@@ -149,10 +153,7 @@ class CountRule:
 
     def __str__(self) -> str:
         p = "blocks:" if self.unit == "blocks" else ""
-        if self.min is not None and self.max is not None:
-            return f"{p}{self.tag}=={self.min}" if self.min == self.max else \
-                f"{p}{self.min}<={self.tag}<={self.max}"
-        return f"{p}{self.tag}>={self.min}" if self.min is not None else f"{p}{self.tag}<={self.max}"
+        return p + _bounds_str(self.tag, self.min, self.max)
 
 
 @dataclass(frozen=True)
