@@ -222,8 +222,7 @@ class Constraints:
     budgets: list[mip.Budget]
     counts: list[mip.CountRule]
     described: list[str] = field(default_factory=list)
-    # per budget row: (spec budget index, function mapping a total of the key back to the
-    # spec's metric, in the metric's units)
+    # per budget row: (index of the spec budget it came from, library key it bounds)
     origin: list[tuple[int, str]] = field(default_factory=list)
     count_origin: list[int] = field(default_factory=list)
 
@@ -318,13 +317,16 @@ def budget_rows(problem: Problem, library: BlockLibrary, b: BudgetSpec, index: i
 
 def parent_max_concurrency(problem: Problem, library: BlockLibrary, priced: Priced | None,
                            wname: str) -> float:
-    """Largest concurrency the parent fits at workload ``wname``'s context (per GPU)."""
+    """Largest concurrency the parent fits at workload ``wname``'s context (per GPU), with
+    the same workspace and reserve as ``costmodels.model.max_concurrency``."""
+    if priced is None:
+        raise InputError("max_concurrency budgets need the priced rows")
     w = problem.workloads[wname]
-    key = f"memory_bytes@{wname}"
     idx = [i for i, lab in enumerate(library.labels) if lab == "parent"]
-    rows = priced.rows  # type: ignore[union-attr]
+    rows = priced.rows
     per_seq = float((rows.kv_bytes(w.max_context) + rows.state_bytes_per_sequence)[idx].sum())
-    fixed = parent_totals(library)[key] - w.sequences * per_seq
+    fixed = (parent_totals(library)["weight_bytes"] + priced.workspace_bytes[wname + "#conc"]
+             + problem.reserve_bytes)
     return max(0.0, math.floor((problem.device_bytes - fixed) / per_seq)) if per_seq else math.inf
 
 
