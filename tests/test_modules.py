@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -278,3 +279,34 @@ def test_noop_block_is_identity_and_has_no_parameters():
     with torch.no_grad():
         h = model.norm(model.embed(t))
         torch.testing.assert_close(model(t), h @ model.lm_head.weight.t())
+
+
+def test_llama3_rope_scaling():
+    """Llama-3.1's rope_scaling: short wavelengths kept, long ones divided by the factor."""
+    from nas.modules.layers import scaled_inv_freq
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    inv = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float32) / 128))
+    out = scaled_inv_freq(inv, scaling)
+    wavelen = 2 * math.pi / inv
+    short, long_ = wavelen < 8192 / 4, wavelen > 8192 / 1
+    assert torch.equal(out[short], inv[short])
+    assert torch.allclose(out[long_], inv[long_] / 8)
+    mid = ~short & ~long_
+    assert ((out[mid] < inv[mid]) & (out[mid] > inv[mid] / 8)).all()
+    assert torch.allclose(scaled_inv_freq(inv, {"rope_type": "linear", "factor": 2.0}), inv / 2)
+    assert torch.equal(scaled_inv_freq(inv, None), inv)
+
+
+def test_rope_scaling_reaches_the_model():
+    from nas.build import build_model
+
+    att = Attention(num_heads=2, num_kv_heads=1, head_dim=16)
+    base = ModelArch(hidden_size=32, vocab_size=50, blocks=(att, FFN(width=64)))
+    scaled = base.model_copy(update={"hf_extra_json": json.dumps(
+        {"rope_scaling": {"rope_type": "linear", "factor": 4.0}})})
+    tok = torch.randint(0, 50, (1, 12))
+    a, b = build_model(base, seed=3), build_model(scaled, seed=3)
+    assert torch.equal(a(tok[:, :1]), b(tok[:, :1]))  # position 0: no rotation either way
+    assert not torch.allclose(a(tok), b(tok))

@@ -10,6 +10,7 @@ Face checkpoints (``q_proj``, ``gate_proj`` ...) so that export is mostly a pref
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -61,11 +62,40 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def scaled_inv_freq(inv: torch.Tensor, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Apply an HF ``rope_scaling`` to RoPE inverse frequencies.
+
+    ``linear`` divides every frequency by ``factor``; ``llama3`` (Llama-3.1) keeps
+    wavelengths shorter than ``original_max_position_embeddings / high_freq_factor``,
+    divides those longer than ``original / low_freq_factor`` by ``factor`` and blends
+    linearly in between. ``default`` / ``None`` leave them as they are; other types (YaRN,
+    dynamic NTK) are not modeled: :class:`AttentionMixer` warns once and uses plain RoPE.
+    """
+    if not scaling:
+        return inv
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv / factor
+    if kind == "llama3":
+        lo_f = float(scaling.get("low_freq_factor", 1.0))
+        hi_f = float(scaling.get("high_freq_factor", 4.0))
+        orig = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv
+        smooth = ((orig / wavelen - lo_f) / (hi_f - lo_f)).clamp(0.0, 1.0)
+        return (1 - smooth) * inv / factor + smooth * inv
+    return inv
+
+
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                dtype: torch.dtype, scaling: dict[str, Any] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables ``(length, head_dim)`` for rotate-half RoPE (HF Llama layout)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
                                         device=positions.device) / head_dim))
+    inv = scaled_inv_freq(inv, scaling)
     ang = positions.float()[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos().to(dtype), ang.sin().to(dtype)
@@ -86,10 +116,15 @@ class AttentionMixer(nn.Module):
     """
 
     def __init__(self, cfg: Attention, hidden: int, rope_theta: float = 10000.0,
-                 eps: float = 1e-5):
+                 eps: float = 1e-5, rope_scaling: dict[str, Any] | None = None):
         super().__init__()
         if cfg.rope and cfg.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {cfg.head_dim}")
+        kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type"))
+        if cfg.rope and kind not in (None, "default", "linear", "llama3"):
+            warnings.warn(f"rope_scaling type {kind!r} is not modeled; using plain RoPE",
+                          stacklevel=2)
+        self.rope_scaling = rope_scaling
         self.cfg = cfg
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.rope_theta = rope_theta
@@ -113,7 +148,7 @@ class AttentionMixer(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.cfg.rope:
             pos = torch.arange(offset, offset + n, device=x.device)
-            cos, sin = rope_tables(pos, d, self.rope_theta, q.dtype)
+            cos, sin = rope_tables(pos, d, self.rope_theta, q.dtype, self.rope_scaling)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             if "k" in cache:

@@ -31,7 +31,8 @@ def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
     """The mixer module for one block config (``None`` for a no-op)."""
     h = arch.hidden_size
     if isinstance(cfg, Attention):
-        return AttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps)
+        return AttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps,
+                              arch.hf_extra.get("rope_scaling"))
     if isinstance(cfg, Mamba):
         return MambaMixer(cfg, h, arch.norm_eps)
     if isinstance(cfg, MoE):
