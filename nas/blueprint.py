@@ -143,7 +143,8 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
         " — the scores are a structural prior, not measurements." if q["is_prior"] else ""))
     s = bp.solver
     gap = "-" if s["gap"] is None else f"{s['gap']:.2e}"
-    lines.append(f"Solver: {s['status']}, objective {s['objective']}, gap {gap}, "
+    obj = "-" if s["objective"] is None else f"{s['objective']:.6g}"
+    lines.append(f"Solver: {s['status']}, objective {obj}, gap {gap}, "
                  f"{s['seconds']:.3f} s ({s['objective_key']}).")
     pv = bp.provenance
     lines.append(f"Hardware: {pv['profile']} (tp={pv['tp']}, ep={pv['ep']}), precision "

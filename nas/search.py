@@ -265,8 +265,8 @@ def budget_rows(problem: Problem, library: BlockLibrary, b: BudgetSpec, index: i
         if override is not None:
             v = int(parse_quantity(override, m, where)[0])
             lo, hi = (v, hi) if b.min is not None else (lo, v)
-        return [], [mip.CountRule(f"kept:{b.kind}", lo, hi, unit="blocks")], \
-            f"kept {b.kind} blocks in [{lo}, {hi}]"
+        rule = mip.CountRule(f"kept:{b.kind}", lo, hi, unit="blocks")
+        return [], [rule], f"kept_blocks {str(rule).removeprefix('blocks:kept:')}"
 
     w = problem.workloads.get(wname or "")
     out: list[mip.Budget] = []
