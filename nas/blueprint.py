@@ -77,8 +77,10 @@ def _pct(child: float, parent: float) -> str:
 
 
 def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any,
-                   quality_source: str, child: ModelArch) -> Blueprint:
-    """Assemble the blueprint of one solution."""
+                   quality_source: str, child: ModelArch,
+                   parent_predicted: dict[str, Any] | None = None) -> Blueprint:
+    """Assemble the blueprint of one solution (``parent_predicted``: the parent's
+    :func:`predict`, to share between the blueprints of one run)."""
     from nas.search import _flat
 
     flat = _flat(alts)
@@ -91,7 +93,8 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                         "kind": a.child.kind,
                         "quality": float(library.scores["quality"][r])})
     pp, cp = pa.param_counts(), child.param_counts()
-    pred_p, pred_c = predict(pa, problem), predict(child, problem)
+    pred_p = parent_predicted if parent_predicted is not None else predict(pa, problem)
+    pred_c = predict(child, problem)
     predicted = {name: {"parent": pred_p[name], "child": pred_c[name]} for name in pred_p}
     budgets = []
     for (bi, key), row in zip(cons.origin, cons.budgets):

@@ -45,7 +45,7 @@ from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
 from nas import mip, space
 from nas import quality as q
-from nas.arch import ModelArch, NoOp
+from nas.arch import ModelArch, NoOp, blocks_table
 from nas.hf import from_hf, load_config
 from nas.library import BlockLibrary
 from nas.progress import Progress
@@ -72,10 +72,6 @@ class Problem:
     @property
     def ep(self) -> int:
         return self.spec.hw.ep
-
-    @property
-    def gpus(self) -> int:
-        return self.spec.hw.gpus
 
     @property
     def device_bytes(self) -> float:
@@ -136,8 +132,6 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
     """Price every alternative for every workload (vectorized costmodels pass)."""
     flat = _flat(alts)
     h = problem.parent.hidden_size
-    from nas.arch import blocks_table
-
     wl = list(problem.workloads.values())
     with Progress(len(flat), "pricing", progress) as bar:
         table = blocks_table([a.child for a in flat], h)
@@ -650,13 +644,14 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
         hom_res = homogeneous_solve(library, cons)
     t["solve_s"] = time.perf_counter() - t2
 
-    blueprints = [bpm.make_blueprint(problem, library, alts, r, cons, qsource,
-                                     child_arch(problem, library, r.chosen, alts))
-                  for r in results]
-    hom_bp = None
-    if hom_res is not None and hom_res.ok:
-        hom_bp = bpm.make_blueprint(problem, library, alts, hom_res, cons, qsource,
-                                    child_arch(problem, library, hom_res.chosen, alts))
+    parent_pred = bpm.predict(problem.parent, problem)
+
+    def blueprint(r: mip.Result) -> Any:
+        return bpm.make_blueprint(problem, library, alts, r, cons, qsource,
+                                  child_arch(problem, library, r.chosen, alts), parent_pred)
+
+    blueprints = [blueprint(r) for r in results]
+    hom_bp = blueprint(hom_res) if hom_res is not None and hom_res.ok else None
     sweep = None
     files: list[Path] = []
     if problem.spec.solver.sweep is not None:

@@ -74,10 +74,6 @@ class HardwareSpec(_Model):
             raise ValueError(f"ep must be 1 or tp ({self.tp}), got {self.ep}")
         return self
 
-    @property
-    def gpus(self) -> int:
-        return self.tp
-
 
 class _Axis(_Model):
     blocks: list[tuple[int, int]] | None = Field(
