@@ -123,11 +123,19 @@ class PrecisionRecipe(BaseModel):
         return hash(self.model_dump_json())
 
 
-_NVFP4_SOURCE = (
+_NVFP4_SUPER_SOURCE = (
     "NVIDIA's published NVFP4 recipe for Nemotron-3-Super: routed experts NVFP4, shared "
     "experts and Mamba in/out projections FP8, KV cache FP8, everything else BF16, SSM "
     "cache FP32"
 )
+_NVFP4_SOURCE = (
+    "ModelOpt NVFP4 checkpoints (nvidia/*-FP4 on the Hub, as benchmarked in TensorRT-LLM's "
+    "perf overview): every linear layer (attention, MLP, experts, Mamba projections) NVFP4, "
+    "KV cache FP8; embeddings, LM head, norms and router BF16; SSM state FP32"
+)
+
+_LINEARS = (TensorRole.ROUTED_EXPERTS, TensorRole.SHARED_EXPERTS, TensorRole.ATTENTION,
+            TensorRole.MAMBA, TensorRole.FFN)
 
 RECIPES: dict[str, PrecisionRecipe] = {
     "bf16": PrecisionRecipe(
@@ -152,6 +160,14 @@ RECIPES: dict[str, PrecisionRecipe] = {
     "nvfp4": PrecisionRecipe(
         name="nvfp4",
         default=DType.BF16,
+        weights={r: DType.NVFP4 for r in _LINEARS},
+        kv_cache=DType.FP8,
+        ssm_state=DType.FP32,
+        source=_NVFP4_SOURCE,
+    ),
+    "nvfp4-super": PrecisionRecipe(
+        name="nvfp4-super",
+        default=DType.BF16,
         weights={
             TensorRole.ROUTED_EXPERTS: DType.NVFP4,
             TensorRole.SHARED_EXPERTS: DType.FP8,
@@ -159,13 +175,13 @@ RECIPES: dict[str, PrecisionRecipe] = {
         },
         kv_cache=DType.FP8,
         ssm_state=DType.FP32,
-        source=_NVFP4_SOURCE,
+        source=_NVFP4_SUPER_SOURCE,
     ),
 }
 
 
 def get_recipe(name_or_path: str | Path | PrecisionRecipe) -> PrecisionRecipe:
-    """A named preset (``bf16``, ``fp8``, ``nvfp4``) or a recipe JSON file."""
+    """A named preset (``bf16``, ``fp8``, ``nvfp4``, ``nvfp4-super``) or a recipe JSON file."""
     if isinstance(name_or_path, PrecisionRecipe):
         return name_or_path
     key = str(name_or_path)

@@ -69,7 +69,7 @@ def test_nano_exact():
 
 def test_memory_accounting_super_nvfp4():
     a = load_config(SUPER)
-    r = RECIPES["nvfp4"]
+    r = RECIPES["nvfp4-super"]
     by_role = a.weight_bytes_by_role(r)
     # routed experts in NVFP4: 40 * 512 * 2*1024*2688 params * 0.5625 bytes
     assert by_role["routed_experts"] == 40 * 2_818_572_288 * 0.5625

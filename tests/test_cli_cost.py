@@ -60,7 +60,7 @@ def test_cost_json_llama(capsys):
 
 
 def test_cost_super_nvfp4_1m_context(capsys):
-    argv = ["cost", str(SUPER), "--hw", "h100-sxm", "--precision", "nvfp4", "--kv-dtype", "fp8",
+    argv = ["cost", str(SUPER), "--hw", "h100-sxm", "--precision", "nvfp4-super", "--kv-dtype", "fp8",
             "--context", "1048576"]
     rc, out, _ = _run(capsys, *argv)
     assert rc == 0

@@ -132,7 +132,7 @@ def test_homogeneous_spec_flag():
 def test_max_concurrency_budget_super(target):
     """'Fit 8 requests of 1M tokens on one H100' is one budget (or 3x the parent's)."""
     spec = {
-        "parent": str(SUPER), "hardware": "h100-sxm", "precision": "nvfp4",
+        "parent": str(SUPER), "hardware": "h100-sxm", "precision": "nvfp4-super",
         "workloads": {"long": {"isl": 1040000, "osl": 8576, "concurrency": 1}},
         "search_space": {"attention": {"kv_heads": [2, 1]},
                          "moe": {"expert_widths": [2688, 2048, 1536, 1024],

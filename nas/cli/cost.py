@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hw", required=True, help="hardware profile name (see `puzzle-nas hw list`) "
                    "or a profile JSON file")
     p.add_argument("--precision", default="bf16",
-                   help="precision recipe: bf16, fp8, nvfp4 or a recipe JSON file (default bf16)")
+                   help="precision recipe: bf16, fp8, nvfp4 (every linear NVFP4, KV FP8), "
+                   "nvfp4-super (NVIDIA's Nemotron-3-Super recipe) or a recipe JSON file (default bf16)")
     p.add_argument("--kv-dtype", default=None, help="override the recipe's KV-cache dtype (e.g. fp8)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per model instance")
     p.add_argument("--ep", type=int, default=1, help="expert parallelism for MoE: 1 or equal to --tp")
