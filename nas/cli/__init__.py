@@ -23,6 +23,7 @@ COMMANDS: list[str] = [
     "cost",
     "solve",
     "build",
+    "score",
     "profile",
 ]
 

@@ -1,0 +1,173 @@
+"""Blockwise local distillation (BLD) and the trained-block files the builder reads.
+
+BLD trains one child block alone to reproduce the parent block's residual-branch output
+``y_p = block_p(x) - x`` from the parent's own input activations ``x`` (the calibration
+rows of the scoring run), with the normalized MSE of Puzzle:
+``||y_c - y_p||^2 / ||y_p||^2`` per batch, AdamW (no weight decay), a fixed number of steps
+and rows per step, rows sampled by a generator seeded from the result's key.
+
+Trained blocks are saved as ``blocks/<key>.safetensors`` in the scoring folder (tensor
+names as in :class:`~nas.modules.model.Block`'s ``state_dict``; the metadata holds a
+:class:`BldMeta`), and ``blocks/index.json`` (:class:`BldIndex`) lists those of the last
+run. :func:`assemble_child` builds a child from them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from hwprofiles.errors import InputError, read_json
+from nas.arch import ModelArch
+from nas.io import atomic_write, atomic_write_json
+from nas.modules.mamba import MambaMixer
+from nas.modules.model import Block, CausalLM
+
+META_KEY = "puzzle_nas_bld"
+
+
+class BldMeta(BaseModel):
+    """What a trained-block file is: which block, which alternative, from which parent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    block: int
+    alternative: str
+    child: dict[str, Any]
+    parent_weights: str
+    steps: int
+    loss: float
+
+
+class BldIndex(BaseModel):
+    """``blocks/index.json``: the trained blocks of one scoring run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    parent_weights: str
+    blocks: list[BldMeta]
+    files: list[str]
+
+
+def _nmse(block: Block, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    out = block.mixer(block.norm(x))  # type: ignore[misc]
+    return (out - y).pow(2).sum() / y.pow(2).sum().clamp_min(torch.finfo(y.dtype).tiny)
+
+
+def train_block(block: Block, x: torch.Tensor, y: torch.Tensor, settings: Any,
+                seed: int) -> dict[str, Any]:
+    """Train ``block`` in place on inputs ``x`` and parent residual outputs ``y`` (rows,
+    length, hidden); returns ``bld_steps`` and the final normalized MSE on all rows."""
+    params = [p for p in block.parameters() if p.requires_grad]
+    if not params or settings.bld_steps == 0:
+        return {"bld_steps": 0, "bld_loss": None}
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(params, lr=settings.bld_lr, weight_decay=0.0)
+    block.train()
+    with torch.enable_grad():
+        for _ in range(settings.bld_steps):
+            idx = torch.randint(0, x.shape[0], (settings.bld_batch,), generator=g)
+            idx = idx.to(x.device)
+            loss = _nmse(block, x[idx], y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    block.eval()
+    with torch.no_grad():
+        final = float(_nmse(block, x, y))
+    return {"bld_steps": settings.bld_steps, "bld_loss": final}
+
+
+def save_block(path: Path, block: Block, meta: BldMeta) -> Path:
+    """Write a trained block atomically (safetensors + :class:`BldMeta` metadata)."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in block.state_dict().items()}
+    md = {"format": "pt", META_KEY: meta.model_dump_json()}
+    return atomic_write(path, lambda p: save_file(tensors, str(p), metadata=md))
+
+
+def write_index(folder: Path, parent_weights: str, metas: list[BldMeta],
+                files: list[str]) -> Path:
+    idx = BldIndex(parent_weights=parent_weights, blocks=metas, files=files)
+    return atomic_write_json(folder / "blocks" / "index.json", idx.model_dump())
+
+
+def read_index(score_dir: str | Path) -> BldIndex:
+    path = Path(score_dir) / "blocks" / "index.json"
+    if not path.exists():
+        raise InputError("no trained blocks here (run puzzle-nas score with --bld-steps N)",
+                         path=str(path))
+    try:
+        return BldIndex.model_validate(read_json(path))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}",
+                         path=str(path)) from None
+
+
+@torch.no_grad()
+def assemble_child(child_arch: ModelArch, parent: CausalLM, score_dir: str | Path
+                   ) -> CausalLM:
+    """The child of ``child_arch`` built from ``parent``: blocks equal to the parent's are
+    copied, every other block is loaded from the BLD-trained blocks in ``score_dir``.
+    ``child.init_report`` says where each block came from."""
+    from safetensors import safe_open
+
+    from nas.build import build_model
+    from nas.scoring.core import weights_digest
+
+    pa = parent.arch
+    if (child_arch.hidden_size, child_arch.vocab_size, child_arch.num_blocks) != \
+            (pa.hidden_size, pa.vocab_size, pa.num_blocks):
+        raise InputError("the child's hidden size, vocabulary and block count must equal the "
+                         "parent's")
+    index = read_index(score_dir)
+    folder = Path(score_dir) / "blocks"
+    if index.parent_weights != weights_digest(parent):
+        raise InputError("these blocks were trained on another parent (weights hash "
+                         "differs)", path=str(folder / "index.json"))
+    by_child = {(m.block, json.dumps(m.child, sort_keys=True)): f
+                for m, f in zip(index.blocks, index.files)}
+    dev, dt = parent.embed.weight.device, parent.embed.weight.dtype
+    child = build_model(child_arch, dtype=dt).to(dev)
+    child.embed.weight.copy_(parent.embed.weight)
+    if child.lm_head is not None:
+        child.lm_head.weight.copy_(parent.head_weight())
+    if child.norm is not None and parent.norm is not None:
+        child.norm.weight.copy_(parent.norm.weight)
+    report = []
+    for i, (pc, cc) in enumerate(zip(pa.blocks, child_arch.blocks)):
+        cb = child.blocks[i]
+        if pc == cc:
+            cb.load_state_dict(parent.blocks[i].state_dict())
+            report.append(f"block {i} {cc.describe()}: copied")
+            continue
+        if cb.mixer is None:
+            report.append(f"block {i} {pc.describe()} -> no-op: dropped")
+            continue
+        name = by_child.get((i, json.dumps(cc.model_dump(), sort_keys=True)))
+        if name is None:
+            raise InputError(f"no trained block for block {i} ({cc.describe()}); score it "
+                             "with --bld-steps N", path=str(folder / "index.json"))
+        f = folder / name
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                sd = {k: fh.get_tensor(k) for k in fh.keys()}
+        except Exception as exc:
+            raise InputError(f"not a readable trained block ({exc})", path=str(f)) from None
+        try:
+            cb.load_state_dict({k: v.to(dt) for k, v in sd.items()})
+        except RuntimeError as exc:
+            raise InputError(f"does not fit block {i}: {str(exc).splitlines()[0]}",
+                             path=str(f)) from None
+        if isinstance(parent.blocks[i].mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
+            cb.mixer.chunk_size = parent.blocks[i].mixer.chunk_size
+        report.append(f"block {i} {pc.describe()} -> {cc.describe()}: BLD-trained ({name})")
+    child.init_report = report  # type: ignore[assignment]
+    return child

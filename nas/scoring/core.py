@@ -1,0 +1,276 @@
+"""Replace-1-block scoring: the parent with exactly one block swapped, against the parent.
+
+For every (block ``i``, alternative ``j``) of ``search.alternatives(problem)``:
+
+1. the alternative is built as a :class:`~nas.modules.model.Block` and initialized from
+   parent block ``i`` by the rules of :func:`nas.build_inherit.inherit_block` (what
+   :func:`nas.build.init_from_parent` does per block), fed the parent's own activations at
+   block ``i`` on the calibration rows (seeded random init where no rule applies);
+2. optionally trained by blockwise local distillation (:mod:`nas.scoring.bld`);
+3. the held-out rows run from the cached parent stream at block ``i``
+   (:class:`~nas.scoring.cache.PrefixCache`) through the new block and parent blocks
+   ``i+1..L-1``; its next-token distribution ``q`` is compared with the parent's ``p``
+   at every position that has a next token:
+
+   * ``kl_div`` = mean over positions of ``KL(p || q)`` (nats), from float64 log-softmax;
+   * ``lm_loss_delta`` = mean cross-entropy of the replaced model minus the parent's;
+   * ``top1_agreement`` = fraction of positions where both argmaxes agree.
+
+The parent's own alternative scores 0 (and top-1 agreement 1) by definition.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from hwprofiles.errors import InputError
+from nas.arch import ModelArch, _Block
+from nas.build_inherit import MAX_TOKENS, inherit_block
+from nas.modules.layers import default_out_std
+from nas.modules.mamba import MambaMixer
+from nas.modules.model import Block, CausalLM
+from nas.scoring.cache import PrefixCache
+from nas.scoring.data import Split
+from nas.space import Alternative
+
+VERSION = "replace-1-block v1"  # part of every key: bump when the numerics change
+METRICS = ("kl_div", "lm_loss_delta", "top1_agreement")
+
+
+class Settings(BaseModel):
+    """Everything that changes a score (hashed into every key with the data and weights)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq_len: int = Field(default=256, ge=2, description="tokens per row")
+    batch_size: int = Field(default=8, ge=1, description="rows per forward pass")
+    max_tokens: int = Field(default=65536, ge=1, description="held-out tokens scored")
+    calib_tokens: int = Field(default=8192, ge=1, description="calibration / BLD tokens")
+    bld_steps: int = Field(default=0, ge=0, description="BLD optimizer steps (0 = none)")
+    bld_lr: float = Field(default=1e-3, gt=0, description="BLD AdamW learning rate")
+    bld_batch: int = Field(default=4, ge=1, description="BLD rows per step")
+    seed: int = Field(default=0, description="seed of random inits and BLD sampling")
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over every tensor of ``model`` (name, dtype, shape, bytes)."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Item:
+    """One unit of work: block ``alt.block`` replaced by ``alt.child``."""
+
+    alt: Alternative
+    parent_block: _Block
+    key: str
+
+    @property
+    def block(self) -> int:
+        return self.alt.block
+
+    @property
+    def seed(self) -> int:
+        return int(self.key[:15], 16)
+
+
+def make_items(parent: ModelArch, alts: list[list[Alternative]], parent_hash: str,
+               data_hash: str, settings: Settings) -> list[Item]:
+    """Every non-parent alternative, in block order, with its content key."""
+    out = []
+    for block_alts in alts:
+        for a in block_alts:
+            if a.is_parent:
+                continue
+            pb = parent.blocks[a.block]
+            blob = json.dumps({"version": VERSION, "parent": parent_hash, "data": data_hash,
+                               "block": a.block, "parent_block": pb.model_dump(),
+                               "child": a.child.model_dump(),
+                               "settings": settings.model_dump()}, sort_keys=True)
+            out.append(Item(a, pb, hashlib.sha256(blob.encode()).hexdigest()))
+    return out
+
+
+@torch.no_grad()
+def init_block(parent: CausalLM, i: int, child: _Block, x: torch.Tensor,
+               seed: int) -> tuple[Block, str]:
+    """Block ``i`` of the parent replaced by ``child``, initialized from the parent block
+    given the parent's residual stream ``x`` entering block ``i`` on calibration tokens
+    (the per-block step of :func:`nas.build.init_from_parent`); returns the block and what
+    was done."""
+    pa = parent.arch
+    pc, pb = pa.blocks[i], parent.blocks[i]
+    w = parent.embed.weight
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        cb = Block(child, pa)
+        cb.reset_parameters(0.02, default_out_std(pa.num_blocks, 0.02))
+    cb = cb.to(device=w.device, dtype=w.dtype)
+    if pc == child:
+        cb.load_state_dict(pb.state_dict())
+        what = "copied"
+    elif cb.mixer is None or pb.mixer is None:
+        what = inherit_block(pc, pb.mixer, child, cb.mixer, x)
+    else:
+        cb.norm.weight.copy_(pb.norm.weight)  # type: ignore[union-attr]
+        what = inherit_block(pc, pb.mixer, child, cb.mixer, pb.norm(x))  # type: ignore[misc]
+    if isinstance(pb.mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
+        cb.mixer.chunk_size = pb.mixer.chunk_size
+    cb.eval()
+    return cb, what
+
+
+class Sums:
+    """Float64 running sums of the three metrics over held-out positions."""
+
+    def __init__(self) -> None:
+        self.kl = 0.0
+        self.loss = 0.0
+        self.agree = 0
+        self.n = 0
+
+    def add(self, p_logits: torch.Tensor, q_logits: torch.Tensor, targets: torch.Tensor
+            ) -> None:
+        lp = p_logits[:, :-1].double().log_softmax(-1)
+        lq = q_logits[:, :-1].double().log_softmax(-1)
+        self.kl += float((lp.exp() * (lp - lq)).sum())
+        self.loss += float(-lq.gather(-1, targets[:, 1:, None]).sum())
+        self.agree += int((p_logits[:, :-1].argmax(-1) == q_logits[:, :-1].argmax(-1)).sum())
+        self.n += targets[:, 1:].numel()
+
+
+class Scorer:
+    """The parent, its prefix caches on both splits, and the per-item computations."""
+
+    def __init__(self, parent: CausalLM, split: Split, settings: Settings, *,
+                 cache_bytes: float = 4 * 2**30, spill_dir: Path | None = None,
+                 cached: bool = True):
+        self.parent = parent.eval()
+        self.settings = settings
+        self.cached = cached
+        dev = parent.embed.weight.device
+        bs = settings.batch_size
+        held = torch.as_tensor(split.held, dtype=torch.long)
+        calib = torch.as_tensor(split.calib, dtype=torch.long)
+        self.held = [held[k:k + bs].to(dev) for k in range(0, len(held), bs)]
+        self.calib = [calib[k:k + bs].to(dev) for k in range(0, len(calib), bs)]
+        self.init_rows = max(1, MAX_TOKENS // settings.seq_len)
+        # the held-out cache keeps logits; in naive mode only the logits are used
+        self.held_cache = PrefixCache(parent, self.held, logits=True, max_bytes=cache_bytes,
+                                      spill_dir=spill_dir, name="held")
+        left = max(0.0, cache_bytes - self.held_cache.mem_bytes)
+        self.calib_cache = PrefixCache(parent, self.calib, logits=False, max_bytes=left,
+                                       spill_dir=spill_dir, name="calib") if cached else None
+        self.parent_loss = 0.0
+        for b, t in enumerate(self.held):
+            lp = self.held_cache.logits(b)[:, :-1].double().log_softmax(-1)
+            self.parent_loss += float(-lp.gather(-1, t[:, 1:, None]).sum())
+        self.tokens = sum(t[:, 1:].numel() for t in self.held)
+
+    @property
+    def cache_stats(self) -> dict[str, float]:
+        out = dict(self.held_cache.stats)
+        if self.calib_cache is not None:
+            for k, v in self.calib_cache.stats.items():
+                out[k] += v
+        return out
+
+    def close(self) -> None:
+        self.held_cache.close()
+        if self.calib_cache is not None:
+            self.calib_cache.close()
+
+    # ---- calibration stream --------------------------------------------------------
+    @torch.no_grad()
+    def calib_stream(self, i: int) -> torch.Tensor:
+        """The parent's residual stream entering block ``i`` on every calibration row."""
+        if self.calib_cache is not None:
+            return self.calib_cache.all_hidden(i)
+        outs = []
+        for t in self.calib:  # naive: run the prefix again
+            x = self.parent.embed(t)
+            for blk in self.parent.blocks[:i]:
+                x = blk(x)
+            outs.append(x)
+        return torch.cat(outs)
+
+    def build(self, item: Item, bld_dir: Path | None = None
+              ) -> tuple[Block, str, dict[str, Any]]:
+        """The initialized (and, with ``bld_steps``, trained) block of ``item``."""
+        from nas.scoring.bld import train_block
+
+        x = self.calib_stream(item.block)
+        block, what = init_block(self.parent, item.block, item.alt.child,
+                                 x[: self.init_rows], item.seed)
+        info: dict[str, Any] = {"bld_steps": 0, "bld_loss": None}
+        if self.settings.bld_steps and block.mixer is not None:
+            with torch.no_grad():
+                y = self.calib_stream(item.block + 1) - x if self.calib_cache is not None \
+                    else self.parent.blocks[item.block](x) - x
+            info = train_block(block, x, y, self.settings, item.seed)
+        return block, what, info
+
+    # ---- held-out evaluation -------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, item: Item, block: Block) -> dict[str, float]:
+        """The three metrics of the parent with block ``item.block`` replaced by ``block``."""
+        p = self.parent
+        i = item.block
+        s = Sums()
+        for b, tokens in enumerate(self.held):
+            if self.cached:
+                x = self.held_cache.hidden(b, i)
+            else:
+                x = p.embed(tokens)
+                for blk in p.blocks[:i]:
+                    x = blk(x)
+            x = block(x)
+            for blk in p.blocks[i + 1:]:
+                x = blk(x)
+            h = p.norm(x) if p.norm is not None else x
+            s.add(self.held_cache.logits(b), h @ p.head_weight().t(), tokens)
+        return {"kl_div": s.kl / s.n, "lm_loss_delta": (s.loss - self.parent_loss) / s.n,
+                "top1_agreement": s.agree / s.n, "tokens": s.n}
+
+    def score(self, item: Item) -> tuple[dict[str, Any], Block]:
+        t0 = time.perf_counter()
+        block, what, info = self.build(item)
+        out = self.evaluate(item, block)
+        out.update(info)
+        out["init"] = what
+        out["seconds"] = time.perf_counter() - t0
+        return out, block
+
+
+def check_parent(found: ModelArch, expected: ModelArch, source: str) -> None:
+    """``found`` (a checkpoint's config) must be the spec's parent: one line if not."""
+    for name in ("hidden_size", "vocab_size", "tie_embeddings", "final_norm"):
+        a, b = getattr(found, name), getattr(expected, name)
+        if a != b:
+            raise InputError(f"does not match the spec's parent: {name} is {a}, the spec's "
+                             f"parent has {b}", path=source)
+    if found.num_blocks != expected.num_blocks:
+        raise InputError(f"does not match the spec's parent: {found.num_blocks} blocks, the "
+                         f"spec's parent has {expected.num_blocks}", path=source)
+    for i, (a, b) in enumerate(zip(found.blocks, expected.blocks)):
+        if a != b:
+            raise InputError(f"does not match the spec's parent: block {i} is "
+                             f"{a.describe()}, the spec's parent has {b.describe()}",
+                             path=source)
+

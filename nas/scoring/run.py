@@ -1,0 +1,245 @@
+"""The scoring job: spec + parent checkpoint + tokens -> ``scores.csv`` and friends.
+
+One process or many: under ``torchrun`` (``WORLD_SIZE`` set) the (block, alternative)
+items are dealt round-robin to the ranks over ``torch.distributed`` (gloo on CPU, nccl on
+CUDA); each rank commits its results to its own SQLite file, and rank 0, after a barrier,
+merges every rank's rows and writes the outputs. Results are keyed by content
+(:func:`nas.scoring.core.make_items`), so a rerun, with any number of ranks, skips
+finished work and recomputes only what is missing.
+
+Files in the output folder: ``scores.csv`` (one row per block x alternative, the parent's
+rows 0), ``scores.png``, ``scores.json`` (:class:`RunRecord`), ``scores.sqlite`` (merged
+store), ``store/rank-<r>.sqlite`` (per-rank stores), ``blocks/`` (BLD-trained blocks and
+``index.json``), and, while running, ``cache/`` (the spilled part of the prefix cache).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
+
+from hwprofiles.errors import InputError
+from nas import search
+from nas.build import load_pretrained
+from nas.hf import load_config
+from nas.io import atomic_write_json
+from nas.progress import Progress
+from nas.scoring import bld
+from nas.scoring.core import (
+    VERSION,
+    Item,
+    Scorer,
+    Settings,
+    check_parent,
+    make_items,
+    weights_digest,
+)
+from nas.scoring.data import Split, load_tokens, split_tokens
+from nas.scoring.report import plot_heatmap, summary_lines, write_csv
+from nas.scoring.store import ScoreRow, Store, read_all
+from nas.space import Alternative
+from nas.spec import load_spec
+
+KILL_ENV = "PUZZLE_NAS_SCORE_KILL_AFTER"  # fault injection for tests: SIGKILL mid-item
+
+
+class RunRecord(BaseModel):
+    """``scores.json``: what a scoring run measured, on what, and how."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: str
+    spec: str
+    parent: str
+    parent_weights: str
+    data: str
+    data_sha256: str
+    settings: dict[str, Any]
+    calib_rows: int
+    held_rows: int
+    held_tokens_scored: int
+    alternatives: int
+    scored_now: int
+    reused: int
+    world_size: int
+    cache: dict[str, float]
+    seconds: float
+    most_sensitive: list[dict[str, Any]]
+    summary: list[str]
+
+
+@dataclass
+class Job:
+    """A validated scoring job (no weights loaded yet)."""
+
+    problem: search.Problem
+    alts: list[list[Alternative]]
+    parent_dir: Path
+    split: Split
+    settings: Settings
+    spec_path: Path
+
+
+def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
+            settings: Settings, tokenizer: str | Path | None = None,
+            bin_dtype: str | None = None) -> Job:
+    """Check every input (spec, parent config vs spec, data) without loading weights."""
+    spec, base, digest = load_spec(spec_path)
+    problem = search.resolve(spec, base, digest)
+    pdir = Path(parent_dir)
+    if not pdir.is_dir():
+        raise InputError("not a checkpoint folder (config.json + safetensors)", path=str(pdir))
+    check_parent(load_config(pdir), problem.parent, str(pdir / "config.json"))
+    tokens = load_tokens(data, tokenizer, bin_dtype)
+    split = split_tokens(tokens, problem.parent.vocab_size, settings.seq_len,
+                         settings.max_tokens, settings.calib_tokens, str(data))
+    return Job(problem, search.alternatives(problem), pdir, split, settings, Path(spec_path))
+
+
+def _dist() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def init_distributed(device: str) -> tuple[int, int, str]:
+    """Join the torchrun group when launched by torchrun; returns (rank, world, device)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(hours=12))
+    rank, world = _dist()
+    if device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return rank, world, device
+
+
+def _rows(job: Job, items: list[Item], results: dict[str, ScoreRow], tokens: int
+          ) -> list[dict[str, Any]]:
+    by_key = {it.alt: it.key for it in items}
+    out = []
+    for block_alts in job.alts:
+        for a in block_alts:
+            pk = job.problem.parent.blocks[a.block].kind
+            if a.is_parent:
+                out.append({"block": a.block, "alternative": a.label, "parent_kind": pk,
+                            "kind": a.child.kind, "kl_div": 0.0, "lm_loss_delta": 0.0,
+                            "top1_agreement": 1.0, "tokens": tokens, "bld_steps": 0,
+                            "bld_loss": None, "seconds": 0.0})
+                continue
+            r = results[by_key[a]]
+            out.append({"block": a.block, "alternative": a.label, "parent_kind": pk,
+                        "kind": a.child.kind, "kl_div": r.kl_div,
+                        "lm_loss_delta": r.lm_loss_delta, "top1_agreement": r.top1_agreement,
+                        "tokens": r.tokens, "bld_steps": r.bld_steps, "bld_loss": r.bld_loss,
+                        "seconds": r.seconds})
+    return out
+
+
+def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
+        device: str = "cpu", cached: bool = True, progress: bool | None = None,
+        log: Any = None) -> RunRecord | None:
+    """Score every alternative of ``job`` (this rank's share); on rank 0 merge and write
+    the outputs and return the :class:`RunRecord` (``None`` on other ranks)."""
+    t0 = time.perf_counter()
+    log = log if log is not None else (lambda s: print(s, file=sys.stderr))
+    rank, world, device = init_distributed(device)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    parent = load_pretrained(job.parent_dir).to(device).eval()
+    phash = weights_digest(parent)
+    items = make_items(job.problem.parent, job.alts, phash, job.split.digest, job.settings)
+    keys = [it.key for it in items]
+    done = read_all(out, keys)
+    mine = [it for k, it in enumerate(items) if k % world == rank]
+    todo = [it for it in mine if it.key not in done]
+    kill_after = int(os.environ.get(KILL_ENV, "-1"))
+    scored = 0
+    stats: dict[str, float] = {}
+    tokens = job.split.held[:, 1:].size
+    if todo:
+        scorer = Scorer(parent, job.split, job.settings, cache_bytes=cache_bytes,
+                        spill_dir=out / "cache" / f"rank-{rank}", cached=cached)
+        stats = scorer.cache_stats
+        tokens = scorer.tokens
+        if rank == 0 and stats["batches_on_disk"]:
+            log(f"prefix cache: {stats['memory_bytes'] / 1e9:.3f} GB in memory, "
+                f"{stats['disk_bytes'] / 1e9:.3f} GB spilled to {out / 'cache'} "
+                f"(over --cache-gib)")
+        store = Store(out / "store" / f"rank-{rank}.sqlite")
+        label = f"scoring r{rank}/{world}" if world > 1 else "scoring"
+        with Progress(len(todo), label, progress if rank == 0 else False) as bar:
+            t1 = time.perf_counter()
+            for n, it in enumerate(todo):
+                res, block = scorer.score(it)
+                bld_file = None
+                if res["bld_steps"]:
+                    bld_file = f"{it.key[:32]}.safetensors"
+                    bld.save_block(out / "blocks" / bld_file, block, bld.BldMeta(
+                        key=it.key, block=it.block, alternative=it.alt.label,
+                        child=it.alt.child.model_dump(), parent_weights=phash,
+                        steps=res["bld_steps"], loss=res["bld_loss"]))
+                if n == kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                store.put(ScoreRow(key=it.key, block=it.block, alternative=it.alt.label,
+                                   kind=it.alt.child.kind, kl_div=res["kl_div"],
+                                   lm_loss_delta=res["lm_loss_delta"],
+                                   top1_agreement=res["top1_agreement"], tokens=res["tokens"],
+                                   bld_steps=res["bld_steps"], bld_loss=res["bld_loss"],
+                                   bld_file=bld_file, seconds=res["seconds"]))
+                scored += 1
+                el = time.perf_counter() - t1
+                eta = el / (n + 1) * (len(todo) - n - 1)
+                bar.update(1, f"ETA {eta:5.0f}s  block {it.block} {it.alt.label[:28]}")
+        store.close()
+        scorer.close()
+    if world > 1:
+        dist.barrier()
+    if rank != 0:
+        return None
+    results = read_all(out, keys)
+    missing = [k for k in keys if k not in results]
+    if missing:
+        raise RuntimeError(f"{len(missing)} results missing after all ranks finished")
+    with Store(out / "scores.sqlite") as merged:
+        merged.put_many(results[k] for k in keys)
+    rows = _rows(job, items, results, tokens)
+    write_csv(out / "scores.csv", rows)
+    metas, files = [], []
+    for it in items:
+        r = results[it.key]
+        if r.bld_file:
+            metas.append(bld.BldMeta(key=it.key, block=it.block, alternative=it.alt.label,
+                                     child=it.alt.child.model_dump(), parent_weights=phash,
+                                     steps=r.bld_steps, loss=r.bld_loss or 0.0))
+            files.append(r.bld_file)
+    if metas:
+        bld.write_index(out, phash, metas, files)
+    title = (f"{job.problem.spec.name}: replace-1-block KL"
+             + (f" after {job.settings.bld_steps} BLD steps" if job.settings.bld_steps else ""))
+    png = plot_heatmap(out / "scores.png", rows, title)
+    if png is None:
+        log("scores.png not written (matplotlib is not installed: pip install "
+            "'puzzle-nas[plot]')")
+    from nas.scoring.report import sensitivity
+
+    sens = [{"block": b, "kind": k, "kl_div": v, "alternative": a}
+            for b, k, v, a in sensitivity(rows)]
+    record = RunRecord(
+        version=VERSION, spec=str(job.spec_path), parent=str(job.parent_dir),
+        parent_weights=phash, data=job.split.source, data_sha256=job.split.digest,
+        settings=job.settings.model_dump(), calib_rows=len(job.split.calib),
+        held_rows=len(job.split.held), held_tokens_scored=tokens, alternatives=len(items),
+        scored_now=len(items) - len(done), reused=len(done), world_size=world, cache=stats,
+        seconds=time.perf_counter() - t0, most_sensitive=sens[:5],
+        summary=summary_lines(rows))
+    atomic_write_json(out / "scores.json", record.model_dump())
+    return record
