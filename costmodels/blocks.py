@@ -6,8 +6,11 @@ rows ``i`` of a :class:`BlockTable` plus the non-block term (``costmodels.model`
 * ``TTFT[w]   = sum_i prefill_s[i, w] + nonblock.prefill_s[w]``                  (seconds)
 * ``TPOT[w]   = sum_i decode_s[i, w]  + nonblock.decode_s[w]``                   (seconds)
 * ``runtime[w] = sum_i runtime_s[i, w] + nonblock.runtime_s[w]``, where
-  ``runtime_s = prefill_passes * prefill_s + (osl - 1) * decode_s`` is the time the
-  ``tp`` GPUs of one model instance spend serving B requests (B = batch or concurrency).
+  ``runtime_s = n_c * chunk_s + (osl - 1) * decode_s`` is the time the ``tp`` GPUs of one
+  model instance spend serving a cohort of B requests (B = batch, or the running requests
+  of a concurrency): ``n_c`` prefill chunk steps (``costmodels.workload``) then ``osl - 1``
+  decode steps. ``prefill_s = ttft_fraction * n_c * chunk_s`` is the block's share of the
+  mean TTFT, so ``runtime_s = prefill_passes * prefill_s + (osl - 1) * decode_s``.
 * weights / KV / state bytes per GPU: plain sums over rows.
 
 Each block's time is the sum of its ops' roofline times (``costmodels.roofline``) plus its
@@ -41,7 +44,7 @@ DEFAULT_SSD_CHUNK = 128  # Mamba-2 chunk length (tokens), the NemotronH / Mamba-
 
 # Kernels launched per op (each pays the profile's kernel_overhead_s once per pass).
 K_NORM, K_PROJ2, K_ATTN, K_SSD_PREFILL, K_SSD_DECODE = 1, 2, 2, 5, 1
-K_ROUTER, K_EXPERTS, K_SHARED = 2, 5, 3
+K_ROUTER, K_EXPERTS, K_SHARED, K_PERMUTE = 2, 5, 3, 2
 
 
 @dataclass
@@ -53,11 +56,13 @@ class BlockCosts:
     Attributes:
         workloads: the W workloads, in column order.
         tp, ep: the parallel layout priced.
-        prefill_s: ``[N, W]`` seconds, each block's share of time to first token (one
-            prefill pass over ``prefill_sequences * isl`` tokens).
+        prefill_s: ``[N, W]`` seconds, each block's share of the mean time to first token
+            (``ttft_fraction`` of the ``prefill_chunks`` chunk steps that prefill the
+            cohort's ``sequences * isl`` prompt tokens; one pass in batch mode).
         decode_s: ``[N, W]`` seconds, each block's share of one decode step (batch B) at
             the mean generated context ``isl + osl/2``.
-        runtime_s: ``[N, W]`` seconds, ``prefill_passes * prefill_s + (osl-1) * decode_s``.
+        runtime_s: ``[N, W]`` seconds, ``prefill_passes * prefill_s + (osl-1) * decode_s``
+            (the cohort's chunk steps plus its decode steps).
         memory_bytes: ``[N, W]`` bytes, ``weight_bytes + B * (kv at isl+osl + state)``.
         weight_bytes: ``[N]`` bytes of weights.
         kv_bytes_per_token: ``[N]`` KV-cache bytes per token of context (uncapped).
@@ -113,10 +118,11 @@ def _workload_columns(workloads: Sequence[Workload]) -> dict[str, np.ndarray]:
 
     return {
         "B": row([w.sequences for w in workloads]),
-        "Bp": row([w.prefill_sequences for w in workloads]),
+        "NC": row([w.prefill_chunks for w in workloads]),
+        "Bp": row([w.prefill_sequences / w.prefill_chunks for w in workloads]),
         "S": row([w.isl for w in workloads]),
         "C": row([w.mean_decode_context for w in workloads]),
-        "P": row([w.prefill_passes for w in workloads]),
+        "F": row([w.ttft_fraction for w in workloads]),
         "O": row([w.osl for w in workloads]),
         "ctx": row([w.max_context for w in workloads]),
     }
@@ -146,8 +152,11 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
         raise ValueError("price_blocks needs at least one workload")
     n, nw = len(table), len(wls)
     wc = _workload_columns(wls)
-    B, Bp, S, C = wc["B"], wc["Bp"], wc["S"], wc["C"]
-    Tp, Td = Bp * S, B
+    B, Bp, S, C, NC = wc["B"], wc["Bp"], wc["S"], wc["C"], wc["NC"]
+    Tp, Td = Bp * S, B  # tokens of one prefill chunk step, of one decode step
+    # prompts longer than a chunk span m chunks; chunk j re-reads the KV of the j*c tokens
+    # before it: S*(m-1)/2 tokens per prompt, Bp*S*(m-1)/2 per chunk step
+    reread = Bp * S * (np.maximum(S / Tp, 1.0) - 1.0) / 2.0
 
     st = shard_table(table, tp, ep)
     roof = Roof(hw)
@@ -168,17 +177,27 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
         f, b = fb
         return roof.time(f, b, roof.matmul(act_dtype, f), roof.memory(b), k)
 
-    def attn_t(fb: tuple, k: float) -> np.ndarray:
+    def attn_t(fb: tuple, k: float, kv_read: bool = False) -> np.ndarray:
         f, b = fb
-        return roof.time(f, b, roof.compute(act_dtype, eff.attention, f), roof.memory(b), k)
+        mem = roof.memory(b, eff.kv_read() if kv_read else None)
+        return roof.time(f, b, roof.compute(act_dtype, eff.attention, f), mem, k)
 
-    def grouped_t(fb: tuple, dtype: str, k: float | np.ndarray, decode: bool) -> np.ndarray:
+    def state_t(fb: tuple, k: float) -> np.ndarray:
+        f, b = fb
+        return roof.time(f, b, roof.matmul(act_dtype, f), roof.memory(b, eff.state_io()), k)
+
+    def grouped_t(fb: tuple, dtype: str, k: float | np.ndarray, decode: bool,
+                  tpe: np.ndarray) -> np.ndarray:
         # many tokens per expert (prefill): compute at the grouped-GEMM fraction of peak and
         # plain streaming; few tokens per expert (decode): weight streaming at the grouped
         # decode fraction of bandwidth.
         f, b = fb
         mem = roof.memory(b, eff.grouped_matmul_decode if decode else None)
-        return roof.time(f, b, roof.compute(dtype, eff.grouped_matmul_prefill, f), mem, k)
+        if eff.grouped_matmul_tokens is not None:
+            inv_c = 1.0 / (hw.peak(dtype) * eff.grouped_matmul_tokens.at(tpe))
+        else:
+            inv_c = roof.compute(dtype, eff.grouped_matmul_prefill, f)
+        return roof.time(f, b, inv_c, mem, k)
 
     def add(f1: tuple, f2: tuple) -> tuple:
         return f1[0] + f2[0], f1[1] + f2[1]
@@ -206,7 +225,10 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                 proj = add(ops.gemm(T, h, (nq + 2 * nkv) * d, w, a), ops.gemm(T, nq * d, h, w, a))
                 out.append(gemm_t(proj, dt, K_PROJ2))
             tp_p.append(attn_t(ops.attention_prefill(Bp, S, wdw, nq, nkv, d, a, kvb), K_ATTN))
-            tp_d.append(attn_t(ops.attention_decode(B, C, wdw, nq, nkv, d, a, kvb), K_ATTN))
+            rr = ops.attended(reread, wdw) * 2.0 * nkv * d * kvb
+            tp_p.append(attn_t((0.0 * rr, rr), 0.0, kv_read=True))
+            tp_d.append(attn_t(ops.attention_decode(B, C, wdw, nq, nkv, d, a, kvb), K_ATTN,
+                               kv_read=True))
 
         elif kd == Kind.MAMBA:
             H, Pd, N, G, K = (col(c) for c in ("m_heads", "m_head_dim", "state", "groups",
@@ -220,10 +242,10 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                 out.append(gemm_t(proj, dt, K_PROJ2))
                 out.append(elem_t(ops.gated_norm(T, inner, a, wo), 1))
             tp_p.append(elem_t(ops.conv_prefill(Bp, S, conv_ch, K, a, wo, csb), 1))
-            tp_d.append(elem_t(ops.conv_decode(B, conv_ch, K, a, wo, csb), 1))
+            tp_d.append(state_t(ops.conv_decode(B, conv_ch, K, a, wo, csb), 1))
             tp_p.append(gemm_t(ops.ssd_prefill(Bp, S, H, Pd, N, G, ssd_chunk, a, ssb),
                                act_dtype, K_SSD_PREFILL))
-            tp_d.append(elem_t(ops.ssd_decode(B, H, Pd, N, G, a, ssb), K_SSD_DECODE))
+            tp_d.append(state_t(ops.ssd_decode(B, H, Pd, N, G, a, ssb), K_SSD_DECODE))
 
         elif kd == Kind.MOE:
             E, k, F, Sw, L, gated = (col(c) for c in ("experts", "top_k", "expert_width",
@@ -238,8 +260,12 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                 lat = _scale(add(ops.gemm(T, h, L, wo, a), ops.gemm(T, L, h, wo, a)), has_lat)
                 out.append(gemm_t(add(router, lat), do, K_ROUTER + 2 * has_lat))
                 fr, br = ops.moe_experts(T, E, k, F, e_in, mats, wb[TensorRole.ROUTED_EXPERTS], a)
+                tpe = T * k / np.maximum(E, 1.0)  # routed tokens per expert
                 out.append(grouped_t((fr / ep, br / ep), cd[TensorRole.ROUTED_EXPERTS],
-                                     K_EXPERTS * (E > 0), decode=out is tp_d))
+                                     K_EXPERTS * (E > 0), decode=out is tp_d, tpe=tpe))
+                # permute into expert order and un-permute (weighted scatter) per routed token
+                out.append(elem_t(_scale(ops.moe_permute(T, k, e_in, a, ep), (E > 0) * 1.0),
+                                  K_PERMUTE * (E > 0)))
                 ws = wb[TensorRole.SHARED_EXPERTS]
                 sh = _scale(add(add(ops.gemm(T, h, (mats - 1) * Sw, ws, a),
                                     ops.gemm(T, Sw, h, ws, a)),
@@ -265,7 +291,7 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
             for T, out in ((Tp, tp_p), (Td, tp_d)):
                 out.append(ops.allreduce_time(allreduce_bytes(T, h, a), tp,
                                               link.bandwidth.value, link_eff, link.latency.value))
-        prefill[idx] = sum(tp_p)
+        prefill[idx] = NC * sum(tp_p)  # the cohort's n_c chunk steps
         decode[idx] = sum(tp_d)
 
     # memory, per GPU
@@ -295,9 +321,9 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     ).astype(np.float64)
     workspace = np.where(kind == int(Kind.NOOP), 0.0, (2.0 * table.hidden + widest) * a)
 
-    runtime = wc["P"] * prefill + (wc["O"] - 1.0) * decode
+    runtime = prefill + (wc["O"] - 1.0) * decode
     return BlockCosts(
-        workloads=wls, tp=int(tp), ep=int(ep), prefill_s=prefill, decode_s=decode,
+        workloads=wls, tp=int(tp), ep=int(ep), prefill_s=wc["F"] * prefill, decode_s=decode,
         runtime_s=runtime, memory_bytes=mem, weight_bytes=weight.astype(np.float64),
         kv_bytes_per_token=kv_tok.astype(np.float64), window=window,
         state_bytes_per_sequence=state.astype(np.float64), workspace_bytes_per_token=workspace,

@@ -1,24 +1,47 @@
-"""Model-level figures from per-block sums plus the non-block term.
+"""Model-level figures from per-block sums plus the non-block term: the serving model.
 
-How the serving figures relate to the additive per-block runtimes (all per workload w,
-B = batch or concurrency, ``O = osl``, ``tp`` GPUs per model instance):
+Notation per workload w: ``B`` requests scheduled (the batch, or ``min(concurrency,
+max_num_seqs)``), ``S = isl``, ``O = osl``, token budget per engine step ``T_b =
+max_num_batched_tokens``, ``tp`` GPUs per model instance; ``t(x)`` is the roofline time of
+one engine step (``costmodels.blocks`` per block + the non-block term below), ``s_o`` the
+engine's per-step overhead and ``r_o`` its per-request overhead (hardware profile,
+``step_overhead_s`` / ``request_overhead_s``).
 
-* ``ttft_s   = sum_i blocks.prefill_s[i, w] + nonblock.prefill_s[w]``            seconds
-* ``tpot_s   = sum_i blocks.decode_s[i, w]  + nonblock.decode_s[w]``             seconds
-  (one decode step of batch B at the mean generated context ``isl + O/2``)
-* ``latency_s = ttft_s + (O - 1) * tpot_s``: one request, first token to last.
-* ``runtime_s = prefill_passes * ttft_s + (O - 1) * tpot_s
-              = sum_i blocks.runtime_s[i, w] + nonblock.runtime_s[w]``: seconds the
-  instance spends serving B requests (``prefill_passes`` = 1 in batch mode, B in
-  concurrency mode where each prompt is prefilled alone; prefill and decode do not overlap).
-* ``throughput_tok_s = B * O / (runtime_s * tp)``: output tokens/s **per GPU**;
-  ``throughput_node_tok_s = throughput_tok_s * gpus_per_node`` (replicas fill the node).
-  So ``throughput_tok_s >= X``  <=>  ``sum_i blocks.runtime_s[i, w] + nonblock.runtime_s[w]
-  <= B * O / (X * tp)``: a linear bound on the summed runtimes.
-* ``per_user_tok_s = 1 / tpot_s`` (decode speed one user sees, ignoring interleaved
-  prefills). So ``per_user_tok_s >= U``  <=>  ``sum_i decode_s[i, w] + nonblock.decode_s[w]
-  <= 1 / U``.
-* ``memory_bytes = weights + B * (kv_bytes(isl + O) + state) + workspace + reserve`` (per
+**Continuous batching with chunked prefill** (``concurrency=B``; vLLM, TensorRT-LLM and
+SGLang schedule this way). With fixed ``S`` and ``O`` a closed-loop benchmark keeps the B
+requests in step: they are admitted together, prefilled, decoded together and replaced
+together. So the steady state is a *cohort cycle*:
+
+1. prefill: the ``B*S`` prompt tokens go through the engine in ``n_c = ceil(B*S / T_b)``
+   steps of ``c = B*S / n_c`` tokens (each step re-reads every weight; chunk ``j`` of a
+   prompt longer than ``c`` also re-reads the KV of the chunks before it);
+2. decode: ``O - 1`` steps of ``B`` tokens at the mean context ``S + O/2``.
+
+Hence, with ``P_c = n_c * (t(chunk) + s_o)`` the cohort's prefill time:
+
+* ``ttft_s = (n_c + 1) / (2 n_c) * P_c + r_o``: prompts finish their last chunk evenly over
+  the ``n_c`` steps, so the mean first token comes ``(n_c + 1) / 2`` steps in;
+* ``tpot_s = t(decode step of B) + s_o``;
+* ``runtime_s = P_c + (O - 1) * tpot_s`` (the cycle; ``r_o`` is host work overlapped with
+  other requests' GPU steps, so it adds to TTFT, not to the cycle);
+* ``throughput_tok_s = B * O / (runtime_s * tp)`` output tokens/s **per GPU**,
+  ``throughput_node_tok_s = throughput_tok_s * gpus_per_node`` (replicas fill the node);
+* ``per_user_tok_s = 1 / tpot_s``; ``latency_s = ttft_s + (O - 1) * tpot_s``.
+
+With an unlimited token budget (``T_b >= B*S``, ``max_num_seqs >= B``) ``n_c = 1`` and
+the cycle is **exactly static batch mode** (``batch=B``): one prefill pass over ``B*S``
+tokens, TTFT = that pass, then ``O - 1`` decode steps. Requests beyond ``max_num_seqs``
+wait; the figures are those of the running ones.
+
+All of ``ttft_s``, ``tpot_s`` and ``runtime_s`` are sums over blocks plus the non-block
+term, because ``n_c``, ``c`` and the TTFT fraction depend on the workload only; so
+``throughput_tok_s >= X  <=>  sum_i runtime_s[i, w] + nonblock.runtime_s[w] <= B*O/(X*tp)``
+and ``per_user_tok_s >= U  <=>  sum_i decode_s[i, w] + nonblock.decode_s[w] <= 1/U`` stay
+linear bounds for the search. Throughput grows with B until memory binds
+(``costmodels.serving.slo_throughput`` sweeps B: best throughput under a per-user speed /
+TTFT floor that fits in memory).
+
+* ``memory_bytes = weights + B * (kv_bytes(S + O) + state) + workspace + reserve`` (per
   GPU); all but the workspace (a max over blocks) and the reserve are sums over blocks.
 """
 
@@ -64,8 +87,9 @@ class NonBlockCosts:
     """The non-block term, per workload (``[W]`` arrays) and per GPU.
 
     ``prefill_s`` / ``decode_s`` / ``runtime_s`` have the meaning of the per-block fields in
-    :class:`costmodels.blocks.BlockCosts`; they include ``step_overhead_s`` (framework /
-    scheduler time per forward pass). ``weight_bytes``: embedding + LM head + final norm.
+    :class:`costmodels.blocks.BlockCosts`; they include the engine's ``step_overhead_s``
+    per engine step, and ``prefill_s`` its ``request_overhead_s`` (TTFT only).
+    ``weight_bytes``: embedding + LM head + final norm.
     ``vocab_per_gpu``: LM-head columns per GPU (sizes the fp32 logits workspace).
     """
 
@@ -75,17 +99,33 @@ class NonBlockCosts:
     weight_bytes: float
     vocab_per_gpu: float
     hidden: int
+    request_overhead_s: float = 0.0
+
+
+def engine_overheads(hw: HardwareProfile, step_overhead_s: float | None = None,
+                     request_overhead_s: float | None = None) -> tuple[float, float]:
+    """The engine's per-step and per-request seconds: the arguments where given, else the
+    profile's ``step_overhead_s`` / ``request_overhead_s`` (0 where the profile has none)."""
+    so = step_overhead_s if step_overhead_s is not None else (
+        hw.step_overhead_s.value if hw.step_overhead_s is not None else 0.0)
+    ro = request_overhead_s if request_overhead_s is not None else (
+        hw.request_overhead_s.value if hw.request_overhead_s is not None else 0.0)
+    return float(so), float(ro)
 
 
 def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionRecipe,
                    workloads: Sequence[Workload | str], tp: int = 1,
-                   step_overhead_s: float = 0.0) -> NonBlockCosts:
-    """Price embeddings + final norm + LM head (vocab-sharded over ``tp``) per workload.
+                   step_overhead_s: float | None = None,
+                   request_overhead_s: float | None = None) -> NonBlockCosts:
+    """Price embeddings + final norm + LM head (vocab-sharded over ``tp``) per workload,
+    plus the engine's overheads (see the module docstring).
 
-    In prefill the LM head runs on the last token of each prompt only; in decode on the B
-    tokens of the step. ``step_overhead_s`` is added once per forward pass.
+    In a prefill chunk step the LM head runs on the last token of the prompts that finish in
+    it (``B / n_c``); in decode on the B tokens of the step. ``step_overhead_s`` is added once
+    per engine step and ``request_overhead_s`` to TTFT; ``None`` takes the profile's figure.
     """
     check_parallel(tp, 1)
+    so, ro = engine_overheads(hw, step_overhead_s, request_overhead_s)
     wls = tuple(parse_workload(w) for w in workloads)
     h, v = float(shape.hidden), float(-(-shape.vocab // tp))
     roof = Roof(hw)
@@ -101,20 +141,22 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
         fl, bl = ops.lm_head(heads, h, v, wl, a)
         t = roof.time(fe + fn, be + bn, roof.matmul(act_dt, fe + fn), roof.memory(be + bn), 2)
         t = t + roof.time(fl, bl, roof.matmul(dt, fl), roof.memory(bl), 2)
-        return t + step_overhead_s
+        return t + so
 
     B = np.array([w.sequences for w in wls], dtype=np.float64)
-    Bp = np.array([w.prefill_sequences for w in wls], dtype=np.float64)
-    S = np.array([w.isl for w in wls], dtype=np.float64)
-    P = np.array([w.prefill_passes for w in wls], dtype=np.float64)
+    NC = np.array([w.prefill_chunks for w in wls], dtype=np.float64)
+    C = np.array([w.chunk_tokens for w in wls], dtype=np.float64)
+    F = np.array([w.ttft_fraction for w in wls], dtype=np.float64)
     osl = np.array([w.osl for w in wls], dtype=np.float64)
-    prefill = step(Bp * S, Bp)
+    cohort = NC * step(C, B / NC)
     decode = step(B, B)
     emb = shape.hidden * shape.vocab
     params_gpu = -(-emb // tp) * (we + (0.0 if shape.tied else wl))
     weight = params_gpu + (shape.hidden * wo if shape.final_norm else 0.0)
-    return NonBlockCosts(prefill_s=prefill, decode_s=decode, runtime_s=P * prefill + (osl - 1) * decode,
-                         weight_bytes=float(weight), vocab_per_gpu=v, hidden=shape.hidden)
+    return NonBlockCosts(prefill_s=F * cohort + ro, decode_s=decode,
+                         runtime_s=cohort + (osl - 1) * decode,
+                         weight_bytes=float(weight), vocab_per_gpu=v, hidden=shape.hidden,
+                         request_overhead_s=ro)
 
 
 @dataclass
@@ -193,10 +235,9 @@ def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
     Bp = np.array([w.prefill_sequences for w in wls], dtype=np.float64)
     S = np.array([w.isl for w in wls], dtype=np.float64)
     osl = np.array([w.osl for w in wls], dtype=np.float64)
-    P = np.array([w.prefill_passes for w in wls], dtype=np.float64)
     ttft = b.prefill_s.sum(axis=0) + nonblock.prefill_s
     tpot = b.decode_s.sum(axis=0) + nonblock.decode_s
-    runtime = P * ttft + (osl - 1.0) * tpot
+    runtime = b.runtime_s.sum(axis=0) + nonblock.runtime_s
     tp = b.tp
     thr = B * osl / (runtime * tp)
     gpn = int(hw.gpus_per_node.value)
@@ -278,9 +319,12 @@ def max_concurrency(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwarePro
 def price_model(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
                 recipe: PrecisionRecipe, workloads: Sequence[Workload | str], tp: int = 1,
                 ep: int = 1, reserve_bytes: float = DEFAULT_RESERVE_BYTES,
-                step_overhead_s: float = 0.0) -> ModelCosts:
-    """One call: price every block and the non-block term, then :func:`summarize`."""
+                step_overhead_s: float | None = None,
+                request_overhead_s: float | None = None) -> ModelCosts:
+    """One call: price every block and the non-block term, then :func:`summarize`
+    (overheads ``None``: the profile's)."""
     wls = tuple(parse_workload(w) for w in workloads)
     blocks = price_blocks(table, hw, recipe, wls, tp=tp, ep=ep)
-    nb = price_nonblock(nonblock, hw, recipe, wls, tp=tp, step_overhead_s=step_overhead_s)
+    nb = price_nonblock(nonblock, hw, recipe, wls, tp=tp, step_overhead_s=step_overhead_s,
+                        request_overhead_s=request_overhead_s)
     return summarize(blocks, nb, hw, reserve_bytes=reserve_bytes)

@@ -175,6 +175,14 @@ def moe_experts(tokens: Arr, experts: Arr, top_k: Arr, width: Arr, e_in: Arr, ma
     return flops, byts
 
 
+def moe_permute(tokens: Arr, top_k: Arr, e_in: Arr, a: Arr, ep: Arr = 1) -> tuple[Arr, Arr]:
+    """Token permutation into expert order and the weighted un-permutation, per GPU:
+    no FLOPs to speak of; bytes ``2 * T*k*e_in*a / ep`` each way (read + write a copy of
+    every routed token's input, and of its output) = ``4*T*k*e_in*a/ep``."""
+    copies = np.asarray(tokens, dtype=np.float64) * top_k / ep
+    return 0.0 * copies, 4.0 * copies * e_in * a
+
+
 def embedding(tokens: Arr, h: Arr, w: Arr, a: Arr) -> tuple[Arr, Arr]:
     """Embedding lookup: no FLOPs; bytes ``T*h*(w + a)`` (gather rows, write activations)."""
     return 0.0 * tokens * h, tokens * h * (w + a)

@@ -1,23 +1,50 @@
 """A serving workload: input length, output length, and a batch size or a concurrency.
 
-Two serving modes, which change only how prefill is counted:
+Two serving modes (``costmodels.serving`` derives the figures; this module holds the data):
 
-* ``batch=B``: B requests arrive together; one prefill pass processes all B prompts
-  (``B * isl`` tokens), then ``osl - 1`` decode steps of batch B. TTFT is that whole pass.
-* ``concurrency=B``: continuous batching with B requests in flight; each request's prompt
-  is prefilled alone (``isl`` tokens, TTFT = that pass), and decode steps run at batch B.
-  Serving B requests costs B prefills plus ``osl - 1`` shared decode steps.
+* ``batch=B`` (static batching, offline benchmarks): B requests arrive together; one
+  prefill pass processes all B prompts (``B * isl`` tokens), then ``osl - 1`` decode steps
+  of batch B. TTFT is that whole pass.
+* ``concurrency=B`` (the default of serving engines: continuous batching with chunked
+  prefill, as vLLM, TensorRT-LLM and SGLang run): B requests in flight, of which
+  ``running = min(B, max_num_seqs)`` are scheduled. Each engine step processes at most
+  ``max_num_batched_tokens`` tokens, so the ``running * isl`` prompt tokens of a cohort are
+  prefilled in ``n_c = ceil(running * isl / max_num_batched_tokens)`` chunk steps (each
+  re-reads the weights), followed by ``osl - 1`` decode steps of ``running`` tokens. With an
+  unlimited token budget (and ``max_num_seqs >= B``) this is exactly batch mode.
+
+Engine defaults (sourced): ``max_num_batched_tokens`` 8,192 and ``max_num_seqs`` 2,048 are
+TensorRT-LLM's LLM-API defaults (``max_num_tokens`` = 8192, ``max_batch_size`` = 2048,
+tensorrt_llm/llmapi/llm_args.py); vLLM V1's online-serving default token budget is also
+8,192.
 """
 
 from __future__ import annotations
+
+import math
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hwprofiles.errors import InputError
 
+DEFAULT_TOKEN_BUDGET = 8192
+"""Tokens per engine step (``max_num_batched_tokens``); TensorRT-LLM's ``max_num_tokens``
+default (llm_args.py), vLLM V1's online-serving default."""
+
+DEFAULT_MAX_NUM_SEQS = 2048
+"""Requests scheduled at once (``max_num_seqs``); TensorRT-LLM's ``max_batch_size``
+default (llm_args.py)."""
+
+UNLIMITED = 2**62
+"""A token budget or sequence cap that never binds."""
+
 
 class Workload(BaseModel):
-    """Input length ``isl`` and output length ``osl`` in tokens; ``batch`` or ``concurrency``."""
+    """Input length ``isl`` and output length ``osl`` in tokens; ``batch`` or ``concurrency``.
+
+    ``max_num_batched_tokens`` / ``max_num_seqs`` are the engine's token budget per step and
+    cap on scheduled requests (concurrency mode only; defaults above).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -26,6 +53,8 @@ class Workload(BaseModel):
     osl: int = Field(ge=1)
     batch: int | None = Field(default=None, ge=1)
     concurrency: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=1)
+    max_num_seqs: int = Field(default=DEFAULT_MAX_NUM_SEQS, ge=1)
 
     @model_validator(mode="after")
     def _one_of(self) -> Workload:
@@ -40,19 +69,48 @@ class Workload(BaseModel):
         return f"isl={self.isl},osl={self.osl},{mode}"
 
     @property
+    def chunked(self) -> bool:
+        """Continuous batching with chunked prefill (concurrency mode)."""
+        return self.concurrency is not None
+
+    @property
     def sequences(self) -> int:
-        """Sequences in flight during decode (B)."""
-        return int(self.batch if self.batch is not None else self.concurrency)  # type: ignore[arg-type]
+        """Sequences in flight during decode: B in batch mode, ``min(B, max_num_seqs)``
+        in concurrency mode."""
+        if self.batch is not None:
+            return int(self.batch)
+        return int(min(self.concurrency, self.max_num_seqs))  # type: ignore[type-var]
 
     @property
     def prefill_sequences(self) -> int:
-        """Prompts processed by one prefill pass: B in batch mode, 1 in concurrency mode."""
-        return self.sequences if self.batch is not None else 1
+        """Prompts prefilled per cohort (all in one pass in batch mode, in chunks otherwise)."""
+        return self.sequences
 
     @property
-    def prefill_passes(self) -> int:
-        """Prefill passes per B served requests: 1 in batch mode, B in concurrency mode."""
-        return 1 if self.batch is not None else self.sequences
+    def prefill_chunks(self) -> int:
+        """Engine steps that prefill one cohort: 1 in batch mode,
+        ``ceil(sequences * isl / max_num_batched_tokens)`` in concurrency mode."""
+        if not self.chunked:
+            return 1
+        return max(1, math.ceil(self.sequences * self.isl / self.max_num_batched_tokens))
+
+    @property
+    def chunk_tokens(self) -> float:
+        """Prompt tokens per prefill step (the cohort's prompt tokens spread evenly)."""
+        return self.sequences * self.isl / self.prefill_chunks
+
+    @property
+    def ttft_fraction(self) -> float:
+        """Mean TTFT as a fraction of the cohort's prefill time: ``(n_c + 1) / (2 n_c)``
+        (prompts finish their last chunk evenly over the ``n_c`` steps; 1 in batch mode)."""
+        n = self.prefill_chunks
+        return (n + 1) / (2.0 * n)
+
+    @property
+    def prefill_passes(self) -> float:
+        """Cohort prefill time over mean TTFT (``1 / ttft_fraction``): ``runtime =
+        prefill_passes * ttft + (osl - 1) * tpot`` with the overheads of TTFT aside."""
+        return 1.0 / self.ttft_fraction
 
     @property
     def mean_decode_context(self) -> float:
@@ -64,13 +122,22 @@ class Workload(BaseModel):
         """Tokens held per sequence at the end of the request: ``isl + osl``."""
         return self.isl + self.osl
 
+    def with_sequences(self, n: int) -> Workload:
+        """The same workload at batch/concurrency ``n``."""
+        key = "batch" if self.batch is not None else "concurrency"
+        name = "" if self.name == self.label() else self.name
+        return Workload.model_validate({**self.model_dump(), key: int(n), "name": name})
+
 
 _KEYS = {"isl": "isl", "input": "isl", "osl": "osl", "output": "osl", "batch": "batch",
-         "bs": "batch", "concurrency": "concurrency", "conc": "concurrency", "name": "name"}
+         "bs": "batch", "concurrency": "concurrency", "conc": "concurrency", "name": "name",
+         "max_num_batched_tokens": "max_num_batched_tokens", "tokens": "max_num_batched_tokens",
+         "max_num_seqs": "max_num_seqs"}
 
 
 def parse_workload(text: str | Workload | dict) -> Workload:
-    """Parse ``"isl=8192,osl=1024,batch=64"`` (or ``concurrency=N``, optional ``name=...``)."""
+    """Parse ``"isl=8192,osl=1024,batch=64"`` (or ``concurrency=N``; optional ``name=...``,
+    ``max_num_batched_tokens=N``, ``max_num_seqs=N``)."""
     if isinstance(text, Workload):
         return text
     if isinstance(text, dict):
@@ -87,7 +154,8 @@ def parse_workload(text: str | Workload | dict) -> Workload:
             k, v = (s.strip() for s in part.split("=", 1))
             key = _KEYS.get(k.lower())
             if key is None:
-                raise InputError(f"unknown key {k!r}; expected isl, osl, batch or concurrency",
+                raise InputError(f"unknown key {k!r}; expected isl, osl, batch, concurrency, "
+                                 "max_num_batched_tokens or max_num_seqs",
                                  field="workload")
             if key == "name":
                 data[key] = v

@@ -103,6 +103,21 @@ class Efficiency(BaseModel):
     """Streaming from device memory, fraction of ``memory_bandwidth``."""
     link: EfficiencyCurve
     """Collectives over the scale-up link, fraction of ``interconnect.bandwidth``."""
+    attention_decode: EfficiencyCurve | None = None
+    """Attention KV-cache reads (decode, and chunked-prefill re-reads), fraction of
+    ``memory_bandwidth`` vs bytes read; absent: ``memory`` applies."""
+    ssm_state: EfficiencyCurve | None = None
+    """Mamba conv/SSM state read + write per decode step, fraction of ``memory_bandwidth``;
+    absent: ``memory`` applies."""
+    grouped_matmul_tokens: EfficiencyCurve | None = None
+    """MoE grouped GEMM, fraction of peak FLOP/s vs **routed tokens per expert**
+    (``tokens * top_k / experts``, not FLOPs); absent: ``grouped_matmul_prefill``."""
+
+    def kv_read(self) -> EfficiencyCurve:
+        return self.attention_decode or self.memory
+
+    def state_io(self) -> EfficiencyCurve:
+        return self.ssm_state or self.memory
 
     @field_validator("matmul")
     @classmethod
@@ -146,6 +161,12 @@ class HardwareProfile(BaseModel):
     """Last-level on-chip cache, bytes (informational)."""
     interconnect: Interconnect
     gpus_per_node: Figure
+    step_overhead_s: Figure | None = None
+    """Serving-engine seconds per engine step on this device (scheduling, sampling, graph
+    launch) not hidden behind GPU work; absent: 0."""
+    request_overhead_s: Figure | None = None
+    """Serving-engine seconds per request before its first token (admission, tokenization,
+    first-step setup) added to TTFT; absent: 0."""
 
     @field_validator("peak_flops")
     @classmethod
@@ -213,8 +234,11 @@ class HardwareProfile(BaseModel):
         for d, c in e.matmul.items():
             rows.append((f"matmul efficiency {d}", _curve_str(c), c.source))
         for key in ("attention", "grouped_matmul_prefill", "grouped_matmul_decode", "memory",
-                    "link"):
+                    "link", "attention_decode", "ssm_state", "grouped_matmul_tokens"):
             c = getattr(e, key)
+            if c is None:
+                rows.append((f"{key.replace('_', ' ')} efficiency", "not given", "see schema"))
+                continue
             rows.append((f"{key.replace('_', ' ')} efficiency", _curve_str(c), c.source))
         rows.append(("kernel overhead", f"{self.kernel_overhead_s.value * 1e6:.1f} us",
                      self.kernel_overhead_s.source))
@@ -228,6 +252,11 @@ class HardwareProfile(BaseModel):
                      ic.latency.source))
         rows.append(("GPUs per node", f"{int(self.gpus_per_node.value)}",
                      self.gpus_per_node.source))
+        for key, label in (("step_overhead_s", "engine step overhead"),
+                           ("request_overhead_s", "engine request overhead")):
+            f = getattr(self, key)
+            rows.append((label, "not given (0)" if f is None else f"{f.value * 1e3:.2f} ms",
+                         "" if f is None else f.source))
         return rows
 
 

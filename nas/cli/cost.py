@@ -34,8 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="context length (tokens) at which to report the largest concurrency that fits")
     p.add_argument("--reserve-gib", type=float, default=None,
                    help="runtime memory reserve per GPU in GiB (default 2)")
-    p.add_argument("--step-overhead-us", type=float, default=0.0,
-                   help="framework overhead per forward pass, microseconds (default 0)")
+    p.add_argument("--step-overhead-us", type=float, default=None,
+                   help="serving-engine overhead per engine step, microseconds (default: the "
+                   "profile's step_overhead_s, 0 where it has none)")
+    p.add_argument("--request-overhead-ms", type=float, default=None,
+                   help="serving-engine overhead per request added to TTFT, milliseconds "
+                   "(default: the profile's request_overhead_s)")
+    p.add_argument("--slo", default=None, metavar="SLO",
+                   help="'per_user_tps>=100' and/or 'ttft<=2s': for each workload, sweep the "
+                   "concurrency and report the best throughput that meets the SLO and fits")
     p.add_argument("--mtp", action="store_true",
                    help="serve with the config's MTP (multi-token prediction) blocks loaded: their "
                    "weights, KV and state count, and they run once per step (approximation: the "
@@ -55,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodels.memory import DEFAULT_RESERVE_BYTES
     from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
     from costmodels.parallel import check_parallel
+    from costmodels.serving import parse_slo, slo_throughput
     from costmodels.workload import parse_workload
     from hwprofiles.errors import InputError
     from nas.hf import load_config
@@ -82,10 +90,18 @@ def run(args: argparse.Namespace) -> int:
         table = BlockTable.concat([table, blocks_table(arch.mtp_blocks, arch.hidden_size), proj])
     shape = NonBlockShape(hidden=arch.hidden_size, vocab=arch.vocab_size,
                           tied=arch.tie_embeddings, final_norm=arch.final_norm)
-    overhead = args.step_overhead_us * 1e-6
+    overhead = None if args.step_overhead_us is None else args.step_overhead_us * 1e-6
+    req = None if args.request_overhead_ms is None else args.request_overhead_ms * 1e-3
+    for v, name in ((overhead, "--step-overhead-us"), (req, "--request-overhead-ms")):
+        if v is not None and v < 0:
+            raise InputError(f"must be >= 0, got {v}", field=name)
+    slo = parse_slo(args.slo) if args.slo is not None else None
+    if slo is not None and not wls:
+        raise InputError("--slo needs a --workload (its isl and osl)", field="--slo")
     priced = wls or [parse_workload("isl=1,osl=1,batch=1")]
     blocks = price_blocks(table, hw, recipe, priced, tp=args.tp, ep=args.ep)
-    nb = price_nonblock(shape, hw, recipe, priced, tp=args.tp, step_overhead_s=overhead)
+    nb = price_nonblock(shape, hw, recipe, priced, tp=args.tp, step_overhead_s=overhead,
+                        request_overhead_s=req)
     model = summarize(blocks, nb, hw, reserve_bytes=reserve)
     conc = (max_concurrency(blocks, nb, hw, args.context, reserve_bytes=reserve)
             if args.context is not None else None)
@@ -98,6 +114,14 @@ def run(args: argparse.Namespace) -> int:
     if conc is not None:
         out["max_concurrency"] = conc.max_concurrency
         out["concurrency"] = conc.to_dict()
+    slo_points = []
+    if slo is not None:
+        for w in wls:
+            pt = slo_throughput(table, shape, hw, recipe, w, slo, tp=args.tp, ep=args.ep,
+                                reserve_bytes=reserve, step_overhead_s=overhead,
+                                request_overhead_s=req)
+            slo_points.append((w, pt))
+        out["slo"] = [{"workload": w.name, **pt.to_dict()} for w, pt in slo_points]
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -119,6 +143,15 @@ def run(args: argparse.Namespace) -> int:
                   f"{w['throughput_node_tok_s']:>11,.0f} {w['per_user_tok_s']:>10,.1f}  {mem}")
         print("  (throughput: output tokens/s; per node = per GPU x "
               f"{hw.gpus_per_node.value:.0f} GPUs; GB = 10^9 bytes, GiB = 2^30 bytes)")
+    for w, pt in slo_points:
+        if not pt.feasible:
+            print(f"  SLO {pt.slo.label()} at isl={w.isl},osl={w.osl}: no concurrency meets it "
+                  f"(max concurrency that fits: {pt.max_concurrency})")
+            continue
+        print(f"  SLO {pt.slo.label()} at isl={w.isl},osl={w.osl}: best concurrency "
+              f"{pt.concurrency} (of {len(pt.met)} swept, up to {pt.max_concurrency} fit) -> "
+              f"{pt.throughput_tok_s:,.0f} tok/s/GPU, {pt.throughput_node_tok_s:,.0f} tok/s/node, "
+              f"{pt.per_user_tok_s:,.1f} tok/s/user, TTFT {pt.ttft_s * 1e3:,.0f} ms")
     if conc is not None:
         c = conc
         print(f"  max concurrency at context {c.context:,} tokens: {c.max_concurrency}")

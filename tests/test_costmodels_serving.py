@@ -1,0 +1,102 @@
+"""Serving-model identities: chunked prefill vs batch mode, monotone throughput, SLO sweeps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hwprofiles
+from costmodels.dtypes import get_recipe
+from costmodels.model import NonBlockShape, price_model
+from costmodels.serving import concurrency_grid, parse_slo, slo_throughput
+from costmodels.shapes import BlockTable, Kind
+from costmodels.workload import UNLIMITED
+from hwprofiles.errors import InputError
+
+H100 = hwprofiles.get("h100-sxm")
+FP8 = get_recipe("fp8")
+ATT = dict(kind=Kind.ATTENTION, hidden=4096, n_heads=32, n_kv_heads=8, head_dim=128)
+FFN = dict(kind=Kind.FFN, hidden=4096, ffn_width=14336, gated=1)
+LLAMA8B = BlockTable.from_rows([ATT, FFN] * 32)
+NB = NonBlockShape(hidden=4096, vocab=128256)
+MAMBA = dict(kind=Kind.MAMBA, hidden=4096, m_heads=128, m_head_dim=64, state=128, groups=8,
+             conv_kernel=4, conv_bias=1)
+MOE = dict(kind=Kind.MOE, hidden=4096, experts=512, top_k=22, expert_width=2688,
+           shared_width=5376, latent=1024, router_bias=1)
+HYBRID = BlockTable.from_rows([MAMBA, MOE, dict(ATT, n_kv_heads=2), MOE] * 4)
+
+FIELDS = ("ttft_s", "tpot_s", "latency_s", "runtime_s", "throughput_tok_s", "per_user_tok_s",
+          "memory_bytes")
+
+
+@pytest.mark.parametrize("table", [LLAMA8B, HYBRID], ids=["dense", "hybrid-moe"])
+@pytest.mark.parametrize("isl,osl,b", [(128, 128, 64), (8192, 1024, 16), (2048, 128, 200)])
+def test_chunked_prefill_with_unlimited_budget_is_batch_mode(table, isl, osl, b):
+    batch = price_model(table, NB, H100, FP8, [f"isl={isl},osl={osl},batch={b}"])
+    cont = price_model(table, NB, H100, FP8, [f"isl={isl},osl={osl},concurrency={b},"
+                                              f"max_num_batched_tokens={UNLIMITED},"
+                                              f"max_num_seqs={UNLIMITED}"])
+    for f in FIELDS:
+        np.testing.assert_allclose(getattr(cont, f), getattr(batch, f), rtol=1e-12, err_msg=f)
+    # with the default 8192-token budget, a cohort larger than one step is chunked: each
+    # chunk re-reads the weights, so the cohort's prefill costs more, the mean TTFT less
+    chunked = price_model(table, NB, H100, FP8, [f"isl={isl},osl={osl},concurrency={b}"])
+    if b * isl > 8192:
+        assert chunked.runtime_s[0] > batch.runtime_s[0]
+        assert chunked.ttft_s[0] < batch.ttft_s[0]
+    else:
+        assert chunked.runtime_s[0] == pytest.approx(batch.runtime_s[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("table,recipe", [(LLAMA8B, FP8), (HYBRID, get_recipe("nvfp4-super"))])
+@pytest.mark.parametrize("isl,osl", [(128, 2048), (2048, 128), (8192, 8192)])
+def test_throughput_monotone_in_concurrency_until_memory_binds(table, recipe, isl, osl):
+    grid = list(range(1, 40)) + list(range(40, 40000, 97))
+    m = price_model(table, NB, H100, recipe, [f"isl={isl},osl={osl},concurrency={c},"
+                                              f"max_num_seqs={UNLIMITED}" for c in grid])
+    fits = m.fits
+    assert fits[0] and not fits.all()  # memory binds somewhere in the sweep
+    n = int(np.argmin(fits))  # first point that does not fit
+    assert fits[:n].all() and not fits[n:].any()
+    thr = m.throughput_tok_s[:n]
+    assert np.all(np.diff(thr) >= -1e-9 * thr[1:])
+    assert np.all(np.diff(m.per_user_tok_s[:n]) <= 1e-9 * m.per_user_tok_s[1:n])
+
+
+def test_slo_throughput_is_best_point_of_explicit_sweep():
+    wl = "isl=1000,osl=1000,concurrency=1"
+    grid = [1, 2, 5, 9, 17, 33, 64, 100, 128, 200, 256, 400, 512, 700, 1024, 1500, 2048]
+    for slo in ("per_user_tps>=60", "ttft<=300ms", "per_user_tps>=30,ttft<=2s", None):
+        pt = slo_throughput(LLAMA8B, NB, H100, FP8, wl, slo, concurrencies=grid)
+        m = price_model(LLAMA8B, NB, H100, FP8, [f"isl=1000,osl=1000,concurrency={c}"
+                                                  for c in grid])
+        s = parse_slo(slo)
+        ok = m.fits.copy()
+        if s.per_user_tps is not None:
+            ok &= m.per_user_tok_s >= s.per_user_tps
+        if s.ttft_s is not None:
+            ok &= m.ttft_s <= s.ttft_s
+        best = int(np.argmax(np.where(ok, m.throughput_tok_s, -1)))
+        assert pt.concurrency == grid[best]
+        assert pt.throughput_tok_s == pytest.approx(m.throughput_tok_s[best], rel=1e-12)
+        assert pt.per_user_tok_s == pytest.approx(m.per_user_tok_s[best], rel=1e-12)
+    # an SLO nobody meets
+    assert slo_throughput(LLAMA8B, NB, H100, FP8, wl, "per_user_tps>=1e6").concurrency == 0
+    # the default grid reaches the memory limit and holds every integer up to 16
+    pt = slo_throughput(LLAMA8B, NB, H100, FP8, "isl=8192,osl=8192,concurrency=1")
+    swept = [w.sequences for w in pt.sweep.workloads]
+    assert swept[:16] == list(range(1, 17)) and swept[-1] == pt.max_concurrency
+    assert pt.concurrency == pt.max_concurrency  # no SLO: memory binds
+
+
+def test_concurrency_grid_and_slo_parsing():
+    g = concurrency_grid(1000)
+    assert g[0] == 1 and g[-1] == 1000 and g == sorted(set(g))
+    assert max(b / a for a, b in zip(g[15:], g[16:])) <= 1.1  # ~1/16 steps, rounded
+    assert parse_slo("per_user_tps>=100").per_user_tps == 100
+    assert parse_slo("ttft<=2s").ttft_s == 2.0 and parse_slo("ttft_ms<=500").ttft_s == 0.5
+    both = parse_slo("per_user_tps >= 20 and ttft<=250ms")
+    assert (both.per_user_tps, both.ttft_s) == (20, 0.25)
+    for bad in ("per_user_tps<=100", "ttft>=1", "speed>=3", "per_user_tps>=-1"):
+        with pytest.raises(InputError):
+            parse_slo(bad)
