@@ -10,7 +10,6 @@ Face checkpoints (``q_proj``, ``gate_proj`` ...) so that export is mostly a pref
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -63,42 +62,93 @@ class RMSNorm(nn.Module):
 
 
 def scaled_inv_freq(inv: torch.Tensor, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Apply an HF ``rope_scaling`` to RoPE inverse frequencies.
+    """Apply an HF ``rope_scaling`` of type ``linear`` or ``llama3`` to RoPE inverse
+    frequencies (``default`` / ``None``: unchanged).
 
     ``linear`` divides every frequency by ``factor``; ``llama3`` (Llama-3.1) keeps
     wavelengths shorter than ``original_max_position_embeddings / high_freq_factor``,
     divides those longer than ``original / low_freq_factor`` by ``factor`` and blends
-    linearly in between. ``default`` / ``None`` leave them as they are; other types (YaRN,
-    dynamic NTK) are not modeled: :class:`AttentionMixer` warns once and uses plain RoPE.
+    linearly in between. YaRN needs the head dim and theta: see :func:`rope_inv_freq`.
+    Any other type raises ``ValueError`` (never approximated).
     """
     if not scaling:
         return inv
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return inv
-    factor = float(scaling["factor"])
     if kind == "linear":
-        return inv / factor
+        return inv / float(scaling["factor"])
     if kind == "llama3":
-        lo_f = float(scaling.get("low_freq_factor", 1.0))
-        hi_f = float(scaling.get("high_freq_factor", 4.0))
-        orig = float(scaling.get("original_max_position_embeddings", 8192))
+        factor = float(scaling["factor"])
+        lo_f = float(scaling["low_freq_factor"])
+        hi_f = float(scaling["high_freq_factor"])
+        orig = float(scaling["original_max_position_embeddings"])
         wavelen = 2 * math.pi / inv
         smooth = ((orig / wavelen - lo_f) / (hi_f - lo_f)).clamp(0.0, 1.0)
         return (1 - smooth) * inv / factor + smooth * inv
-    return inv
+    raise ValueError(f"RoPE type {kind!r} is not computed here (supported: default, linear, "
+                     "llama3, yarn)")
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None,
+                  device: torch.device | None = None) -> tuple[torch.Tensor, float]:
+    """RoPE inverse frequencies ``(head_dim / 2,)`` and the factor cos/sin are scaled by.
+
+    Types: ``default``, ``linear``, ``llama3`` (:func:`scaled_inv_freq`) and ``yarn``
+    (YaRN, arXiv 2309.00071, as transformers computes it: frequencies blended between
+    interpolation ``/ factor`` and extrapolation by a linear ramp over the dimensions whose
+    rotation counts at ``original_max_position_embeddings`` fall between ``beta_slow`` and
+    ``beta_fast`` (bounds floored / ceiled unless ``truncate`` is false); cos and sin scaled
+    by ``attention_factor``, default ``0.1 ln(factor) + 1``, or the ratio of the ``mscale`` /
+    ``mscale_all_dim`` forms when both are given).
+    """
+    pos = theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    inv = 1.0 / pos
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind != "yarn":
+        return scaled_inv_freq(inv, scaling), 1.0
+    assert scaling is not None
+    factor = float(scaling["factor"])
+    orig = float(scaling["original_max_position_embeddings"])
+    att = scaling.get("attention_factor")
+    if att is None:
+        ms, ms_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        att = _yarn_mscale(factor, ms) / _yarn_mscale(factor, ms_all) if ms and ms_all \
+            else _yarn_mscale(factor)
+    beta_fast = scaling.get("beta_fast") or 32.0
+    beta_slow = scaling.get("beta_slow") or 1.0
+
+    def corr_dim(rot: float) -> float:
+        return head_dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device=device) - low)
+            / (high - low)).clamp(0, 1)
+    extrapolate = 1 - ramp
+    inv = (1.0 / (factor * pos)) * (1 - extrapolate) + inv * extrapolate
+    return inv, float(att)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
                 dtype: torch.dtype, scaling: dict[str, Any] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables ``(length, head_dim)`` for rotate-half RoPE (HF Llama layout)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
-                                        device=positions.device) / head_dim))
-    inv = scaled_inv_freq(inv, scaling)
+    inv, att = rope_inv_freq(head_dim, theta, scaling, positions.device)
     ang = positions.float()[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos().to(dtype), ang.sin().to(dtype)
+    cos, sin = ang.cos(), ang.sin()
+    if att != 1.0:
+        cos, sin = cos * att, sin * att
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -121,9 +171,9 @@ class AttentionMixer(nn.Module):
         if cfg.rope and cfg.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {cfg.head_dim}")
         kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type"))
-        if cfg.rope and kind not in (None, "default", "linear", "llama3"):
-            warnings.warn(f"rope_scaling type {kind!r} is not modeled; using plain RoPE",
-                          stacklevel=2)
+        if cfg.rope and kind not in (None, "default", "linear", "llama3", "yarn"):
+            raise ValueError(f"RoPE type {kind!r} is not computed here (supported: default, "
+                             "linear, llama3, yarn)")
         self.rope_scaling = rope_scaling
         self.cfg = cfg
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim

@@ -101,9 +101,13 @@ class MambaMixer(nn.Module):
     """Mamba-2 mixer; cache entries ``conv`` (b, conv channels, kernel-1) and ``ssm``
     (b, heads, head_dim, state)."""
 
-    def __init__(self, cfg: Mamba, hidden: int, eps: float = 1e-5, chunk_size: int = 64):
+    def __init__(self, cfg: Mamba, hidden: int, eps: float = 1e-5, chunk_size: int = 64,
+                 dt_limit: tuple[float, float] = (0.0, math.inf)):
         super().__init__()
         self.cfg = cfg
+        # whole-sequence passes clamp dt = softplus(.) to dt_limit, as transformers' chunked
+        # scan does (its single-token step, like mamba_ssm's, does not clamp)
+        self.dt_limit = (float(dt_limit[0]), float(dt_limit[1]))
         self.H, self.P, self.N, self.G = cfg.num_heads, cfg.head_dim, cfg.state_size, cfg.n_groups
         self.inner = self.H * self.P
         self.conv_dim = self.inner + 2 * self.G * self.N
@@ -123,14 +127,18 @@ class MambaMixer(nn.Module):
     def _split(self, proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return torch.split(proj, [self.inner, self.conv_dim, self.H], dim=-1)  # type: ignore
 
-    def _ssm_args(self, xbc: torch.Tensor, dt_raw: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Split the conv output into x, B, C (expanded to heads) and prepare dt and A."""
+    def _ssm_args(self, xbc: torch.Tensor, dt_raw: torch.Tensor, clamp: bool = True
+                  ) -> tuple[torch.Tensor, ...]:
+        """Split the conv output into x, B, C (expanded to heads) and prepare dt (clamped to
+        ``dt_limit`` when ``clamp``) and A."""
         lead = xbc.shape[:-1]
         xs, B, C = torch.split(xbc, [self.inner, self.G * self.N, self.G * self.N], dim=-1)
         rep = self.H // self.G
         B = B.reshape(*lead, self.G, self.N).repeat_interleave(rep, dim=-2)
         C = C.reshape(*lead, self.G, self.N).repeat_interleave(rep, dim=-2)
         dt = F.softplus(dt_raw.float() + self.dt_bias.float())
+        if clamp and self.dt_limit != (0.0, math.inf):
+            dt = dt.clamp(self.dt_limit[0], self.dt_limit[1])
         A = -torch.exp(self.A_log.float())
         return xs.reshape(*lead, self.H, self.P), dt, A, B, C
 
@@ -187,7 +195,7 @@ class MambaMixer(nn.Module):
         if self.conv1d.bias is not None:
             out = out + self.conv1d.bias
         cache["conv"] = window[..., 1:]
-        xs, dt, A, B, C = self._ssm_args(F.silu(out), dt_raw)
+        xs, dt, A, B, C = self._ssm_args(F.silu(out), dt_raw, clamp=False)
         y, cache["ssm"] = ssd_step(xs, dt, A, B, C, cache["ssm"])
         return y + xs.float() * self.D.float()[:, None]
 

@@ -10,6 +10,7 @@ them too.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,7 +35,10 @@ def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
         return AttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps,
                               arch.hf_extra.get("rope_scaling"))
     if isinstance(cfg, Mamba):
-        return MambaMixer(cfg, h, arch.norm_eps)
+        extra = arch.hf_extra
+        lim = extra.get("time_step_limit") or [0.0, math.inf]
+        lo = max(float(lim[0]), float(extra.get("time_step_min") or 0.0))
+        return MambaMixer(cfg, h, arch.norm_eps, dt_limit=(lo, float(lim[1])))
     if isinstance(cfg, MoE):
         return MoEMixer(cfg, h)
     if isinstance(cfg, FFN):
@@ -141,5 +145,15 @@ class CausalLM(nn.Module):
             blk.reset_parameters(std, out_std)
 
     def num_parameters(self) -> int:
-        """Number of parameter elements (each tensor once)."""
+        """Number of parameter elements (each tensor once), as transformers counts them."""
         return sum(p.numel() for p in self.parameters())
+
+    def num_stored(self) -> int:
+        """Elements a checkpoint stores: parameters plus persistent buffers (MoE router
+        correction biases). Equals ``arch.param_counts().total``, which counts every stored
+        weight."""
+        skip = {n for n, m in self.named_modules()
+                for b in getattr(m, "_non_persistent_buffers_set", ())
+                for n in [f"{n}.{b}" if n else b]}
+        return self.num_parameters() + sum(b.numel() for n, b in self.named_buffers()
+                                           if n not in skip)

@@ -140,9 +140,8 @@ class _Router(nn.Module):
     def __init__(self, hidden: int, experts: int, bias: bool):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(experts, hidden))
-        if bias:
-            self.e_score_correction_bias = nn.Parameter(torch.zeros(experts),
-                                                        requires_grad=False)
+        if bias:  # a buffer, as in transformers: selection only, never trained by SGD
+            self.register_buffer("e_score_correction_bias", torch.zeros(experts))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.weight.t()
