@@ -79,6 +79,8 @@ class _Reader:
 
     def float(self, key: str, default: Any = _MISSING) -> Any:
         v = self.raw(key, default)
+        if v is None and default is None:
+            return None
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             raise self.err(key, f"expected a number, got {v!r}")
         return float(v)
@@ -125,7 +127,8 @@ def from_hf(cfg: Any, source: str = "config") -> ModelArch:
         raise InputError(f"unsupported model_type {mt!r}; expected one of "
                          f"{', '.join(SUPPORTED_TYPES)}", path=source, field="model_type")
     r = _Reader(cfg, source)
-    r.used.update({"model_type", "architectures"})
+    r.used.update({"model_type", "architectures", "torch_dtype", "dtype",
+                   "transformers_version"})
     if mt in LLAMA_LIKE or mt in MOE_LIKE:
         blocks, kw = _import_llama_like(r, mt)
         mtp: list[_Block] = []
@@ -135,6 +138,7 @@ def from_hf(cfg: Any, source: str = "config") -> ModelArch:
     else:
         blocks, mtp, kw = _import_nemotron_h(r, mt)
     extra = {k: v for k, v in cfg.items() if k not in r.used}
+    extra.update(kw.pop("_extra", {}))
     try:
         return ModelArch(blocks=tuple(blocks), mtp_blocks=tuple(mtp), model_type=mt,
                          hf_extra_json=json.dumps(extra, sort_keys=True), **kw)
@@ -144,43 +148,196 @@ def from_hf(cfg: Any, source: str = "config") -> ModelArch:
                          field=".".join(str(p) for p in e["loc"])) from None
 
 
-def _common(r: _Reader, eps_key: str, eps_default: float) -> dict[str, Any]:
-    return dict(
+def _common(r: _Reader, eps_key: str, eps_default: float, mt: str) -> dict[str, Any]:
+    _refuse_unsupported(r)
+    theta, scaling = _rope(r, mt)
+    kw: dict[str, Any] = dict(
         hidden_size=r.int("hidden_size"),
         vocab_size=r.int("vocab_size"),
         tie_embeddings=r.bool("tie_word_embeddings", False),
         norm_eps=r.float(eps_key, eps_default),
-        rope_theta=r.float("rope_theta", 10000.0),
+        rope_theta=theta,
     )
+    if scaling is not None:
+        kw["_extra"] = {"rope_scaling": scaling}
+    return kw
+
+
+# Fields of other families that change numerics and that no supported type computes: present
+# with any value other than the neutral one(s), they are an error naming the field.
+_UNSUPPORTED_NUMERIC: dict[str, tuple[Any, ...]] = {
+    "partial_rotary_factor": (None, 1, 1.0),
+    "attn_logit_softcapping": (None,), "final_logit_softcapping": (None,),
+    "logit_scale": (None, 1, 1.0), "logits_scaling": (None, 1, 1.0),
+    "attention_multiplier": (None,), "embedding_multiplier": (None, 1, 1.0),
+    "residual_multiplier": (None, 1, 1.0), "query_pre_attn_scalar": (None,),
+    "rope_interleave": (None, False), "use_qk_norm": (None, False),
+    "mrope_section": (None,), "moe_layer_freq": (None, 1),
+}
+
+# RoPE types: the keys each one reads (beyond rope_type / rope_theta); anything else in the
+# dict is an error naming it. Types not listed are refused.
+_ROPE_KEYS: dict[str, frozenset[str]] = {
+    "default": frozenset(),
+    "linear": frozenset({"factor"}),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"}),
+    "yarn": frozenset({"factor", "original_max_position_embeddings", "attention_factor",
+                       "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}),
+}
+_ROPE_REFUSED = {
+    "dynamic": "dynamic NTK scaling changes the frequencies with the sequence length at run "
+               "time and is not implemented",
+    "longrope": "LongRoPE (per-dimension factors) is not implemented",
+    "su": "LongRoPE (per-dimension factors) is not implemented",
+    "mrope": "multimodal RoPE is not implemented",
+}
+
+
+def _refuse_unsupported(r: _Reader) -> None:
+    for key, neutral in _UNSUPPORTED_NUMERIC.items():
+        if key in r.cfg:
+            r.used.add(key)
+            if r.cfg[key] not in neutral:
+                raise r.err(key, f"{r.cfg[key]!r} changes the numerics in a way this library "
+                            "does not compute (supported: absent"
+                            + "".join(f" or {v!r}" for v in neutral if v is not None) + ")")
+
+
+def _rope(r: _Reader, mt: str) -> tuple[float, dict[str, Any] | None]:
+    """``(rope_theta, scaling)`` from either spelling: transformers 5.x ``rope_parameters``
+    (``{rope_theta, rope_type, ...}``) or 4.x top-level ``rope_theta`` + ``rope_scaling``.
+
+    As transformers does: ``rope_scaling`` wins over ``rope_parameters``; the theta inside
+    the dict wins over the top-level one, which wins over the type's default (10,000;
+    1,000,000 for mixtral); ``original_max_position_embeddings`` of llama3 / YaRN defaults to
+    ``max_position_embeddings``. ``scaling`` is ``None`` for plain RoPE, else a dict with
+    ``rope_type`` and that type's parameters.
+    """
+    default_theta = 1e6 if mt == "mixtral" else 10000.0
+    top = r.float("rope_theta", None)
+    params, key = r.raw("rope_scaling", None), "rope_scaling"
+    if params is None:
+        params, key = r.raw("rope_parameters", None), "rope_parameters"
+    else:
+        r.used.add("rope_parameters")
+    if params is None:
+        return (default_theta if top is None else top), None
+    if not isinstance(params, dict):
+        raise r.err(key, f"expected an object, got {params!r}")
+    if params and all(isinstance(v, dict) or v is None for v in params.values()):
+        raise r.err(key, "per-layer-type RoPE parameters are not supported")
+    sub = _Reader(params, r.source, prefix=f"{key}.")
+    theta = sub.float("rope_theta", None)
+    theta = theta if theta is not None else (default_theta if top is None else top)
+    if theta <= 0:
+        raise sub.err("rope_theta", f"expected a positive number, got {theta}")
+    sub.float("partial_rotary_factor", None)
+    if params.get("partial_rotary_factor") not in (None, 1, 1.0):
+        raise sub.err("partial_rotary_factor", "partial rotary embeddings are not supported")
+    kind = params.get("rope_type", params.get("type", "default"))
+    sub.used.update({"rope_type", "type"})
+    if kind in _ROPE_REFUSED:
+        raise sub.err("rope_type", f"{kind!r}: {_ROPE_REFUSED[kind]}")
+    if kind not in _ROPE_KEYS:
+        raise sub.err("rope_type", f"unknown RoPE type {kind!r}; supported: "
+                      + ", ".join(_ROPE_KEYS))
+    unknown = sorted(set(params) - _ROPE_KEYS[kind] - sub.used)
+    if unknown:
+        raise sub.err(unknown[0], f"not a parameter of RoPE type {kind!r} (it would change "
+                      "the numerics in a way this library does not compute)")
+    if kind == "default":
+        return theta, None
+    out: dict[str, Any] = {"rope_type": kind}
+    if kind in ("llama3", "yarn"):
+        orig = params.get("original_max_position_embeddings")
+        if orig is None:
+            orig = r.cfg.get("original_max_position_embeddings")
+        if orig is None:
+            orig = _Reader(r.cfg, r.source).int("max_position_embeddings")
+        out["original_max_position_embeddings"] = _Reader(
+            {"original_max_position_embeddings": orig}, r.source, f"{key}.").int(
+            "original_max_position_embeddings")
+    if kind == "yarn":
+        factor = sub.float("factor", None)
+        if factor is None:
+            factor = _Reader(r.cfg, r.source).int("max_position_embeddings") / out["original_max_position_embeddings"]
+        out["factor"] = factor
+        for k in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            v = sub.float(k, None)
+            if v is not None:
+                out[k] = v
+        out["truncate"] = sub.bool("truncate", True)
+    else:
+        out["factor"] = sub.float("factor")
+    if kind == "llama3":
+        out["low_freq_factor"] = sub.float("low_freq_factor")
+        out["high_freq_factor"] = sub.float("high_freq_factor")
+        if out["high_freq_factor"] <= out["low_freq_factor"]:
+            raise sub.err("high_freq_factor", "must exceed low_freq_factor")
+    if out["factor"] <= 0:
+        raise sub.err("factor", f"expected a positive number, got {out['factor']}")
+    return theta, out
 
 
 def _windows(r: _Reader, mt: str, n: int) -> list[int | None]:
-    """Sliding window per layer for the llama-like families."""
-    if mt in ("llama",):
+    """Sliding window per layer for the llama-like families, as transformers 5.x derives it.
+
+    ``sliding_window`` 0 or null is off. mistral: one window for every layer (4096 when the
+    key is absent, transformers' default); mixtral: the same, default off. qwen2 / qwen3 /
+    qwen*_moe: the window applies only with ``use_sliding_window``, to the layers that
+    ``layer_types`` marks ``sliding_attention``; without ``layer_types``, qwen2 / qwen3 mark
+    layers ``>= max_window_layers`` and qwen2_moe the even layers ``< max_window_layers``.
+    """
+    if mt == "llama":
         return [None] * n
-    window = r.int("sliding_window", None)
+    default = 4096 if mt != "mixtral" else None
+    window = r.int("sliding_window", default, minimum=0) if "sliding_window" in r.cfg \
+        else default
+    r.used.add("sliding_window")
+    window = window or None
     if mt in ("mistral", "mixtral"):
+        if "layer_types" in r.cfg:
+            raise r.err("layer_types", f"{mt} has one attention type for every layer")
         return [window] * n
     use = r.bool("use_sliding_window", False)
-    first = r.int("max_window_layers", n, minimum=0)
+    if not use:
+        window = None
+    first = r.int("max_window_layers", 28, minimum=0)
     types = r.raw("layer_types", None)
     if types is not None:
-        if not isinstance(types, list) or len(types) != n:
-            raise r.err("layer_types", f"expected a list of {n} layer types")
+        if not isinstance(types, list) or len(types) != n or not all(
+                t in ("sliding_attention", "full_attention") for t in types):
+            raise r.err("layer_types", f"expected a list of {n} layer types "
+                        "(full_attention or sliding_attention)")
         return [window if t == "sliding_attention" else None for t in types]
-    return [window if (use and window and i >= first) else None for i in range(n)]
+    if mt == "qwen2_moe":
+        return [window if (i % 2 == 0 and i < first) else None for i in range(n)]
+    return [window if i >= first else None for i in range(n)]
+
+
+def _experts(r: _Reader) -> int:
+    """The routed-expert count under either name (``num_local_experts`` is what mixtral and
+    transformers 5.x qwen3_moe write, ``num_experts`` what qwen*_moe 4.x wrote)."""
+    a, b = r.cfg.get("num_local_experts"), r.cfg.get("num_experts")
+    r.used.update({"num_local_experts", "num_experts"})
+    if a is not None and b is not None and a != b:
+        raise r.err("num_experts", f"is {b} but num_local_experts is {a}")
+    return r.int("num_local_experts") if a is not None else r.int("num_experts")
 
 
 def _import_llama_like(r: _Reader, mt: str) -> tuple[list[_Block], dict[str, Any]]:
-    kw = _common(r, "rms_norm_eps", 1e-6)
+    kw = _common(r, "rms_norm_eps", 1e-5 if mt == "mixtral" else 1e-6, mt)
     h = kw["hidden_size"]
     n = r.int("num_hidden_layers")
     heads = r.int("num_attention_heads")
     kv = r.int("num_key_value_heads", heads)
     head_dim = r.int("head_dim", None) or h // heads
     act = r.str("hidden_act", "silu")
-    if mt in ("qwen2", "qwen2_moe"):
+    if mt == "qwen2":
         qkv_bias, o_bias = True, False
+    elif mt == "qwen2_moe":  # transformers 5.x writes qkv_bias (default true)
+        qkv_bias, o_bias = r.bool("qkv_bias", True), False
     elif mt in ("mistral", "mixtral"):
         qkv_bias = o_bias = False
     else:
@@ -193,11 +350,11 @@ def _import_llama_like(r: _Reader, mt: str) -> tuple[list[_Block], dict[str, Any
     moe_layers: set[int] = set()
     moe: _Block | None = None
     if mt == "mixtral":
-        moe = _block(MoE, r, num_experts=r.int("num_local_experts"),
+        moe = _block(MoE, r, num_experts=_experts(r),
                      top_k=r.int("num_experts_per_tok"), expert_width=inter, activation=act)
         moe_layers = set(range(n))
     elif mt in ("qwen2_moe", "qwen3_moe"):
-        n_exp = r.int("num_experts")
+        n_exp = _experts(r)
         step = r.int("decoder_sparse_step", 1)
         mlp_only = r.raw("mlp_only_layers", [])
         if not isinstance(mlp_only, list) or not all(isinstance(i, int) for i in mlp_only):
@@ -230,7 +387,7 @@ def _ffn_width_from_mult(mult: float, hidden: int) -> int:
 
 
 def _import_decilm(r: _Reader) -> tuple[list[_Block], dict[str, Any]]:
-    kw = _common(r, "rms_norm_eps", 1e-5)
+    kw = _common(r, "rms_norm_eps", 1e-5, "nemotron-nas")
     h = kw["hidden_size"]
     heads = r.int("num_attention_heads")
     head_dim = r.int("head_dim", None) or h // heads
@@ -277,11 +434,21 @@ def _import_decilm(r: _Reader) -> tuple[list[_Block], dict[str, Any]]:
 def _nemotron_block(btype: str, r: _Reader, h: int) -> _Block:
     """One Nemotron-H block from (top-level defaults overlaid with per-block overrides)."""
     if btype == "mamba":
+        act = r.str("mamba_hidden_act", "silu")
+        if act != "silu":
+            raise r.err("mamba_hidden_act", f"only silu is supported, got {act!r}")
+        # transformers (5.x and NVIDIA's remote code) bias the Mamba in/out projections by
+        # use_bias; mamba_proj_bias is what this library wrote before and must agree
+        bias = r.bool("use_bias", False)
+        if r.raw("mamba_proj_bias", None) not in (None, bias):
+            raise r.err("mamba_proj_bias", f"is {r.cfg['mamba_proj_bias']!r} but use_bias "
+                        f"(what transformers biases the Mamba projections by) is {bias}")
         return _block(Mamba, r, num_heads=r.int("mamba_num_heads"),
                       head_dim=r.int("mamba_head_dim"), state_size=r.int("ssm_state_size"),
-                      n_groups=r.int("n_groups", 1), conv_kernel=r.int("conv_kernel", 4),
-                      conv_bias=r.bool("use_conv_bias", True),
-                      proj_bias=r.bool("mamba_proj_bias", False))
+                      n_groups=_alias(r, "n_groups", "mamba_n_groups", 8),
+                      conv_kernel=_alias(r, "conv_kernel", "mamba_d_conv", 4),
+                      conv_bias=_alias(r, "use_conv_bias", "mamba_conv_bias", True),
+                      proj_bias=bias)
     if btype == "attention":
         heads = r.int("num_attention_heads")
         qkv_bias = r.bool("attention_bias", False)
@@ -291,6 +458,13 @@ def _nemotron_block(btype: str, r: _Reader, h: int) -> _Block:
                       rope=r.bool("use_rope", False), qk_norm=r.bool("qk_norm", False),
                       qkv_bias=qkv_bias, o_bias=r.bool("attention_o_bias", qkv_bias))
     if btype == "moe":
+        n_group, topk_group = r.int("n_group", 1), r.int("topk_group", 1)
+        if topk_group < n_group:
+            raise r.err("topk_group", f"group-limited routing (top {topk_group} of {n_group} "
+                        "expert groups) is not supported")
+        if r.bool("mlp_bias", False):
+            raise r.err("mlp_bias", "MoE blocks with biased shared-expert / latent "
+                        "projections are not supported")
         shared = r.int("moe_shared_expert_intermediate_size", 0, minimum=0) * \
             r.int("n_shared_experts", 1, minimum=0)
         return _block(MoE, r, num_experts=r.int("n_routed_experts"),
@@ -315,8 +489,54 @@ def _nemotron_block(btype: str, r: _Reader, h: int) -> _Block:
                 "moe, mlp, linear or noop")
 
 
+def _alias(r: _Reader, key: str, old: str, default: Any) -> Any:
+    """A field under its transformers 5.x name or its older alias (which must agree)."""
+    get = r.bool if isinstance(default, bool) else r.int
+    if r.cfg.get(old) is not None:
+        v = get(old)
+        if r.cfg.get(key) is not None and get(key) != v:
+            raise r.err(key, f"is {r.cfg[key]!r} but {old} is {v!r}")
+        r.used.add(key)
+        return v
+    r.used.add(old)
+    return get(key, default)
+
+
+def _hf_float(v: Any) -> Any:
+    """transformers 5.x writes infinities as ``{"__float__": "Infinity"}``."""
+    if isinstance(v, dict) and set(v) == {"__float__"}:
+        try:
+            return float(v["__float__"])
+        except (TypeError, ValueError):
+            return v
+    return v
+
+
+def _time_step(r: _Reader) -> dict[str, Any]:
+    """Mamba time-step clamp fields (both spellings), as ``{"time_step_min": lo,
+    "time_step_limit": [lo, hi]}`` (``hi`` may be ``inf``)."""
+    lo_min = _Reader({"time_step_min": r.cfg.get("mamba_dt_min", r.cfg.get("time_step_min"))},
+                     r.source).float("time_step_min", 0.001)
+    r.used.update({"time_step_min", "mamba_dt_min"})
+    key = "mamba_dt_limit" if r.cfg.get("mamba_dt_limit") is not None else "time_step_limit"
+    lim = r.raw(key, [0.0, math.inf])
+    r.used.update({"time_step_limit", "mamba_dt_limit"})
+    lim = [_hf_float(v) for v in lim] if isinstance(lim, list | tuple) else lim
+    if not (isinstance(lim, list) and len(lim) == 2 and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in lim)
+            and 0 <= lim[0] <= lim[1]):
+        raise r.err(key, f"expected [low, high] with 0 <= low <= high, got {r.cfg[key]!r}")
+    if lo_min < 0:
+        raise r.err("time_step_min", f"expected a number >= 0, got {lo_min}")
+    return {"time_step_min": lo_min, "time_step_limit": [float(lim[0]), float(lim[1])]}
+
+
+_LAYER_TYPES = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "attention",
+                "attention": "attention", "moe": "moe", "mlp": "mlp"}
+
+
 def _import_nemotron_h(r: _Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
-    kw = _common(r, "layer_norm_epsilon", 1e-5)
+    kw = _common(r, "layer_norm_epsilon", 1e-5, mt)
     h = kw["hidden_size"]
     cfg = r.cfg
 
@@ -341,6 +561,14 @@ def _import_nemotron_h(r: _Reader, mt: str) -> tuple[list[_Block], list[_Block],
             ovs.append({k: v for k, v in bc.items() if k != "block_type"})
         return types, ovs
 
+    def from_list(key: str) -> list[str]:
+        types = r.raw(key)
+        if not isinstance(types, list) or not types or \
+                not all(t in _LAYER_TYPES for t in types):
+            raise r.err(key, "expected a non-empty list of linear_attention (Mamba), "
+                        "full_attention, moe or mlp")
+        return [_LAYER_TYPES[t] for t in types]
+
     def from_pattern(key: str) -> list[str]:
         pat = r.str(key)
         bad = sorted(set(pat) - set(_PATTERN))
@@ -353,6 +581,13 @@ def _import_nemotron_h(r: _Reader, mt: str) -> tuple[list[_Block], list[_Block],
         if not types:
             raise r.err("block_configs", "expected at least one block")
         field = "block_configs"
+    elif cfg.get("layers_block_type") is not None:  # transformers 5.x
+        types = from_list("layers_block_type")
+        ovs = [{} for _ in types]
+        field = "layers_block_type"
+        if cfg.get("hybrid_override_pattern") is not None and \
+                from_pattern("hybrid_override_pattern") != types:
+            raise r.err("hybrid_override_pattern", "disagrees with layers_block_type")
     else:
         types = from_pattern("hybrid_override_pattern")
         ovs = [{} for _ in types]
@@ -375,11 +610,18 @@ def _import_nemotron_h(r: _Reader, mt: str) -> tuple[list[_Block], list[_Block],
         r.used.update({"num_nextn_predict_layers", "mtp_hybrid_override_pattern"})
     else:
         depth = r.int("num_nextn_predict_layers", 0, minimum=0)
-        if depth:
+        r.used.add("mtp_layers_block_type")
+        if depth and cfg.get("mtp_hybrid_override_pattern") is None \
+                and cfg.get("mtp_layers_block_type") is not None:
+            mtypes = from_list("mtp_layers_block_type") * depth
+            mtp = build(mtypes, [{} for _ in mtypes], "mtp_layers_block_type")
+        elif depth:
             mtypes = from_pattern("mtp_hybrid_override_pattern") * depth
             mtp = build(mtypes, [{} for _ in mtypes], "mtp_hybrid_override_pattern")
         else:
             r.used.add("mtp_hybrid_override_pattern")
+    if any(b.kind == "mamba" for b in (*blocks, *mtp)):
+        kw.setdefault("_extra", {}).update(_time_step(r))
     return blocks, mtp, kw
 
 
@@ -428,6 +670,12 @@ def save_config(arch: ModelArch, path: str | Path, model_type: str | None = None
 def _base(arch: ModelArch, mt: str, eps_key: str) -> dict[str, Any]:
     out: dict[str, Any] = {"architectures": [_ARCHITECTURES[mt]], "model_type": mt}
     out.update(arch.hf_extra)
+    lim = out.get("time_step_limit")
+    if isinstance(lim, list) and lim and lim[-1] == math.inf:
+        if lim == [0.0, math.inf]:
+            del out["time_step_limit"]  # the default; keeps the file strict JSON
+        else:
+            out["time_step_limit"] = [lim[0], {"__float__": "Infinity"}]  # transformers' spelling
     out.update(hidden_size=arch.hidden_size, vocab_size=arch.vocab_size,
                tie_word_embeddings=arch.tie_embeddings, rope_theta=arch.rope_theta)
     out[eps_key] = arch.norm_eps
@@ -539,7 +787,7 @@ def _nemotron_fields(b: _Block, h: int) -> dict[str, Any]:
         return {"mamba_num_heads": b.num_heads, "mamba_head_dim": b.head_dim,
                 "ssm_state_size": b.state_size, "n_groups": b.n_groups,
                 "conv_kernel": b.conv_kernel, "use_conv_bias": b.conv_bias,
-                "mamba_proj_bias": b.proj_bias}
+                "use_bias": b.proj_bias, "mamba_proj_bias": b.proj_bias}
     if isinstance(b, Attention):
         return {"num_attention_heads": b.num_heads, "num_key_value_heads": b.num_kv_heads,
                 "head_dim": b.head_dim, "sliding_window": b.sliding_window,
@@ -552,7 +800,8 @@ def _nemotron_fields(b: _Block, h: int) -> dict[str, Any]:
                 "moe_latent_size": b.latent_size, "moe_gated": b.gated,
                 "mlp_hidden_act": b.activation, "moe_router": b.router,
                 "moe_router_bias": b.router_bias, "norm_topk_prob": b.norm_topk,
-                "routed_scaling_factor": b.routed_scaling, "moe_shared_gate": b.shared_gate}
+                "routed_scaling_factor": b.routed_scaling, "moe_shared_gate": b.shared_gate,
+                "mlp_bias": False}
     if isinstance(b, FFN):
         return {"intermediate_size": b.width, "mlp_gated": b.gated,
                 "mlp_hidden_act": b.activation, "mlp_bias": b.bias}
@@ -585,12 +834,20 @@ def _export_nemotron_h(arch: ModelArch) -> dict[str, Any]:
         if any(top[k] != v for k, v in _nemotron_fields(b, h).items()):
             raise ExportError("nemotron_h needs one shape per block kind")
     out = _base(arch, "nemotron_h", "layer_norm_epsilon")
+    _time_step_fields(arch, out)
     out.update({k: v for k, v in top.items() if v is not None or k == "moe_latent_size"})
     out["num_hidden_layers"] = len(arch.blocks)
     out["hybrid_override_pattern"] = "".join(_PATTERN_INV[_BLOCK_TYPE[b.kind]]
                                              for b in arch.blocks)
     _export_mtp_pattern(arch, out)
     return out
+
+
+def _time_step_fields(arch: ModelArch, out: dict[str, Any]) -> None:
+    """A model built here without an HF config has no Mamba time-step clamp: say so
+    explicitly (transformers would otherwise clamp at its default ``time_step_min`` 0.001)."""
+    if any(b.kind == "mamba" for b in (*arch.blocks, *arch.mtp_blocks)):
+        out.setdefault("time_step_min", 0.0)
 
 
 def _export_mtp_pattern(arch: ModelArch, out: dict[str, Any]) -> None:
@@ -612,6 +869,7 @@ def _export_nemotron_h_puzzle(arch: ModelArch) -> dict[str, Any]:
     h = arch.hidden_size
     top = _nemotron_defaults(arch)
     out = _base(arch, "nemotron_h_puzzle", "layer_norm_epsilon")
+    _time_step_fields(arch, out)
     for k in ("hybrid_override_pattern", "mtp_hybrid_override_pattern",
               "num_nextn_predict_layers"):
         out.pop(k, None)

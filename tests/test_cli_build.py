@@ -57,7 +57,7 @@ def test_build_plain_config_random_init(tmp_path, capsys):
     assert f"parameters {total:,}" in out and f"predicted {total:,}" in out
     assert "nemotron_h" in out and "bfloat16" in out
     model = load_pretrained(tmp_path / "out")
-    assert model.num_parameters() == total and model.embed.weight.dtype == torch.bfloat16
+    assert model.num_stored() == total and model.embed.weight.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("calib_kind", ["text", "json", "safetensors"])

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     out = save_pretrained(model, args.output, args.model_type)
     exported = json.loads((out / "config.json").read_text())["model_type"]
     pc = model.arch.param_counts()
-    counted = model.num_parameters()
+    counted = model.num_stored()
     summary = {
         "output": str(out), "model_type": exported, "num_blocks": model.arch.num_blocks,
         "blocks_by_kind": model.arch.kind_counts(), "parameters": counted,
