@@ -124,13 +124,16 @@ def _workload_columns(workloads: Sequence[Workload]) -> dict[str, np.ndarray]:
         "C": row([w.mean_decode_context for w in workloads]),
         "F": row([w.ttft_fraction for w in workloads]),
         "O": row([w.osl for w in workloads]),
+        "D": row([w.draft_tokens for w in workloads]),
+        "A": row([w.acceptance for w in workloads]),
         "ctx": row([w.max_context for w in workloads]),
     }
 
 
 def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe,
                  workloads: Sequence[Workload | str], tp: int = 1, ep: int = 1,
-                 ssd_chunk: int = DEFAULT_SSD_CHUNK) -> BlockCosts:
+                 ssd_chunk: int = DEFAULT_SSD_CHUNK, attention_dp: bool = False,
+                 draft: np.ndarray | Sequence[bool] | None = None) -> BlockCosts:
     """Price every row of ``table`` for every workload on ``hw`` under ``recipe``.
 
     Args:
@@ -140,8 +143,18 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
             A GEMM computes in ``hw.compute_dtype(weight dtype)`` (e.g. NVFP4 weights compute
             in FP8 on Hopper: fewer bytes, same math speed as FP8).
         workloads: W workloads (``Workload`` or strings like ``"isl=8192,osl=1024,batch=64"``).
-        tp, ep: tensor parallel degree; expert parallel degree (1 or ``tp``).
+        tp, ep: GPUs per model instance; expert parallel degree (1 or ``tp``).
         ssd_chunk: Mamba-2 chunk length for the prefill scan.
+        attention_dp: attention data parallelism (TensorRT-LLM's ``enable_attention_dp``):
+            every block but the routed experts runs unsharded on each of the ``tp`` GPUs over
+            its own ``1/tp`` of the sequences (no all-reduce; each GPU holds the KV cache and
+            state of its own sequences only); routed experts are expert-parallel over
+            ``ep`` GPUs, reached by an all-to-all dispatch and combine of every routed token
+            (``T_gpu * top_k * e_in * act_bytes * (ep-1)/ep`` bytes each way per GPU).
+        draft: per row, True for the MTP (draft) head's blocks: in decode they run
+            ``draft_tokens`` passes over B tokens per verification step (the other rows one
+            pass over ``B * (1 + draft_tokens)`` tokens); all decode times are per output
+            token (divided by ``acceptance``). Default: no draft rows.
 
     Returns:
         :class:`BlockCosts` with ``[N, W]`` seconds / bytes and ``[N]`` per-row bytes.
@@ -152,13 +165,21 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
         raise ValueError("price_blocks needs at least one workload")
     n, nw = len(table), len(wls)
     wc = _workload_columns(wls)
-    B, Bp, S, C, NC = wc["B"], wc["Bp"], wc["S"], wc["C"], wc["NC"]
-    Tp, Td = Bp * S, B  # tokens of one prefill chunk step, of one decode step
+    dp = tp if attention_dp else 1  # data-parallel ranks of the non-expert parts
+    tpx = 1 if attention_dp else tp  # tensor-parallel degree of the non-expert parts
+    B, Bp, S, C, NC = wc["B"] / dp, wc["Bp"] / dp, wc["S"], wc["C"], wc["NC"]
+    D1, A = wc["D"] + 1.0, wc["A"]
+    # tokens per GPU of one prefill chunk step, of one decode (verification) step
+    is_draft = (np.zeros(n, dtype=bool) if draft is None
+                else np.asarray(draft, dtype=bool).reshape(n))
+    D1n = np.where(is_draft[:, None], 1.0, D1)  # [n, W] tokens per sequence per pass
+    per_tok = np.where(is_draft[:, None], wc["D"], 1.0) / A  # passes per output token
+    Tp = Bp * S
     # prompts longer than a chunk span m chunks; chunk j re-reads the KV of the j*c tokens
     # before it: S*(m-1)/2 tokens per prompt, Bp*S*(m-1)/2 per chunk step
-    reread = Bp * S * (np.maximum(S / Tp, 1.0) - 1.0) / 2.0
+    reread = Bp * S * (np.maximum(S * dp / (wc["Bp"] * S), 1.0) - 1.0) / 2.0
 
-    st = shard_table(table, tp, ep)
+    st = shard_table(table, tpx, 1 if attention_dp else ep)
     roof = Roof(hw)
     eff = hw.efficiency
     a = recipe.activations.bytes
@@ -215,6 +236,8 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
             return getattr(st, name)[idx].astype(np.float64)[:, None]
 
         h = col("hidden")
+        D1k = D1n[idx]
+        Td = B * D1k
         tp_p = [elem_t(ops.norm_residual(Tp, h, a, wb[TensorRole.OTHER]), K_NORM)]
         tp_d = [elem_t(ops.norm_residual(Td, h, a, wb[TensorRole.OTHER]), K_NORM)]
 
@@ -227,7 +250,9 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
             tp_p.append(attn_t(ops.attention_prefill(Bp, S, wdw, nq, nkv, d, a, kvb), K_ATTN))
             rr = ops.attended(reread, wdw) * 2.0 * nkv * d * kvb
             tp_p.append(attn_t((0.0 * rr, rr), 0.0, kv_read=True))
-            tp_d.append(attn_t(ops.attention_decode(B, C, wdw, nq, nkv, d, a, kvb), K_ATTN,
+            fa, ba = ops.attention_decode(B, C, wdw, nq, nkv, d, a, kvb)
+            # a verification step: 1 + d query tokens per sequence over one read of the KV
+            tp_d.append(attn_t((fa * D1k, ba + B * (D1k - 1.0) * 2.0 * nq * d * a), K_ATTN,
                                kv_read=True))
 
         elif kd == Kind.MAMBA:
@@ -242,10 +267,16 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                 out.append(gemm_t(proj, dt, K_PROJ2))
                 out.append(elem_t(ops.gated_norm(T, inner, a, wo), 1))
             tp_p.append(elem_t(ops.conv_prefill(Bp, S, conv_ch, K, a, wo, csb), 1))
-            tp_d.append(state_t(ops.conv_decode(B, conv_ch, K, a, wo, csb), 1))
+            fc, bc = ops.conv_decode(B * D1k, conv_ch, K, a, wo, csb)
+            tp_d.append(state_t((fc, bc), 1))
             tp_p.append(gemm_t(ops.ssd_prefill(Bp, S, H, Pd, N, G, ssd_chunk, a, ssb),
                                act_dtype, K_SSD_PREFILL))
-            tp_d.append(state_t(ops.ssd_decode(B, H, Pd, N, G, a, ssb), K_SSD_DECODE))
+            fs, bs = ops.ssd_decode(B, H, Pd, N, G, a, ssb)
+            # verifying 1 + d tokens steps the state 1 + d times and keeps each state for
+            # rollback: one read, 1 + d writes, 1 + d token inputs/outputs
+            st_io = B * H * Pd * N * ssb
+            tp_d.append(state_t((fs * D1k, (bs - 2.0 * st_io) * D1k + st_io * (1.0 + D1k)),
+                                K_SSD_DECODE))
 
         elif kd == Kind.MOE:
             E, k, F, Sw, L, gated = (col(c) for c in ("experts", "top_k", "expert_width",
@@ -259,13 +290,18 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                 router = ops.gemm(T, h, E, wo, a)
                 lat = _scale(add(ops.gemm(T, h, L, wo, a), ops.gemm(T, L, h, wo, a)), has_lat)
                 out.append(gemm_t(add(router, lat), do, K_ROUTER + 2 * has_lat))
-                fr, br = ops.moe_experts(T, E, k, F, e_in, mats, wb[TensorRole.ROUTED_EXPERTS], a)
-                tpe = T * k / np.maximum(E, 1.0)  # routed tokens per expert
+                Tx = T * dp  # tokens of all ranks whose routed copies reach the experts
+                fr, br = ops.moe_experts(Tx, E, k, F, e_in, mats, wb[TensorRole.ROUTED_EXPERTS], a)
+                tpe = Tx * k / np.maximum(E, 1.0)  # routed tokens per expert
                 out.append(grouped_t((fr / ep, br / ep), cd[TensorRole.ROUTED_EXPERTS],
                                      K_EXPERTS * (E > 0), decode=out is tp_d, tpe=tpe))
                 # permute into expert order and un-permute (weighted scatter) per routed token
-                out.append(elem_t(_scale(ops.moe_permute(T, k, e_in, a, ep), (E > 0) * 1.0),
+                out.append(elem_t(_scale(ops.moe_permute(Tx, k, e_in, a, ep), (E > 0) * 1.0),
                                   K_PERMUTE * (E > 0)))
+                if attention_dp and ep > 1:  # dispatch + combine all-to-all
+                    a2a = ops.alltoall_time(T * k * e_in * a * (ep - 1) / ep, ep,
+                                            link.bandwidth.value, link_eff, link.latency.value)
+                    out.append(2.0 * a2a * (E > 0))
                 ws = wb[TensorRole.SHARED_EXPERTS]
                 sh = _scale(add(add(ops.gemm(T, h, (mats - 1) * Sw, ws, a),
                                     ops.gemm(T, Sw, h, ws, a)),
@@ -282,30 +318,30 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                 out.append(elem_t(ops.activation(T, F, gated, a), 1))
 
         else:  # LINEAR
-            cols = linear_cols(st, tp)[idx].astype(np.float64)[:, None]
+            cols = linear_cols(st, tpx)[idx].astype(np.float64)[:, None]
             for T, out in ((Tp, tp_p), (Td, tp_d)):
                 out.append(gemm_t(ops.gemm(T, h, cols, wb[TensorRole.OTHER], a),
                                   cd[TensorRole.OTHER], 1))
 
-        if tp > 1:
+        if tpx > 1:
             for T, out in ((Tp, tp_p), (Td, tp_d)):
-                out.append(ops.allreduce_time(allreduce_bytes(T, h, a), tp,
+                out.append(ops.allreduce_time(allreduce_bytes(T, h, a), tpx,
                                               link.bandwidth.value, link_eff, link.latency.value))
         prefill[idx] = NC * sum(tp_p)  # the cohort's n_c chunk steps
-        decode[idx] = sum(tp_d)
+        decode[idx] = sum(tp_d) * per_tok[idx]  # per output token
 
     # memory, per GPU
     rp = role_params(st)
     is_lin = (table.kind == int(Kind.LINEAR)).astype(np.float64)
-    other = rp[TensorRole.OTHER] - is_lin * table.hidden * (table.hidden - linear_cols(st, tp))
+    other = rp[TensorRole.OTHER] - is_lin * table.hidden * (table.hidden - linear_cols(st, tpx))
     weight = (rp[TensorRole.ROUTED_EXPERTS] / ep * wb[TensorRole.ROUTED_EXPERTS]
               + other * wb[TensorRole.OTHER])
     for r in (TensorRole.ATTENTION, TensorRole.MAMBA, TensorRole.SHARED_EXPERTS, TensorRole.FFN):
         weight = weight + rp[r] * wb[r]
-    kv_tok = kv_elems_per_token(st) * kvb
+    kv_tok = kv_elems_per_token(st) * kvb / dp  # per GPU, averaged over the dp ranks
     window = table.window.astype(np.float64)
-    state = state_bytes_per_sequence(st, recipe)
-    mem = weight[:, None] + B * (kv_tok[:, None] * ops.attended(wc["ctx"], window[:, None])
+    state = state_bytes_per_sequence(st, recipe) / dp
+    mem = weight[:, None] + wc["B"] * (kv_tok[:, None] * ops.attended(wc["ctx"], window[:, None])
                                  + state[:, None])
 
     _, in_w, _ = mamba_dims(st)

@@ -116,18 +116,25 @@ def engine_overheads(hw: HardwareProfile, step_overhead_s: float | None = None,
 def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionRecipe,
                    workloads: Sequence[Workload | str], tp: int = 1,
                    step_overhead_s: float | None = None,
-                   request_overhead_s: float | None = None) -> NonBlockCosts:
+                   request_overhead_s: float | None = None, attention_dp: bool = False,
+                   draft: bool = False) -> NonBlockCosts:
     """Price embeddings + final norm + LM head (vocab-sharded over ``tp``) per workload,
     plus the engine's overheads (see the module docstring).
 
     In a prefill chunk step the LM head runs on the last token of the prompts that finish in
     it (``B / n_c``); in decode on the B tokens of the step. ``step_overhead_s`` is added once
     per engine step and ``request_overhead_s`` to TTFT; ``None`` takes the profile's figure.
+    With ``attention_dp`` each GPU embeds and samples its own ``1/tp`` of the sequences with
+    the whole (unsharded) LM head. With speculative decoding (``draft_tokens = d``) a
+    verification step runs the LM head on ``B * (1 + d)`` tokens, and ``draft`` (an MTP
+    head is loaded) adds its ``d`` draft passes over B tokens; decode time is per output
+    token (divided by ``acceptance``).
     """
     check_parallel(tp, 1)
     so, ro = engine_overheads(hw, step_overhead_s, request_overhead_s)
     wls = tuple(parse_workload(w) for w in workloads)
-    h, v = float(shape.hidden), float(-(-shape.vocab // tp))
+    dp, vs = (tp, 1) if attention_dp else (1, tp)
+    h, v = float(shape.hidden), float(-(-shape.vocab // vs))
     roof = Roof(hw)
     a = recipe.activations.bytes
     we, wl, wo = (recipe.weight_bytes_per_param(r) for r in
@@ -135,7 +142,7 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     dt = hw.compute_dtype(recipe.weight_dtype(TensorRole.LM_HEAD).value)
     act_dt = hw.compute_dtype(recipe.activations.value)
 
-    def step(tokens: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    def step(tokens: np.ndarray, heads: np.ndarray, so: float = so) -> np.ndarray:
         fe, be = ops.embedding(tokens, h, we, a)
         fn, bn = (ops.norm_residual(heads, h, a, wo) if shape.final_norm else (0.0, 0.0))
         fl, bl = ops.lm_head(heads, h, v, wl, a)
@@ -143,15 +150,19 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
         t = t + roof.time(fl, bl, roof.matmul(dt, fl), roof.memory(bl), 2)
         return t + so
 
-    B = np.array([w.sequences for w in wls], dtype=np.float64)
-    NC = np.array([w.prefill_chunks for w in wls], dtype=np.float64)
-    C = np.array([w.chunk_tokens for w in wls], dtype=np.float64)
-    F = np.array([w.ttft_fraction for w in wls], dtype=np.float64)
-    osl = np.array([w.osl for w in wls], dtype=np.float64)
-    cohort = NC * step(C, B / NC)
-    decode = step(B, B)
+    def col(f: str) -> np.ndarray:
+        return np.array([getattr(w, f) for w in wls], dtype=np.float64)
+
+    B, NC, C, F, osl = (col(f) for f in ("sequences", "prefill_chunks", "chunk_tokens",
+                                         "ttft_fraction", "osl"))
+    D, A = col("draft_tokens"), col("acceptance")
+    B = B / dp
+    cohort = NC * step(C / dp, B / NC)
+    decode = step(B * (1 + D), B * (1 + D)) / A
+    if draft:
+        decode = decode + D / A * step(B, B, 0.0)
     emb = shape.hidden * shape.vocab
-    params_gpu = -(-emb // tp) * (we + (0.0 if shape.tied else wl))
+    params_gpu = -(-emb // vs) * (we + (0.0 if shape.tied else wl))
     weight = params_gpu + (shape.hidden * wo if shape.final_norm else 0.0)
     return NonBlockCosts(prefill_s=F * cohort + ro, decode_s=decode,
                          runtime_s=cohort + (osl - 1) * decode,
@@ -320,11 +331,15 @@ def price_model(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
                 recipe: PrecisionRecipe, workloads: Sequence[Workload | str], tp: int = 1,
                 ep: int = 1, reserve_bytes: float = DEFAULT_RESERVE_BYTES,
                 step_overhead_s: float | None = None,
-                request_overhead_s: float | None = None) -> ModelCosts:
+                request_overhead_s: float | None = None, attention_dp: bool = False,
+                draft: np.ndarray | Sequence[bool] | None = None) -> ModelCosts:
     """One call: price every block and the non-block term, then :func:`summarize`
-    (overheads ``None``: the profile's)."""
+    (overheads ``None``: the profile's; ``attention_dp`` / ``draft``: see
+    :func:`costmodels.blocks.price_blocks`)."""
     wls = tuple(parse_workload(w) for w in workloads)
-    blocks = price_blocks(table, hw, recipe, wls, tp=tp, ep=ep)
+    blocks = price_blocks(table, hw, recipe, wls, tp=tp, ep=ep, attention_dp=attention_dp,
+                          draft=draft)
     nb = price_nonblock(nonblock, hw, recipe, wls, tp=tp, step_overhead_s=step_overhead_s,
-                        request_overhead_s=request_overhead_s)
+                        request_overhead_s=request_overhead_s, attention_dp=attention_dp,
+                        draft=draft is not None and bool(np.any(draft)))
     return summarize(blocks, nb, hw, reserve_bytes=reserve_bytes)

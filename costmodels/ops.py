@@ -195,6 +195,15 @@ def lm_head(tokens: Arr, h: Arr, vocab: Arr, w: Arr, a: Arr) -> tuple[Arr, Arr]:
     return f, b + SAMPLING_BYTES_PER_LOGIT * tokens * vocab
 
 
+def alltoall_time(nbytes: Arr, gpus: int, bandwidth: float, efficiency: float,
+                  latency: float) -> Arr:
+    """All-to-all where each GPU sends ``nbytes`` (already the part leaving it) to the other
+    ``gpus - 1``, seconds: ``latency + nbytes / (bandwidth * efficiency)``; 0 when p == 1."""
+    if gpus <= 1:
+        return 0.0 * np.asarray(nbytes, dtype=np.float64)
+    return latency + np.asarray(nbytes, dtype=np.float64) / (bandwidth * efficiency)
+
+
 def allreduce_time(nbytes: Arr, gpus: int, bandwidth: float, efficiency: float,
                    latency: float) -> Arr:
     """Ring all-reduce of ``nbytes`` over ``gpus`` GPUs, seconds:

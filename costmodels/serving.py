@@ -148,23 +148,27 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
                    tp: int = 1, ep: int = 1, reserve_bytes: float = DEFAULT_RESERVE_BYTES,
                    concurrencies: Sequence[int] | None = None,
                    step_overhead_s: float | None = None,
-                   request_overhead_s: float | None = None) -> SLOPoint:
+                   request_overhead_s: float | None = None, attention_dp: bool = False,
+                   draft: np.ndarray | Sequence[bool] | None = None) -> SLOPoint:
     """Best throughput of ``workload`` (its isl/osl/engine limits; its own concurrency is
     ignored) over a concurrency sweep, subject to ``slo`` and to memory.
 
     ``concurrencies`` defaults to :func:`concurrency_grid` up to the largest concurrency
     that fits at ``isl + osl`` tokens (capped by ``max_num_seqs``). A point qualifies when
     it fits (``memory_bytes <= device``) and meets the SLO; the best qualifying point wins
-    (``concurrency == 0`` when none does).
+    (``concurrency == 0`` when none does). ``attention_dp`` / ``draft``: see
+    :func:`costmodels.blocks.price_blocks`.
     """
+    kw = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft)
+    nkw = dict(tp=tp, step_overhead_s=step_overhead_s, request_overhead_s=request_overhead_s,
+               attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)))
     wl = parse_workload(workload)
     if wl.batch is not None:
         wl = Workload.model_validate({**wl.model_dump(), "batch": None, "concurrency": 1})
     slo = parse_slo(slo)
     probe = [wl.with_sequences(1)]
-    blocks1 = price_blocks(table, hw, recipe, probe, tp=tp, ep=ep)
-    nb1 = price_nonblock(nonblock, hw, recipe, probe, tp=tp, step_overhead_s=step_overhead_s,
-                         request_overhead_s=request_overhead_s)
+    blocks1 = price_blocks(table, hw, recipe, probe, **kw)
+    nb1 = price_nonblock(nonblock, hw, recipe, probe, **nkw)
     cap = max_concurrency(blocks1, nb1, hw, wl.max_context, reserve_bytes=reserve_bytes)
     limit = min(cap.max_concurrency, wl.max_num_seqs)
     grid = sorted({int(c) for c in concurrencies}) if concurrencies is not None \
@@ -172,9 +176,8 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
     if not grid or grid[0] < 1:
         raise InputError("concurrencies must be positive integers", field="concurrencies")
     wls = [wl.with_sequences(c) for c in grid]
-    blocks = price_blocks(table, hw, recipe, wls, tp=tp, ep=ep)
-    nb = price_nonblock(nonblock, hw, recipe, wls, tp=tp, step_overhead_s=step_overhead_s,
-                        request_overhead_s=request_overhead_s)
+    blocks = price_blocks(table, hw, recipe, wls, **kw)
+    nb = price_nonblock(nonblock, hw, recipe, wls, **nkw)
     m = summarize(blocks, nb, hw, reserve_bytes=reserve_bytes)
     ok = slo.met(m) & m.fits
     if not ok.any():

@@ -44,6 +44,12 @@ class Workload(BaseModel):
 
     ``max_num_batched_tokens`` / ``max_num_seqs`` are the engine's token budget per step and
     cap on scheduled requests (concurrency mode only; defaults above).
+
+    Speculative decoding (MTP): ``draft_tokens = d > 0`` drafts d tokens per step with the
+    model's MTP head (d sequential passes over B tokens), and one verification step of the
+    main model processes ``B * (1 + d)`` tokens; ``acceptance = A`` tokens (mean accepted
+    length, bonus token included, ``1 <= A <= d + 1``) come out of each such step, so the
+    time per output token is ``(verify + d * draft) / A``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -55,11 +61,16 @@ class Workload(BaseModel):
     concurrency: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int = Field(default=DEFAULT_TOKEN_BUDGET, ge=1)
     max_num_seqs: int = Field(default=DEFAULT_MAX_NUM_SEQS, ge=1)
+    draft_tokens: int = Field(default=0, ge=0)
+    acceptance: float = Field(default=1.0, ge=1.0)
 
     @model_validator(mode="after")
     def _one_of(self) -> Workload:
         if (self.batch is None) == (self.concurrency is None):
             raise ValueError("give exactly one of batch or concurrency")
+        if self.acceptance > self.draft_tokens + 1:
+            raise ValueError(f"acceptance {self.acceptance} exceeds draft_tokens + 1 = "
+                             f"{self.draft_tokens + 1} (tokens a verification step can accept)")
         if not self.name:
             object.__setattr__(self, "name", self.label())
         return self
@@ -132,7 +143,8 @@ class Workload(BaseModel):
 _KEYS = {"isl": "isl", "input": "isl", "osl": "osl", "output": "osl", "batch": "batch",
          "bs": "batch", "concurrency": "concurrency", "conc": "concurrency", "name": "name",
          "max_num_batched_tokens": "max_num_batched_tokens", "tokens": "max_num_batched_tokens",
-         "max_num_seqs": "max_num_seqs"}
+         "max_num_seqs": "max_num_seqs", "draft_tokens": "draft_tokens",
+         "acceptance": "acceptance"}
 
 
 def parse_workload(text: str | Workload | dict) -> Workload:
@@ -161,7 +173,7 @@ def parse_workload(text: str | Workload | dict) -> Workload:
                 data[key] = v
                 continue
             try:
-                data[key] = int(float(v)) if float(v).is_integer() else v
+                data[key] = int(float(v)) if float(v).is_integer() else float(v)
             except ValueError:
                 raise InputError(f"{k}={v!r} is not an integer", field="workload") from None
     try:

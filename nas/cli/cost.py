@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
+
 GB, GIB = 1e9, 2**30
 
 
@@ -45,8 +47,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "concurrency and report the best throughput that meets the SLO and fits")
     p.add_argument("--mtp", action="store_true",
                    help="serve with the config's MTP (multi-token prediction) blocks loaded: their "
-                   "weights, KV and state count, and they run once per step (approximation: the "
-                   "MTP's 2h->h projection is priced as two hidden x hidden linear blocks)")
+                   "weights, KV and state count; with --acceptance they draft tokens for "
+                   "speculative decoding (approximation: the MTP's 2h->h projection is priced as "
+                   "two hidden x hidden linear blocks)")
+    p.add_argument("--acceptance", type=float, default=None, metavar="A",
+                   help="with --mtp: mean tokens accepted per verification step (bonus token "
+                   "included), e.g. 3.45; credits A tokens per step and prices the draft and "
+                   "verify passes")
+    p.add_argument("--draft-tokens", type=int, default=None, metavar="D",
+                   help="with --acceptance: tokens drafted per step (default ceil(A), at least 3)")
+    p.add_argument("--attention-dp", action="store_true",
+                   help="attention data parallelism over the --tp GPUs (TensorRT-LLM's "
+                   "enable_attention_dp): dense parts unsharded per GPU on its own sequences, "
+                   "routed experts expert-parallel (--ep) behind an all-to-all")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=run)
 
@@ -79,15 +92,27 @@ def run(args: argparse.Namespace) -> int:
     if args.kv_dtype:
         recipe = recipe.model_copy(update={"kv_cache": parse_dtype(args.kv_dtype)})
     wls = [parse_workload(w) for w in args.workload]
+    if args.acceptance is not None:
+        if not args.mtp:
+            raise InputError("needs --mtp (the MTP head drafts the tokens)", field="--acceptance")
+        d = args.draft_tokens if args.draft_tokens is not None else max(
+            3, int(-(-args.acceptance // 1)))
+        wls = [parse_workload({**w.model_dump(), "draft_tokens": d,
+                               "acceptance": args.acceptance}) for w in wls]
+    elif args.draft_tokens is not None:
+        raise InputError("needs --mtp --acceptance A", field="--draft-tokens")
     reserve = DEFAULT_RESERVE_BYTES if args.reserve_gib is None else args.reserve_gib * GIB
     arch = load_config(args.config)
     table = arch.block_table()
+    draft = None
     if args.mtp and arch.mtp_blocks:
         from costmodels.shapes import BlockTable, Kind
         from nas.arch import blocks_table
 
         proj = BlockTable.from_rows([{"kind": int(Kind.LINEAR), "hidden": arch.hidden_size}] * 2)
+        n_main = len(table)
         table = BlockTable.concat([table, blocks_table(arch.mtp_blocks, arch.hidden_size), proj])
+        draft = np.arange(len(table)) >= n_main
     shape = NonBlockShape(hidden=arch.hidden_size, vocab=arch.vocab_size,
                           tied=arch.tie_embeddings, final_norm=arch.final_norm)
     overhead = None if args.step_overhead_us is None else args.step_overhead_us * 1e-6
@@ -99,9 +124,11 @@ def run(args: argparse.Namespace) -> int:
     if slo is not None and not wls:
         raise InputError("--slo needs a --workload (its isl and osl)", field="--slo")
     priced = wls or [parse_workload("isl=1,osl=1,batch=1")]
-    blocks = price_blocks(table, hw, recipe, priced, tp=args.tp, ep=args.ep)
+    par = dict(tp=args.tp, ep=args.ep, attention_dp=args.attention_dp, draft=draft)
+    blocks = price_blocks(table, hw, recipe, priced, **par)
     nb = price_nonblock(shape, hw, recipe, priced, tp=args.tp, step_overhead_s=overhead,
-                        request_overhead_s=req)
+                        request_overhead_s=req, attention_dp=args.attention_dp,
+                        draft=draft is not None)
     model = summarize(blocks, nb, hw, reserve_bytes=reserve)
     conc = (max_concurrency(blocks, nb, hw, args.context, reserve_bytes=reserve)
             if args.context is not None else None)
@@ -110,16 +137,16 @@ def run(args: argparse.Namespace) -> int:
     if not wls:
         out["workloads"] = []
     out = {"config": str(args.config), "precision": recipe.name, "kv_dtype": recipe.kv_cache.value,
-           "ep": args.ep, "mtp": bool(args.mtp and arch.mtp_blocks), **out}
+           "ep": args.ep, "attention_dp": bool(args.attention_dp),
+           "mtp": bool(args.mtp and arch.mtp_blocks), "acceptance": args.acceptance, **out}
     if conc is not None:
         out["max_concurrency"] = conc.max_concurrency
         out["concurrency"] = conc.to_dict()
     slo_points = []
     if slo is not None:
         for w in wls:
-            pt = slo_throughput(table, shape, hw, recipe, w, slo, tp=args.tp, ep=args.ep,
-                                reserve_bytes=reserve, step_overhead_s=overhead,
-                                request_overhead_s=req)
+            pt = slo_throughput(table, shape, hw, recipe, w, slo, reserve_bytes=reserve,
+                                step_overhead_s=overhead, request_overhead_s=req, **par)
             slo_points.append((w, pt))
         out["slo"] = [{"workload": w.name, **pt.to_dict()} for w, pt in slo_points]
     if args.json:
