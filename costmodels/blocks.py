@@ -5,12 +5,11 @@ rows ``i`` of a :class:`BlockTable` plus the non-block term (``costmodels.model`
 
 * ``TTFT[w]   = sum_i prefill_s[i, w] + nonblock.prefill_s[w]``                  (seconds)
 * ``TPOT[w]   = sum_i decode_s[i, w]  + nonblock.decode_s[w]``                   (seconds)
-* ``runtime[w] = sum_i runtime_s[i, w] + nonblock.runtime_s[w]``, where
-  ``runtime_s = n_c * chunk_s + (osl - 1) * decode_s`` is the time the ``tp`` GPUs of one
-  model instance spend serving a cohort of B requests (B = batch, or the running requests
-  of a concurrency): ``n_c`` prefill chunk steps (``costmodels.workload``) then ``osl - 1``
-  decode steps. ``prefill_s = ttft_fraction * n_c * chunk_s`` is the block's share of the
-  mean TTFT, so ``runtime_s = prefill_passes * prefill_s + (osl - 1) * decode_s``.
+* ``runtime[w] = sum_i runtime_s[i, w] + nonblock.runtime_s[w]``: the cycle in which the
+  ``tp`` GPUs of one model instance serve B requests (B = batch, or the running requests
+  of a concurrency); TTFT, TPOT and cycle are fixed combinations of one block's time in a
+  *mixed* step (prompt chunk + decodes) and in a *decode* step (:func:`serving_shares`,
+  derivation in ``costmodels.model``).
 * weights / KV / state bytes per GPU: plain sums over rows.
 
 Each block's time is the sum of its ops' roofline times (``costmodels.roofline``) plus its
@@ -56,13 +55,13 @@ class BlockCosts:
     Attributes:
         workloads: the W workloads, in column order.
         tp, ep: the parallel layout priced.
-        prefill_s: ``[N, W]`` seconds, each block's share of the mean time to first token
-            (``ttft_fraction`` of the ``prefill_chunks`` chunk steps that prefill the
-            cohort's ``sequences * isl`` prompt tokens; one pass in batch mode).
-        decode_s: ``[N, W]`` seconds, each block's share of one decode step (batch B) at
-            the mean generated context ``isl + osl/2``.
-        runtime_s: ``[N, W]`` seconds, ``prefill_passes * prefill_s + (osl-1) * decode_s``
-            (the cohort's chunk steps plus its decode steps).
+        prefill_s: ``[N, W]`` seconds, each block's share of the time to first token (one
+            pass over the ``B * isl`` prompt tokens in batch mode).
+        decode_s: ``[N, W]`` seconds, each block's share of the time per output token at
+            the mean generated context ``isl + osl/2`` (one decode step of batch B in batch
+            mode).
+        runtime_s: ``[N, W]`` seconds, ``prefill_s + (osl-1) * decode_s``: the block's share
+            of the cycle that serves B requests.
         memory_bytes: ``[N, W]`` bytes, ``weight_bytes + B * (kv at isl+osl + state)``.
         weight_bytes: ``[N]`` bytes of weights.
         kv_bytes_per_token: ``[N]`` KV-cache bytes per token of context (uncapped).
@@ -122,12 +121,31 @@ def _workload_columns(workloads: Sequence[Workload]) -> dict[str, np.ndarray]:
         "Bp": row([w.prefill_sequences / w.prefill_chunks for w in workloads]),
         "S": row([w.isl for w in workloads]),
         "C": row([w.mean_decode_context for w in workloads]),
-        "F": row([w.ttft_fraction for w in workloads]),
+        "M": row([max(1.0, w.isl / w.chunk_tokens) for w in workloads]),
         "O": row([w.osl for w in workloads]),
         "D": row([w.draft_tokens for w in workloads]),
         "A": row([w.acceptance for w in workloads]),
         "ctx": row([w.max_context for w in workloads]),
     }
+
+
+def serving_shares(mix: np.ndarray, dec: np.ndarray, wc: dict[str, np.ndarray]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT, TPOT and cycle shares from the times of a mixed step and of a decode step
+    (``costmodels.model`` derives them): with ``n_c`` chunks per cycle and ``O' = 1 +
+    (osl - 1) / acceptance`` engine steps in a request's life,
+
+    * ``cycle = n_c * mix + max(O' - n_c, 0) * dec``,
+    * ``ttft = (max(n_c - O', 0) + m) * mix`` (``m = max(1, isl / chunk)`` steps carry
+      one prompt's chunks),
+    * ``tpot = (cycle - ttft) / (osl - 1)`` (``dec / acceptance`` when ``osl == 1``).
+    """
+    NC, Osl, A, M = wc["NC"], wc["O"], wc["A"], wc["M"]
+    oeff = 1.0 + (Osl - 1.0) / A
+    cycle = NC * mix + np.maximum(oeff - NC, 0.0) * dec
+    ttft = (np.maximum(NC - oeff, 0.0) + M) * mix
+    tpot = np.where(Osl > 1, (cycle - ttft) / np.maximum(Osl - 1.0, 1.0), dec / A)
+    return ttft, tpot, cycle
 
 
 def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe,
@@ -167,17 +185,20 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     wc = _workload_columns(wls)
     dp = tp if attention_dp else 1  # data-parallel ranks of the non-expert parts
     tpx = 1 if attention_dp else tp  # tensor-parallel degree of the non-expert parts
-    B, Bp, S, C, NC = wc["B"] / dp, wc["Bp"] / dp, wc["S"], wc["C"], wc["NC"]
+    Bg, NC, S, C = wc["B"], wc["NC"], wc["S"], wc["C"]
     D1, A = wc["D"] + 1.0, wc["A"]
-    # tokens per GPU of one prefill chunk step, of one decode (verification) step
+    Oeff = 1.0 + (wc["O"] - 1.0) / A  # engine steps in one request's life (prefill step + verifies)
+    B = Bg / dp  # sequences per GPU
+    Bp = B / NC  # prompts per GPU whose last chunk runs in one mixed step
+    Tc = Bp * S  # prompt tokens per GPU in one mixed step
+    Dm = B * np.minimum(NC - 1.0, Oeff - 1.0) / NC  # decoding sequences in a mixed step
     is_draft = (np.zeros(n, dtype=bool) if draft is None
                 else np.asarray(draft, dtype=bool).reshape(n))
-    D1n = np.where(is_draft[:, None], 1.0, D1)  # [n, W] tokens per sequence per pass
-    per_tok = np.where(is_draft[:, None], wc["D"], 1.0) / A  # passes per output token
-    Tp = Bp * S
+    D1n = np.where(is_draft[:, None], 1.0, D1)  # [n, W] query tokens per decoding sequence
+    passes = np.where(is_draft[:, None], wc["D"], 1.0)  # [n, W] passes per step
     # prompts longer than a chunk span m chunks; chunk j re-reads the KV of the j*c tokens
-    # before it: S*(m-1)/2 tokens per prompt, Bp*S*(m-1)/2 per chunk step
-    reread = Bp * S * (np.maximum(S * dp / (wc["Bp"] * S), 1.0) - 1.0) / 2.0
+    # before it: S*(m-1)/2 tokens per prompt, Bp*S*(m-1)/2 per mixed step
+    reread = Tc * (np.maximum(S / np.maximum(Tc * dp, 1e-9), 1.0) - 1.0) / 2.0
 
     st = shard_table(table, tpx, 1 if attention_dp else ep)
     roof = Roof(hw)
@@ -223,8 +244,8 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     def add(f1: tuple, f2: tuple) -> tuple:
         return f1[0] + f2[0], f1[1] + f2[1]
 
-    prefill = np.zeros((n, nw))
-    decode = np.zeros((n, nw))
+    mix = np.zeros((n, nw))
+    dec = np.zeros((n, nw))
     kind = table.kind
 
     for kd in (Kind.ATTENTION, Kind.MAMBA, Kind.MOE, Kind.FFN, Kind.LINEAR):
@@ -236,24 +257,27 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
             return getattr(st, name)[idx].astype(np.float64)[:, None]
 
         h = col("hidden")
-        D1k = D1n[idx]
-        Td = B * D1k
-        tp_p = [elem_t(ops.norm_residual(Tp, h, a, wb[TensorRole.OTHER]), K_NORM)]
-        tp_d = [elem_t(ops.norm_residual(Td, h, a, wb[TensorRole.OTHER]), K_NORM)]
+        q1 = D1n[idx]
+        # the two kinds of engine step: (prompt seqs, decoding seqs, tokens, output list)
+        out_m: list = []
+        out_d: list = []
+        steps = ((Bp, Dm, Tc + Dm * q1, out_m), (0.0 * Bp, B, B * q1, out_d))
+        for _, _, T, out in steps:
+            out.append(elem_t(ops.norm_residual(T, h, a, wb[TensorRole.OTHER]), K_NORM))
 
         if kd == Kind.ATTENTION:
             nq, nkv, d, wdw = col("n_heads"), col("n_kv_heads"), col("head_dim"), col("window")
             w, dt = wb[TensorRole.ATTENTION], cd[TensorRole.ATTENTION]
-            for T, out in ((Tp, tp_p), (Td, tp_d)):
+            for _, dseq, T, out in steps:
                 proj = add(ops.gemm(T, h, (nq + 2 * nkv) * d, w, a), ops.gemm(T, nq * d, h, w, a))
                 out.append(gemm_t(proj, dt, K_PROJ2))
-            tp_p.append(attn_t(ops.attention_prefill(Bp, S, wdw, nq, nkv, d, a, kvb), K_ATTN))
+                fa, ba = ops.attention_decode(dseq, C, wdw, nq, nkv, d, a, kvb)
+                # a verification step: 1 + d query tokens per sequence over one read of the KV
+                out.append(attn_t((fa * q1, ba + dseq * (q1 - 1.0) * 2.0 * nq * d * a),
+                                  K_ATTN * (dseq > 0), kv_read=True))
+            out_m.append(attn_t(ops.attention_prefill(Bp, S, wdw, nq, nkv, d, a, kvb), K_ATTN))
             rr = ops.attended(reread, wdw) * 2.0 * nkv * d * kvb
-            tp_p.append(attn_t((0.0 * rr, rr), 0.0, kv_read=True))
-            fa, ba = ops.attention_decode(B, C, wdw, nq, nkv, d, a, kvb)
-            # a verification step: 1 + d query tokens per sequence over one read of the KV
-            tp_d.append(attn_t((fa * D1k, ba + B * (D1k - 1.0) * 2.0 * nq * d * a), K_ATTN,
-                               kv_read=True))
+            out_m.append(attn_t((0.0 * rr, rr), 0.0, kv_read=True))
 
         elif kd == Kind.MAMBA:
             H, Pd, N, G, K = (col(c) for c in ("m_heads", "m_head_dim", "state", "groups",
@@ -262,21 +286,22 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
             in_w = 2 * inner + 2 * G * N + H
             conv_ch = inner + 2 * G * N
             w, dt, wo = wb[TensorRole.MAMBA], cd[TensorRole.MAMBA], wb[TensorRole.OTHER]
-            for T, out in ((Tp, tp_p), (Td, tp_d)):
+            for _, dseq, T, out in steps:
                 proj = add(ops.gemm(T, h, in_w, w, a), ops.gemm(T, inner, h, w, a))
                 out.append(gemm_t(proj, dt, K_PROJ2))
                 out.append(elem_t(ops.gated_norm(T, inner, a, wo), 1))
-            tp_p.append(elem_t(ops.conv_prefill(Bp, S, conv_ch, K, a, wo, csb), 1))
-            fc, bc = ops.conv_decode(B * D1k, conv_ch, K, a, wo, csb)
-            tp_d.append(state_t((fc, bc), 1))
-            tp_p.append(gemm_t(ops.ssd_prefill(Bp, S, H, Pd, N, G, ssd_chunk, a, ssb),
-                               act_dtype, K_SSD_PREFILL))
-            fs, bs = ops.ssd_decode(B, H, Pd, N, G, a, ssb)
-            # verifying 1 + d tokens steps the state 1 + d times and keeps each state for
-            # rollback: one read, 1 + d writes, 1 + d token inputs/outputs
-            st_io = B * H * Pd * N * ssb
-            tp_d.append(state_t((fs * D1k, (bs - 2.0 * st_io) * D1k + st_io * (1.0 + D1k)),
-                                K_SSD_DECODE))
+                on = (dseq > 0) * 1.0
+                out.append(state_t(_scale(ops.conv_decode(dseq * q1, conv_ch, K, a, wo, csb),
+                                          on), on))
+                fs, bs = ops.ssd_decode(dseq, H, Pd, N, G, a, ssb)
+                # verifying 1 + d tokens steps the state 1 + d times and keeps each state for
+                # rollback: one read, 1 + d writes, 1 + d token inputs/outputs
+                st_io = dseq * H * Pd * N * ssb
+                out.append(state_t((fs * q1, (bs - 2.0 * st_io) * q1 + st_io * (1.0 + q1)),
+                                   K_SSD_DECODE * on))
+            out_m.append(elem_t(ops.conv_prefill(Bp, S, conv_ch, K, a, wo, csb), 1))
+            out_m.append(gemm_t(ops.ssd_prefill(Bp, S, H, Pd, N, G, ssd_chunk, a, ssb),
+                                act_dtype, K_SSD_PREFILL))
 
         elif kd == Kind.MOE:
             E, k, F, Sw, L, gated = (col(c) for c in ("experts", "top_k", "expert_width",
@@ -286,7 +311,7 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
             wo, do = wb[TensorRole.OTHER], cd[TensorRole.OTHER]
             has_lat = (L > 0).astype(np.float64)
             has_sh = (Sw > 0).astype(np.float64)
-            for T, out in ((Tp, tp_p), (Td, tp_d)):
+            for _, _, T, out in steps:
                 router = ops.gemm(T, h, E, wo, a)
                 lat = _scale(add(ops.gemm(T, h, L, wo, a), ops.gemm(T, L, h, wo, a)), has_lat)
                 out.append(gemm_t(add(router, lat), do, K_ROUTER + 2 * has_lat))
@@ -294,7 +319,7 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                 fr, br = ops.moe_experts(Tx, E, k, F, e_in, mats, wb[TensorRole.ROUTED_EXPERTS], a)
                 tpe = Tx * k / np.maximum(E, 1.0)  # routed tokens per expert
                 out.append(grouped_t((fr / ep, br / ep), cd[TensorRole.ROUTED_EXPERTS],
-                                     K_EXPERTS * (E > 0), decode=out is tp_d, tpe=tpe))
+                                     K_EXPERTS * (E > 0), decode=out is out_d, tpe=tpe))
                 # permute into expert order and un-permute (weighted scatter) per routed token
                 out.append(elem_t(_scale(ops.moe_permute(Tx, k, e_in, a, ep), (E > 0) * 1.0),
                                   K_PERMUTE * (E > 0)))
@@ -312,23 +337,25 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
             F, gated = col("ffn_width"), col("gated")
             mats = 2 + gated
             w, dt = wb[TensorRole.FFN], cd[TensorRole.FFN]
-            for T, out in ((Tp, tp_p), (Td, tp_d)):
+            for _, _, T, out in steps:
                 proj = add(ops.gemm(T, h, (mats - 1) * F, w, a), ops.gemm(T, F, h, w, a))
                 out.append(gemm_t(proj, dt, K_PROJ2))
                 out.append(elem_t(ops.activation(T, F, gated, a), 1))
 
         else:  # LINEAR
             cols = linear_cols(st, tpx)[idx].astype(np.float64)[:, None]
-            for T, out in ((Tp, tp_p), (Td, tp_d)):
+            for _, _, T, out in steps:
                 out.append(gemm_t(ops.gemm(T, h, cols, wb[TensorRole.OTHER], a),
                                   cd[TensorRole.OTHER], 1))
 
         if tpx > 1:
-            for T, out in ((Tp, tp_p), (Td, tp_d)):
+            for _, _, T, out in steps:
                 out.append(ops.allreduce_time(allreduce_bytes(T, h, a), tpx,
                                               link.bandwidth.value, link_eff, link.latency.value))
-        prefill[idx] = NC * sum(tp_p)  # the cohort's n_c chunk steps
-        decode[idx] = sum(tp_d) * per_tok[idx]  # per output token
+        mix[idx] = sum(out_m) * passes[idx]
+        dec[idx] = sum(out_d) * passes[idx]
+
+    prefill, decode, runtime = serving_shares(mix, dec, wc)
 
     # memory, per GPU
     rp = role_params(st)
@@ -357,9 +384,8 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     ).astype(np.float64)
     workspace = np.where(kind == int(Kind.NOOP), 0.0, (2.0 * table.hidden + widest) * a)
 
-    runtime = prefill + (wc["O"] - 1.0) * decode
     return BlockCosts(
-        workloads=wls, tp=int(tp), ep=int(ep), prefill_s=wc["F"] * prefill, decode_s=decode,
+        workloads=wls, tp=int(tp), ep=int(ep), prefill_s=prefill, decode_s=decode,
         runtime_s=runtime, memory_bytes=mem, weight_bytes=weight.astype(np.float64),
         kv_bytes_per_token=kv_tok.astype(np.float64), window=window,
         state_bytes_per_sequence=state.astype(np.float64), workspace_bytes_per_token=workspace,

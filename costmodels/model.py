@@ -1,45 +1,46 @@
 """Model-level figures from per-block sums plus the non-block term: the serving model.
 
-Notation per workload w: ``B`` requests scheduled (the batch, or ``min(concurrency,
+Notation per workload: ``B`` requests scheduled (the batch, or ``min(concurrency,
 max_num_seqs)``), ``S = isl``, ``O = osl``, token budget per engine step ``T_b =
-max_num_batched_tokens``, ``tp`` GPUs per model instance; ``t(x)`` is the roofline time of
-one engine step (``costmodels.blocks`` per block + the non-block term below), ``s_o`` the
-engine's per-step overhead and ``r_o`` its per-request overhead (hardware profile,
-``step_overhead_s`` / ``request_overhead_s``).
+max_num_batched_tokens``, ``tp`` GPUs per model instance. ``t(x)`` is the roofline time of
+one engine step of composition ``x`` (``costmodels.blocks`` per block + the non-block term
+here, each op ``max(FLOPs / (peak * eff), bytes / (bw * eff)) + kernels * overhead``), plus
+the engine's per-step overhead ``s_o``; ``r_o`` is its per-request overhead (the hardware
+profile's ``step_overhead_s`` / ``request_overhead_s``).
 
-**Continuous batching with chunked prefill** (``concurrency=B``; vLLM, TensorRT-LLM and
-SGLang schedule this way). With fixed ``S`` and ``O`` a closed-loop benchmark keeps the B
-requests in step: they are admitted together, prefilled, decoded together and replaced
-together. So the steady state is a *cohort cycle*:
+**Continuous batching with chunked prefill** (``concurrency=B``, the default; vLLM,
+TensorRT-LLM and SGLang schedule this way). A step carries the decode token of every
+running request plus prompt chunks up to the budget. A closed-loop benchmark with fixed
+``S``/``O`` starts its B requests together; when the ``B*S`` prompt tokens need ``n_c =
+B*S / T_b`` steps (on average: in steady state the budget binds), the requests finish prefill (and later finish, and are replaced)
+in ``n_c`` groups of ``B / n_c``, one step apart, and stay so: the steady state is a cycle
+in which each group prefills in its own step while the others decode. With ``O' = 1 +
+(O - 1) / A`` steps per request (``A`` tokens per step with speculative decoding, else 1):
 
-1. prefill: the ``B*S`` prompt tokens go through the engine in ``n_c = ceil(B*S / T_b)``
-   steps of ``c = B*S / n_c`` tokens (each step re-reads every weight; chunk ``j`` of a
-   prompt longer than ``c`` also re-reads the KV of the chunks before it);
-2. decode: ``O - 1`` steps of ``B`` tokens at the mean context ``S + O/2``.
-
-Hence, with ``P_c = n_c * (t(chunk) + s_o)`` the cohort's prefill time:
-
-* ``ttft_s = (n_c + 1) / (2 n_c) * P_c + r_o``: prompts finish their last chunk evenly over
-  the ``n_c`` steps, so the mean first token comes ``(n_c + 1) / 2`` steps in;
-* ``tpot_s = t(decode step of B) + s_o``;
-* ``runtime_s = P_c + (O - 1) * tpot_s`` (the cycle; ``r_o`` is host work overlapped with
-  other requests' GPU steps, so it adds to TTFT, not to the cycle);
-* ``throughput_tok_s = B * O / (runtime_s * tp)`` output tokens/s **per GPU**,
+* a **mixed step** carries ``c = B*S / n_c`` prompt tokens and the decodes of
+  ``B * min(n_c - 1, O' - 1) / n_c`` sequences; a **decode step** the decodes of all B;
+* ``cycle = n_c * t(mixed) + max(O' - n_c, 0) * t(decode)``: every request's latency;
+* ``ttft_s = (max(n_c - O', 0) + m) * t(mixed) + r_o`` (``m = max(1, S / c)`` steps carry
+  one prompt; ``n_c > O'`` means prompts queue for ``n_c - O'`` steps);
+* ``tpot_s = (cycle - (ttft_s - r_o)) / (O - 1)``: the mean time between a request's tokens,
+  prefill chunks of the other groups included (what a user sees);
+* ``runtime_s = cycle + r_o`` (a slot holds its request through ``r_o`` as well), so
+  ``latency_s = ttft_s + (O - 1) * tpot_s = runtime_s``;
+* ``throughput_tok_s = B * O / (runtime_s * tp)`` output tokens/s **per GPU**;
   ``throughput_node_tok_s = throughput_tok_s * gpus_per_node`` (replicas fill the node);
-* ``per_user_tok_s = 1 / tpot_s``; ``latency_s = ttft_s + (O - 1) * tpot_s``.
+  ``per_user_tok_s = 1 / tpot_s``.
 
-With an unlimited token budget (``T_b >= B*S``, ``max_num_seqs >= B``) ``n_c = 1`` and
-the cycle is **exactly static batch mode** (``batch=B``): one prefill pass over ``B*S``
-tokens, TTFT = that pass, then ``O - 1`` decode steps. Requests beyond ``max_num_seqs``
+With an unlimited token budget (``T_b >= B*S``, ``max_num_seqs >= B``) ``n_c = 1``: one
+step prefills all B prompts (no decodes in it), then ``O - 1`` decode steps: **exactly
+static batch mode** (``batch=B``), TTFT = that pass. Requests beyond ``max_num_seqs``
 wait; the figures are those of the running ones.
 
-All of ``ttft_s``, ``tpot_s`` and ``runtime_s`` are sums over blocks plus the non-block
-term, because ``n_c``, ``c`` and the TTFT fraction depend on the workload only; so
-``throughput_tok_s >= X  <=>  sum_i runtime_s[i, w] + nonblock.runtime_s[w] <= B*O/(X*tp)``
-and ``per_user_tok_s >= U  <=>  sum_i decode_s[i, w] + nonblock.decode_s[w] <= 1/U`` stay
-linear bounds for the search. Throughput grows with B until memory binds
-(``costmodels.serving.slo_throughput`` sweeps B: best throughput under a per-user speed /
-TTFT floor that fits in memory).
+Every term is a block sum plus the non-block term with coefficients that depend on the
+workload only (``costmodels.blocks.serving_shares``), so ``throughput_tok_s >= X  <=>
+sum_i runtime_s[i] + nonblock.runtime_s <= B*O/(X*tp)`` and ``per_user_tok_s >= U  <=>
+sum_i decode_s[i] + nonblock.decode_s <= 1/U`` stay linear bounds for the search.
+Throughput grows with B until memory binds; ``costmodels.serving.slo_throughput`` sweeps B
+for the best throughput under a per-user speed / TTFT floor that fits.
 
 * ``memory_bytes = weights + B * (kv_bytes(S + O) + state) + workspace + reserve`` (per
   GPU); all but the workspace (a max over blocks) and the reserve are sums over blocks.
@@ -53,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodels import ops
-from costmodels.blocks import BlockCosts, price_blocks
+from costmodels.blocks import BlockCosts, _workload_columns, price_blocks, serving_shares
 from costmodels.dtypes import PrecisionRecipe, TensorRole
 from costmodels.memory import (
     DEFAULT_PREFILL_CHUNK,
@@ -150,22 +151,22 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
         t = t + roof.time(fl, bl, roof.matmul(dt, fl), roof.memory(bl), 2)
         return t + so
 
-    def col(f: str) -> np.ndarray:
-        return np.array([getattr(w, f) for w in wls], dtype=np.float64)
-
-    B, NC, C, F, osl = (col(f) for f in ("sequences", "prefill_chunks", "chunk_tokens",
-                                         "ttft_fraction", "osl"))
-    D, A = col("draft_tokens"), col("acceptance")
-    B = B / dp
-    cohort = NC * step(C / dp, B / NC)
-    decode = step(B * (1 + D), B * (1 + D)) / A
+    wc = _workload_columns(wls)
+    B = wc["B"][0] / dp
+    NC, S, Osl, D, A = (wc[k][0] for k in ("NC", "S", "O", "D", "A"))
+    oeff = 1.0 + (Osl - 1.0) / A
+    Bp = B / NC
+    Dm = B * np.minimum(NC - 1.0, oeff - 1.0) / NC
+    mix = step(Bp * S + Dm * (1 + D), Bp + Dm * (1 + D))
+    dec = step(B * (1 + D), B * (1 + D))
     if draft:
-        decode = decode + D / A * step(B, B, 0.0)
+        mix = mix + D * step(Dm, Dm, 0.0)
+        dec = dec + D * step(B, B, 0.0)
+    ttft, tpot, cycle = serving_shares(mix[None, :], dec[None, :], wc)
     emb = shape.hidden * shape.vocab
     params_gpu = -(-emb // vs) * (we + (0.0 if shape.tied else wl))
     weight = params_gpu + (shape.hidden * wo if shape.final_norm else 0.0)
-    return NonBlockCosts(prefill_s=F * cohort + ro, decode_s=decode,
-                         runtime_s=cohort + (osl - 1) * decode,
+    return NonBlockCosts(prefill_s=ttft[0] + ro, decode_s=tpot[0], runtime_s=cycle[0] + ro,
                          weight_bytes=float(weight), vocab_per_gpu=v, hidden=shape.hidden,
                          request_overhead_s=ro)
 

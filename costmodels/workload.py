@@ -8,9 +8,9 @@ Two serving modes (``costmodels.serving`` derives the figures; this module holds
 * ``concurrency=B`` (the default of serving engines: continuous batching with chunked
   prefill, as vLLM, TensorRT-LLM and SGLang run): B requests in flight, of which
   ``running = min(B, max_num_seqs)`` are scheduled. Each engine step processes at most
-  ``max_num_batched_tokens`` tokens, so the ``running * isl`` prompt tokens of a cohort are
-  prefilled in ``n_c = ceil(running * isl / max_num_batched_tokens)`` chunk steps (each
-  re-reads the weights), followed by ``osl - 1`` decode steps of ``running`` tokens. With an
+  ``max_num_batched_tokens`` tokens, so the ``running * isl`` prompt tokens are prefilled
+  over ``n_c = max(1, running * isl / max_num_batched_tokens)`` steps, each mixed with the
+  decodes of the other requests (``costmodels.model`` derives the figures). With an
   unlimited token budget (and ``max_num_seqs >= B``) this is exactly batch mode.
 
 Engine defaults (sourced): ``max_num_batched_tokens`` 8,192 and ``max_num_seqs`` 2,048 are
@@ -20,8 +20,6 @@ tensorrt_llm/llmapi/llm_args.py); vLLM V1's online-serving default token budget 
 """
 
 from __future__ import annotations
-
-import math
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -94,34 +92,22 @@ class Workload(BaseModel):
 
     @property
     def prefill_sequences(self) -> int:
-        """Prompts prefilled per cohort (all in one pass in batch mode, in chunks otherwise)."""
+        """Prompts prefilled per cycle (all in one pass in batch mode, in chunks otherwise)."""
         return self.sequences
 
     @property
-    def prefill_chunks(self) -> int:
-        """Engine steps that prefill one cohort: 1 in batch mode,
-        ``ceil(sequences * isl / max_num_batched_tokens)`` in concurrency mode."""
+    def prefill_chunks(self) -> float:
+        """Engine steps that carry the prompt chunks of one cycle: 1 in batch mode,
+        ``max(1, sequences * isl / max_num_batched_tokens)`` in concurrency mode (in steady
+        state the budget binds on average, so this is not rounded up)."""
         if not self.chunked:
-            return 1
-        return max(1, math.ceil(self.sequences * self.isl / self.max_num_batched_tokens))
+            return 1.0
+        return max(1.0, self.sequences * self.isl / self.max_num_batched_tokens)
 
     @property
     def chunk_tokens(self) -> float:
-        """Prompt tokens per prefill step (the cohort's prompt tokens spread evenly)."""
+        """Prompt tokens per mixed step (the cycle's prompt tokens spread evenly)."""
         return self.sequences * self.isl / self.prefill_chunks
-
-    @property
-    def ttft_fraction(self) -> float:
-        """Mean TTFT as a fraction of the cohort's prefill time: ``(n_c + 1) / (2 n_c)``
-        (prompts finish their last chunk evenly over the ``n_c`` steps; 1 in batch mode)."""
-        n = self.prefill_chunks
-        return (n + 1) / (2.0 * n)
-
-    @property
-    def prefill_passes(self) -> float:
-        """Cohort prefill time over mean TTFT (``1 / ttft_fraction``): ``runtime =
-        prefill_passes * ttft + (osl - 1) * tpot`` with the overheads of TTFT aside."""
-        return 1.0 / self.ttft_fraction
 
     @property
     def mean_decode_context(self) -> float:

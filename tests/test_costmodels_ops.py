@@ -137,15 +137,14 @@ def test_roofline():
 
 def test_workload_parse():
     w = parse_workload("isl=8192,osl=1024,batch=64")
-    assert (w.isl, w.osl, w.sequences, w.prefill_sequences, w.prefill_passes) == (8192, 1024, 64, 64, 1)
+    assert (w.isl, w.osl, w.sequences, w.prefill_sequences, w.prefill_chunks) == (8192, 1024, 64, 64, 1)
     c = parse_workload("isl=128, osl=16, concurrency=8, name=chat")
     assert (c.name, c.sequences, c.prefill_sequences, c.prefill_chunks) == ("chat", 8, 8, 1)
-    assert c.prefill_passes == 1.0 and c.ttft_fraction == 1.0
     # 8 prompts of 8192 tokens in chunks of the default 8192-token budget: 8 steps
     long = parse_workload("isl=8192,osl=16,concurrency=8")
-    assert (long.prefill_chunks, long.chunk_tokens, long.ttft_fraction) == (8, 8192, 9 / 16)
+    assert (long.prefill_chunks, long.chunk_tokens) == (8, 8192)
     capped = parse_workload("isl=100,osl=16,concurrency=5000,max_num_seqs=256,tokens=1000")
-    assert (capped.sequences, capped.prefill_chunks) == (256, 26)
+    assert (capped.sequences, capped.prefill_chunks) == (256, 25.6)
     assert c.mean_decode_context == 136 and c.max_context == 144
     for bad in ("isl=1,osl=1", "isl=1,osl=1,batch=2,concurrency=2", "isl=1,osl=1,batch=0",
                 "isl=1,osl=1,bs=x", "isl=1,foo=2,batch=1", "isl 1"):
