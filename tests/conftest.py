@@ -17,3 +17,15 @@ NANO = CONFIGS / "nemotron-3-nano-30b-a3b.json"
 @pytest.fixture
 def configs() -> Path:
     return CONFIGS
+
+
+@pytest.fixture(scope="session")
+def trained_parent():
+    """``(model, calib, held, data)``: the tiny hybrid parent of ``tiny_parent`` trained on
+    English text, once per session (torch tests only)."""
+    pytest.importorskip("torch")
+    import torch
+    from tiny_parent import train_parent
+
+    torch.set_num_threads(1)
+    return train_parent()

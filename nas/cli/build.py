@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parent", help="parent checkpoint folder (config.json + safetensors)")
     p.add_argument("--calib", help="calibration tokens: .safetensors / .json token ids, or a "
                    "text file tokenized byte-level")
+    p.add_argument("--blocks", metavar="SCORE_DIR", help="assemble the child from the blocks "
+                   "trained by `puzzle-nas score --bld-steps N -o SCORE_DIR` (with --parent; "
+                   "no --calib)")
     p.add_argument("--calib-len", type=int, default=256,
                    help="row length when cutting a 1-D calibration sequence (default 256)")
     p.add_argument("--model-type", help="HF model_type to export (default: chosen as nas.hf "
@@ -130,11 +133,18 @@ def run(args: argparse.Namespace) -> int:
 
     cfg, source = read_child_config(args.config)
     arch = from_hf(cfg, source=source)
-    if bool(args.parent) != bool(args.calib):
+    if args.blocks and (not args.parent or args.calib):
+        raise InputError("--blocks takes --parent (the blocks the child keeps) and no --calib")
+    if not args.blocks and bool(args.parent) != bool(args.calib):
         raise InputError("--parent and --calib go together (the parent's activations on the "
                          "calibration tokens rank what to keep)")
     report: list[str] = []
-    if args.parent:
+    if args.blocks:
+        from nas.scoring.bld import assemble_child
+
+        model = assemble_child(arch, load_pretrained(args.parent), args.blocks)
+        report = model.init_report  # type: ignore[assignment]
+    elif args.parent:
         parent = load_pretrained(args.parent)
         tokens = read_calibration(args.calib, args.calib_len)
         model = init_from_parent(arch, parent, tokens, seed=args.seed)

@@ -1,0 +1,341 @@
+"""Replace-1-block scoring on a tiny hybrid parent trained on English text: metrics,
+prefix cache vs naive, BLD, resume after SIGKILL, 2 ranks vs 1, search, bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from tiny_parent import PARENT, SEQ  # noqa: E402
+
+from hwprofiles.errors import InputError  # noqa: E402
+from nas.arch import FFN, Attention  # noqa: E402
+from nas.build import init_from_parent, load_pretrained, save_pretrained  # noqa: E402
+from nas.cli import main as cli  # noqa: E402
+from nas.hf import to_hf  # noqa: E402
+from nas.scoring import Settings, init_block, prepare, run  # noqa: E402
+from nas.scoring.core import Item, Scorer, make_items, weights_digest  # noqa: E402
+from nas.scoring.data import load_tokens, split_tokens  # noqa: E402
+from nas.scoring.run import KILL_ENV  # noqa: E402
+from nas.scoring.store import Store  # noqa: E402
+
+pytestmark = pytest.mark.torch
+torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parents[1]
+SPACE = {"attention": {"kv_heads": [2, 1], "noop": True, "linear": True},
+         "ffn": {"fractions": [0.5, 0.25], "noop": True, "linear": True},
+         "moe": {"expert_fractions": [0.5], "top_k": [1], "noop": True},
+         "mamba": {"state_sizes": [8], "noop": True}}
+SETTINGS = dict(seq_len=SEQ, max_tokens=1024, calib_tokens=1024)
+BLD = dict(SETTINGS, bld_steps=40, bld_lr=3e-3)
+METRIC_COLS = ["block", "alternative", "kl_div", "lm_loss_delta", "top1_agreement", "tokens",
+               "bld_steps", "bld_loss"]
+
+
+def _args(s: dict) -> list[str]:
+    out = []
+    for k, v in s.items():
+        out += ["--" + k.replace("_", "-"), str(v)]
+    return out
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _metrics(path: Path) -> list[tuple[str, ...]]:
+    return [tuple(r[c] for c in METRIC_COLS) for r in _csv(path)]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="module")
+def work(trained_parent, tmp_path_factory):
+    """A folder with the saved parent, the English bytes as .npy token ids and a spec."""
+    model, _, _, data = trained_parent
+    d = tmp_path_factory.mktemp("scoring")
+    save_pretrained(model, d / "parent")
+    np.save(d / "tokens.npy", data.numpy().astype(np.uint16))
+    spec = {"name": "tiny", "parent": "parent/config.json", "hardware": "h100-sxm",
+            "workloads": {"chat": {"isl": 128, "osl": 128, "batch": 1}},
+            "search_space": SPACE}
+    (d / "spec.json").write_text(json.dumps(spec))
+    return d
+
+
+def _job(work: Path, **kw):  # type: ignore[no-untyped-def]
+    return prepare(work / "spec.json", work / "parent", work / "tokens.npy", Settings(**kw))
+
+
+@pytest.fixture(scope="module")
+def scored(work):
+    """One uninterrupted in-process run without BLD."""
+    record = run(_job(work, **SETTINGS), work / "plain", progress=False)
+    return record, _csv(work / "plain" / "scores.csv")
+
+
+@pytest.fixture(scope="module")
+def bld_scored(work):
+    record = run(_job(work, **BLD), work / "bld", progress=False)
+    return record, _csv(work / "bld" / "scores.csv")
+
+
+def _by(rows, block: int) -> dict[str, float]:
+    return {r["alternative"]: float(r["kl_div"]) for r in rows if int(r["block"]) == block}
+
+
+# ---- the measurements ------------------------------------------------------------------
+def test_every_alternative_scored_parent_zero_kl_nonnegative(work, scored):
+    record, rows = scored
+    job = _job(work, **SETTINGS)
+    labels = [(a.block, a.label) for b in job.alts for a in b]
+    assert [(int(r["block"]), r["alternative"]) for r in rows] == labels
+    assert record.alternatives == len(labels) - PARENT.num_blocks == 25
+    for r in rows:
+        kl = float(r["kl_div"])
+        assert kl >= 0.0, r
+        if r["alternative"] == "parent":
+            assert kl == 0.0 and float(r["top1_agreement"]) == 1.0
+        else:
+            assert 0.0 < kl < 10 and int(r["tokens"]) == 16 * (SEQ - 1)
+    assert (work / "plain" / "scores.png").read_bytes()[:4] == b"\x89PNG"
+    assert record.summary[0].startswith("most sensitive:  block 0 (attention)")
+
+
+def test_the_parent_block_through_the_cached_path_scores_exactly_zero(work, scored):
+    job = _job(work, **SETTINGS)
+    parent = load_pretrained(work / "parent")
+    scorer = Scorer(parent, job.split, job.settings)
+    for i in range(PARENT.num_blocks):
+        alt = job.alts[i][0]
+        assert alt.is_parent
+        m = scorer.evaluate(Item(alt, PARENT.blocks[i], "0" * 64), scorer.build(
+            Item(alt, PARENT.blocks[i], "0" * 64))[0])
+        assert m["kl_div"] == pytest.approx(0.0, abs=1e-12)
+        assert m["lm_loss_delta"] == pytest.approx(0.0, abs=1e-12) and m["top1_agreement"] == 1
+
+
+def test_noop_is_worse_than_a_narrower_ffn_which_is_worse_than_the_parent(scored):
+    _, rows = scored
+    for block in (1, 6):  # the two FFN blocks
+        kl = _by(rows, block)
+        assert kl["noop"] > kl["width=64"] > kl["width=128"] > kl["parent"] == 0.0, kl
+    attn = _by(rows, 0)
+    assert attn["noop"] > attn["num_kv_heads=1"] > attn["num_kv_heads=2"] > 0.0
+
+
+def test_prefix_cached_scores_equal_naive_full_forward_scores(work, scored):
+    _, rows = scored
+    job = _job(work, **SETTINGS)
+    parent = load_pretrained(work / "parent")
+    items = make_items(PARENT, job.alts, weights_digest(parent), job.split.digest, job.settings)
+    naive = Scorer(parent, job.split, job.settings, cached=False)
+    want = {(int(r["block"]), r["alternative"]): r for r in rows}
+    for it in items[::3]:  # every block, several kinds
+        m, _ = naive.score(it)
+        r = want[(it.block, it.alt.label)]
+        for k in ("kl_div", "lm_loss_delta", "top1_agreement"):
+            assert m[k] == pytest.approx(float(r[k]), rel=1e-6, abs=1e-9), (it.alt.label, k)
+
+
+def test_per_block_init_is_init_from_parent(work, trained_parent):
+    model = trained_parent[0]
+    job = _job(work, **SETTINGS)
+    calib = torch.as_tensor(job.split.calib)
+    for i, child in [(1, FFN(width=128)), (3, PARENT.blocks[3].model_copy(
+            update={"num_experts": 4})), (4, Attention(num_heads=4, num_kv_heads=1,
+                                                          head_dim=16))]:
+        blocks = list(PARENT.blocks)
+        blocks[i] = child
+        whole = init_from_parent(PARENT.replace_blocks(blocks), model, calib)
+        with torch.no_grad():
+            x = model.embed(calib)
+            for blk in model.blocks[:i]:
+                x = blk(x)
+        one, what = init_block(model, i, child, x, seed=1)
+        assert what in whole.init_report[i]
+        for (k, a), (_, b) in zip(one.state_dict().items(), whole.blocks[i].state_dict().items()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=k)
+
+
+# ---- BLD ---------------------------------------------------------------------------------
+def test_bld_lowers_the_kl_of_most_alternatives(scored, bld_scored):
+    plain = {(r["block"], r["alternative"]): float(r["kl_div"]) for r in scored[1]}
+    trained = [r for r in bld_scored[1] if r["alternative"] not in ("parent", "noop")]
+    better = [r for r in trained if float(r["kl_div"]) < plain[(r["block"], r["alternative"])]]
+    assert len(trained) == 18 and len(better) >= 0.75 * len(trained)
+    assert all(int(r["bld_steps"]) == 40 and 0 <= float(r["bld_loss"]) < 1 for r in trained)
+
+
+def test_build_assembles_the_child_from_trained_blocks(work, bld_scored, tmp_path, capsys):
+    blocks = list(PARENT.blocks)
+    blocks[1] = FFN(width=128)
+    blocks[4] = Attention(num_heads=4, num_kv_heads=1, head_dim=16)
+    blocks[5] = PARENT.blocks[5].model_copy(update={"top_k": 1})
+    child_cfg = tmp_path / "child.json"
+    child_cfg.write_text(json.dumps({"child": to_hf(PARENT.replace_blocks(blocks))}))
+    rc = cli(["build", str(child_cfg), "--parent", str(work / "parent"), "--blocks",
+              str(work / "bld"), "-o", str(tmp_path / "child")])
+    assert rc == 0, capsys.readouterr().err
+    child = load_pretrained(tmp_path / "child")
+    parent = load_pretrained(work / "parent")
+    index = json.loads((work / "bld" / "blocks" / "index.json").read_text())
+    from safetensors.torch import load_file
+
+    for i in (1, 4, 5):
+        name = next(f for m, f in zip(index["blocks"], index["files"])
+                    if m["block"] == i and m["child"] == blocks[i].model_dump())
+        trained = load_file(str(work / "bld" / "blocks" / name))
+        for k, v in child.blocks[i].state_dict().items():
+            assert torch.equal(v, trained[k]), (i, k)
+    for i in (0, 2, 3, 6):
+        for (k, a), (_, b) in zip(child.blocks[i].state_dict().items(),
+                                  parent.blocks[i].state_dict().items()):
+            assert torch.equal(a, b), (i, k)
+    # a block nobody trained is named
+    blocks[0] = Attention(num_heads=4, num_kv_heads=4, head_dim=16, sliding_window=8)
+    child_cfg.write_text(json.dumps({"child": to_hf(PARENT.replace_blocks(blocks))}))
+    rc = cli(["build", str(child_cfg), "--parent", str(work / "parent"), "--blocks",
+              str(work / "bld"), "-o", str(tmp_path / "child2")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "no trained block for block 0" in err and "\n" not in err
+    assert not (tmp_path / "child2").exists()
+
+
+# ---- resumable, distributed --------------------------------------------------------------
+def _score_cmd(work: Path, out: Path, settings: dict, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "nas", "score", str(work / "spec.json"), "--parent",
+            str(work / "parent"), "--data", str(work / "tokens.npy"), "-o", str(out),
+            *_args(settings), *extra]
+
+
+def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(work, bld_scored):
+    out = work / "killed"
+    env = _env()
+    env[KILL_ENV] = "6"  # SIGKILL after the 7th block is trained and saved, before its commit
+    p = subprocess.run(_score_cmd(work, out, BLD), env=env, capture_output=True, text=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    with Store(out / "store" / "rank-0.sqlite") as s:
+        assert len(s) == 6
+    assert not (out / "scores.csv").exists()
+    rec = run(_job(work, **BLD), out, progress=False)  # the same command again, resumed
+    assert (rec.reused, rec.scored_now) == (6, 19)
+    assert _metrics(out / "scores.csv") == _metrics(work / "bld" / "scores.csv")
+    # a third run reuses everything; changed settings reuse nothing
+    again = run(_job(work, **BLD), out, progress=False)
+    assert (again.reused, again.scored_now) == (25, 0)
+    other = dict(SETTINGS, max_tokens=512)
+    assert run(_job(work, **other), out, progress=False).reused == 0
+
+
+def test_two_ranks_under_torchrun_equal_one_rank(work, scored):
+    out = work / "two"
+    p = subprocess.run(_score_cmd(work, out, SETTINGS, "--nproc", "2", "--json"), env=_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout[p.stdout.index("{"):])["world_size"] == 2
+    assert len(list((out / "store").glob("rank-*.sqlite"))) == 2
+    assert _metrics(out / "scores.csv") == _metrics(work / "plain" / "scores.csv")
+
+
+# ---- search reads the scores ------------------------------------------------------------
+def test_search_reports_measured_quality(work, scored, tmp_path, capsys):
+    from nas import search
+    from nas.spec import load_spec
+
+    spec = json.loads((work / "spec.json").read_text())
+    spec["parent"] = str(work / "parent" / "config.json")
+    spec["quality"] = {"scores": str(work / "plain" / "scores.csv"), "metric": "kl_div"}
+    spec["budgets"] = [{"metric": "total_params", "max": "80%"}]
+    (tmp_path / "s.json").write_text(json.dumps(spec))
+    s, base, digest = load_spec(tmp_path / "s.json")
+    outcome = search.run(s, base, tmp_path / "out", digest, progress=False)
+    q = outcome.blueprints[0].quality
+    assert q["source"] == "measured: scores.csv (kl_div)" and not q["is_prior"]
+    # the chosen child's quality is the sum of its measured scores
+    rows = {(int(r["block"]), r["alternative"]): float(r["kl_div"]) for r in scored[1]}
+    chosen = sum(rows[(c["block"], c["change"])] for c in outcome.blueprints[0].choices)
+    assert q["value"] == pytest.approx(chosen, rel=1e-12)
+    # a score file missing an alternative the spec generates: one line, exit 2
+    lines = (work / "plain" / "scores.csv").read_text().splitlines()
+    short = tmp_path / "short.csv"
+    short.write_text("\n".join(line for line in lines if not line.startswith("6,width=64,"))
+                     + "\n")
+    spec["quality"]["scores"] = str(short)
+    (tmp_path / "s.json").write_text(json.dumps(spec))
+    capsys.readouterr()
+    assert cli(["search", str(tmp_path / "s.json"), "-o", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("puzzle-nas search: error: ") and err.endswith(
+        "short.csv: no score for block 6 alternative 'width=64'")
+
+
+# ---- data and bad input -----------------------------------------------------------------
+def test_token_files_npy_bin_and_text_with_a_tokenizer(tmp_path):
+    ids = np.arange(300, dtype=np.uint32) % 251
+    np.save(tmp_path / "a.npy", ids)
+    ids.astype("<u2").tofile(tmp_path / "a16.bin")
+    ids.astype("<u4").tofile(tmp_path / "a32.bin")
+    for f, dt in [("a.npy", None), ("a16.bin", "uint16"), ("a32.bin", "uint32")]:
+        assert np.array_equal(load_tokens(tmp_path / f, bin_dtype=dt), ids)
+    with pytest.raises(InputError, match="needs --bin-dtype"):
+        load_tokens(tmp_path / "a16.bin")
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+        {"[UNK]": 0, "the": 1, "cat": 2, "sat": 3}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "t.txt").write_text("the cat sat on the mat")
+    got = load_tokens(tmp_path / "t.txt", tokenizer=tmp_path / "tokenizer.json")
+    assert got.tolist() == [1, 2, 3, 0, 1, 0]
+    with pytest.raises(InputError, match="needs --tokenizer"):
+        load_tokens(tmp_path / "t.txt")
+    sp = split_tokens(ids.astype(np.int64), 256, 64, 100, 64)
+    assert sp.calib.shape == (1, 64) and sp.held.shape == (2, 64)
+    assert np.array_equal(sp.held.reshape(-1), ids[2 * 64:4 * 64])
+
+
+def _bad(work: Path, tmp_path: Path, capsys, *argv: str, spec: Path | None = None) -> str:
+    capsys.readouterr()
+    rc = cli(["score", str(spec or work / "spec.json"), "--parent", str(work / "parent"),
+              "-o", str(tmp_path / "o"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()
+    return err
+
+
+def test_bad_input_is_one_line_and_exit_2(work, tmp_path, capsys):
+    np.save(tmp_path / "short.npy", np.arange(10))
+    err = _bad(work, tmp_path, capsys, "--data", str(tmp_path / "short.npy"), "--seq-len", "64")
+    assert "short.npy" in err and "shorter than one sequence" in err
+    np.save(tmp_path / "big.npy", np.full(1000, 7).tolist()[:-1] + [300])
+    err = _bad(work, tmp_path, capsys, "--data", str(tmp_path / "big.npy"), "--seq-len", "64")
+    assert "token id 300 at position 999 is outside the parent's vocabulary [0, 256)" in err
+    blocks = list(PARENT.blocks)
+    blocks[6] = FFN(width=128)
+    spec = json.loads((work / "spec.json").read_text())
+    spec["parent"] = to_hf(PARENT.replace_blocks(blocks))
+    (tmp_path / "other.json").write_text(json.dumps(spec))
+    err = _bad(work, tmp_path, capsys, "--data", str(work / "tokens.npy"),
+               spec=tmp_path / "other.json")
+    assert "config.json: does not match the spec's parent: block 6 is ffn 256" in err
+    err = _bad(work, tmp_path, capsys, "--data", str(work / "tokens.npy"), "--seq-len", "1")
+    assert "--seq-len" in err
