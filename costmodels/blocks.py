@@ -210,6 +210,7 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     act_dtype = hw.compute_dtype(recipe.activations.value)
     link = hw.interconnect
     link_eff = eff.link.peak_fraction
+    imbalance = max(1.0, hw.moe_imbalance.value) if hw.moe_imbalance is not None else 1.0
 
     def gemm_t(fb: tuple, dtype: str, k: float | np.ndarray) -> np.ndarray:
         f, b = fb
@@ -318,8 +319,10 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                 Tx = T * dp  # tokens of all ranks whose routed copies reach the experts
                 fr, br = ops.moe_experts(Tx, E, k, F, e_in, mats, wb[TensorRole.ROUTED_EXPERTS], a)
                 tpe = Tx * k / np.maximum(E, 1.0)  # routed tokens per expert
-                out.append(grouped_t((fr / ep, br / ep), cd[TensorRole.ROUTED_EXPERTS],
-                                     K_EXPERTS * (E > 0), decode=out is out_d, tpe=tpe))
+                imb = imbalance if ep > 1 else 1.0  # the busiest EP rank sets the step
+                out.append(grouped_t((fr * imb / ep, br * imb / ep),
+                                     cd[TensorRole.ROUTED_EXPERTS], K_EXPERTS * (E > 0),
+                                     decode=out is out_d, tpe=tpe))
                 # permute into expert order and un-permute (weighted scatter) per routed token
                 out.append(elem_t(_scale(ops.moe_permute(Tx, k, e_in, a, ep), (E > 0) * 1.0),
                                   K_PERMUTE * (E > 0)))

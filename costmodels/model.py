@@ -22,10 +22,12 @@ in which each group prefills in its own step while the others decode. With ``O' 
 * ``cycle = n_c * t(mixed) + max(O' - n_c, 0) * t(decode)``: every request's latency;
 * ``ttft_s = (max(n_c - O', 0) + m) * t(mixed) + r_o`` (``m = max(1, S / c)`` steps carry
   one prompt; ``n_c > O'`` means prompts queue for ``n_c - O'`` steps);
-* ``tpot_s = (cycle - (ttft_s - r_o)) / (O - 1)``: the mean time between a request's tokens,
-  prefill chunks of the other groups included (what a user sees);
-* ``runtime_s = cycle + r_o`` (a slot holds its request through ``r_o`` as well), so
-  ``latency_s = ttft_s + (O - 1) * tpot_s = runtime_s``;
+* ``tpot_s = (cycle + B * r_o - ttft_s) / (O - 1)``: the mean time between a request's
+  tokens, prefill chunks and host work for the other groups included (what a user sees);
+* ``runtime_s = cycle + B * r_o``: the engine's host loop admits and retires the B
+  requests of a cycle one by one, in its critical path (this is what caps short-request
+  throughput in the published tables); ``latency_s = ttft_s + (O - 1) * tpot_s =
+  runtime_s``;
 * ``throughput_tok_s = B * O / (runtime_s * tp)`` output tokens/s **per GPU**;
   ``throughput_node_tok_s = throughput_tok_s * gpus_per_node`` (replicas fill the node);
   ``per_user_tok_s = 1 / tpot_s``.
@@ -166,7 +168,10 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     emb = shape.hidden * shape.vocab
     params_gpu = -(-emb // vs) * (we + (0.0 if shape.tied else wl))
     weight = params_gpu + (shape.hidden * wo if shape.final_norm else 0.0)
-    return NonBlockCosts(prefill_s=ttft[0] + ro, decode_s=tpot[0], runtime_s=cycle[0] + ro,
+    # the host admits and retires the B requests of a cycle one by one, in the engine loop
+    host = wc["B"][0] * ro
+    tpot = np.where(Osl > 1, tpot[0] + (host - ro) / np.maximum(Osl - 1.0, 1.0), tpot[0])
+    return NonBlockCosts(prefill_s=ttft[0] + ro, decode_s=tpot, runtime_s=cycle[0] + host,
                          weight_bytes=float(weight), vocab_per_gpu=v, hidden=shape.hidden,
                          request_overhead_s=ro)
 

@@ -165,8 +165,12 @@ class HardwareProfile(BaseModel):
     """Serving-engine seconds per engine step on this device (scheduling, sampling, graph
     launch) not hidden behind GPU work; absent: 0."""
     request_overhead_s: Figure | None = None
-    """Serving-engine seconds per request before its first token (admission, tokenization,
-    first-step setup) added to TTFT; absent: 0."""
+    """Serving-engine host seconds per request (admission, tokenization, scheduling,
+    retirement) in the engine loop: added to TTFT, and B of them to every cycle of B
+    requests (``costmodels.model``); absent: 0."""
+    moe_imbalance: Figure | None = None
+    """MoE routing imbalance under expert parallelism: routed tokens on the busiest of the
+    ``ep`` GPUs over the mean (>= 1); the busiest GPU sets the step. Absent: 1."""
 
     @field_validator("peak_flops")
     @classmethod
@@ -257,6 +261,9 @@ class HardwareProfile(BaseModel):
             f = getattr(self, key)
             rows.append((label, "not given (0)" if f is None else f"{f.value * 1e3:.2f} ms",
                          "" if f is None else f.source))
+        f = self.moe_imbalance
+        rows.append(("MoE routing imbalance (EP)", "not given (1)" if f is None
+                     else f"{f.value:.2f}", "" if f is None else f.source))
         return rows
 
 

@@ -25,6 +25,7 @@ COMMANDS: list[str] = [
     "build",
     "score",
     "profile",
+    "calibrate",
 ]
 
 

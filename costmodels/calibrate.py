@@ -1,0 +1,378 @@
+"""Fit a hardware profile's efficiency fractions and engine overheads to measurements.
+
+A measurement is one published (or ``puzzle-nas profile``-measured) serving figure: a model
+on ``tp`` GPUs of a device at a precision, a workload (isl, osl, and a concurrency, or the
+engine's maximum-throughput point, or the best point under an SLO), and one of
+``throughput`` (output tok/s of the whole ``tp`` group), ``ttft_s`` or ``tpot_s``. The CSV
+format is :class:`Measurement` (one row each, every row with its source).
+
+:func:`predict` prices a measurement with the serving model (``costmodels.model``,
+``costmodels.serving``); :func:`fit` adjusts the profile's **physical** figures, never a
+per-model or per-point factor:
+
+* efficiency fractions (dense GEMM per compute dtype, attention math, attention KV reads,
+  Mamba state I/O, grouped GEMM prefill/decode, memory streaming, link), each bounded to
+  ``[FLOOR, 1]``;
+* the per-kernel overhead (0-20 us), the engine's per-step (0-20 ms) and per-request
+  (0-50 ms) host overheads, and the MoE routing imbalance under expert parallelism (1-2).
+
+The objective is the sum of squared log errors (``log(predicted / measured)``: a relative
+error, symmetric in over- and under-prediction), minimized by ``scipy.optimize
+.least_squares`` (trust-region reflective, which keeps every figure inside its bounds).
+Figures the measurements do not constrain (zero sensitivity) keep their value and source;
+each fitted figure's source becomes "fitted to N measurements from ...".
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from costmodels.blocks import price_blocks
+from costmodels.dtypes import PrecisionRecipe, get_recipe
+from costmodels.memory import DEFAULT_RESERVE_BYTES
+from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
+from costmodels.serving import parse_slo, slo_throughput
+from costmodels.shapes import BlockTable
+from costmodels.workload import DEFAULT_MAX_NUM_SEQS, DEFAULT_TOKEN_BUDGET, Workload
+from hwprofiles.errors import InputError, require_file
+from hwprofiles.schema import HardwareProfile
+
+FLOOR = 0.05
+"""Lowest efficiency fraction a fit may reach (a physical figure, not a fudge: below 5 % of
+peak the roofline is not what limits the op)."""
+
+METRICS = ("throughput", "ttft_s", "tpot_s")
+
+
+class Measurement(BaseModel):
+    """One row of a measurements CSV."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str = Field(min_length=1)
+    split: Literal["fit", "holdout"] = "fit"
+    gpu: str = Field(min_length=1, description="hardware profile name")
+    model: str = Field(min_length=1, description="config name: <model>.json in a configs dir")
+    precision: str = Field(min_length=1)
+    tp: int = Field(ge=1)
+    ep: int = Field(default=1, ge=1)
+    attention_dp: bool = False
+    isl: int = Field(ge=1)
+    osl: int = Field(ge=1)
+    concurrency: int | None = Field(default=None, ge=1,
+                                    description="blank: the engine's maximum-throughput point")
+    slo: str | None = None
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    metric: Literal["throughput", "ttft_s", "tpot_s"]
+    value: float = Field(gt=0)
+    engine: str = ""
+    source: str = Field(min_length=3)
+    url: str = ""
+
+    @field_validator("concurrency", "slo", "max_num_seqs", "max_num_batched_tokens",
+                     "gpu_memory_utilization", mode="before")
+    @classmethod
+    def _blank(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @property
+    def regime(self) -> str:
+        return {"throughput": "throughput", "ttft_s": "TTFT", "tpot_s": "TPOT"}[self.metric]
+
+
+def load_measurements(path: str | Path) -> list[Measurement]:
+    """Read a measurements CSV; a bad row is one line naming the file, row and field."""
+    p = require_file(path)
+    out: list[Measurement] = []
+    with open(p, newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames is None:
+            raise InputError("empty file; expected a CSV header", path=str(p))
+        for n, row in enumerate(reader, start=2):
+            try:
+                out.append(Measurement.model_validate(row))
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                loc = ".".join(str(x) for x in err["loc"]) or "(row)"
+                raise InputError(f"row {n}: {err['msg']}", path=str(p), field=loc) from None
+    if not out:
+        raise InputError("no measurements", path=str(p))
+    return out
+
+
+@dataclass
+class ModelShape:
+    """What ``costmodels`` needs of a model: its block table (MTP rows flagged as draft)
+    and its non-block shape."""
+
+    table: BlockTable
+    nonblock: NonBlockShape
+    draft: np.ndarray | None = None
+
+
+def _reserve(m: Measurement, hw: HardwareProfile) -> float:
+    if m.gpu_memory_utilization is None:
+        return DEFAULT_RESERVE_BYTES
+    return (1.0 - m.gpu_memory_utilization) * hw.memory_bytes.value
+
+
+def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
+            recipe: PrecisionRecipe | None = None) -> float:
+    """The serving model's figure for measurement ``m`` (same unit as ``m.value``)."""
+    recipe = recipe or get_recipe(m.precision)
+    kw = dict(tp=m.tp, ep=m.ep if m.ep in (1, m.tp) else 1, attention_dp=m.attention_dp)
+    base = dict(isl=m.isl, osl=m.osl, concurrency=m.concurrency or 1,
+                max_num_seqs=m.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+                max_num_batched_tokens=m.max_num_batched_tokens or DEFAULT_TOKEN_BUDGET)
+    wl = Workload(**base)
+    reserve = _reserve(m, hw)
+    if m.slo:
+        pt = slo_throughput(shape.table, shape.nonblock, hw, recipe, wl, parse_slo(m.slo),
+                            reserve_bytes=reserve, **kw)
+        return pt.throughput_node_tok_s if m.tp == hw.gpus_per_node.value else \
+            pt.throughput_tok_s * m.tp
+    if m.concurrency is None:  # the maximum-throughput point: the most that fit
+        b1 = price_blocks(shape.table, hw, recipe, [wl], **kw)
+        nb1 = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp,
+                             attention_dp=m.attention_dp)
+        cap = max_concurrency(b1, nb1, hw, wl.max_context, reserve_bytes=reserve)
+        wl = wl.with_sequences(max(1, min(cap.max_concurrency, wl.max_num_seqs)))
+    b = price_blocks(shape.table, hw, recipe, [wl], **kw)
+    nb = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp, attention_dp=m.attention_dp)
+    s = summarize(b, nb, hw, reserve_bytes=reserve)
+    if m.metric == "throughput":
+        return float(s.throughput_tok_s[0] * m.tp)
+    return float(s.ttft_s[0] if m.metric == "ttft_s" else s.tpot_s[0])
+
+
+# -- the fitted figures -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Param:
+    """One fittable figure: a path into the profile JSON, bounds, and a label."""
+
+    label: str
+    path: tuple[str, ...]
+    lo: float
+    hi: float
+    curve: bool  # an EfficiencyCurve (scale its points) or a Figure (set its value)
+
+
+def parameters(hw: HardwareProfile) -> list[Param]:
+    """The figures :func:`fit` may move on ``hw`` (those the profile has)."""
+    out = [Param(f"matmul {d}", ("efficiency", "matmul", d), FLOOR, 1.0, True)
+           for d in hw.efficiency.matmul]
+    for key in ("attention", "attention_decode", "ssm_state", "grouped_matmul_prefill",
+                "grouped_matmul_decode", "memory", "link"):
+        out.append(Param(key.replace("_", " "), ("efficiency", key), FLOOR, 1.0, True))
+    out.append(Param("kernel overhead", ("kernel_overhead_s",), 0.0, 20e-6, False))
+    out.append(Param("engine step overhead", ("step_overhead_s",), 0.0, 20e-3, False))
+    out.append(Param("engine request overhead", ("request_overhead_s",), 0.0, 0.05, False))
+    out.append(Param("MoE routing imbalance", ("moe_imbalance",), 1.0, 2.0, False))
+    return out
+
+
+def _get(data: dict, p: Param) -> float:
+    node = data
+    for k in p.path:
+        node = node.get(k) if isinstance(node, dict) else None
+        if node is None:
+            break
+    if node is None:
+        if p.curve:  # an optional curve not in the profile: its fallback, the memory curve
+            return float(data["efficiency"]["memory"]["points"][-1][1])
+        return p.lo
+    if p.curve:
+        return float(max(f for _, f in node["points"]))
+    return float(node["value"])
+
+
+def _set(data: dict, p: Param, value: float, source: str) -> None:
+    parent = data
+    for k in p.path[:-1]:
+        parent = parent[k]
+    key = p.path[-1]
+    if p.curve:
+        cur = parent.get(key)
+        if cur is None:
+            parent[key] = {"points": [[1.0, value]], "source": source}
+            return
+        peak = max(f for _, f in cur["points"])
+        pts = [[s, min(1.0, max(FLOOR, f * value / peak))] for s, f in cur["points"]]
+        parent[key] = {"points": pts, "source": source}
+    else:
+        parent[key] = {"value": value, "source": source}
+
+
+def with_values(hw: HardwareProfile, params: Sequence[Param], values: Sequence[float],
+                source: str = "calibration trial") -> HardwareProfile:
+    """``hw`` with ``params`` set to ``values`` (curves are scaled to the new peak)."""
+    data = hw.model_dump(mode="json")
+    for p, v in zip(params, values):
+        _set(data, p, float(v), source)
+    return HardwareProfile.model_validate(data)
+
+
+@dataclass
+class FitResult:
+    """A fitted profile and what moved."""
+
+    profile: HardwareProfile
+    n: int
+    moved: list[tuple[str, float, float]] = field(default_factory=list)
+    rms_log_before: float = 0.0
+    rms_log_after: float = 0.0
+
+
+def _residuals(ms: Sequence[Measurement], shapes: Callable[[str], ModelShape],
+               hw: HardwareProfile) -> np.ndarray:
+    return np.array([math.log(predict(m, shapes(m.model), hw) / m.value) for m in ms])
+
+
+def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
+        shapes: Callable[[str], ModelShape], sources: str | None = None,
+        max_nfev: int = 60) -> FitResult:
+    """Fit ``hw``'s figures to the measurements taken on it (``m.gpu`` names ``hw`` or one
+    of its aliases). Raises :class:`InputError` when there are none."""
+    names = {hw.name, *hw.aliases}
+    ms = [m for m in measurements if m.gpu in names]
+    if not ms:
+        raise InputError(f"no measurements for device {hw.name!r}", field="gpu")
+    from scipy.optimize import least_squares
+
+    params = parameters(hw)
+    x0 = np.array([_get(hw.model_dump(mode="json"), p) for p in params])
+    r0 = _residuals(ms, shapes, hw)
+    # keep only the figures the measurements constrain (a finite-difference probe)
+    active = []
+    for i, p in enumerate(params):
+        x = x0.copy()
+        x[i] = max(p.lo, 0.9 * x0[i]) if p.curve else min(p.hi, x0[i] + 0.1 * (p.hi - p.lo))
+        r = _residuals(ms, shapes, with_values(hw, params, x))
+        if np.max(np.abs(r - r0)) > 1e-6:
+            active.append(i)
+    if not active:
+        return FitResult(hw, len(ms), [], float(np.sqrt(np.mean(r0 ** 2))),
+                         float(np.sqrt(np.mean(r0 ** 2))))
+    ap = [params[i] for i in active]
+    lo = np.array([p.lo for p in ap])
+    hi = np.array([p.hi for p in ap])
+    scale = np.maximum(hi - lo, 1e-12)
+
+    def fun(z: np.ndarray) -> np.ndarray:
+        x = x0.copy()
+        x[active] = lo + z * scale
+        return _residuals(ms, shapes, with_values(hw, params, x))
+
+    z0 = np.clip((x0[active] - lo) / scale, 0.0, 1.0)
+    sol = least_squares(fun, z0, bounds=(0.0, 1.0), diff_step=1e-3, max_nfev=max_nfev,
+                        x_scale=1.0)
+    xbest = x0.copy()
+    xbest[active] = lo + sol.x * scale
+    src = sources or sorted({m.source.split(",")[0] for m in ms})
+    label = src if isinstance(src, str) else "; ".join(src)
+    source = f"fitted to {len(ms)} measurements from {label} (puzzle-nas calibrate)"
+    moved = []
+    fitted = hw
+    changed = [(params[i], xbest[i]) for i in active if not math.isclose(xbest[i], x0[i],
+                                                                           rel_tol=1e-6)]
+    if changed:
+        fitted = with_values(hw, [c[0] for c in changed], [c[1] for c in changed], source)
+        moved = [(p.label, float(x0[params.index(p)]), float(v)) for p, v in changed]
+    r1 = _residuals(ms, shapes, fitted)
+    return FitResult(fitted, len(ms), moved, float(np.sqrt(np.mean(r0 ** 2))),
+                     float(np.sqrt(np.mean(r1 ** 2))))
+
+
+# -- the report ---------------------------------------------------------------------------
+
+@dataclass
+class Scored:
+    """A measurement with its prediction."""
+
+    m: Measurement
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        """Signed relative error ``predicted / measured - 1``."""
+        return self.predicted / self.m.value - 1.0
+
+
+def score(measurements: Iterable[Measurement], shapes: Callable[[str], ModelShape],
+          profiles: Callable[[str], HardwareProfile]) -> list[Scored]:
+    """Predict every measurement with the profile its ``gpu`` names."""
+    return [Scored(m, predict(m, shapes(m.model), profiles(m.gpu))) for m in measurements]
+
+
+def mape_table(scored: Sequence[Scored]) -> list[dict]:
+    """Rows ``{split, gpu, regime, n, mape, bias}`` (mean |error| and mean error, as
+    fractions), per split x GPU x regime, then per split x regime and per split (``all``)."""
+    rows = []
+    keys: list[tuple[str, str, str]] = []
+    for s in scored:
+        for k in ((s.m.split, s.m.gpu, s.m.regime), (s.m.split, "all", s.m.regime),
+                  (s.m.split, "all", "all")):
+            if k not in keys:
+                keys.append(k)
+    keys.sort(key=lambda k: (k[0], k[1] == "all", k[1], k[2] == "all", k[2]))
+    for split, gpu, regime in keys:
+        errs = np.array([s.error for s in scored if s.m.split == split
+                         and gpu in ("all", s.m.gpu) and regime in ("all", s.m.regime)])
+        rows.append({"split": split, "gpu": gpu, "regime": regime, "n": int(errs.size),
+                     "mape": float(np.mean(np.abs(errs))), "bias": float(np.mean(errs))})
+    return rows
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    lines = [f"{'split':<8} {'gpu':<10} {'regime':<11} {'n':>4} {'MAPE':>7} {'bias':>7}"]
+    for r in rows:
+        lines.append(f"{r['split']:<8} {r['gpu']:<10} {r['regime']:<11} {r['n']:>4} "
+                     f"{r['mape']:>6.1%} {r['bias']:>+6.1%}")
+    return "\n".join(lines)
+
+
+def fidelity_plot(scored: Sequence[Scored], path: str | Path) -> None:
+    """Log-log scatter of predicted vs measured, one panel per regime (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = [r for r in ("throughput", "TTFT", "TPOT") if any(s.m.regime == r for s in scored)]
+    fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 4.6), squeeze=False)
+    colors = {"h100-sxm": "tab:blue", "h200-sxm": "tab:orange", "b200": "tab:green"}
+    for ax, reg in zip(axes[0], regimes):
+        pts = [s for s in scored if s.m.regime == reg]
+        for s in pts:
+            ax.scatter(s.m.value, s.predicted, s=22, marker="o" if s.m.split == "fit" else "^",
+                       color=colors.get(s.m.gpu, "tab:gray"),
+                       edgecolors="black" if s.m.split == "holdout" else "none", linewidths=0.6)
+        vals = [v for s in pts for v in (s.m.value, s.predicted)]
+        lo, hi = min(vals) / 1.5, max(vals) * 1.5
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        for f in (0.85, 1.15):
+            ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        unit = "tok/s" if reg == "throughput" else "s"
+        ax.set_xlabel(f"measured {reg} ({unit})")
+        ax.set_ylabel(f"predicted {reg} ({unit})")
+        ax.set_title(f"{reg}: {len(pts)} points (dotted: +-15 %)")
+    handles = [plt.Line2D([], [], ls="", marker="o", color=c, label=g) for g, c in colors.items()]
+    handles += [plt.Line2D([], [], ls="", marker="^", color="white", markeredgecolor="black",
+                           label="hold-out")]
+    axes[0][0].legend(handles=handles, loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

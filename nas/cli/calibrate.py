@@ -1,0 +1,127 @@
+"""``puzzle-nas calibrate MEASUREMENTS.csv --hw NAME -o PROFILE.json``: fit a profile.
+
+Fits the efficiency fractions and engine overheads of a hardware profile to the
+measurements taken on it (``costmodels.calibrate``: bounded least squares on log errors,
+no per-model or per-point factors), prints the figures that moved and the error before
+and after, and writes the fitted profile (each fitted figure's source says "fitted to N
+measurements from ..."). ``--split fit`` uses only the rows marked for fitting, so the
+hold-out rows stay unseen; ``--report`` prints the MAPE table of every row instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate", help="fit a hardware profile's efficiencies and overheads to measurements",
+        description="Fit a hardware profile's efficiency fractions (bounded to (0, 1]) and "
+        "engine overheads to serving measurements (a CSV with sources: published tables or "
+        "`puzzle-nas profile` runs) and write the fitted profile.")
+    p.add_argument("measurements", help="measurements CSV (see costmodels.calibrate.Measurement)")
+    p.add_argument("--hw", required=True, help="the profile to start from (name or JSON file); "
+                   "rows whose gpu names it (or an alias) are fitted")
+    p.add_argument("-o", "--output", help="where to write the fitted profile JSON")
+    p.add_argument("--configs", action="append", default=[], metavar="DIR",
+                   help="folder of <model>.json HF configs (repeatable; default: the CSV's "
+                   "configs/ folder, then examples/configs)")
+    p.add_argument("--split", choices=("fit", "holdout", "all"), default="fit",
+                   help="which rows to fit (default fit: hold-out rows stay unseen)")
+    p.add_argument("--max-evals", type=int, default=40,
+                   help="least-squares iterations at most (default 40)")
+    p.add_argument("--report", action="store_true",
+                   help="no fit: print predicted vs measured and the MAPE table for all rows")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.set_defaults(func=run)
+
+
+def shape_resolver(csv_path: Path, dirs: list[str]):  # noqa: ANN201 - a cached callable
+    """``model name -> ModelShape`` over config folders, each config loaded once."""
+    from functools import cache
+
+    from costmodels.calibrate import ModelShape
+    from costmodels.model import NonBlockShape
+    from hwprofiles.errors import InputError
+    from nas.hf import load_config
+
+    here = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    folders = [Path(d) for d in dirs] or [csv_path.parent / "configs", here]
+
+    @cache
+    def shapes(name: str) -> ModelShape:
+        for d in folders:
+            p = d / f"{name}.json"
+            if p.is_file():
+                a = load_config(p)
+                return ModelShape(a.block_table(), NonBlockShape(
+                    a.hidden_size, a.vocab_size, a.tie_embeddings, a.final_norm))
+        raise InputError(f"no config {name}.json in {', '.join(str(d) for d in folders)}",
+                         path=str(csv_path), field="model")
+
+    return shapes
+
+
+def run(args: argparse.Namespace) -> int:
+    import hwprofiles
+    from costmodels.calibrate import fit, format_table, load_measurements, mape_table, score
+    from hwprofiles.errors import InputError
+
+    path = Path(args.measurements)
+    ms = load_measurements(path)
+    hw = hwprofiles.get(args.hw)
+    shapes = shape_resolver(path, args.configs)
+    names = {hw.name, *hw.aliases}
+    if args.report:
+        mine = [m for m in ms if m.gpu in names]
+        if not mine:
+            raise InputError(f"no rows for device {hw.name!r}", path=str(path), field="gpu")
+        sc = score(mine, shapes, lambda _: hw)
+        rows = mape_table(sc)
+        if args.json:
+            print(json.dumps({"device": hw.name, "table": rows, "points": [
+                {"id": s.m.id, "split": s.m.split, "metric": s.m.metric, "measured": s.m.value,
+                 "predicted": s.predicted} for s in sc]}, indent=2))
+        else:
+            print(format_table(rows))
+        return 0
+    if not args.output:
+        raise InputError("give -o PROFILE.json (or --report)", field="--output")
+    if args.max_evals < 1:
+        raise InputError(f"must be >= 1, got {args.max_evals}", field="--max-evals")
+    chosen = [m for m in ms if args.split == "all" or m.split == args.split]
+    res = fit(chosen, hw, shapes, max_nfev=args.max_evals)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(res.profile.model_dump(mode="json"), indent=2) + "\n")
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if args.json:
+        print(json.dumps({"device": hw.name, "measurements": res.n, "output": str(out),
+                          "rms_log_error_before": res.rms_log_before,
+                          "rms_log_error_after": res.rms_log_after,
+                          "moved": [{"figure": k, "before": a, "after": b}
+                                    for k, a, b in res.moved]}, indent=2))
+        return 0
+    print(f"{hw.name}: fitted to {res.n} measurements ({args.split} rows) -> {out}")
+    print(f"  rms log error {res.rms_log_before:.3f} -> {res.rms_log_after:.3f}")
+    for k, a, b in sorted(res.moved, key=lambda t: -abs(t[2] - t[1]) / max(abs(t[1]), 1e-9)):
+        print(f"  {k:<28} {_fmt(k, a):>10} -> {_fmt(k, b)}")
+    return 0
+
+
+def _fmt(label: str, v: float) -> str:
+    if "overhead" in label:
+        return f"{v * 1e3:.3f} ms" if v >= 1e-4 else f"{v * 1e6:.2f} us"
+    if "imbalance" in label:
+        return f"{v:.3f}"
+    return f"{v:.1%}"
