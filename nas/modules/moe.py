@@ -8,9 +8,12 @@ their sum goes through ``fc2_latent_proj``; the shared expert works in the full 
 (gated by ``sigmoid(shared_expert_gate(x))`` when ``shared_gate``, as in Qwen2-MoE).
 
 Routed experts are stored stacked: ``experts_up`` / ``experts_gate`` of shape
-``(E, width, in)`` and ``experts_down`` of shape ``(E, in, width)``; dispatch sorts the
-(token, expert) pairs by expert and loops over experts (not tokens) with index_select /
-index_add.
+``(E, width, in)`` and ``experts_down`` of shape ``(E, in, width)``. Dispatch sorts the
+(token, expert) pairs by expert once, gathers the tokens in that order, runs every expert
+at once as grouped matmuls (:func:`grouped_mm`: ``torch._grouped_mm`` where the torch
+build has it for the device and dtype, a padded ``bmm`` otherwise; no Python loop over
+experts) and combines in float32 with one ``index_add_`` in the same (expert-sorted)
+order as a per-expert loop would.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nas.arch import FFN, MoE
@@ -85,20 +89,21 @@ class MoEMixer(nn.Module):
     def routed(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """Sum of the chosen experts' outputs weighted by ``w`` (in the expert space)."""
         T, k = idx.shape
+        E = self.cfg.num_experts
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
         tokens = order // k
         weights = w.reshape(-1)[order]
-        counts = torch.bincount(flat, minlength=self.cfg.num_experts).tolist()
+        counts = torch.bincount(flat, minlength=E)
+        xs = x.index_select(0, tokens)  # (T*k, in), grouped by expert
+        up = grouped_mm(xs, self.experts_up.transpose(1, 2), counts)
+        if self.cfg.gated:
+            h = _gate(self.act, grouped_mm(xs, self.experts_gate.transpose(1, 2), counts), up)
+        else:
+            h = self.act(up)
+        ye = grouped_mm(h, self.experts_down.transpose(1, 2), counts)
         out = torch.zeros(T, x.shape[-1], dtype=torch.float32, device=x.device)
-        start = 0
-        for e, cnt in enumerate(counts):
-            if not cnt:
-                continue
-            t = tokens[start:start + cnt]
-            ye = self.expert(e, x.index_select(0, t)).float() * weights[start:start + cnt, None]
-            out.index_add_(0, t, ye)
-            start += cnt
+        out.index_add_(0, tokens, ye.float() * weights[:, None])
         return out.to(x.dtype)
 
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None, offset: int = 0,
@@ -145,3 +150,83 @@ class _Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.weight.t()
+
+
+def _gate(act, g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``act(g) * up``, in place when no gradient is recorded."""
+    if torch.is_grad_enabled() and (g.requires_grad or up.requires_grad):
+        return act(g) * up
+    if act is F.silu:
+        return F.silu(g, inplace=True).mul_(up)
+    return act(g).mul_(up)
+
+
+class _GroupedMM(torch.autograd.Function):
+    """``torch._grouped_mm`` with its backward spelled out as two more grouped matmuls
+    (torch 2.13's CPU derivative of ``_grouped_mm`` fails with strided-layout errors)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w, offs)
+        return torch._grouped_mm(x, w, offs=offs)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        x, w, offs = ctx.saved_tensors
+        g = g.contiguous()
+        gx = torch._grouped_mm(g, w.transpose(1, 2), offs=offs) \
+            if ctx.needs_input_grad[0] else None
+        gw = torch._grouped_mm(x.t(), g, offs=offs) if ctx.needs_input_grad[1] else None
+        return gx, gw, None
+
+
+_GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _grouped_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``torch._grouped_mm`` runs (forward and the backward above) here."""
+    key = (device.type, dtype)
+    if key not in _GROUPED_OK:
+        ok = hasattr(torch, "_grouped_mm")
+        if ok:
+            try:
+                x = torch.ones(5, 16, dtype=dtype, device=device, requires_grad=True)
+                w = torch.ones(2, 16, 16, dtype=dtype, device=device, requires_grad=True)
+                offs = torch.tensor([2, 5], dtype=torch.int32, device=device)
+                with torch.enable_grad():
+                    _GroupedMM.apply(x, w, offs).sum().backward()
+                want = torch.tensor([2.0, 3.0], dtype=dtype, device=device)[:, None, None]
+                ok = bool((x.grad == 16).all()) and bool((w.grad == want).all())  # type: ignore
+            except (RuntimeError, NotImplementedError):
+                ok = False
+        _GROUPED_OK[key] = ok
+    return _GROUPED_OK[key]
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Rows of ``x (S, in)`` sorted by group times their group's ``w[e] (in, out)``.
+
+    ``counts (E,)``: rows per group, in order. ``torch._grouped_mm`` where it runs for this
+    device and dtype and both sizes span whole 16-byte units, else one ``bmm`` over the
+    groups padded to the largest count.
+    """
+    es = x.element_size()
+    if (x.shape[1] * es) % 16 == 0 and (w.shape[2] * es) % 16 == 0 \
+            and _grouped_supported(x.device, x.dtype):  # the kernel wants 16-byte strides
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        return _GroupedMM.apply(x, w, offs)
+    return _padded_bmm(x, w, counts)
+
+
+def _padded_bmm(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The fallback of :func:`grouped_mm`: scatter into ``(E, max count, in)``, one bmm."""
+    E = w.shape[0]
+    S = x.shape[0]
+    if S == 0:
+        return x.new_zeros(0, w.shape[-1])
+    group = torch.repeat_interleave(torch.arange(E, device=x.device), counts, output_size=S)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(S, device=x.device) - starts[group]
+    width = int(counts.max())
+    padded = x.new_zeros(E, width, x.shape[-1]).index_put((group, rank), x)
+    return torch.bmm(padded, w)[group, rank]
