@@ -81,6 +81,9 @@ class LibraryModel(BaseModel):
     num_blocks: int = Field(ge=1)
     block_names: list[str] | None = None
     constants: dict[str, float] = Field(default_factory=dict)
+    descriptive: list[str] = Field(
+        default_factory=list, description="keys whose per-child sum means nothing (a "
+        "replacement's KV heads or FFN width): usable in budgets, not printed as totals")
     replacements: list[ReplacementModel]
 
 
@@ -107,9 +110,11 @@ class BlockLibrary:
         children: Sequence[list[dict[str, Any]] | None] | None = None,
         constants: Mapping[str, float] | None = None,
         block_names: Sequence[str] | None = None,
+        descriptive: Iterable[str] = (),
         source: str | None = None,
     ) -> None:
         self.source = source
+        self.descriptive = sorted({str(k) for k in descriptive})
         self.num_blocks = int(num_blocks)
         self.start = np.asarray(start, dtype=np.int64).reshape(-1)
         self.end = np.asarray(end, dtype=np.int64).reshape(-1)
@@ -167,6 +172,10 @@ class BlockLibrary:
         idx = np.asarray(list(chosen), dtype=np.int64)
         return {k: float(self.values(k)[idx].sum() + self.constants.get(k, 0.0))
                 for k in self.keys()}
+
+    def additive_keys(self) -> list[str]:
+        """Keys whose child totals mean something (all but :attr:`descriptive`)."""
+        return [k for k in self.keys() if k not in self.descriptive]
 
     def tagged(self, tag: str) -> np.ndarray:
         """Boolean mask[R] of the replacements carrying ``tag``."""
@@ -239,6 +248,10 @@ class BlockLibrary:
                     i = int(nf[0])
                     raise self._err(f"{self._rname(i)}: {group[:-1]} {k!r} is {v[i]} "
                                     "(expected a finite number)", f"replacements.{i}.{group}.{k}")
+        for k in self.descriptive:
+            if k not in self.costs and k not in self.scores:
+                raise self._err(f"descriptive key {k!r} is neither a cost nor a score",
+                                "descriptive")
         both = set(self.costs) & set(self.scores)
         if both:
             raise self._err(f"key {sorted(both)[0]!r} is both a cost and a score", "scores")
@@ -261,7 +274,8 @@ class BlockLibrary:
                 costs={k: float(self.costs[k][i]) for k in ck},
                 scores={k: float(self.scores[k][i]) for k in sk}))
         return LibraryModel(num_blocks=self.num_blocks, block_names=self.block_names,
-                            constants=self.constants, replacements=reps)
+                            constants=self.constants, descriptive=self.descriptive,
+                            replacements=reps)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict in the file format."""
@@ -292,7 +306,8 @@ class BlockLibrary:
             labels=[rp.label or f"r{i}" for i, rp in enumerate(reps)],
             tags=[rp.tags for rp in reps],
             children=[rp.children for rp in reps],
-            constants=m.constants, block_names=m.block_names, source=source)
+            constants=m.constants, block_names=m.block_names, descriptive=m.descriptive,
+            source=source)
 
     @classmethod
     def from_dict(cls, obj: Any, source: str | None = None) -> BlockLibrary:
@@ -317,7 +332,7 @@ class BlockLibrary:
             meta = {"format": FORMAT, "version": VERSION, "num_blocks": self.num_blocks,
                     "labels": self.labels, "tags": self.tags, "children": self.children,
                     "constants": self.constants, "block_names": self.block_names,
-                    "cost_keys": list(self.costs), "score_keys": list(self.scores)}
+                    "descriptive": self.descriptive, "cost_keys": list(self.costs), "score_keys": list(self.scores)}
             arrays: dict[str, np.ndarray] = {"start": self.start, "end": self.end,
                                              "meta": np.array(json.dumps(meta))}
             for i, k in enumerate(self.costs):
@@ -354,7 +369,8 @@ class BlockLibrary:
                 raise InputError(f"not a block-library npz ({exc})", path=src) from None
             return cls(meta["num_blocks"], start, end, costs, scores, labels=meta["labels"],
                        tags=meta["tags"], children=meta["children"],
-                       constants=meta["constants"], block_names=meta["block_names"], source=src)
+                       constants=meta["constants"], block_names=meta["block_names"],
+                       descriptive=meta.get("descriptive", ()), source=src)
         return cls.from_dict(read_json(path), source=src)
 
 
@@ -382,7 +398,10 @@ def from_puzzle(obj: Mapping[str, Any] | str | Path, *, source: str | None = Non
     ``stats.runtime_ms``, in the file's own units) and leaves under ``metrics`` become
     scores (``metrics.kl_div``). Keys missing from some variants are dropped (only keys
     every variant has are kept). Each variant is a one-block replacement labelled with its
-    description; its tags are the description's ``&&``-separated parts.
+    description; its tags are the description's ``&&``-separated parts. Stats that
+    describe a variant rather than measure it (``num_kv_heads``,
+    ``ffn_intermediate_size``: any key whose last part names no additive quantity, see
+    :func:`is_additive_name`) are marked :attr:`BlockLibrary.descriptive`.
     """
     if not isinstance(obj, Mapping):
         source = str(obj)
@@ -425,7 +444,22 @@ def from_puzzle(obj: Mapping[str, Any] | str | Path, *, source: str | None = Non
         L, st, st + 1,
         {k: [r[k] for r in rows] for k in ckeys},
         {k: [r[k] for r in rows] for k in skeys},
-        labels=labels, tags=tags, block_names=[f"layer_{i}" for i in range(L)], source=source)
+        labels=labels, tags=tags, block_names=[f"layer_{i}" for i in range(L)],
+        descriptive=[k for k in (*ckeys, *skeys) if not is_additive_name(k)], source=source)
+
+
+_ADDITIVE = re.compile(r"(^|_)(mib|gib|kib|mb|gb|kb|bytes?|memory|mem|ms|us|s|sec|seconds|"
+                       r"runtime|latency|time|params?|flops?|macs|energy|j|loss|kl|kl_div|div|"
+                       r"score|error|acc)($|_)", re.IGNORECASE)
+
+
+def is_additive_name(key: str) -> bool:
+    """Whether a key's name says its per-child sum is meaningful: its last dotted part
+    (before any ``@workload``) names a memory, time, parameter, FLOP, energy or score
+    quantity (``stats.memory_mib``, ``runtime_s@chat``, ``stats.num_params``,
+    ``metrics.kl_div``), not a shape (``stats.num_kv_heads``)."""
+    leaf = key.split("@", 1)[0].rsplit(".", 1)[-1]
+    return bool(_ADDITIVE.search(leaf))
 
 
 # --------------------------------------------------------------------------- synthetic
@@ -548,3 +582,55 @@ def synthetic_library(
     return BlockLibrary(num_blocks, st_, en_, costs, {"kl_div": kl}, labels=labels, tags=tags,
                         constants=constants, block_names=[f"{kinds[b]}{b}" for b in range(num_blocks)],
                         source=f"synthetic(seed={seed})")
+
+
+def nvlabs_shaped_library(num_layers: int = 80, *, seed: int = 0) -> BlockLibrary:
+    """A library shaped like the one NVlabs/puzzle publishes for Llama-3.3-70B, for tests
+    and benchmarks of the MIP (the real one is under a non-commercial licence).
+
+    Per layer 16 one-block variants, labelled as NVlabs does (``"attention = ...\\t&&\\t
+    ffn = ..."``): attention kept (8 KV heads) or no-op, times FFN width 100, 75, 62, 50,
+    25, 20, 10 or 0 % of 28,672. Costs in the file's units: ``stats.memory_mib`` (exact
+    binary fractions, as measured sizes are), ``stats.runtime_ms``, ``stats.num_params``
+    and the descriptive ``stats.num_kv_heads`` / ``stats.ffn_intermediate_size``. Scores:
+    ``metrics.kl_div`` spanning ~1e-4..500 (the parent variant 0; each 80-layer period has
+    catastrophic layers 0 and 3, where an FFN no-op costs KL in the hundreds, and mildly
+    sensitive ends), ``metrics.lm_loss``. ``num_layers`` 320 or 1,280 gives the 4x and 16x
+    stacked shapes.
+    """
+    rng = np.random.default_rng(seed)
+    fracs = [1.0, 0.75, 0.62, 0.5, 0.25, 0.2, 0.1, 0.0]
+    lib: dict[str, Any] = {}
+    for layer in range(num_layers):
+        period = layer % 80
+        s_ffn = float(rng.lognormal(np.log(0.35), 0.6))
+        s_att = float(rng.lognormal(np.log(0.2), 0.8))
+        if period in (0, 3):
+            s_ffn, s_att = float(rng.uniform(400, 500)), float(rng.uniform(20, 40))
+        elif period in (7, 79):
+            s_ffn = float(rng.uniform(8, 20))
+        elif rng.random() < 0.1:  # nearly insensitive layers: differences of ~1e-4
+            s_ffn, s_att = s_ffn * 1e-3, s_att * 1e-3
+        att_mem = 765.1015625 * (1 + 0.01 * rng.integers(-2, 3))
+        att_ms = 353.8 * float(rng.uniform(0.97, 1.03))
+        ffn_ms = 463.2 * float(rng.uniform(0.97, 1.03))
+        variants: dict[str, Any] = {}
+        for att in (True, False):
+            for f in fracs:
+                width = round(28672 * f)
+                kl = (0.0 if att else s_att) + s_ffn * (1 - f) ** 1.5
+                if not (att and f == 1.0):
+                    kl *= float(rng.lognormal(0.0, 0.15))
+                mem = (att_mem if att else 0.0) + round(672.0078125 * f * 128) / 128
+                ms = (att_ms if att else 0.0) + ffn_ms * f ** 0.9 * float(rng.uniform(0.98, 1.02))
+                desc = (("attention = 8 kv heads (parent * 100%)" if att
+                         else "attention = no_op (parent * 0%)") + "\t&&\t"
+                        + (f"ffn = intermediate size {width / 1000:.0f}e3 (parent * {f:.0%})"
+                           if f else "ffn = no_op (parent * 0%)"))
+                params = (151003136 if att else 0) + 3 * 8192 * width
+                variants[desc] = {
+                    "stats": {"num_kv_heads": 8 if att else 0, "ffn_intermediate_size": width,
+                              "memory_mib": mem, "runtime_ms": ms, "num_params": params},
+                    "metrics": {"kl_div": kl, "lm_loss": 1.64 + 0.05 * kl}}
+        lib[f"layer_{layer}"] = variants
+    return from_puzzle(lib, source=f"nvlabs_shaped_library({num_layers}, seed={seed})")

@@ -16,10 +16,34 @@ Model (one binary ``x[r]`` per replacement ``r`` of a :class:`~nas.library.Block
 
 The matrix is built as numpy arrays (CSC) and handed to HiGHS in one ``passModel`` call.
 
-Scaling and gaps
-----------------
-Each budget row is divided by its largest coefficient and the objective by its largest
-coefficient, so HiGHS' feasibility tolerance (1e-7) is relative to the row's scale.
+Scaling, tolerances and gaps
+----------------------------
+The objective is handed to HiGHS in *typical-coefficient units*: divided by ``unit``, the
+median of its nonzero absolute coefficients over the live columns. The median, not the
+largest coefficient: real libraries mix a catastrophic alternative (KL in the hundreds)
+with differences of 1e-5 between good ones, and dividing by the outlier pushed those real
+differences under HiGHS' absolute tolerances (a worse child reported as proven optimal).
+
+HiGHS prunes any node whose bound is within ``mip_feasibility_tolerance`` of the
+incumbent, so that tolerance is an absolute resolution of the objective. It is set from
+the data: ``feastol = clip(allowed(est) / 10, 1e-10, 1e-6)`` where ``allowed(U) =
+max(G * |U|, G, abs_gap / unit)`` (HiGHS units) is the gap the caller accepts,
+``G = max(mip_rel_gap, 1e-9)`` and ``est`` a lower bound on ``|U|`` (the LP bound or the
+budget-free shortest path). The primal and dual feasibility tolerances are
+``min(1e-7, feastol)``. ``mip_rel_gap = 0`` therefore means "optimal within 1e-9 relative"
+(or 1e-9 of a typical coefficient when the optimum is near 0).
+
+The reported bound is honest: ``min(HiGHS' dual bound, U - feastol)`` (HiGHS cannot see
+children better than the incumbent by less than ``feastol``), and with reduced-cost fixing
+also ``<= LP bound + fixing threshold``. ``optimal`` is reported only when ``U - bound <=
+allowed(U)``; when HiGHS says optimal but the bound does not support it, the solve is
+repeated once with the tolerance tightened to the incumbent's scale, and otherwise the
+result is ``feasible`` with its true gap. The ``gap`` reported is ``(U - bound) / max(|U|, unit)``
+(block sums, HiGHS units), so ``gap <= mip_rel_gap`` is what ``optimal`` promises.
+
+Budget rows are divided by their largest coefficient (after the shortest-path shift
+below), so the feasibility tolerance is relative to the row's own scale; the
+re-verification checks every budget to ``feastol`` of that scale.
 The objective's non-block constants are **not** passed to HiGHS (no offset): HiGHS' relative
 gap, the ``gap`` reported and ``mip_rel_gap`` all refer to the block sum only, which is the
 stricter choice (a large constant would otherwise make a loose gap look tight).
@@ -73,6 +97,61 @@ class SolverError(RuntimeError):
 _NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 
+# unit of a library key, read from its name: (dimension, size of one key unit in base units)
+_KEY_UNITS: list[tuple[str, str, float]] = [
+    (r"(^|_)bytes?$", "memory", 1.0), (r"(^|_)kib$", "memory", 2.0**10),
+    (r"(^|_)mib$", "memory", 2.0**20), (r"(^|_)gib$", "memory", 2.0**30),
+    (r"(^|_)kb$", "memory", 1e3), (r"(^|_)mb$", "memory", 1e6), (r"(^|_)gb$", "memory", 1e9),
+    (r"(^|_)(s|sec|seconds)$", "time", 1.0), (r"(^|_)ms$", "time", 1e-3),
+    (r"(^|_)us$", "time", 1e-6), (r"(^|_)params$", "count", 1.0),
+    (r"(^|_)(tok_s|tps|tok/s)$", "rate", 1.0),
+]
+
+
+def key_unit(key: str) -> tuple[str, float] | None:
+    """``(dimension, base units per key unit)`` for a key whose name says its unit
+    (``stats.memory_mib`` -> ``("memory", 2**20)``, ``runtime_s@chat`` -> ``("time", 1)``);
+    None when the name says nothing."""
+    leaf = key.split("@", 1)[0].rsplit(".", 1)[-1].lower()
+    for pat, dim, size in _KEY_UNITS:
+        if re.search(pat, leaf):
+            return dim, size
+    return None
+
+
+_VALUE = re.compile(r"^\s*([-+]?(?:inf(?:inity)?|(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)"
+                    r"(?:[eE][-+]?\d+)?))\s*(.*?)\s*$", re.IGNORECASE)
+
+
+def parse_value(text: str, key: str) -> float:
+    """A budget value for ``key``: a number (``1e5``, ``80_000``, ``inf``) with an optional
+    unit word from the spec's units (``80 GiB``, ``10 ms``, ``75B``, ``5000 tok/s``),
+    converted to the key's own unit (:func:`key_unit`)."""
+    from nas.spec import _UNITS  # the unit words spec budgets accept
+
+    m = _VALUE.match(str(text))
+    if not m:
+        raise InputError(f"budget on {key!r}: cannot read {text!r} as a number "
+                         "(e.g. 1e5, 80_000, inf, '80 GiB')")
+    try:
+        v = float(m.group(1).replace("_", ""))
+    except ValueError:
+        raise InputError(f"budget on {key!r}: cannot read {m.group(1)!r} as a number") from None
+    word = m.group(2).strip()
+    if not word:
+        return v
+    ku = key_unit(key)
+    if ku is None:
+        raise InputError(f"budget on {key!r}: unit {word!r} given, but the key's name says no "
+                         "unit (write the number in the key's own units)")
+    dim, size = ku
+    units = _UNITS[dim]
+    if word.lower() not in units:
+        raise InputError(f"budget on {key!r}: unknown unit {word!r} for a {dim} key; expected "
+                         f"one of {sorted(u for u in units if u)}")
+    return v * units[word.lower()] / size
+
+
 def _bounds_str(key: str, lo: float | None, hi: float | None) -> str:
     """``key<=hi``, ``key>=lo``, ``key==v`` or ``lo<=key<=hi`` (the form ``parse`` reads)."""
     if lo is not None and hi is not None:
@@ -89,33 +168,54 @@ class Budget:
     hi: float | None = None
 
     def __post_init__(self) -> None:
-        if self.lo is None and self.hi is None:
-            raise InputError(f"budget on {self.key!r} has neither a lower nor an upper bound")
         for v in (self.lo, self.hi):
-            if v is not None and not math.isfinite(v):
-                raise InputError(f"budget on {self.key!r}: bound {v} is not finite")
+            if v is not None and math.isnan(v):
+                raise InputError(f"budget on {self.key!r}: bound is NaN")
+        if self.lo == math.inf or self.hi == -math.inf:
+            raise InputError(f"budget on {self.key!r} can never be met ({self})")
+        # ``<= inf`` / ``>= -inf`` bound nothing (the NVlabs notebook passes runtime <= inf)
+        if self.hi == math.inf:
+            object.__setattr__(self, "hi", None)
+        if self.lo == -math.inf:
+            object.__setattr__(self, "lo", None)
         if self.lo is not None and self.hi is not None and self.lo > self.hi:
             raise InputError(f"budget on {self.key!r}: lower bound {self.lo} > upper {self.hi}")
 
+    @property
+    def unbounded(self) -> bool:
+        """True for ``KEY<=inf``: a budget that bounds nothing."""
+        return self.lo is None and self.hi is None
+
     @classmethod
     def parse(cls, text: str) -> Budget:
-        """Parse ``KEY<=V``, ``KEY>=V``, ``KEY==V`` or ``LO<=KEY<=HI``."""
+        """Parse ``KEY<=V``, ``KEY>=V``, ``KEY==V`` or ``LO<=KEY<=HI``.
+
+        ``V`` is a number (``1e5``, ``80_000``, ``inf``) optionally followed by a unit word
+        that spec budgets accept (``80 GiB``, ``10 ms``, ``75B``), converted to the unit the
+        key's name says it is in (``memory_bytes``, ``stats.memory_mib``, ``runtime_s``,
+        ``stats.runtime_ms``, ``params``); see :func:`parse_value`."""
         s = text.strip()
-        m = re.fullmatch(rf"\s*({_NUM})\s*<=\s*(.+?)\s*<=\s*({_NUM})\s*", s)
+        m = re.fullmatch(r"\s*(.+?)\s*<=\s*([^<>=]+?)\s*<=\s*(.+?)\s*", s)
         if m:
-            return cls(m.group(2), float(m.group(1)), float(m.group(3)))
-        m = re.fullmatch(rf"(.+?)\s*(<=|>=|==)\s*({_NUM})\s*", s)
-        if not m:
+            key = m.group(2)
+            return cls(key, parse_value(m.group(1), key), parse_value(m.group(3), key))
+        m = re.fullmatch(r"(.+?)\s*(<=|>=|==)\s*(.+?)\s*", s)
+        if not m or not m.group(1).strip():
             raise InputError(f"cannot parse budget {text!r} (expected KEY<=VALUE, KEY>=VALUE, "
                              "KEY==VALUE or LO<=KEY<=HI)")
-        key, op, v = m.group(1).strip(), m.group(2), float(m.group(3))
+        key, op = m.group(1).strip(), m.group(2)
+        v = parse_value(m.group(3), key)
         if op == "<=":
             return cls(key, None, v)
         if op == ">=":
             return cls(key, v, None)
+        if not math.isfinite(v):
+            raise InputError(f"budget {text!r}: {key} == {v} can never be met")
         return cls(key, v, v)
 
     def __str__(self) -> str:
+        if self.unbounded:
+            return f"{self.key}<=inf"
         return _bounds_str(self.key, self.lo, self.hi)
 
 
@@ -187,15 +287,24 @@ class Objective:
         return f"{self.sense}:{body}"
 
 
+#: ``mip_rel_gap = 0`` means optimal within this relative gap (see the module doc).
+GAP_FLOOR = 1e-9
+#: HiGHS' smallest accepted feasibility tolerance, and its default MIP one.
+_FEASTOL_MIN, _FEASTOL_MAX = 1e-10, 1e-6
+
+
 @dataclass
 class SolveOptions:
     """HiGHS options. ``time_limit`` in seconds (None: no limit); ``mip_rel_gap`` is relative
-    to the block-sum objective (constants excluded, see the module doc); ``mip_abs_gap`` in
-    objective units; ``threads`` None leaves HiGHS' default; ``verbose`` sends HiGHS' log
-    to stderr (never stdout); ``tolerance`` is the relative slack of the re-verification;
+    to the block-sum objective (constants excluded, see the module doc; 0 means within
+    :data:`GAP_FLOOR`); ``mip_abs_gap`` in objective units; ``threads`` None leaves HiGHS'
+    default; ``verbose`` sends HiGHS' log to stderr (never stdout); ``tolerance`` is the
+    relative slack of the re-verification (None: derived from the solver tolerance);
     ``fixing`` turns on LP reduced-cost fixing before the MIP (see :meth:`MipModel.solve`);
-    ``warm_start`` passes earlier children to HiGHS as MIP starts (off: see
-    :meth:`MipModel.warm_start`)."""
+    ``shift`` rewrites each budget row by shortest-path potentials (nonnegative
+    coefficients, same feasible set); ``restarts`` allows HiGHS' restarts (re-presolving
+    after root fixings); ``warm_start`` passes earlier children to HiGHS as MIP starts
+    (off: see :meth:`MipModel.warm_start`)."""
 
     time_limit: float | None = None
     mip_rel_gap: float = 1e-4
@@ -203,9 +312,23 @@ class SolveOptions:
     threads: int | None = None
     seed: int = 0
     verbose: bool = False
-    tolerance: float = 1e-6
+    tolerance: float | None = None
     fixing: bool = True
+    shift: bool = True
+    restarts: bool = False
     warm_start: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("mip_rel_gap", "mip_abs_gap"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InputError(f"{name} must be a finite number >= 0, got {v!r}")
+        if self.time_limit is not None and not (math.isfinite(self.time_limit)
+                                                and self.time_limit > 0):
+            raise InputError(f"time_limit must be a positive number of seconds, got "
+                             f"{self.time_limit!r}")
+        if self.threads is not None and int(self.threads) < 1:
+            raise InputError(f"threads must be >= 1, got {self.threads!r}")
 
 
 # --------------------------------------------------------------------------- result
@@ -302,17 +425,16 @@ def _sync_scheduler(h: Any, threads: int | None) -> None:
     _SCHEDULER[0] = want
 
 
-def _new_highs(verbose: bool) -> Any:
+def _new_highs(verbose: bool, restarts: bool) -> Any:
     import highspy
 
     with _fd1_redirected(verbose):
         h = highspy.Highs()
     h.setOptionValue("output_flag", bool(verbose))
     h.setOptionValue("log_to_console", bool(verbose))
-    # After reduced-cost fixing the models are small; HiGHS' restarts (re-presolving when
-    # columns become inactive) cost more than they save here: about 2x faster median on the
-    # Super-scale benchmark, same optima.
-    h.setOptionValue("mip_allow_restart", False)
+    # SolveOptions.restarts: off by default, chosen by benchmarks/bench_mip.py (after
+    # reduced-cost fixing the models are small and re-presolving costs more than it saves).
+    h.setOptionValue("mip_allow_restart", bool(restarts))
     return h
 
 
@@ -397,14 +519,17 @@ class MipModel:
                                  f"{known_tags[:20]}", path=lib.source)
         self.diversity: list[tuple[np.ndarray, int]] = []  # (chosen, min distance)
 
-        # objective, scaled
+        # objective, in typical-coefficient units (see the module doc)
         c = np.zeros(R)
         self.obj_const = 0.0
         for k, w in self.objective.weights.items():
             c += w * lib.values(k)
             self.obj_const += w * lib.constant(k)
-        self.obj_scale = float(np.max(np.abs(c))) or 1.0
         self.c = c
+        self.dead = _dead_columns(lib)
+        live = np.abs(c[~self.dead])
+        live = live[live > 0]
+        self.obj_scale = float(np.median(live)) if live.size else 1.0
 
         lens = lib.lengths
         # cover rows: column r has ones in rows start[r]..end[r]-1
@@ -416,7 +541,6 @@ class MipModel:
         self.budget_row: list[int] = []
         self.budget_scale: list[float] = []
         nrow = L
-        self.dead = _dead_columns(lib)
         self.budget_shift: list[float] = []
         for b in self.budgets:
             # Shift the row by shortest-path potentials (a combination of cover rows):
@@ -424,7 +548,8 @@ class MipModel:
             # cover, so the row is equivalent but nonnegative and each coefficient is the
             # extra cost of taking r over the cheapest path: tighter bounds and cuts.
             v0 = lib.values(b.key)
-            p = _potentials(lib, v0, self.dead)
+            p = (_potentials(lib, v0, self.dead) if self.opts.shift
+                 else np.zeros(lib.num_blocks + 1))
             v = np.where(self.dead, 0.0, v0 - (p[lib.end] - p[lib.start]))
             v[np.abs(v) <= 1e-12 * (float(np.max(np.abs(v0))) or 1.0)] = 0.0
             s = float(np.max(np.abs(v))) or 1.0
@@ -465,7 +590,7 @@ class MipModel:
         self.A = A.tocsr()
         self.sense = -1 if self.objective.sense == "max" else 1
         self.c_min = self.sense * c / self.obj_scale  # minimized, scaled objective
-        self.h = _new_highs(self.opts.verbose)
+        self.h = _new_highs(self.opts.verbose, self.opts.restarts)
         st = self.h.passModel(
             R, nrow, int(A.nnz), 1, self.sense, 0.0,
             c / self.obj_scale, lo, hi, self.row_lo, self.row_hi,
@@ -474,8 +599,12 @@ class MipModel:
         if int(st) < 0:
             raise SolverError(f"HiGHS rejected the model ({st})")
         o = self.opts
+        self.rel_gap = max(float(o.mip_rel_gap), GAP_FLOOR)
+        self.abs_gap = float(o.mip_abs_gap) / self.obj_scale  # HiGHS units
         self._set("mip_rel_gap", float(o.mip_rel_gap))
-        self._set("mip_abs_gap", float(o.mip_abs_gap) / self.obj_scale)
+        self._set("mip_abs_gap", max(self.abs_gap, self.rel_gap))
+        self.feastol = _FEASTOL_MAX
+        self._set_feastol(_FEASTOL_MAX)
         self._set("random_seed", int(o.seed))
         if o.threads is not None:
             self._set("threads", int(o.threads))
@@ -496,6 +625,37 @@ class MipModel:
         st = self.h.setOptionValue(name, value)
         if int(st) < 0:
             raise InputError(f"HiGHS option {name}={value!r} was rejected")
+
+    def _set_feastol(self, t: float) -> None:
+        """HiGHS' MIP feasibility tolerance (its absolute objective resolution, in HiGHS
+        units) and the primal/dual LP tolerances, never looser than HiGHS' defaults."""
+        self.feastol = float(min(max(t, _FEASTOL_MIN), _FEASTOL_MAX))
+        self._set("mip_feasibility_tolerance", self.feastol)
+        lp = min(1e-7, self.feastol)
+        self._set("primal_feasibility_tolerance", lp)
+        self._set("dual_feasibility_tolerance", lp)
+
+    def allowed_gap(self, u: float) -> float:
+        """The gap the caller accepts at an objective of ``u`` (both in HiGHS units):
+        ``max(G * |u|, G, abs_gap)``, ``G = max(mip_rel_gap, GAP_FLOOR)``."""
+        return max(self.rel_gap * abs(u), self.rel_gap, self.abs_gap)
+
+    def _tolerance_for(self, est: float) -> float:
+        """The feasibility tolerance that resolves the allowed gap at ``|U| >= est``."""
+        return self.allowed_gap(est) / 10.0
+
+    def _unconstrained_min(self) -> float:
+        """Least objective (HiGHS units, minimized) over all children, budgets ignored: a
+        lower bound on the optimum by shortest path over the replacement graph."""
+        allowed = ~self.dead & (self.col_hi > 0.5)
+        v = np.where(allowed, self.c_min, np.inf)
+        p = np.full(self.lib.num_blocks + 1, np.inf)
+        p[0] = 0.0
+        for r in np.argsort(self.lib.start, kind="stable"):
+            t = p[self.lib.start[r]] + v[r]
+            if t < p[self.lib.end[r]]:
+                p[self.lib.end[r]] = t
+        return float(p[-1]) if math.isfinite(p[-1]) else 0.0
 
     def set_budget(self, i: int, lo: float | None, hi: float | None) -> None:
         """Change budget ``i``'s bounds (totals, constants included) for the next solve."""
@@ -576,7 +736,12 @@ class MipModel:
                 msg += " before finding any feasible child"
             return "error", None, -math.inf, nodes, f"{msg} ({run_status})"
         x = np.asarray(self.h.getSolution().col_value, dtype=np.float64)
-        return status, x, bound if math.isfinite(bound) else -math.inf, nodes, ""
+        if not math.isfinite(bound):
+            bound = -math.inf
+        # HiGHS prunes nodes within mip_feasibility_tolerance of the incumbent, so children
+        # better by less than that are unseen: the bound it proved is at most U - feastol.
+        u = float(self.c_min @ np.round(x))
+        return status, x, min(bound, u - self.feastol), nodes, ""
 
     def _lp_bound(self) -> tuple[str, float, np.ndarray]:
         """Solve the LP relaxation; return (status, a valid lower bound on the min-form scaled
@@ -614,40 +779,52 @@ class MipModel:
     def solve(self, explain: bool = True) -> Result:
         """Solve to the requested gap; verify; on infeasibility attach an explanation.
 
+        The feasibility tolerance is set from the data before each run (see the module
+        doc); when HiGHS reports optimal but the honest bound misses the allowed gap, the
+        run is repeated once with the tolerance set from the incumbent.
+
         With ``SolveOptions.fixing`` (default), the LP relaxation's duals give a lower bound
         ``LB`` and reduced costs ``d``; columns whose ``d`` exceeds a threshold ``tau`` are
         fixed out and HiGHS solves the restricted MIP. Any child using a fixed column costs at
-        least ``LB + tau``, so once ``LB + tau >= U - allowed gap`` (``U`` the incumbent) the
+        least ``LB + tau`` (weak duality, computed here from the duals, whatever HiGHS'
+        tolerances), so once ``LB + tau >= U - allowed gap`` (``U`` the incumbent) the
         restricted optimum is the global one; otherwise ``tau`` is raised to that value and
-        the restricted MIP re-solved from the incumbent. The bound and gap reported are the
-        global ones: ``min(restricted bound, LB + tau)``.
+        the restricted MIP re-solved. The bound and gap reported are the global ones:
+        ``min(restricted bound, LB + tau)``.
         """
         o = self.opts
         t0 = time.perf_counter()
         left = (lambda: None) if o.time_limit is None else \
             (lambda: max(0.0, o.time_limit - (time.perf_counter() - t0)))
-        g = float(o.mip_rel_gap)
-        a = float(o.mip_abs_gap) / self.obj_scale
-
-        def allowance(u: float) -> float:
-            return max(g * abs(u), a)
-
         nodes = 0
+        lp_status, lb0, d = "skipped", -math.inf, np.zeros(0)
         if o.fixing:
             lp_status, lb0, d = self._lp_bound()
             if lp_status == "infeasible":
                 return self._result("infeasible", None, -math.inf, nodes, t0, "", explain)
+        est = max(abs(lb0) if math.isfinite(lb0) else 0.0, abs(self._unconstrained_min()))
+        self._set_feastol(self._tolerance_for(est))
         if not o.fixing or lp_status != "optimal" or not math.isfinite(lb0):
-            st, x, bnd, n, msg = self._run(left())
-            return self._result(st, x, bnd, n, t0, msg, explain)
+            for attempt in range(2):
+                st, x, bnd, n, msg = self._run(left())
+                nodes += n
+                if st != "optimal" or attempt:
+                    break
+                u = float(self.c_min @ np.round(x))
+                if u - bnd <= self.allowed_gap(u) or self.feastol <= _FEASTOL_MIN:
+                    break
+                self._set_feastol(self._tolerance_for(abs(u)))
+            return self._result(st, x, bnd, nodes, t0, msg, explain)
         free = (self.col_lo == 0) & (self.col_hi == 1)
         span = float(np.max(np.abs(d[free]))) if free.any() else 0.0
-        tau = max(4 * g * abs(lb0), 2 * a, 1e-3 * max(abs(lb0), 1e-3 * span))
+        g, a = self.rel_gap, self.abs_gap
+        tau = max(4 * g * abs(lb0), 2 * a, 2 * g, 1e-3 * max(abs(lb0), 1e-3 * span))
         inc: np.ndarray | None = None
         u = math.inf
         status = "error"
         msg = ""
         bound = -math.inf
+        retightened = False
         try:
             while True:
                 fix0 = free & (d > tau)
@@ -657,13 +834,12 @@ class MipModel:
                 hi[fix0] = 0.0
                 lo[fix1] = 1.0
                 self._bounds(lo, hi)
-                if inc is not None:
-                    self.warm_start(np.flatnonzero(inc > 0.5))
                 st, x, bnd, n, msg = self._run(left())
                 nodes += n
                 if _DEBUG:
                     print(f"tau={tau:.3g} free={int(free.sum() - fix0.sum() - fix1.sum())} "
-                          f"st={st} n={n} t={time.perf_counter() - t0:.3f}", file=sys.stderr)
+                          f"st={st} n={n} feastol={self.feastol:.3g} "
+                          f"t={time.perf_counter() - t0:.3f}", file=sys.stderr)
                 if st == "infeasible":
                     if full:
                         status = "infeasible"
@@ -672,23 +848,31 @@ class MipModel:
                     continue
                 if st == "error":
                     if inc is not None:  # time ran out: keep the incumbent
-                        status, bound = "feasible", max(bound, min(lb0 + tau, lb0))
+                        status = "feasible"
                     else:
                         status = "error"
                     break
                 assert x is not None
-                val = float(self.c_min @ x)
+                val = float(self.c_min @ np.round(x))
                 if val < u:
                     u, inc = val, x
                 global_lb = bnd if full else min(bnd, lb0 + tau)
-                bound = max(bound, global_lb)
                 if st == "feasible":  # restricted solve stopped early (time limit)
+                    bound = max(bound, min(global_lb, u))
                     status = "feasible"
                     break
-                if full or lb0 + tau >= u - allowance(u):
+                if (u - bnd > self.allowed_gap(u) and not retightened
+                        and self.feastol > _FEASTOL_MIN):
+                    # HiGHS' optimum is within feastol, which the allowed gap at this
+                    # incumbent cannot absorb: tighten and re-solve the same restriction
+                    retightened = True
+                    self._set_feastol(self._tolerance_for(abs(u)))
+                    continue
+                bound = max(bound, global_lb)
+                if full or lb0 + tau >= u - self.allowed_gap(u):
                     status = "optimal"
                     break
-                tau = (u - allowance(u) - lb0) * (1 + 1e-9) + 1e-12
+                tau = (u - self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
         finally:
             self._bounds(self.col_lo, self.col_hi)
         if status == "infeasible":
@@ -715,8 +899,14 @@ class MipModel:
         bound: float | None = None
         if math.isfinite(bound_min):
             bound_min = min(bound_min, u)
-            gap = max(0.0, u - bound_min) / max(abs(u), 1e-9)
+            # relative to |U|, or to one typical coefficient when |U| is smaller (see
+            # allowed_gap): a gap <= mip_rel_gap is exactly what "optimal" promises
+            gap = max(0.0, u - bound_min) / max(abs(u), 1.0)
             bound = self.sense * bound_min * self.obj_scale + self.obj_const
+            if st == "optimal" and u - bound_min > self.allowed_gap(u) * (1 + 1e-12):
+                st = "feasible"  # the proven bound does not support "optimal"
+        elif st == "optimal":
+            st = "feasible"
         objective = float(self.c[chosen].sum()) + self.obj_const
         return Result(st, objective, bound, gap, nodes, secs,  # type: ignore[arg-type]
                       chosen, self.choices_of(chosen), self.lib.totals(chosen))
@@ -754,9 +944,13 @@ class MipModel:
         totals = lib.totals(chosen)
         for b, s in zip(self.budgets, self.budget_scale):
             t = totals[b.key]
-            if b.hi is not None and t > b.hi + tol * max(abs(b.hi), s):
+            # HiGHS keeps each scaled row feasible to feastol, i.e. feastol * s in the
+            # budget's units; rounding of the sums adds ~1e-12 relative
+            slack = (10 * self.feastol * s if tol is None else tol * max(abs(t), s)) \
+                + 1e-12 * max(abs(t), s)
+            if b.hi is not None and t > b.hi + slack:
                 raise SolverError(f"solution breaks budget {b}: total {t:g}")
-            if b.lo is not None and t < b.lo - tol * max(abs(b.lo), s):
+            if b.lo is not None and t < b.lo - slack:
                 raise SolverError(f"solution breaks budget {b}: total {t:g}")
         for cr in self.counts:
             m = lib.tagged(cr.tag)[chosen]

@@ -20,14 +20,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="score or cost key to minimize; 'max:KEY' to maximize; weighted sums "
                    "like 'kl_div+0.5*lm_loss'")
     p.add_argument("--budget", action="append", default=[], metavar="EXPR",
-                   help="KEY<=VALUE, KEY>=VALUE, KEY==VALUE or LO<=KEY<=HI (repeatable)")
+                   help="KEY<=VALUE, KEY>=VALUE, KEY==VALUE or LO<=KEY<=HI (repeatable); VALUE "
+                   "is a number (1e5, 80_000, inf) or a number with a unit word ('80 GiB', "
+                   "'10 ms', '75B') converted to the unit the key's name says")
     p.add_argument("--count", action="append", default=[], metavar="EXPR",
                    help="TAG>=N / TAG<=N: number of chosen replacements with a tag; prefix "
                    "'blocks:' to count parent blocks they cover (repeatable)")
-    p.add_argument("--pin", action="append", type=int, default=[], metavar="INDEX",
-                   help="replacement index that must be chosen (repeatable)")
-    p.add_argument("--forbid", action="append", type=int, default=[], metavar="INDEX",
-                   help="replacement index that must not be chosen (repeatable)")
+    p.add_argument("--pin", action="append", default=[], metavar="R",
+                   help="replacement that must be chosen: its index, or BLOCK:LABEL "
+                   "(e.g. 'layer_3:attention = no_op ...'; tabs in labels may be written as "
+                   "\\t or as spaces) (repeatable)")
+    p.add_argument("--forbid", action="append", default=[], metavar="R",
+                   help="replacement that must not be chosen, as for --pin (repeatable)")
     p.add_argument("--diverse", type=int, default=None, metavar="N",
                    help="return a pool of N solutions, each differing from all earlier ones")
     p.add_argument("--min-distance", type=int, default=1, metavar="D",
@@ -35,11 +39,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", default=None, metavar="KEY=A:B:N",
                    help="re-solve with KEY<=v for N values from A to B; prints the Pareto frontier")
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="seconds per solve")
-    p.add_argument("--gap", type=float, default=1e-4, help="relative MIP gap (default 1e-4)")
+    p.add_argument("--gap", type=float, default=1e-4,
+                   help="relative MIP gap (default 1e-4); 0 means optimal within 1e-9 relative")
     p.add_argument("--threads", type=int, default=None, help="HiGHS threads")
     p.add_argument("--seed", type=int, default=0, help="HiGHS random seed")
     p.add_argument("--verbose", action="store_true", help="HiGHS log on stderr")
-    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON object (also when infeasible, with exit code 3); "
+                   "'seconds' is the solve, 'wall_seconds' the whole call")
     p.set_defaults(func=run)
 
 
@@ -59,28 +66,89 @@ def _parse_sweep(text: str) -> tuple[str, list[float]]:
     return m.group(1).strip(), vals
 
 
+def _esc(text: str) -> str:
+    """A label for one line of text output: control characters (NVlabs labels hold tabs)
+    written as escapes."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii")
+                   for ch in text)
+
+
+def _g(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.6g}"
+
+
+def _why(message: str) -> str:
+    """The explanation without a leading 'infeasible: ' (printed after the status)."""
+    return message[len("infeasible: "):] if message.startswith("infeasible: ") else message
+
+
+def resolve_replacement(lib: Any, text: str, flag: str) -> int:
+    """A replacement index from ``INDEX`` or ``BLOCK:LABEL`` (BLOCK a block name or index;
+    LABEL exact, with ``\\t``-style escapes, or equal up to runs of whitespace)."""
+    from hwprofiles.errors import InputError
+
+    t = str(text).strip()
+    if re.fullmatch(r"\d+", t):
+        i = int(t)
+        if i >= lib.num_replacements:
+            raise InputError(f"{flag} {t}: replacement index out of range "
+                             f"[0, {lib.num_replacements})")
+        return i
+    if ":" not in t:
+        raise InputError(f"{flag} {text!r}: expected a replacement index or BLOCK:LABEL")
+    block, label = t.split(":", 1)
+    names = [lib.block_name(b) for b in range(lib.num_blocks)]
+    if block in names:
+        b = names.index(block)
+    elif re.fullmatch(r"\d+", block) and int(block) < lib.num_blocks:
+        b = int(block)
+    else:
+        raise InputError(f"{flag} {text!r}: unknown block {block!r} (blocks are "
+                         f"{names[0]}..{names[-1]})")
+
+    def norm(s: str) -> str:
+        return " ".join(s.split())
+
+    try:
+        unescaped = label.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:
+        unescaped = label
+    at = [r for r in range(lib.num_replacements) if int(lib.start[r]) == b]
+    for match in (lambda s: s == label, lambda s: s == unescaped,
+                  lambda s: norm(s) == norm(unescaped)):
+        hits = [r for r in at if match(lib.labels[r])]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            raise InputError(f"{flag} {text!r}: {len(hits)} replacements at {block} have this "
+                             f"label; use an index ({', '.join(map(str, hits))})")
+    shown = "; ".join(_esc(lib.labels[r]) for r in at[:6])
+    raise InputError(f"{flag} {text!r}: no replacement at {block} has the label "
+                     f"{_esc(label)!r} (some there: {shown})")
+
+
 def _print_result(lib: Any, res: Any, title: str = "") -> None:
     if title:
         print(title)
-    gap = "n/a" if res.gap is None else f"{res.gap:.3g}"
-    obj = "n/a" if res.objective is None else f"{res.objective:.6g}"
-    bound = "n/a" if res.best_bound is None else f"{res.best_bound:.6g}"
-    print(f"status {res.status}  objective {obj}  bound {bound}  gap {gap}  "
-          f"nodes {res.nodes}  {res.seconds:.3f} s")
+    gap = "n/a" if res.gap is None else f"{res.gap:.6g}"
+    print(f"status {res.status}  objective {_g(res.objective)}  bound {_g(res.best_bound)}  "
+          f"gap {gap}  nodes {res.nodes}  {res.seconds:.3f} s")
     if not res.ok:
         if res.message:
-            print(f"  {res.message}")
+            print(f"  {_why(res.message)}")
         return
     for r in res.chosen:
         s, e = int(lib.start[r]), int(lib.end[r])
         where = lib.block_name(s) if e - s == 1 else f"{lib.block_name(s)}..{lib.block_name(e - 1)}"
-        print(f"  {where:<16} [{r:>5}] {lib.labels[r]}")
+        print(f"  {where:<16} [{r:>5}] {_esc(lib.labels[r])}")
     print("  totals:")
-    for k, v in res.totals.items():
-        print(f"    {k:<28} {v:.6g}")
+    for k in lib.additive_keys():
+        print(f"    {k:<28} {res.totals[k]:.6g}")
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
     from hwprofiles.errors import InputError
     from nas.library import BlockLibrary
     from nas.mip import (
@@ -94,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         sweep,
     )
 
+    t0 = time.perf_counter()
     lib = BlockLibrary.load(args.library)
     objective = Objective.parse(args.objective)
     for k in objective.weights:
@@ -104,40 +173,57 @@ def run(args: argparse.Namespace) -> int:
     counts = [CountRule.parse(c) for c in args.count]
     opts = SolveOptions(time_limit=args.time_limit, mip_rel_gap=args.gap, threads=args.threads,
                         seed=args.seed, verbose=args.verbose)
-    common: dict[str, Any] = dict(counts=counts, pin=args.pin, forbid=args.forbid, options=opts)
+    pin = [resolve_replacement(lib, p, "--pin") for p in args.pin]
+    forbid = [resolve_replacement(lib, f, "--forbid") for f in args.forbid]
+    common: dict[str, Any] = dict(counts=counts, pin=pin, forbid=forbid, options=opts)
     if args.diverse is not None and args.sweep is not None:
         raise InputError("--diverse and --sweep cannot be combined")
+
+    def emit(out: dict[str, Any]) -> None:
+        out["wall_seconds"] = time.perf_counter() - t0
+        print(json.dumps(out, indent=2))
+
+    def infeasible(message: str, seconds: float) -> int:
+        if not args.json:
+            raise InfeasibleError(message)
+        emit({"status": "infeasible", "message": message, "seconds": seconds})
+        return InfeasibleError.exit_code
 
     if args.sweep is not None:
         key, values = _parse_sweep(args.sweep)
         sw = sweep(lib, objective, budgets, key=key, values=values, **common)
         if not any(r.ok for r in sw.results):
-            raise InfeasibleError(f"no sweep point is feasible; at {key}<={max(values):g}: "
-                                  f"{sw.results[values.index(max(values))].message}")
+            at = sw.results[values.index(max(values))]
+            return infeasible(f"no sweep point is feasible; at {key}<={max(values):g}: "
+                              f"{_why(at.message)}", sum(r.seconds for r in sw.results))
         best = sw.results[sw.frontier[-1]]
         if args.json:
             out = best.to_dict(lib)
             out["sweep"] = sw.to_dict(lib)
-            print(json.dumps(out, indent=2))
+            emit(out)
             return 0
         print(f"sweep {key} over {len(values)} values; Pareto frontier ({len(sw.frontier)} points):")
         for i in sw.frontier:
             r = sw.results[i]
+            gap = "n/a" if r.gap is None else f"{r.gap:.6g}"
             print(f"  {key}<={values[i]:.6g}: {key} {r.totals[key]:.6g}  objective "
-                  f"{r.objective:.6g}  ({r.status}, gap {r.gap if r.gap is not None else 'n/a'})")
+                  f"{_g(r.objective)}  ({r.status}, gap {gap})")
         for i, r in enumerate(sw.results):
             if not r.ok:
-                print(f"  {key}<={values[i]:.6g}: {r.status}: {r.message}")
+                print(f"  {key}<={values[i]:.6g}: {r.status}: {_why(r.message)}")
         _print_result(lib, best, f"loosest frontier point ({key}<={values[sw.frontier[-1]]:.6g}):")
         return 0
 
     if args.diverse is not None:
-        pool = diverse_pool(lib, objective, budgets, n=args.diverse,
-                            min_distance=args.min_distance, **common)
+        try:
+            pool = diverse_pool(lib, objective, budgets, n=args.diverse,
+                                min_distance=args.min_distance, **common)
+        except InfeasibleError as exc:
+            return infeasible(str(exc), time.perf_counter() - t0)
         if args.json:
             out = pool[0].to_dict(lib)
             out["pool"] = [r.to_dict(lib) for r in pool]
-            print(json.dumps(out, indent=2))
+            emit(out)
             return 0
         for i, r in enumerate(pool):
             _print_result(lib, r, f"solution {i + 1} of {len(pool)}:")
@@ -149,9 +235,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(f"puzzle-nas solve: {res.message}", file=sys.stderr)
         return 1
-    res.raise_if_infeasible()
+    if res.status == "infeasible":
+        return infeasible(res.message or "infeasible", res.seconds)
     if args.json:
-        print(json.dumps(res.to_dict(lib), indent=2))
+        emit(res.to_dict(lib))
     else:
         _print_result(lib, res)
     return 0
