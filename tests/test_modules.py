@@ -155,7 +155,28 @@ def test_attention_incremental_equals_full(cfg):
         parts = [m(x[:, :4], cache, 0)] + [m(x[:, t:t + 1], cache, t) for t in range(4, 7)]
         parts.append(m(x[:, 7:], cache, 7))
     torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-5)
-    assert cache["k"].shape == (2, cfg.num_kv_heads, 10, cfg.head_dim)
+    held = 10 if cfg.sliding_window is None else cfg.sliding_window
+    assert cache["k"].shape == (2, cfg.num_kv_heads, held, cfg.head_dim)
+    if cfg.sliding_window:  # a ring of exactly the window
+        assert cache["k_buf"].shape[2] == cfg.sliding_window
+    assert cache["len"] == 10
+
+
+@pytest.mark.parametrize("cfg", ATTS[:2], ids=lambda c: c.describe())
+def test_attention_decode_writes_in_place_and_cache_stays_bounded(cfg):
+    """Decode steps write one slot of a preallocated buffer (no reallocation within the
+    capacity) and a sliding window's cache never grows past the window."""
+    m = _init(AttentionMixer(cfg, 16))
+    x = torch.randn(1, 40, 16, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = m(x)
+        cache: dict = {"capacity": 64}
+        parts = [m(x[:, :5], cache, 0)]
+        buf = cache["k_buf"]
+        parts += [m(x[:, t:t + 1], cache, t) for t in range(5, 40)]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-4, atol=1e-5)
+    assert cache["k_buf"] is buf  # the same storage all along
+    assert buf.shape[2] == (64 if cfg.sliding_window is None else cfg.sliding_window)
 
 
 # ---- MoE --------------------------------------------------------------------------------

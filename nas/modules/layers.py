@@ -152,17 +152,28 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``(b, heads, l, d)`` by the tables of shape ``(l, d)``."""
+    """Rotate ``x`` of shape ``(b, heads, l, d)`` by the tables of shape ``(l, d)``.
+
+    ``x * cos + rotate_half(x) * sin`` (HF's formula, the same products and sums) computed
+    on the two halves, without materializing the negated, rotated copy of ``x``.
+    """
     half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rot * sin
+    x1, x2 = x[..., :half], x[..., half:]
+    c1, c2, s1, s2 = cos[..., :half], cos[..., half:], sin[..., :half], sin[..., half:]
+    return torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1)
 
 
 class AttentionMixer(nn.Module):
     """Grouped-query attention with optional RoPE, sliding window, q/k norm and biases.
 
-    The KV cache keeps every past key and value (``cache["k"]``, ``cache["v"]`` of shape
-    ``(b, kv_heads, past, head_dim)``); a sliding window is applied through the mask.
+    KV cache (this block's dict of a :class:`nas.modules.model.Cache`): keys and values are
+    written in place into preallocated buffers ``k_buf`` / ``v_buf`` of shape
+    ``(b, kv_heads, capacity, head_dim)`` (``capacity`` from the dict when given, else grown
+    geometrically); ``cache["k"]``, ``cache["v"]`` are views of the filled part. With a
+    sliding window the buffers are a ring of ``window`` slots (slot = position mod window),
+    so the cache never holds more than the window. A decode step writes one slot and reads
+    the cache once: the query heads of a KV group attend as rows of one query block (no
+    repeated K/V); longer chunks use SDPA's ``enable_gqa``.
     """
 
     def __init__(self, cfg: Attention, hidden: int, rope_theta: float = 10000.0,
@@ -197,31 +208,109 @@ class AttentionMixer(nn.Module):
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.cfg.rope:
-            pos = torch.arange(offset, offset + n, device=x.device)
-            cos, sin = rope_tables(pos, d, self.rope_theta, q.dtype, self.rope_scaling)
+            cos, sin = self._rope(offset, n, x.device, q.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
-            if "k" in cache:
-                k = torch.cat([cache["k"], k], dim=2)
-                v = torch.cat([cache["v"], v], dim=2)
-            cache["k"], cache["v"] = k, v
-        s = k.shape[2]
-        past = s - n
-        rep = self.n_heads // self.n_kv
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
         window = self.cfg.sliding_window
-        if window is None and past == 0:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=n > 1)
+        if cache is None:
+            out = self._attend(q, k, v, 0)
+        elif window is None:
+            out = self._attend(q, *self._append(cache, k, v), cache["len"] - n)
         else:
-            qpos = torch.arange(past, s, device=x.device)[:, None]
-            kpos = torch.arange(s, device=x.device)[None, :]
-            mask = kpos <= qpos
-            if window is not None:
-                mask = mask & (qpos - kpos < window)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out = self._attend_ring(q, k, v, cache, window)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, self.n_heads * d))
+
+    # ---- RoPE tables, computed once per device and dtype and extended on demand -----------
+    def _rope(self, offset: int, n: int, device: torch.device, dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = self.__dict__.setdefault("_rope_cache", {})
+        key = (device, dtype)
+        tabs = cache.get(key)
+        if tabs is None or tabs[0].shape[0] < offset + n:
+            size = max(offset + n, 2 * (tabs[0].shape[0] if tabs is not None else 0), 256)
+            tabs = rope_tables(torch.arange(size, device=device), self.head_dim,
+                               self.rope_theta, dtype, self.rope_scaling)
+            cache[key] = tabs
+        return tabs[0][offset:offset + n], tabs[1][offset:offset + n]
+
+    # ---- attention over keys held in the cache -----------------------------------------
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int,
+                kpos: torch.Tensor | None = None) -> torch.Tensor:
+        """Causal (and windowed) attention of ``q (b, H, n, d)`` at positions ``past..``
+        over ``k, v (b, kv, s, d)`` at positions ``kpos`` (default ``0..s-1``)."""
+        b, _, n, d = q.shape
+        s = k.shape[2]
+        window = self.cfg.sliding_window
+        if n == 1 and kpos is None and (window is None or s <= window):
+            # one query sees every cached key: the rep query heads of a KV head are the rows
+            # of one (rep, d) query block, so K/V are read once and never repeated
+            rep = self.n_heads // self.n_kv
+            out = F.scaled_dot_product_attention(q.reshape(b, self.n_kv, rep, d), k, v)
+            return out.reshape(b, self.n_heads, 1, d)
+        if window is None and past == 0 and kpos is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=n > 1,
+                                                  enable_gqa=self.n_heads != self.n_kv)
+        qpos = torch.arange(past, past + n, device=q.device)[:, None]
+        if kpos is None:
+            kpos = torch.arange(s, device=q.device)
+        mask = kpos[None, :] <= qpos
+        if window is not None:
+            mask = mask & (qpos - kpos[None, :] < window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                              enable_gqa=self.n_heads != self.n_kv)
+
+    def _append(self, cache: dict[str, Any], k: torch.Tensor, v: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``k, v`` after the cached tokens (in place); the filled part of the cache."""
+        b, _, n, d = k.shape
+        used = cache.get("len", 0)
+        need = used + n
+        kb = cache.get("k_buf")
+        if kb is None or kb.shape[2] < need or kb.dtype != k.dtype or kb.device != k.device:
+            cap = max(need, int(cache.get("capacity") or 0),
+                      2 * kb.shape[2] if kb is not None else 0)  # amortized O(1) growth
+            nk = k.new_empty(b, self.n_kv, cap, d)
+            nv = v.new_empty(b, self.n_kv, cap, d)
+            if kb is not None and used:
+                nk[:, :, :used] = kb[:, :, :used]
+                nv[:, :, :used] = cache["v_buf"][:, :, :used]
+            cache["k_buf"], cache["v_buf"] = nk, nv
+        cache["k_buf"][:, :, used:need] = k
+        cache["v_buf"][:, :, used:need] = v
+        cache["len"] = need
+        cache["k"], cache["v"] = cache["k_buf"][:, :, :need], cache["v_buf"][:, :, :need]
+        return cache["k"], cache["v"]
+
+    def _attend_ring(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cache: dict[str, Any], window: int) -> torch.Tensor:
+        """Sliding-window attention through a ring of ``window`` cache slots."""
+        b, _, n, d = k.shape
+        seen = cache.get("len", 0)
+        ring_k = cache.get("k_buf")
+        if ring_k is None:
+            ring_k = k.new_empty(b, self.n_kv, window, d)
+            cache["k_buf"], cache["v_buf"] = ring_k, v.new_empty(b, self.n_kv, window, d)
+        ring_v = cache["v_buf"]
+        if n == 1:  # decode: write the slot, then every filled slot is inside the window
+            slot = seen % window
+            ring_k[:, :, slot:slot + 1] = k
+            ring_v[:, :, slot:slot + 1] = v
+            filled = min(seen + 1, window)
+            out = self._attend(q, ring_k[:, :, :filled], ring_v[:, :, :filled], seen)
+        else:  # a chunk: the held past (in ring order, positions known) + the chunk, masked
+            held = min(seen, window)
+            slots = torch.arange(held, device=k.device)
+            kpos = torch.cat([seen - 1 - ((seen - 1 - slots) % window),
+                              torch.arange(seen, seen + n, device=k.device)])
+            out = self._attend(q, torch.cat([ring_k[:, :, :held], k], 2),
+                               torch.cat([ring_v[:, :, :held], v], 2), seen, kpos)
+            keep = min(n, window)  # the newest tokens go to their slots
+            idx = torch.arange(seen + n - keep, seen + n, device=k.device) % window
+            ring_k.index_copy_(2, idx, k[:, :, n - keep:])
+            ring_v.index_copy_(2, idx, v[:, :, n - keep:])
+        cache["len"] = seen + n
+        filled = min(seen + n, window)
+        cache["k"], cache["v"] = ring_k[:, :, :filled], ring_v[:, :, :filled]
+        return out
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:

@@ -75,10 +75,12 @@ class Block(nn.Module):
 
 class Cache:
     """Per-block decoding state (KV for attention, conv + SSM state for Mamba) and the
-    number of tokens already consumed."""
+    number of tokens already consumed. ``capacity``: tokens to preallocate KV buffers for
+    (they grow geometrically past it)."""
 
-    def __init__(self, num_blocks: int):
-        self.layers: list[dict[str, Any]] = [{} for _ in range(num_blocks)]
+    def __init__(self, num_blocks: int, capacity: int | None = None):
+        self.layers: list[dict[str, Any]] = [
+            {"capacity": capacity} if capacity else {} for _ in range(num_blocks)]
         self.offset = 0
 
 
@@ -94,9 +96,10 @@ class CausalLM(nn.Module):
         self.norm = RMSNorm(h, arch.norm_eps) if arch.final_norm else None
         self.lm_head = None if arch.tie_embeddings else nn.Linear(h, v, bias=False)
 
-    def new_cache(self) -> Cache:
-        """An empty cache for incremental decoding."""
-        return Cache(len(self.blocks))
+    def new_cache(self, capacity: int | None = None) -> Cache:
+        """An empty cache for incremental decoding (KV buffers sized for ``capacity``
+        tokens when given)."""
+        return Cache(len(self.blocks), capacity)
 
     def head_weight(self) -> torch.Tensor:
         """The LM-head matrix (the embedding table when tied)."""
@@ -121,7 +124,7 @@ class CausalLM(nn.Module):
         """Greedy decoding through the caches; returns prompt + new tokens ``(b, l + n)``."""
         if tokens.dim() == 1:
             tokens = tokens[None]
-        cache = self.new_cache()
+        cache = self.new_cache(tokens.shape[1] + max_new_tokens)
         logits = self(tokens, cache)
         out = [tokens]
         for i in range(max_new_tokens):
