@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="which rows to fit (default fit: hold-out rows stay unseen)")
     p.add_argument("--max-evals", type=int, default=40,
                    help="least-squares iterations at most (default 40)")
+    p.add_argument("--only", action="append", default=None, metavar="FIGURE",
+                   help="fit only this figure (repeatable), e.g. 'memory', 'matmul fp8', "
+                   "'engine request overhead' (default: every figure the rows constrain)")
     p.add_argument("--report", action="store_true",
                    help="no fit: print predicted vs measured and the MAPE table for all rows")
     p.add_argument("--json", action="store_true", help="print a JSON object")
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_evals < 1:
         raise InputError(f"must be >= 1, got {args.max_evals}", field="--max-evals")
     chosen = [m for m in ms if args.split == "all" or m.split == args.split]
-    res = fit(chosen, hw, shapes, max_nfev=args.max_evals)
+    res = fit(chosen, hw, shapes, max_nfev=args.max_evals, only=args.only)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")

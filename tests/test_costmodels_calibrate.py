@@ -1,0 +1,157 @@
+"""Calibration: the published measurement set, the fit (recovers a known profile, stays
+physical), the CLI, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hwprofiles
+from costmodels.calibrate import (
+    FLOOR,
+    Measurement,
+    fit,
+    load_measurements,
+    mape_table,
+    parameters,
+    predict,
+    score,
+    with_values,
+)
+from hwprofiles.errors import InputError
+from nas.cli.calibrate import shape_resolver
+
+DATA = Path(__file__).resolve().parent / "data"
+CSV = DATA / "serving_measurements.csv"
+SHAPES = shape_resolver(CSV, [])
+H100 = hwprofiles.get("h100-sxm")
+
+
+def test_published_measurement_set():
+    ms = load_measurements(CSV)
+    assert len(ms) >= 40
+    assert {m.gpu for m in ms} >= {"h100-sxm", "h200-sxm", "b200"}
+    families = {m.model.split("-")[0] for m in ms}  # llama, mixtral, qwen3, nemotron
+    assert len(families) >= 4
+    hold = [m for m in ms if m.split == "holdout"]
+    assert len(hold) * 3 >= len(ms)
+    assert {m.regime for m in ms} == {"throughput", "TTFT", "TPOT"}
+    assert all(m.source and m.url.startswith(("http", "shared/")) or "arxiv" in m.url
+               for m in ms)
+    assert len({m.id for m in ms}) == len(ms)
+    for m in ms:  # every model resolves to a config
+        assert SHAPES(m.model).table is not None
+
+
+def _synthetic(truth, n=8):
+    wls = [(128, 128, None), (2048, 128, None), (1000, 1000, None), (128, 2048, 4),
+           (5000, 500, 1), (500, 2000, 16), (2048, 512, 64), (20000, 2000, None)][:n]
+    out = []
+    for i, (isl, osl, c) in enumerate(wls):
+        for metric in (("throughput",) if c is None else ("ttft_s", "tpot_s")):
+            m = Measurement(id=str(i) + metric, gpu="h100-sxm", model="llama-3.1-8b",
+                            precision="fp8", tp=1, isl=isl, osl=osl, concurrency=c,
+                            metric=metric, value=1.0, source="synthetic, from a known profile")
+            v = predict(m, SHAPES(m.model), truth)
+            out.append(m.model_copy(update={"value": v}))
+    return out
+
+
+def test_fit_recovers_a_known_profile():
+    params = {p.label: p for p in parameters(H100)}
+    chosen = [params["memory"], params["matmul fp8"], params["engine request overhead"]]
+    truth = with_values(H100, chosen, [0.62, 0.55, 3e-3])
+    ms = _synthetic(truth)
+    res = fit(ms, H100, SHAPES, max_nfev=30, only=[p.label for p in chosen] + ["link"])
+    assert res.rms_log_after < 1e-3 < res.rms_log_before
+    p = res.profile
+    assert p.efficiency.memory.peak_fraction == pytest.approx(0.62, rel=0.02)
+    assert p.efficiency.matmul["fp8"].peak_fraction == pytest.approx(0.55, rel=0.03)
+    assert p.request_overhead_s.value == pytest.approx(3e-3, rel=0.05)
+    assert p.efficiency.memory.source.startswith(f"fitted to {len(ms)} measurements from")
+    # figures no measurement touches keep their value and source
+    assert p.efficiency.link == H100.efficiency.link
+    assert p.peak_flops == H100.peak_flops and p.memory_bandwidth == H100.memory_bandwidth
+
+
+def test_fit_stays_physical():
+    ms = [m.model_copy(update={"value": m.value * 20}) for m in _synthetic(H100, 4)]
+    # 20x faster than possible: the fit runs into the bounds
+    res = fit(ms, H100, SHAPES, max_nfev=10, only=["memory", "matmul fp8", "kernel overhead"])
+    e = res.profile.efficiency
+    for c in [*e.matmul.values(), e.attention, e.memory, e.link]:
+        assert all(FLOOR <= f <= 1.0 for _, f in c.points)
+    assert 0 <= res.profile.kernel_overhead_s.value <= 20e-6
+
+
+def test_mape_table_rows():
+    ms = _synthetic(H100, 4)
+    ms = [m.model_copy(update={"value": m.value * (1.1 if i % 2 else 0.8),
+                               "split": "holdout" if i == 0 else "fit"})
+          for i, m in enumerate(ms)]
+    rows = mape_table(score(ms, SHAPES, lambda _: H100))
+    allfit = next(r for r in rows if (r["split"], r["gpu"], r["regime"]) == ("fit", "all", "all"))
+    errs = [1 / (1.1 if i % 2 else 0.8) - 1 for i in range(1, len(ms))]
+    assert allfit["n"] == len(ms) - 1
+    assert allfit["mape"] == pytest.approx(np.mean(np.abs(errs)))
+    assert allfit["bias"] == pytest.approx(np.mean(errs))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nas", *args], capture_output=True, text=True)
+
+
+def test_cli_calibrate_writes_profile(tmp_path):
+    ms = _synthetic(with_values(H100, [p for p in parameters(H100) if p.label == "memory"],
+                                [0.7]), 2)
+    path = tmp_path / "m.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(Measurement.model_fields))
+        w.writeheader()
+        for m in ms:
+            w.writerow({k: ("" if v is None else v) for k, v in m.model_dump().items()})
+    out = tmp_path / "fitted.json"
+    p = run_cli("calibrate", str(path), "--hw", "h100-sxm", "-o", str(out),
+                "--configs", str(DATA / "configs"), "--configs",
+                str(DATA.parents[1] / "nas" / "examples" / "configs"), "--max-evals", "20",
+                "--only", "memory")
+    assert p.returncode == 0, p.stderr
+    assert "memory" in p.stdout and "->" in p.stdout
+    prof = hwprofiles.load(out)
+    assert prof.efficiency.memory.peak_fraction == pytest.approx(0.7, rel=0.02)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("row,needle", [
+    ({"metric": "latency"}, "metric"),
+    ({"value": "-3"}, "value"),
+    ({"tp": "0"}, "tp"),
+])
+def test_bad_measurement_row_is_one_line(tmp_path, row, needle):
+    good = {"id": "1", "gpu": "h100-sxm", "model": "llama-3.1-8b", "precision": "fp8",
+            "tp": "1", "isl": "128", "osl": "128", "metric": "throughput", "value": "1000",
+            "source": "a table"}
+    path = tmp_path / "bad.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(good))
+        w.writeheader()
+        w.writerow({**good, **row})
+    with pytest.raises(InputError, match=needle):
+        load_measurements(path)
+    p = run_cli("calibrate", str(path), "--hw", "h100-sxm", "-o", str(tmp_path / "o.json"))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "row 2" in p.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_json_report(tmp_path):
+    p = run_cli("calibrate", str(CSV), "--hw", "h200-sxm", "--report", "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["device"] == "h200-sxm" and {r["split"] for r in d["table"]} == {"fit", "holdout"}
