@@ -109,3 +109,79 @@ def test_diverse_and_sweep(lib_path, capsys):
     assert main(["solve", str(lib_path), "--objective", "kl_div", "--sweep",
                  f"{key}={0.4 * tot[key]}:{tot[key]}:5"]) == 0
     assert "Pareto frontier" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- real libraries
+
+
+@pytest.fixture()
+def nv_path(tmp_path) -> Path:
+    from nas.library import nvlabs_shaped_library
+
+    return nvlabs_shaped_library(6, seed=2).save(tmp_path / "nv.json")
+
+
+def test_budget_values_inf_underscores_and_units(lib_path, capsys):
+    lib = BlockLibrary.load(lib_path)
+    mem = 0.8 * parent_totals(lib)["memory_bytes@chat-4k"]
+    gib = mem / 2**30
+    argv = ["solve", str(lib_path), "--objective", "kl_div", "--json"]
+    assert main([*argv, "--budget", f"memory_bytes@chat-4k<={gib:.6f} GiB",
+                 "--budget", "runtime_s@chat-4k<=inf", "--budget", "params<=1_000_000_000_000"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["status"] == "optimal"
+    assert out["totals"]["memory_bytes@chat-4k"] <= gib * 2**30 * (1 + 1e-9)
+    assert out["seconds"] <= out["wall_seconds"]
+    # the same budget in bytes gives the same child
+    assert main([*argv, "--budget", f"memory_bytes@chat-4k<={gib:.6f}GiB"]) == 0
+    assert json.loads(capsys.readouterr().out)["objective"] == out["objective"]
+    assert main([*argv, "--budget", "kl_div<=1 GiB"]) == 2
+    assert "says no unit" in capsys.readouterr().err
+
+
+def test_json_when_infeasible(lib_path):
+    p = run_cli(str(lib_path), "--objective", "kl_div", "--budget", "memory_bytes@chat-4k<=1",
+                "--json")
+    assert p.returncode == 3
+    out = json.loads(p.stdout)
+    assert out["status"] == "infeasible" and "can go no lower than" in out["message"]
+    assert out["seconds"] >= 0 and out["wall_seconds"] >= out["seconds"]
+    p = run_cli(str(lib_path), "--objective", "kl_div", "--sweep", "params=1:2:2", "--json")
+    assert p.returncode == 3 and json.loads(p.stdout)["status"] == "infeasible"
+    assert "infeasible: infeasible" not in p.stdout
+
+
+def test_nvlabs_labels_pins_and_totals(nv_path, capsys):
+    lib = BlockLibrary.load(nv_path)
+    label = next(lab for lab in lib.labels if lab.endswith("ffn = no_op (parent * 0%)")
+                 and lab.startswith("attention = no_op"))
+    escaped = label.replace("\t", "\\t")
+    argv = ["solve", str(nv_path), "--objective", "metrics.kl_div"]
+    assert main([*argv, "--pin", f"layer_2:{escaped}"]) == 0
+    out = capsys.readouterr().out
+    assert "\t" not in out and escaped in out  # labels printed with their tabs escaped
+    assert "stats.memory_mib" in out and "stats.num_kv_heads" not in out  # additive only
+    # the same pin by index, and with whitespace instead of the tab
+    r = next(i for i in range(lib.num_replacements)
+             if lib.start[i] == 2 and lib.labels[i] == label)
+    assert main([*argv, "--pin", str(r), "--json"]) == 0
+    by_index = json.loads(capsys.readouterr().out)
+    assert by_index["choices"][2]["replacement"] == r
+    assert main([*argv, "--forbid", f"2:{label.replace(chr(9), ' ')}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["choices"][2]["replacement"] != r
+    assert main([*argv, "--pin", "layer_9:anything"]) == 2
+    assert "unknown block 'layer_9'" in capsys.readouterr().err
+    assert main([*argv, "--pin", "layer_2:no such variant"]) == 2
+    assert "no replacement at layer_2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--time-limit", "-1"], "time_limit"),
+    (["--gap", "nan"], "mip_rel_gap"),
+    (["--threads", "0"], "threads"),
+    (["--budget", "params<=nan"], "cannot read 'nan'"),
+])
+def test_bad_solver_options_exit_2(lib_path, capsys, argv, match):
+    assert main(["solve", str(lib_path), "--objective", "kl_div", *argv]) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1
