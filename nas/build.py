@@ -62,30 +62,45 @@ class _Materializer:
 
     def block(self, i: int, dtype: torch.dtype | None = None) -> Block:
         """Block ``i`` randomly initialized (in float32, then cast to ``dtype``, default the
-        target dtype); not yet put into the model."""
+        target dtype); not yet put into the model.
+
+        Allocated uninitialized (no constructor-time default init to pay for) and set by
+        ``reset_parameters``, which sets every parameter and persistent buffer; a block with
+        non-persistent buffers (derived values the constructor computes) is constructed for
+        real instead.
+        """
         arch = self.model.arch
-        blk = _real(lambda: Block(arch.blocks[i], arch))
+        meta = self.model.blocks[i]
+        if any(getattr(m, "_non_persistent_buffers_set", None) for m in meta.modules()):
+            blk = _real(lambda: Block(arch.blocks[i], arch))
+        else:
+            blk = meta.to_empty(device="cpu")
         blk.reset_parameters(self.std, self.out_std)
         return blk.to(dtype or self.dtype)
 
 
 def build_model(arch: ModelArch, seed: int | None = 0,
-                dtype: torch.dtype = torch.float32) -> CausalLM:
+                dtype: torch.dtype = torch.float32, progress: bool | None = None) -> CausalLM:
     """A randomly initialized model of ``arch`` (seeded; ``seed=None`` uses the global RNG).
 
     Built on the meta device and materialized block by block: each block is initialized in
     float32 and cast to ``dtype``, so the values do not depend on ``dtype`` beyond the cast
-    and the peak memory is the model in ``dtype`` plus one block in float32. Stored
+    and the peak memory is the model in ``dtype`` plus one block in float32 (a progress bar
+    on a terminal, or as ``progress`` says). Stored
     elements match ``arch.param_counts().total`` exactly (MTP blocks are not built).
     """
     with torch.device("meta"):
         model = CausalLM(arch)
 
     def fill() -> None:
+        from nas.progress import Progress
+
         mat = _Materializer(model, dtype)
         mat.nonblock()
-        for i in range(len(model.blocks)):
-            model.blocks[i] = mat.block(i)
+        with Progress(len(model.blocks), "build", progress) as bar:
+            for i in range(len(model.blocks)):
+                model.blocks[i] = mat.block(i)
+                bar.update(1)
 
     if seed is None:
         fill()

@@ -133,33 +133,82 @@ def _export_config(model: CausalLM, model_type: str | None) -> dict[str, Any]:
     return cfg
 
 
-def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = None) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` into folder ``path``.
+MAX_SHARD_BYTES = 5_000_000_000  # 5 GB (decimal), transformers' customary shard size
 
-    The type is ``model_type`` or the one :func:`nas.hf.to_hf` picks. Files are written in
-    a temporary folder beside ``path`` and moved into place only when both are complete,
-    so a failed save leaves nothing behind (and an existing checkpoint untouched).
+
+def _shard_plan(model: CausalLM, model_type: str, max_shard_bytes: int
+                ) -> list[list[tuple[str, str, int | None]]]:
+    """The layout rows split into consecutive shards of at most ``max_shard_bytes`` each (a
+    tensor larger than that gets a shard of its own)."""
+    sd = model.state_dict()
+    shards: list[list[tuple[str, str, int | None]]] = [[]]
+    size = 0
+    for row in hf_layout(model, model_type):
+        t = sd[row[0]]
+        n = (t[0] if row[2] is not None else t).numel() * t.element_size()
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(row)
+        size += n
+    return shards
+
+
+def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = None,
+                    max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Write ``config.json`` and the weights into folder ``path``: ``model.safetensors``, or
+    ``model-0000k-of-0000n.safetensors`` shards of at most ``max_shard_bytes`` (default 5 GB)
+    plus ``model.safetensors.index.json`` when larger, as transformers writes them.
+
+    The type is ``model_type`` or the one :func:`nas.hf.to_hf` picks. Tensors are written
+    one shard at a time without copying the model (peak: the model plus one shard). Files
+    are written in a temporary folder beside ``path`` and moved into place only when all
+    are complete, so a failed save leaves nothing behind (and an existing checkpoint
+    untouched); stale weight files of an older checkpoint in ``path`` are removed.
     """
     from safetensors.torch import save_file
 
     path = Path(path)
     cfg = _export_config(model, model_type)
-    tensors = hf_state_dict(model, cfg["model_type"])
-    meta = {"format": "pt",
-            DIGESTS_KEY: json.dumps({k: _digest(v) for k, v in tensors.items()})}
+    mt = cfg["model_type"]
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and not path.is_dir():
         raise InputError("exists and is not a folder", path=str(path))
+    shards = _shard_plan(model, mt, max_shard_bytes)
+    names = [WEIGHTS] if len(shards) == 1 else \
+        [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    sd = model.state_dict()
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        save_file(tensors, str(tmp / WEIGHTS), metadata=meta)
+        wmap: dict[str, str] = {}
+        total = 0
+        from nas.progress import progress
+
+        for fname, rows in progress(zip(names, shards), len(shards), "save",
+                                    None if len(shards) > 1 else False):
+            tensors = {}
+            for key, name, j in rows:
+                t = sd[key].detach()
+                tensors[name] = t.contiguous() if j is None else t[j].clone()
+                wmap[name] = fname
+                total += tensors[name].numel() * tensors[name].element_size()
+            meta = {"format": "pt",
+                    DIGESTS_KEY: json.dumps({k: _digest(v) for k, v in tensors.items()})}
+            save_file(tensors, str(tmp / fname), metadata=meta)
+            del tensors
+        if len(shards) > 1:
+            (tmp / INDEX).write_text(json.dumps(
+                {"metadata": {"total_size": total}, "weight_map": wmap}, indent=2) + "\n")
         (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
         if not path.exists():
             os.replace(tmp, path)
         else:
-            (path / INDEX).unlink(missing_ok=True)  # a stale sharded index would win on load
-            os.replace(tmp / WEIGHTS, path / WEIGHTS)
-            os.replace(tmp / CONFIG, path / CONFIG)
+            new = set(os.listdir(tmp))
+            for old in list(path.glob("model*.safetensors")) + [path / INDEX]:
+                if old.name not in new:
+                    old.unlink(missing_ok=True)  # a stale index or shard would win on load
+            for f in sorted(new):
+                os.replace(tmp / f, path / f)
             tmp.rmdir()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -197,67 +246,131 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     return {k: file for k in _open(file).keys()}
 
 
+class CheckpointReader:
+    """A checkpoint folder opened for reading, tensor by tensor (never unpickles).
+
+    ``arch`` is its architecture and ``model`` a :class:`CausalLM` of it on the meta device;
+    :meth:`materialize` loads one submodule's tensors (``"embed"``, ``"blocks.3"``, ...) into
+    it in a chosen dtype and :meth:`release` sends them back to the meta device, so a parent
+    can be streamed one block at a time. Errors name the tensor (missing, misshaped,
+    unexpected unless ``strict=False``, or not matching its recorded SHA-256) or the file
+    (truncated or corrupt). MTP tensors (``mtp.*``) are skipped: MTP blocks are not built.
+    """
+
+    def __init__(self, path: str | Path, strict: bool = True):
+        folder = Path(path)
+        if not folder.is_dir():
+            raise InputError("not a checkpoint folder", path=str(folder))
+        self.folder = folder
+        self.arch = load_config(folder)
+        mt = self.arch.model_type
+        with torch.device("meta"):
+            self.model = CausalLM(self.arch)
+        self.layout = hf_layout(self.model, mt)
+        self.files = _weight_files(folder)
+        expected = {name for _, name, _ in self.layout}
+        missing = [name for _, name, _ in self.layout if name not in self.files]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise InputError(f"missing tensor {missing[0]}{more}: config.json ({mt}) expects "
+                             "it", path=str(folder))
+        extra = sorted(k for k in set(self.files) - expected
+                       if not (self.arch.mtp_blocks and k.startswith("mtp.")))
+        if extra and strict:
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            raise InputError(f"unexpected tensor {extra[0]}{more}: config.json ({mt}) has no "
+                             "such parameter", path=str(folder))
+        self._handles: dict[Path, Any] = {}
+        self._digests: dict[Path, dict[str, str]] = {}
+        self._shapes = {k: tuple(v.shape) for k, v in
+                        self.model.state_dict(keep_vars=True).items()}
+
+    def stored_dtype(self) -> torch.dtype:
+        """The dtype the embedding table is stored in."""
+        name = next(n for k, n, _ in self.layout if k == "embed.weight")
+        code = self._handle(self.files[name]).get_slice(name).get_dtype()
+        return _DTYPES.get(code, torch.float32)
+
+    def _handle(self, file: Path) -> Any:
+        if file not in self._handles:
+            self._handles[file] = _open(file)
+            raw = (self._handles[file].metadata() or {}).get(DIGESTS_KEY)
+            self._digests[file] = json.loads(raw) if raw else {}
+        return self._handles[file]
+
+    def tensors(self, keys: set[str] | None = None, dtype: torch.dtype | None = None
+                ) -> dict[str, torch.Tensor]:
+        """Internal state_dict entries ``keys`` (default all), read, checked and cast to
+        ``dtype`` (default: as stored); stacked experts are re-stacked."""
+        sd: dict[str, torch.Tensor] = {}
+        parts: dict[str, list[torch.Tensor | None]] = {}
+        for key, name, j in self.layout:
+            if keys is not None and key not in keys:
+                continue
+            file = self.files[name]
+            h = self._handle(file)
+            full = self._shapes[key]
+            want = tuple(full[1:] if j is not None else full)
+            try:
+                t = h.get_tensor(name)
+            except Exception as exc:
+                raise InputError(f"cannot read tensor {name}: {exc}", path=str(file)) from None
+            if tuple(t.shape) != want:
+                raise InputError(f"tensor {name} has shape {list(t.shape)} but config.json "
+                                 f"implies {list(want)}", path=str(file))
+            if name in self._digests[file] and _digest(t) != self._digests[file][name]:
+                raise InputError(f"tensor {name} does not match its recorded SHA-256 (the "
+                                 "file was modified or is corrupt)", path=str(file))
+            if dtype is not None:
+                t = t.to(dtype)
+            if j is None:
+                sd[key] = t
+            else:
+                parts.setdefault(key, [None] * full[0])[j] = t
+        for key, ts in parts.items():
+            sd[key] = torch.stack(ts)  # type: ignore[arg-type]
+            ts.clear()
+        return sd
+
+    def materialize(self, name: str, dtype: torch.dtype | None = None) -> torch.nn.Module:
+        """Load submodule ``name`` of :attr:`model` (e.g. ``"blocks.3"``) and return it."""
+        sub = self.model.get_submodule(name)
+        prefix = name + "."
+        keys = {k for k in self._shapes if k.startswith(prefix)}
+        sd = self.tensors(keys, dtype)
+        self.close()  # unmap the files: pages read so far would otherwise stay resident
+        sub.load_state_dict({k[len(prefix):]: v for k, v in sd.items()}, strict=True,
+                            assign=True)
+        return sub
+
+    def close(self) -> None:
+        """Close the open safetensors files (they are reopened on the next read)."""
+        self._handles.clear()
+
+    def release(self, name: str) -> None:
+        """Drop submodule ``name``'s tensors (back to the meta device)."""
+        self.model.get_submodule(name).to("meta")
+
+
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
+           "F64": torch.float64}
+
+
 def load_pretrained(path: str | Path, strict: bool = True,
                     dtype: torch.dtype | None = None) -> CausalLM:
     """Load a checkpoint folder written by :func:`save_pretrained` (or an HF checkpoint of
-    a supported type): ``config.json`` plus ``model.safetensors`` or a sharded
-    ``model.safetensors.index.json``. Never unpickles.
+    a supported type, e.g. as transformers 4.x or 5.x writes it, bf16 / fp16 / fp32):
+    ``config.json`` plus ``model.safetensors`` or a sharded ``model.safetensors.index.json``.
+    Never unpickles; the model is built on the meta device and takes the loaded tensors, so
+    the peak memory is the model plus one tensor.
 
     Raises :class:`InputError` naming the tensor for a missing, misshaped, unexpected
     (unless ``strict=False``) or modified tensor, and naming the file for a truncated or
     corrupt one. ``dtype`` casts the weights (default: as stored).
     """
-    folder = Path(path)
-    if not folder.is_dir():
-        raise InputError("not a checkpoint folder", path=str(folder))
-    arch = load_config(folder)
-    mt = arch.model_type
-    with torch.device("meta"):
-        model = CausalLM(arch)
-    layout = hf_layout(model, mt)
-    files = _weight_files(folder)
-    expected = {name for _, name, _ in layout}
-    missing = [name for _, name, _ in layout if name not in files]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise InputError(f"missing tensor {missing[0]}{more}: config.json ({mt}) expects it",
-                         path=str(folder))
-    extra = sorted(set(files) - expected)
-    if extra and strict:
-        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise InputError(f"unexpected tensor {extra[0]}{more}: config.json ({mt}) has no "
-                         "such parameter", path=str(folder))
-    handles: dict[Path, Any] = {}
-    digests: dict[Path, dict[str, str]] = {}
-    meta_sd = model.state_dict(keep_vars=True)
-    parts: dict[str, list[torch.Tensor | None]] = {}
-    sd: dict[str, torch.Tensor] = {}
-    for key, name, j in layout:
-        file = files[name]
-        if file not in handles:
-            handles[file] = _open(file)
-            raw = (handles[file].metadata() or {}).get(DIGESTS_KEY)
-            digests[file] = json.loads(raw) if raw else {}
-        want = tuple(meta_sd[key].shape[1:] if j is not None else meta_sd[key].shape)
-        try:
-            t = handles[file].get_tensor(name)
-        except Exception as exc:
-            raise InputError(f"cannot read tensor {name}: {exc}", path=str(file)) from None
-        if tuple(t.shape) != want:
-            raise InputError(f"tensor {name} has shape {list(t.shape)} but config.json "
-                             f"implies {list(want)}", path=str(file))
-        if name in digests[file] and _digest(t) != digests[file][name]:
-            raise InputError(f"tensor {name} does not match its recorded SHA-256 (the file "
-                             "was modified or is corrupt)", path=str(file))
-        if dtype is not None:
-            t = t.to(dtype)
-        if j is None:
-            sd[key] = t
-        else:
-            parts.setdefault(key, [None] * meta_sd[key].shape[0])[j] = t
-    for key, ts in parts.items():
-        sd[key] = torch.stack(ts)  # type: ignore[arg-type]
-    model.load_state_dict(sd, strict=True, assign=True)
+    reader = CheckpointReader(path, strict)
+    model = reader.model
+    model.load_state_dict(reader.tensors(None, dtype), strict=True, assign=True)
     return model
 
 

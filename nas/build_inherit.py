@@ -38,6 +38,8 @@ The per-block outcome is kept in ``child.init_report``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from hwprofiles.errors import InputError
@@ -318,15 +320,39 @@ def _tokens(calibration_tokens: torch.Tensor | list, vocab: int) -> torch.Tensor
 
 
 @torch.no_grad()
-def init_from_parent(child_arch: ModelArch, parent_model: CausalLM,
-                     calibration_tokens: torch.Tensor | list, seed: int = 0) -> CausalLM:
-    """A :class:`CausalLM` of ``child_arch`` initialized from ``parent_model`` (see the
-    module docstring for the rule per block); ``calibration_tokens`` are token ids
+def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
+                     calibration_tokens: torch.Tensor | list, seed: int = 0,
+                     dtype: torch.dtype | None = None, progress: bool | None = None
+                     ) -> CausalLM:
+    """A :class:`CausalLM` of ``child_arch`` initialized from the parent (see the module
+    docstring for the rule per block); ``calibration_tokens`` are token ids
     ``(batch, length)`` or ``(length,)``. Blocks without a rule keep a random init
-    (seeded by ``seed``); ``child.init_report`` says what happened to each block."""
-    from nas.build import build_model
+    (seeded by ``seed``: the same values :func:`nas.build.build_model` draws);
+    ``child.init_report`` says what happened to each block.
 
-    pa = parent_model.arch
+    ``parent_model`` is a model in memory, or a checkpoint folder (ours or one transformers
+    wrote; sharded, bf16 / fp16 / fp32): then the parent is streamed from its safetensors
+    one block at a time in float32, and the child is built on the meta device and
+    materialized block by block, so the peak memory is about the child in ``dtype`` plus one
+    parent and one child block in float32 (:func:`nas.build.estimate_build_memory`).
+    ``dtype`` is the child's (default: the parent's as stored); with a parent in memory the
+    rules compute in the parent's dtype.
+    """
+    from nas.build import _Materializer
+    from nas.build_checkpoint import CheckpointReader
+    from nas.progress import Progress
+
+    reader = None
+    if isinstance(parent_model, CausalLM):
+        pa = parent_model.arch
+        compute = parent_model.embed.weight.dtype
+        device = parent_model.embed.weight.device
+        target = dtype or compute
+    else:
+        reader = CheckpointReader(parent_model)
+        pa = reader.arch
+        compute, device = torch.float32, torch.device("cpu")
+        target = dtype or reader.stored_dtype()
     if (child_arch.hidden_size, child_arch.vocab_size) != (pa.hidden_size, pa.vocab_size):
         raise InputError(f"child hidden/vocab ({child_arch.hidden_size}, "
                          f"{child_arch.vocab_size}) must equal the parent's "
@@ -334,38 +360,69 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM,
     if child_arch.num_blocks != pa.num_blocks:
         raise InputError(f"child has {child_arch.num_blocks} blocks but the parent has "
                          f"{pa.num_blocks}; blocks correspond 1:1 (use no-op to drop one)")
-    tokens = _tokens(calibration_tokens, pa.vocab_size)
-    dtype = parent_model.embed.weight.dtype
-    device = parent_model.embed.weight.device
-    child = build_model(child_arch, seed=seed, dtype=dtype).to(device)
-    tokens = tokens.to(device)
-    was_training = parent_model.training
-    parent_model.eval()
+    tokens = _tokens(calibration_tokens, pa.vocab_size).to(device)
 
-    _copy(child.embed.weight, parent_model.embed.weight)
-    if child.lm_head is not None:
-        _copy(child.lm_head.weight, parent_model.head_weight())
-    if child.norm is not None and parent_model.norm is not None:
-        _copy(child.norm.weight, parent_model.norm.weight)
+    def part(name: str) -> torch.nn.Module | None:
+        """The parent's submodule ``name`` (loaded when streaming)."""
+        if reader is None:
+            return parent_model.get_submodule(name)  # type: ignore[union-attr]
+        if getattr(reader.model, name.split(".")[0], None) is None:
+            return None
+        return reader.materialize(name, compute)
 
+    def done(name: str) -> None:
+        if reader is not None:
+            reader.release(name)
+
+    with torch.device("meta"):
+        child = CausalLM(child_arch)
+    was_training = parent_model.training if reader is None else False  # type: ignore[union-attr]
+    if reader is None:
+        parent_model.eval()  # type: ignore[union-attr]
     report = []
-    x = parent_model.embed(tokens)
-    for i, (pb, cb) in enumerate(zip(parent_model.blocks, child.blocks)):
-        pc, cc = pa.blocks[i], child_arch.blocks[i]
-        if pc == cc:
-            for (_, dst), (_, src) in zip(cb.state_dict(keep_vars=True).items(),
-                                          pb.state_dict(keep_vars=True).items()):
-                _copy(dst, src)
-            what = "copied"
-        elif cb.mixer is None or pb.mixer is None:
-            what = inherit_block(pc, pb.mixer, cc, cb.mixer, x)
-        else:
-            _copy(cb.norm.weight, pb.norm.weight)
-            what = inherit_block(pc, pb.mixer, cc, cb.mixer, pb.norm(x))
-        if isinstance(pb.mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
-            cb.mixer.chunk_size = pb.mixer.chunk_size  # the scan's rounding depends on it
-        report.append(f"block {i} {pc.describe()} -> {cc.describe()}: {what}")
-        x = pb(x)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        mat = _Materializer(child, target)
+        mat.nonblock()
+        for m in (child.embed, child.lm_head, child.norm):
+            if m is not None:
+                m.to(device)
+        emb = part("embed")
+        _copy(child.embed.weight, emb.weight)  # type: ignore[union-attr]
+        x = emb(tokens).to(compute)  # type: ignore[misc]
+        if child.lm_head is not None:
+            head = part("lm_head") if pa.tie_embeddings is False else emb
+            _copy(child.lm_head.weight, head.weight)  # type: ignore[union-attr]
+            if head is not emb:
+                done("lm_head")
+        done("embed")
+        if child.norm is not None and pa.final_norm:
+            _copy(child.norm.weight, part("norm").weight)  # type: ignore[union-attr]
+            done("norm")
+        with Progress(pa.num_blocks, "init", progress) as bar:
+            for i in range(pa.num_blocks):
+                pb = part(f"blocks.{i}")
+                cb = mat.block(i, dtype=compute).to(device)
+                pc, cc = pa.blocks[i], child_arch.blocks[i]
+                if pc == cc:
+                    for (_, dst), (_, src) in zip(cb.state_dict(keep_vars=True).items(),
+                                                  pb.state_dict(keep_vars=True).items()):
+                        _copy(dst, src)
+                    what = "copied"
+                elif cb.mixer is None or pb.mixer is None:
+                    what = inherit_block(pc, pb.mixer, cc, cb.mixer, x)
+                else:
+                    _copy(cb.norm.weight, pb.norm.weight)
+                    what = inherit_block(pc, pb.mixer, cc, cb.mixer, pb.norm(x))
+                if isinstance(pb.mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
+                    cb.mixer.chunk_size = pb.mixer.chunk_size  # the scan's rounding depends on it
+                report.append(f"block {i} {pc.describe()} -> {cc.describe()}: {what}")
+                if i + 1 < pa.num_blocks:
+                    x = pb(x)
+                child.blocks[i] = cb.to(target)
+                done(f"blocks.{i}")
+                bar.update(1)
     child.init_report = report  # type: ignore[assignment]
-    parent_model.train(was_training)
+    if reader is None:
+        parent_model.train(was_training)  # type: ignore[union-attr]
     return child

@@ -52,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=DTYPES,
                    help="weights dtype (default: the parent's, else float32)")
     p.add_argument("--seed", type=int, default=0, help="seed of any random init (default 0)")
+    p.add_argument("--force", action="store_true", help="build even when the memory estimate "
+                   "exceeds the memory available")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
@@ -128,7 +130,14 @@ def read_calibration(path: str | Path, length: int = 256) -> Any:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from nas.build import build_model, init_from_parent, load_pretrained, save_pretrained
+    from nas.build import (
+        build_model,
+        check_memory,
+        estimate_build_memory,
+        init_from_parent,
+        load_pretrained,
+        save_pretrained,
+    )
     from nas.hf import from_hf
 
     cfg, source = read_child_config(args.config)
@@ -145,12 +154,23 @@ def run(args: argparse.Namespace) -> int:
         model = assemble_child(arch, load_pretrained(args.parent), args.blocks)
         report = model.init_report  # type: ignore[assignment]
     elif args.parent:
-        parent = load_pretrained(args.parent)
+        # the parent is streamed from its safetensors one block at a time; the child is
+        # materialized block by block in the target dtype
+        from nas.build_checkpoint import CheckpointReader
+
+        reader = CheckpointReader(args.parent)
         tokens = read_calibration(args.calib, args.calib_len)
-        model = init_from_parent(arch, parent, tokens, seed=args.seed)
+        dtype = getattr(torch, args.dtype) if args.dtype else reader.stored_dtype()
+        from nas.build_inherit import MAX_TOKENS
+
+        check_memory(estimate_build_memory(arch, dtype, reader.arch,
+                                           min(tokens.numel(), MAX_TOKENS)), args.force)
+        model = init_from_parent(arch, args.parent, tokens, seed=args.seed, dtype=dtype)
         report = model.init_report  # type: ignore[assignment]
     else:
-        model = build_model(arch, seed=args.seed)
+        dtype = getattr(torch, args.dtype or "float32")
+        check_memory(estimate_build_memory(arch, dtype), args.force)
+        model = build_model(arch, seed=args.seed, dtype=dtype)
     if args.dtype:
         model = model.to(getattr(torch, args.dtype))
     out = save_pretrained(model, args.output, args.model_type)
