@@ -38,7 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from costmodels.blocks import price_blocks
 from costmodels.dtypes import PrecisionRecipe, get_recipe
 from costmodels.memory import DEFAULT_RESERVE_BYTES
-from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
+from costmodels.model import (
+    NonBlockShape,
+    engine_overheads,
+    max_concurrency,
+    price_nonblock,
+    summarize,
+)
 from costmodels.serving import parse_slo, slo_throughput
 from costmodels.shapes import BlockTable
 from costmodels.workload import DEFAULT_MAX_NUM_SEQS, DEFAULT_TOKEN_BUDGET, Workload
@@ -136,18 +142,21 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
     wl = Workload(**base)
     reserve = _reserve(m, hw)
     if m.slo:
+        so, ro = engine_overheads(hw, engine=m.engine or None)
         pt = slo_throughput(shape.table, shape.nonblock, hw, recipe, wl, parse_slo(m.slo),
-                            reserve_bytes=reserve, **kw)
+                            reserve_bytes=reserve, step_overhead_s=so, request_overhead_s=ro,
+                            **kw)
         return pt.throughput_node_tok_s if m.tp == hw.gpus_per_node.value else \
             pt.throughput_tok_s * m.tp
     if m.concurrency is None:  # the maximum-throughput point: the most that fit
         b1 = price_blocks(shape.table, hw, recipe, [wl], **kw)
         nb1 = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp,
-                             attention_dp=m.attention_dp)
+                             attention_dp=m.attention_dp, engine=m.engine or None)
         cap = max_concurrency(b1, nb1, hw, wl.max_context, reserve_bytes=reserve)
         wl = wl.with_sequences(max(1, min(cap.max_concurrency, wl.max_num_seqs)))
     b = price_blocks(shape.table, hw, recipe, [wl], **kw)
-    nb = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp, attention_dp=m.attention_dp)
+    nb = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp, attention_dp=m.attention_dp,
+                        engine=m.engine or None)
     s = summarize(b, nb, hw, reserve_bytes=reserve)
     if m.metric == "throughput":
         return float(s.throughput_tok_s[0] * m.tp)
@@ -181,8 +190,23 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
 """Physical bounds per efficiency (lo, hi, why): no fit may leave them."""
 
 
-def parameters(hw: HardwareProfile) -> list[Param]:
-    """The figures :func:`fit` may move on ``hw`` (those the profile has), with bounds."""
+DEFAULT_ENGINE = "trtllm"
+"""Rows of this engine (or none named) fit the profile's top-level engine figures; every
+other engine with at least :data:`MIN_ENGINE_ROWS` rows gets its own (``hw.engines``)."""
+MIN_ENGINE_ROWS = 3
+
+
+def engines_of(ms: Sequence[Measurement]) -> list[str]:
+    """Engines of ``ms`` that get their own overhead figures."""
+    from collections import Counter
+
+    n = Counter(m.engine for m in ms if m.engine and m.engine != DEFAULT_ENGINE)
+    return sorted(e for e, k in n.items() if k >= MIN_ENGINE_ROWS)
+
+
+def parameters(hw: HardwareProfile, engines: Sequence[str] = ()) -> list[Param]:
+    """The figures :func:`fit` may move on ``hw``, with bounds; ``engines``: engines that get
+    their own step / request overheads."""
     lo, hi, _ = BOUNDS["matmul"]
     out = [Param(f"matmul {d}", ("efficiency", "matmul", d), lo, hi, True)
            for d in hw.efficiency.matmul]
@@ -193,6 +217,11 @@ def parameters(hw: HardwareProfile) -> list[Param]:
     out.append(Param("kernel overhead", ("kernel_overhead_s",), 0.0, 10e-6, False))
     out.append(Param("engine step overhead", ("step_overhead_s",), 0.0, 5e-3, False))
     out.append(Param("engine request overhead", ("request_overhead_s",), 0.0, 10e-3, False))
+    for e in engines:
+        out.append(Param(f"engine step overhead [{e}]", ("engines", e, "step_overhead_s"),
+                         0.0, 5e-3, False))
+        out.append(Param(f"engine request overhead [{e}]",
+                         ("engines", e, "request_overhead_s"), 0.0, 10e-3, False))
     out.append(Param("MoE routing imbalance", ("moe_imbalance",), 1.0, 1.5, False))
     return out
 
@@ -215,7 +244,7 @@ def _get(data: dict, p: Param) -> float:
 def _set(data: dict, p: Param, value: float, source: str) -> None:
     parent = data
     for k in p.path[:-1]:
-        parent = parent[k]
+        parent = parent.setdefault(k, {})
     key = p.path[-1]
     if p.curve:
         cur = parent.get(key)
@@ -266,7 +295,7 @@ def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
         raise InputError(f"no measurements for device {hw.name!r}", field="gpu")
     from scipy.optimize import least_squares
 
-    params = parameters(hw)
+    params = parameters(hw, engines_of(ms))
     if only is not None:
         unknown = sorted(set(only) - {p.label for p in params})
         if unknown:
@@ -299,7 +328,7 @@ def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
                         x_scale=1.0)
     xbest = x0.copy()
     xbest[active] = lo + sol.x * scale
-    src = sources or sorted({m.source.split(",")[0] for m in ms})
+    src = sources or sorted({m.source.split(",")[0].split(" (")[0] for m in ms})
     label = src if isinstance(src, str) else "; ".join(src)
     source = f"fitted to {len(ms)} measurements from {label} (puzzle-nas calibrate)"
     moved = []

@@ -106,27 +106,38 @@ class NonBlockCosts:
 
 
 def engine_overheads(hw: HardwareProfile, step_overhead_s: float | None = None,
-                     request_overhead_s: float | None = None) -> tuple[float, float]:
+                     request_overhead_s: float | None = None,
+                     engine: str | None = None) -> tuple[float, float]:
     """The engine's per-step and per-request seconds: the arguments where given, else the
-    profile's ``step_overhead_s`` / ``request_overhead_s`` (0 where the profile has none)."""
-    so = step_overhead_s if step_overhead_s is not None else (
-        hw.step_overhead_s.value if hw.step_overhead_s is not None else 0.0)
-    ro = request_overhead_s if request_overhead_s is not None else (
-        hw.request_overhead_s.value if hw.request_overhead_s is not None else 0.0)
-    return float(so), float(ro)
+    profile's figures for ``engine`` (``hw.engines``), else its top-level
+    ``step_overhead_s`` / ``request_overhead_s`` (0 where the profile has none)."""
+    ef = hw.engines.get(engine) if engine else None
+
+    def pick(given: float | None, key: str) -> float:
+        if given is not None:
+            return float(given)
+        for src in (ef, hw):
+            f = getattr(src, key, None) if src is not None else None
+            if f is not None:
+                return float(f.value)
+        return 0.0
+
+    return pick(step_overhead_s, "step_overhead_s"), pick(request_overhead_s,
+                                                          "request_overhead_s")
 
 
 def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionRecipe,
                    workloads: Sequence[Workload | str], tp: int = 1,
                    step_overhead_s: float | None = None,
                    request_overhead_s: float | None = None, attention_dp: bool = False,
-                   draft: bool = False) -> NonBlockCosts:
+                   draft: bool = False, engine: str | None = None) -> NonBlockCosts:
     """Price embeddings + final norm + LM head (vocab-sharded over ``tp``) per workload,
     plus the engine's overheads (see the module docstring).
 
     In a prefill chunk step the LM head runs on the last token of the prompts that finish in
     it (``B / n_c``); in decode on the B tokens of the step. ``step_overhead_s`` is added once
-    per engine step and ``request_overhead_s`` to TTFT; ``None`` takes the profile's figure.
+    per engine step and ``request_overhead_s`` to TTFT; ``None`` takes the profile's figure
+    (for ``engine`` where the profile has one).
     With ``attention_dp`` each GPU embeds and samples its own ``1/tp`` of the sequences with
     the whole (unsharded) LM head. With speculative decoding (``draft_tokens = d``) a
     verification step runs the LM head on ``B * (1 + d)`` tokens, and ``draft`` (an MTP
@@ -134,7 +145,7 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     token (divided by ``acceptance``).
     """
     check_parallel(tp, 1)
-    so, ro = engine_overheads(hw, step_overhead_s, request_overhead_s)
+    so, ro = engine_overheads(hw, step_overhead_s, request_overhead_s, engine)
     wls = tuple(parse_workload(w) for w in workloads)
     dp, vs = (tp, 1) if attention_dp else (1, tp)
     h, v = float(shape.hidden), float(-(-shape.vocab // vs))

@@ -137,6 +137,15 @@ class Interconnect(BaseModel):
     """Seconds: fixed cost of one collective (all-reduce) regardless of size."""
 
 
+class EngineFigures(BaseModel):
+    """A serving engine's host overheads on this device (``costmodels.model``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_overhead_s: Figure | None = None
+    request_overhead_s: Figure | None = None
+
+
 class HardwareProfile(BaseModel):
     """What one accelerator can do. Units: bytes, bytes/s, FLOP/s (dense), seconds."""
 
@@ -168,6 +177,9 @@ class HardwareProfile(BaseModel):
     """Serving-engine host seconds per request (admission, tokenization, scheduling,
     retirement) in the engine loop: added to TTFT, and B of them to every cycle of B
     requests (``costmodels.model``); absent: 0."""
+    engines: dict[str, EngineFigures] = Field(default_factory=dict)
+    """Per serving engine (e.g. ``vllm``, ``sglang``) its own step / request overheads; an
+    engine not listed, or no engine named, takes the top-level figures above."""
     moe_imbalance: Figure | None = None
     """MoE routing imbalance under expert parallelism: routed tokens on the busiest of the
     ``ep`` GPUs over the mean (>= 1); the busiest GPU sets the step. Absent: 1."""
@@ -261,6 +273,12 @@ class HardwareProfile(BaseModel):
             f = getattr(self, key)
             rows.append((label, "not given (0)" if f is None else f"{f.value * 1e3:.2f} ms",
                          "" if f is None else f.source))
+        for name, ef in self.engines.items():
+            for key, label in (("step_overhead_s", "step"), ("request_overhead_s", "request")):
+                f = getattr(ef, key)
+                if f is not None:
+                    rows.append((f"engine {name}: {label} overhead", f"{f.value * 1e3:.2f} ms",
+                                 f.source))
         f = self.moe_imbalance
         rows.append(("MoE routing imbalance (EP)", "not given (1)" if f is None
                      else f"{f.value:.2f}", "" if f is None else f.source))

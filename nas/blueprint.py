@@ -53,9 +53,11 @@ def predict(arch: ModelArch, problem: Any) -> dict[str, Any]:
     from nas.search import nonblock_shape
 
     wls = list(problem.workloads.values())
+    adp = bool(getattr(problem, "attention_dp", False))
     blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, tp=problem.tp,
-                          ep=problem.ep)
-    nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls, tp=problem.tp)
+                          ep=problem.ep, attention_dp=adp)
+    nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls, tp=problem.tp,
+                        attention_dp=adp)
     mc = summarize(blocks, nb, problem.hw, reserve_bytes=problem.reserve_bytes)
     out = {}
     d = mc.to_dict()

@@ -40,6 +40,7 @@ from costmodels.blocks import BlockCosts, price_blocks
 from costmodels.dtypes import PrecisionRecipe, get_recipe, recipe_from_dict
 from costmodels.memory import DEFAULT_PREFILL_CHUNK
 from costmodels.model import NonBlockCosts, NonBlockShape, price_nonblock, workspace_bytes
+from costmodels.serving import SLOPoint, concurrency_grid, parse_slo, slo_throughput
 from costmodels.workload import Workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
@@ -74,6 +75,10 @@ class Problem:
         return self.spec.hw.ep
 
     @property
+    def attention_dp(self) -> bool:
+        return self.spec.hw.attention_dp
+
+    @property
     def device_bytes(self) -> float:
         """Usable memory of one GPU (bytes); memory figures are per GPU."""
         return float(self.hw.memory_bytes.value)
@@ -95,7 +100,9 @@ def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -
         recipe = get_recipe(str(pr) if spec.precision.endswith(".json") else spec.precision)
     else:
         recipe = recipe_from_dict(spec.precision, source="spec: precision")
-    wls = {name: Workload(name=name, **w.model_dump()) for name, w in spec.workloads.items()}
+    wls = {name: Workload(name=name, **w.model_dump(exclude={"slo", "concurrency_sweep"},
+                                                    exclude_none=True))
+           for name, w in spec.workloads.items()}
     reserve, rel = parse_quantity(spec.runtime_reserve, "memory", "runtime_reserve")
     if rel:
         reserve *= float(hw.memory_bytes.value)
@@ -135,10 +142,11 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
     wl = list(problem.workloads.values())
     with Progress(len(flat), "pricing", progress) as bar:
         table = blocks_table([a.child for a in flat], h)
-        rows = price_blocks(table, problem.hw, problem.recipe, wl, tp=problem.tp, ep=problem.ep)
+        rows = price_blocks(table, problem.hw, problem.recipe, wl, tp=problem.tp, ep=problem.ep,
+                            attention_dp=problem.attention_dp)
         bar.update(len(flat))
     nb = price_nonblock(nonblock_shape(problem.parent), problem.hw, problem.recipe, wl,
-                        tp=problem.tp)
+                        tp=problem.tp, attention_dp=problem.attention_dp)
     # activation workspace is a max over blocks, not a sum: hold the parent's (a child is no
     # wider) as a constant, so memory budgets stay linear and conservative; same formula as
     # costmodels.model.summarize
@@ -617,6 +625,108 @@ def run_batch_sweep(problem: Problem, alts: list[list[space.Alternative]],
     return out
 
 
+def slo_workload(problem: Problem) -> str | None:
+    """The workload with an SLO (at most one), or None."""
+    names = [n for n, w in problem.spec.workloads.items() if w.slo]
+    if len(names) > 1:
+        raise InputError(f"only one workload may carry an slo, got {names}", field="workloads")
+    return names[0] if names else None
+
+
+def parent_slo_point(problem: Problem, wname: str) -> SLOPoint:
+    """The parent's best throughput under ``wname``'s SLO (``costmodels.serving``)."""
+    ws = problem.spec.workloads[wname]
+    return slo_throughput(problem.parent.table, nonblock_shape(problem.parent), problem.hw,
+                          problem.recipe, problem.workloads[wname], parse_slo(ws.slo),
+                          tp=problem.tp, ep=problem.ep, reserve_bytes=problem.reserve_bytes,
+                          attention_dp=problem.attention_dp,
+                          concurrencies=ws.concurrency_sweep)
+
+
+def slo_problem(problem: Problem, wname: str, parent_pt: SLOPoint) -> Problem:
+    """``problem`` with the SLO of ``wname`` as budgets (per-user speed, TTFT, memory <=
+    device) and its relative throughput bounds turned into tok/s per GPU against the
+    parent's SLO throughput, so that every concurrency of the sweep answers the same
+    question."""
+    spec = problem.spec
+    slo = parse_slo(spec.workloads[wname].slo)
+    budgets = []
+    for i, b in enumerate(spec.budgets):
+        if b.metric == "throughput" and b.workload == wname and b.min is not None:
+            val, rel = parse_quantity(b.min, "throughput", f"budgets[{i}].min")
+            if rel:
+                if not parent_pt.feasible:
+                    raise InputError(f"the parent meets {slo.label()} at no concurrency, so "
+                                     f"{b.min} of it means nothing; give tok/s",
+                                     field=f"budgets[{i}].min")
+                b = b.model_copy(update={"min": f"{val * parent_pt.throughput_tok_s:.6g} tok/s"})
+        budgets.append(b)
+    extra = [BudgetSpec(metric="memory", workload=wname, max="device")]
+    if slo.per_user_tps is not None:
+        extra.append(BudgetSpec(metric="per_user_tps", workload=wname,
+                                min=f"{slo.per_user_tps:g} tok/s"))
+    if slo.ttft_s is not None:
+        extra.append(BudgetSpec(metric="ttft", workload=wname, max=f"{slo.ttft_s * 1e3:g} ms"))
+    spec2 = spec.model_copy(update={"budgets": budgets + extra})
+    return Problem(spec2, problem.base_dir, problem.spec_hash, problem.parent, problem.hw,
+                   problem.recipe, dict(problem.workloads), problem.reserve_bytes)
+
+
+@dataclass
+class SLOSweep:
+    """The concurrency sweep of an SLO workload: the best point and every point tried."""
+
+    workload: str
+    parent: SLOPoint
+    best: int | None
+    points: list[dict[str, Any]]
+
+
+def solve_slo(problem: Problem, alts: list[list[space.Alternative]], quality: np.ndarray,
+              wname: str, progress: bool | None = None
+              ) -> tuple[Problem, Priced, BlockLibrary, Constraints, list[mip.Result], SLOSweep]:
+    """Solve once per concurrency of the SLO workload ``wname`` (the Puzzle paper's sweep
+    over batch sizes) and keep the best child: the lowest objective, or for a throughput
+    objective on ``wname`` the highest throughput. Raises ``InfeasibleError`` when no
+    concurrency admits a child."""
+    ws = problem.spec.workloads[wname]
+    parent_pt = parent_slo_point(problem, wname)
+    base = slo_problem(problem, wname, parent_pt)
+    w = problem.workloads[wname]
+    grid = ws.concurrency_sweep or concurrency_grid(w.max_num_seqs)
+    obj = problem.spec.objective.maximize or ""
+    by_throughput = obj == f"throughput@{wname}"
+    best: tuple | None = None
+    points: list[dict[str, Any]] = []
+    with Progress(len(grid), f"SLO sweep of {wname}", progress) as bar:
+        for c in grid:
+            pb = with_batch(base, wname, c)
+            priced = price(pb, alts, progress=False)
+            lib = build_library(pb, alts, priced, quality)
+            cons = constraints(pb, lib, priced)
+            try:
+                results = solve(pb, lib, cons)
+            except mip.InfeasibleError:
+                points.append({"concurrency": c, "feasible": False})
+                bar.update(1)
+                continue
+            r = results[0]
+            thr = c * w.osl / (r.totals[f"runtime_s@{wname}"] * pb.tp)
+            points.append({"concurrency": c, "feasible": True, "objective": r.objective,
+                           "throughput_tok_s": thr})
+            key = -thr if by_throughput else float(r.objective or 0.0)
+            if best is None or key < best[0]:
+                best = (key, c, (pb, priced, lib, cons, results))
+            bar.update(1)
+    if best is None:
+        raise mip.InfeasibleError(
+            f"no concurrency of {wname} in {grid[0]}..{grid[-1]} admits a child under "
+            f"{ws.slo} and the budgets (the parent's best: concurrency "
+            f"{parent_pt.concurrency}, {parent_pt.throughput_tok_s:,.0f} tok/s per GPU)")
+    pb, priced, lib, cons, results = best[2]
+    return pb, priced, lib, cons, results, SLOSweep(wname, parent_pt, best[1], points)
+
+
 def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: str = "",
         progress: bool | None = None) -> SearchOutcome:
     """spec -> blueprint(s), ``report.md``, ``library.json`` and ``pareto.png`` in ``out_dir``."""
@@ -632,13 +742,19 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
     t1 = time.perf_counter()
     priced = price(problem, alts, progress)
     quality, qsource = score(problem, alts)
-    library = build_library(problem, alts, priced, quality)
-    cons = constraints(problem, library, priced)
     t["price_s"] = time.perf_counter() - t1
     t2 = time.perf_counter()
-    with Progress(1, "solving", progress) as bar:
-        results = solve(problem, library, cons)
-        bar.update(1)
+    slo_w = slo_workload(problem)
+    slo_sweep = None
+    if slo_w is not None:
+        problem, priced, library, cons, results, slo_sweep = solve_slo(
+            problem, alts, quality, slo_w, progress)
+    else:
+        library = build_library(problem, alts, priced, quality)
+        cons = constraints(problem, library, priced)
+        with Progress(1, "solving", progress) as bar:
+            results = solve(problem, library, cons)
+            bar.update(1)
     hom_res = None
     if problem.spec.search_space.compare_homogeneous and not problem.spec.search_space.homogeneous:
         hom_res = homogeneous_solve(library, cons)
@@ -683,6 +799,14 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
     t["total_s"] = time.perf_counter() - t0
     report = bpm.report_markdown(blueprints[0], hom_bp)
     extra: dict[str, Any] = {"library.json": library_json(library)}
+    if slo_sweep is not None:
+        pt = slo_sweep.parent
+        extra["slo_sweep.json"] = {
+            "workload": slo_sweep.workload, "slo": problem.spec.workloads[slo_sweep.workload].slo,
+            "best_concurrency": slo_sweep.best,
+            "parent": {"concurrency": pt.concurrency, "throughput_tok_s": pt.throughput_tok_s,
+                       "per_user_tok_s": pt.per_user_tok_s},
+            "points": slo_sweep.points}
     if sweep is not None:
         extra["sweep.json"] = sweep
     files = bpm.save_outputs(out_dir, blueprints, report, extra) + files

@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from costmodels.serving import parse_slo
 from hwprofiles.errors import InputError, read_json
 
 WORKLOAD_METRICS = ("memory", "ttft", "tpot", "per_user_tps", "throughput", "runtime",
@@ -49,11 +50,32 @@ class WorkloadSpec(_Model):
     batch: int | None = Field(default=None, ge=1, description="static batch size")
     concurrency: int | None = Field(default=None, ge=1,
                                     description="requests in flight (continuous batching)")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, description="engine token budget per step (default 8192)")
+    max_num_seqs: int | None = Field(default=None, ge=1,
+                                     description="engine cap on running requests (default 2048)")
+    slo: str | None = Field(default=None, description="'per_user_tps>=U' and/or 'ttft<=T': the "
+                            "concurrency becomes a sweep, each point solved with the SLO as "
+                            "budgets (and memory <= device), the best child kept; relative "
+                            "throughput bounds on this workload resolve against the parent's "
+                            "own SLO throughput")
+    concurrency_sweep: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, description="concurrencies tried for an SLO workload (default: a grid up "
+        "to max_num_seqs)")
 
     @model_validator(mode="after")
     def _one(self) -> WorkloadSpec:
         if (self.batch is None) == (self.concurrency is None):
             raise ValueError("give exactly one of batch or concurrency")
+        if self.slo is not None:
+            if self.batch is not None:
+                raise ValueError("an SLO workload serves a concurrency (continuous batching)")
+            try:
+                parse_slo(self.slo)
+            except InputError as exc:
+                raise ValueError(str(exc).split(": ", 1)[-1]) from None
+        elif self.concurrency_sweep is not None:
+            raise ValueError("concurrency_sweep needs an slo")
         return self
 
 
@@ -63,6 +85,8 @@ class HardwareSpec(_Model):
     ep: int = Field(default=1, ge=1, description="expert-parallel degree")
     gpus_per_replica: int | None = Field(default=None, ge=1,
                                          description="GPUs serving one model copy (default tp)")
+    attention_dp: bool = Field(default=False, description="attention data parallelism over the "
+                               "tp GPUs, routed experts expert-parallel behind an all-to-all")
 
     @model_validator(mode="after")
     def _gpus(self) -> HardwareSpec:
