@@ -4,6 +4,7 @@ published parameter counts of other families, and bad input."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from conftest import LLAMA, NANO, SUPER
@@ -205,3 +206,119 @@ def test_bad_input_names_the_field(cfg, field):
     assert "\n" not in msg and msg.startswith("cfg.json")
     if field:
         assert field in msg
+
+
+# ---- both spellings: transformers 4.x and 5.x ---------------------------------------------
+LLAMA31 = json.loads(LLAMA.read_text())
+
+
+def _as_5x(cfg: dict) -> dict:
+    """A 4.x config rewritten as transformers 5.x writes it (RoPE in rope_parameters)."""
+    out = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}
+    out["rope_parameters"] = {"rope_theta": cfg.get("rope_theta", 10000.0),
+                              **(cfg.get("rope_scaling") or {"rope_type": "default"})}
+    return out
+
+
+@pytest.mark.parametrize("cfg", [LLAMA31, MISTRAL_7B, QWEN2_7B, QWEN3_8B, MIXTRAL_8X7B,
+                                 QWEN15_MOE, QWEN3_30B_A3B], ids=lambda c: c["model_type"])
+def test_rope_parameters_read_as_rope_theta_and_scaling(cfg):
+    a, b = from_hf(cfg), from_hf(_as_5x(cfg))
+    assert b.rope_theta == a.rope_theta and b.blocks == a.blocks
+    assert b.hf_extra.get("rope_scaling") == a.hf_extra.get("rope_scaling")
+    assert "rope_parameters" not in b.hf_extra
+
+
+def test_llama31_rope_scaling_is_kept_and_exported_in_the_4x_spelling():
+    a = from_hf(_as_5x(LLAMA31))
+    assert a.rope_theta == 500000.0
+    assert a.hf_extra["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192}
+    out = to_hf(a)
+    assert out["rope_theta"] == 500000.0 and out["rope_scaling"]["rope_type"] == "llama3"
+    assert from_hf(out) == a
+
+
+def test_type_defaults_follow_transformers():
+    mixtral = {k: v for k, v in MIXTRAL_8X7B.items() if k not in ("rope_theta",
+                                                                   "rms_norm_eps")}
+    a = from_hf(mixtral)
+    assert a.rope_theta == 1e6 and a.norm_eps == 1e-5
+    mistral = {k: v for k, v in MISTRAL_7B.items() if k != "sliding_window"}
+    assert {b.sliding_window for b in from_hf(mistral).blocks if b.kind == "attention"} \
+        == {4096}
+    yarn = _as_5x({**QWEN3_8B, "max_position_embeddings": 131072,
+                   "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    assert from_hf(yarn).hf_extra["rope_scaling"] == {
+        "rope_type": "yarn", "original_max_position_embeddings": 131072, "factor": 4.0,
+        "truncate": True}
+
+
+def test_transformers_5x_moe_and_window_spellings():
+    q3 = {k: v for k, v in QWEN3_30B_A3B.items() if k != "num_experts"}
+    assert from_hf({**q3, "num_local_experts": 128}) == from_hf(QWEN3_30B_A3B)
+    with pytest.raises(InputError, match="num_experts.*is 64 but num_local_experts is 128"):
+        from_hf({**QWEN3_30B_A3B, "num_experts": 64, "num_local_experts": 128})
+    q15 = from_hf({**QWEN15_MOE, "sliding_window": 0, "use_sliding_window": False})
+    assert all(b.sliding_window is None for b in q15.blocks if b.kind == "attention")
+    assert not from_hf({**QWEN15_MOE, "qkv_bias": False}).blocks[0].qkv_bias
+    # qwen2: the window applies only with use_sliding_window, whatever layer_types says
+    types = ["sliding_attention"] * 28
+    off = from_hf({**QWEN2_7B, "layer_types": types, "use_sliding_window": False})
+    assert all(b.sliding_window is None for b in off.blocks if b.kind == "attention")
+    on = from_hf({**QWEN2_7B, "layer_types": types, "use_sliding_window": True})
+    assert {b.sliding_window for b in on.blocks if b.kind == "attention"} == {131072}
+
+
+def test_nemotron_h_layers_block_type_and_mamba_limits():
+    legacy = json.loads(NANO.read_text())
+    inv = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
+    new = {k: v for k, v in legacy.items()
+           if k not in ("hybrid_override_pattern", "num_hidden_layers", "time_step_limit")}
+    new["layers_block_type"] = [inv[c] for c in legacy["hybrid_override_pattern"]]
+    new["time_step_limit"] = [0.0, {"__float__": "Infinity"}]
+    a, b = from_hf(legacy), from_hf(new)
+    assert a.blocks == b.blocks
+    assert b.hf_extra["time_step_limit"] == [0.0, math.inf]
+    assert b.hf_extra["time_step_min"] == 0.001 and a.hf_extra["time_step_limit"] == [0, 1e20]
+    assert "Infinity" not in json.dumps(to_hf(b))  # the default limit is left out: strict JSON
+    old_names = {**legacy, "mamba_d_conv": 4, "mamba_n_groups": 8, "mamba_dt_min": 0.01}
+    assert from_hf(old_names).hf_extra["time_step_min"] == 0.01
+    assert from_hf(old_names).blocks == a.blocks
+
+
+@pytest.mark.parametrize("update,field", [
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_parameters.rope_type"),
+    ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0]}}, "rope_scaling.rope_type"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "beta_fast": 8}},
+     "rope_parameters.beta_fast"),
+    ({"rope_parameters": {"rope_type": "nope"}}, "rope_parameters.rope_type"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                       "original_max_position_embeddings": 8192}},
+     "rope_scaling.low_freq_factor"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "max_position_embeddings"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+    ({"rope_parameters": {"full_attention": {"rope_theta": 1e4}}}, "rope_parameters"),
+    ({"sliding_window": -1}, "sliding_window"),
+])
+def test_numerics_we_do_not_compute_are_errors_naming_the_field(update, field):
+    with pytest.raises(InputError) as exc:
+        from_hf({**MISTRAL_7B, **update}, source="cfg.json")
+    msg = str(exc.value)
+    assert "\n" not in msg and f"{field}" in msg, msg
+
+
+@pytest.mark.parametrize("update,field", [
+    ({"n_group": 8, "topk_group": 4}, "topk_group"),
+    ({"mlp_bias": True}, "mlp_bias"),
+    ({"mamba_hidden_act": "gelu"}, "mamba_hidden_act"),
+    ({"use_bias": True, "mamba_proj_bias": False}, "mamba_proj_bias"),
+    ({"time_step_limit": [0.5, 0.1]}, "time_step_limit"),
+    ({"layers_block_type": ["mamba2"]}, "layers_block_type"),
+])
+def test_nemotron_h_numerics_we_do_not_compute_are_errors(update, field):
+    with pytest.raises(InputError) as exc:
+        from_hf({**json.loads(NANO.read_text()), **update}, source="cfg.json")
+    assert field in str(exc.value), str(exc.value)
