@@ -267,6 +267,11 @@ def with_values(hw: HardwareProfile, params: Sequence[Param], values: Sequence[f
     return HardwareProfile.model_validate(data)
 
 
+def _round(v: float) -> float:
+    """4 significant digits (a fitted figure claims no more); below 1e-9 is 0."""
+    return 0.0 if abs(v) < 1e-9 else float(f"{v:.4g}")
+
+
 @dataclass
 class FitResult:
     """A fitted profile and what moved."""
@@ -327,7 +332,7 @@ def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
     sol = least_squares(fun, z0, bounds=(0.0, 1.0), diff_step=1e-3, max_nfev=max_nfev,
                         x_scale=1.0)
     xbest = x0.copy()
-    xbest[active] = lo + sol.x * scale
+    xbest[active] = [_round(v) for v in lo + sol.x * scale]
     src = sources or sorted({m.source.split(",")[0].split(" (")[0] for m in ms})
     label = src if isinstance(src, str) else "; ".join(src)
     source = f"fitted to {len(ms)} measurements from {label} (puzzle-nas calibrate)"

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import hwprofiles
+from costmodels.blocks import price_blocks
 from costmodels.dtypes import get_recipe
-from costmodels.model import NonBlockShape, price_model
+from costmodels.model import NonBlockShape, max_concurrency, price_model, price_nonblock
 from costmodels.serving import concurrency_grid, parse_slo, slo_throughput
 from costmodels.shapes import BlockTable, Kind
 from costmodels.workload import UNLIMITED
 from hwprofiles.errors import InputError
+from nas.hf import load_config
+from nas.search import nonblock_shape
 
 H100 = hwprofiles.get("h100-sxm")
 FP8 = get_recipe("fp8")
@@ -101,3 +106,18 @@ def test_concurrency_grid_and_slo_parsing():
     for bad in ("per_user_tps<=100", "ttft>=1", "speed>=3", "per_user_tps>=-1"):
         with pytest.raises(InputError):
             parse_slo(bad)
+
+
+def test_one_h100_million_token_concurrency_parent_vs_published_child():
+    """Published: 1M-token concurrency on one H100 goes 1 -> 8 (Super -> Puzzle-75B)."""
+    repo = Path(__file__).resolve().parents[1]
+    recipe = get_recipe("nvfp4-super")
+    got = {}
+    for who, path in (("parent", repo / "nas/examples/configs/nemotron-3-super-120b-a12b.json"),
+                      ("child", repo / "tests/data/configs/nemotron-labs-3-puzzle-75b-a9b.json")):
+        arch = load_config(path)
+        wl = ["isl=1044480,osl=4096,concurrency=1"]
+        b = price_blocks(arch.block_table(), H100, recipe, wl)
+        nb = price_nonblock(nonblock_shape(arch), H100, recipe, wl)
+        got[who] = max_concurrency(b, nb, H100, 1_048_576).max_concurrency
+    assert 1 <= got["parent"] <= 2 and 7 <= got["child"] <= 9, got
