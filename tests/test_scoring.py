@@ -266,6 +266,9 @@ def test_search_reports_measured_quality(work, scored, tmp_path, capsys):
     spec["budgets"] = [{"metric": "total_params", "max": "80%"}]
     (tmp_path / "s.json").write_text(json.dumps(spec))
     s, base, digest = load_spec(tmp_path / "s.json")
+    labels = [(a.block, a.label) for b in search.alternatives(search.resolve(s, base, digest))
+              for a in b]
+    assert labels == [(int(r["block"]), r["alternative"]) for r in scored[1]]
     outcome = search.run(s, base, tmp_path / "out", digest, progress=False)
     q = outcome.blueprints[0].quality
     assert q["source"] == "measured: scores.csv (kl_div)" and not q["is_prior"]

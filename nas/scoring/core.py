@@ -145,13 +145,14 @@ class Sums:
         self.agree = 0
         self.n = 0
 
-    def add(self, p_logits: torch.Tensor, q_logits: torch.Tensor, targets: torch.Tensor
-            ) -> None:
-        lp = p_logits[:, :-1].double().log_softmax(-1)
-        lq = q_logits[:, :-1].double().log_softmax(-1)
+    def add(self, lp: torch.Tensor, p_top1: torch.Tensor, q_logits: torch.Tensor,
+            targets: torch.Tensor) -> None:
+        """``lp``: the parent's float64 log-probabilities at positions ``0..l-2``."""
+        z = q_logits[:, :-1]
+        lq = z.double().log_softmax(-1)
         self.kl += float((lp.exp() * (lp - lq)).sum())
         self.loss += float(-lq.gather(-1, targets[:, 1:, None]).sum())
-        self.agree += int((p_logits[:, :-1].argmax(-1) == q_logits[:, :-1].argmax(-1)).sum())
+        self.agree += int((p_top1 == z.argmax(-1)).sum())
         self.n += targets[:, 1:].numel()
 
 
@@ -171,7 +172,7 @@ class Scorer:
         self.held = [held[k:k + bs].to(dev) for k in range(0, len(held), bs)]
         self.calib = [calib[k:k + bs].to(dev) for k in range(0, len(calib), bs)]
         self.init_rows = max(1, MAX_TOKENS // settings.seq_len)
-        # the held-out cache keeps logits; in naive mode only the logits are used
+        # the held-out cache keeps log-probs; in naive mode only those are used
         self.held_cache = PrefixCache(parent, self.held, logits=True, max_bytes=cache_bytes,
                                       spill_dir=spill_dir, name="held")
         left = max(0.0, cache_bytes - self.held_cache.mem_bytes)
@@ -179,7 +180,7 @@ class Scorer:
                                        spill_dir=spill_dir, name="calib") if cached else None
         self.parent_loss = 0.0
         for b, t in enumerate(self.held):
-            lp = self.held_cache.logits(b)[:, :-1].double().log_softmax(-1)
+            lp = self.held_cache.logp(b)
             self.parent_loss += float(-lp.gather(-1, t[:, 1:, None]).sum())
         self.tokens = sum(t[:, 1:].numel() for t in self.held)
 
@@ -244,7 +245,8 @@ class Scorer:
             for blk in p.blocks[i + 1:]:
                 x = blk(x)
             h = p.norm(x) if p.norm is not None else x
-            s.add(self.held_cache.logits(b), h @ p.head_weight().t(), tokens)
+            s.add(self.held_cache.logp(b), self.held_cache.top1(b), h @ p.head_weight().t(),
+                  tokens)
         return {"kl_div": s.kl / s.n, "lm_loss_delta": (s.loss - self.parent_loss) / s.n,
                 "top1_agreement": s.agree / s.n, "tokens": s.n}
 

@@ -59,7 +59,7 @@ def load_tokens(path: str | Path, tokenizer: str | Path | None = None,
         from tokenizers import Tokenizer
     except ImportError:
         raise InputError("reading text needs the 'tokenizers' package (pip install "
-                         "tokenizers), or give token ids as .npy / .bin") from None
+                         "'puzzle-nas[text]'), or give token ids as .npy / .bin") from None
     try:
         tok = Tokenizer.from_file(str(tok_path))
     except Exception as exc:

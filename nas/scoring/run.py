@@ -28,9 +28,10 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
 from hwprofiles.errors import InputError
-from nas import search
+from nas import space
+from nas.arch import ModelArch
 from nas.build import load_pretrained
-from nas.hf import load_config
+from nas.hf import from_hf, load_config
 from nas.io import atomic_write_json
 from nas.progress import Progress
 from nas.scoring import bld
@@ -47,7 +48,7 @@ from nas.scoring.data import Split, load_tokens, split_tokens
 from nas.scoring.report import plot_heatmap, summary_lines, write_csv
 from nas.scoring.store import ScoreRow, Store, read_all
 from nas.space import Alternative
-from nas.spec import load_spec
+from nas.spec import SearchSpec, load_spec
 
 KILL_ENV = "PUZZLE_NAS_SCORE_KILL_AFTER"  # fault injection for tests: SIGKILL mid-item
 
@@ -81,7 +82,8 @@ class RunRecord(BaseModel):
 class Job:
     """A validated scoring job (no weights loaded yet)."""
 
-    problem: search.Problem
+    spec: SearchSpec
+    parent_arch: ModelArch
     alts: list[list[Alternative]]
     parent_dir: Path
     split: Split
@@ -92,17 +94,27 @@ class Job:
 def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
             settings: Settings, tokenizer: str | Path | None = None,
             bin_dtype: str | None = None) -> Job:
-    """Check every input (spec, parent config vs spec, data) without loading weights."""
-    spec, base, digest = load_spec(spec_path)
-    problem = search.resolve(spec, base, digest)
+    """Check every input (spec, parent config vs spec, data) without loading weights.
+
+    The alternatives are ``space.alternatives(parent, spec.search_space)``, what
+    ``search.alternatives`` returns for the spec (same labels as ``library.json``); the
+    spec's hardware and workloads play no part in scoring.
+    """
+    spec, base, _ = load_spec(spec_path)
+    if isinstance(spec.parent, str):
+        pp = Path(spec.parent)
+        parent = load_config(pp if pp.is_absolute() else base / pp)
+    else:
+        parent = from_hf(spec.parent, source=f"{spec_path}: parent")
     pdir = Path(parent_dir)
     if not pdir.is_dir():
         raise InputError("not a checkpoint folder (config.json + safetensors)", path=str(pdir))
-    check_parent(load_config(pdir), problem.parent, str(pdir / "config.json"))
+    check_parent(load_config(pdir), parent, str(pdir / "config.json"))
     tokens = load_tokens(data, tokenizer, bin_dtype)
-    split = split_tokens(tokens, problem.parent.vocab_size, settings.seq_len,
+    split = split_tokens(tokens, parent.vocab_size, settings.seq_len,
                          settings.max_tokens, settings.calib_tokens, str(data))
-    return Job(problem, search.alternatives(problem), pdir, split, settings, Path(spec_path))
+    return Job(spec, parent, space.alternatives(parent, spec.search_space), pdir, split,
+               settings, Path(spec_path))
 
 
 def _dist() -> tuple[int, int]:
@@ -128,7 +140,7 @@ def _rows(job: Job, items: list[Item], results: dict[str, ScoreRow], tokens: int
     out = []
     for block_alts in job.alts:
         for a in block_alts:
-            pk = job.problem.parent.blocks[a.block].kind
+            pk = job.parent_arch.blocks[a.block].kind
             if a.is_parent:
                 out.append({"block": a.block, "alternative": a.label, "parent_kind": pk,
                             "kind": a.child.kind, "kl_div": 0.0, "lm_loss_delta": 0.0,
@@ -156,7 +168,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     out.mkdir(parents=True, exist_ok=True)
     parent = load_pretrained(job.parent_dir).to(device).eval()
     phash = weights_digest(parent)
-    items = make_items(job.problem.parent, job.alts, phash, job.split.digest, job.settings)
+    items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings)
     keys = [it.key for it in items]
     done = read_all(out, keys)
     mine = [it for k, it in enumerate(items) if k % world == rank]
@@ -223,7 +235,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
             files.append(r.bld_file)
     if metas:
         bld.write_index(out, phash, metas, files)
-    title = (f"{job.problem.spec.name}: replace-1-block KL"
+    title = (f"{job.spec.name}: replace-1-block KL"
              + (f" after {job.settings.bld_steps} BLD steps" if job.settings.bld_steps else ""))
     png = plot_heatmap(out / "scores.png", rows, title)
     if png is None:

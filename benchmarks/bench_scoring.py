@@ -1,0 +1,129 @@
+"""Scoring benchmark, side by side in one run:
+
+* prefix-cached vs naive replace-1-block scoring (in process, one thread): the cached path
+  starts every alternative of block ``i`` from the parent's stored stream at block ``i``
+  (and initializes it from stored calibration activations); the naive path runs the whole
+  model per alternative, prefix included. Goal: cached <= 0.6x naive. Both give the same
+  scores (asserted).
+* 2 ranks vs 1 rank: ``puzzle-nas score --nproc N`` end to end (process start, torchrun,
+  loading, scoring, merge), one thread per rank, fresh output folders.
+
+Parent: a random-init dense Llama-style model (16 blocks: 8 attention q8/kv8 d16 + 8 FFN
+512, hidden 128, vocab 1024); 4,096 held-out tokens in rows of 256, 2,048 calibration
+tokens; search space KV heads 2 + no-op, FFN 50 % + no-op: 32 alternatives. The two
+variants of each comparison alternate round by round, so that a busy machine slows both
+alike; the ratio of the medians is reported.
+
+Run: ``pytest benchmarks/bench_scoring.py --benchmark-only -s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from nas.arch import FFN, Attention, ModelArch  # noqa: E402
+from nas.build import build_model, load_pretrained, save_pretrained  # noqa: E402
+from nas.scoring import Settings, prepare  # noqa: E402
+from nas.scoring.core import Scorer, make_items, weights_digest  # noqa: E402
+
+ARCH = ModelArch(hidden_size=128, vocab_size=1024, model_type="llama",
+                 blocks=(Attention(num_heads=8, num_kv_heads=8, head_dim=16),
+                         FFN(width=512)) * 8)
+SETTINGS = Settings(seq_len=256, max_tokens=4096, calib_tokens=2048, batch_size=8)
+SPACE = {"attention": {"kv_heads": [2], "noop": True},
+         "ffn": {"fractions": [0.5], "noop": True}}
+N_ALTS = 32
+ROUNDS = 3
+RESULTS: dict[str, list[float]] = {}
+SCORES: dict[str, list[float]] = {}
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench_scoring")
+    save_pretrained(build_model(ARCH, seed=0), d / "parent")
+    rng = np.random.default_rng(0)
+    np.save(d / "tokens.npy", rng.integers(0, ARCH.vocab_size, 8192, dtype=np.int64))
+    (d / "spec.json").write_text(json.dumps({
+        "name": "bench", "parent": "parent/config.json", "hardware": "h100-sxm",
+        "workloads": {"w": {"isl": 128, "osl": 128, "batch": 1}}, "search_space": SPACE}))
+    return d
+
+
+def _score_all(work: Path, cached: bool) -> list[float]:
+    torch.set_num_threads(1)
+    job = prepare(work / "spec.json", work / "parent", work / "tokens.npy", SETTINGS)
+    parent = load_pretrained(work / "parent")
+    items = make_items(ARCH, job.alts, weights_digest(parent), job.split.digest, SETTINGS)
+    assert len(items) == N_ALTS
+    t = time.perf_counter()
+    scorer = Scorer(parent, job.split, SETTINGS, cached=cached)
+    kl = [scorer.score(it)[0]["kl_div"] for it in items]
+    RESULTS.setdefault("cached" if cached else "naive", []).append(time.perf_counter() - t)
+    return kl
+
+
+@pytest.mark.benchmark(group="scoring-prefix-cache")
+def test_prefix_cached_vs_naive(benchmark, work, capsys):
+    def pair():
+        SCORES["cached"] = _score_all(work, True)
+        SCORES["naive"] = _score_all(work, False)
+
+    benchmark.pedantic(pair, rounds=ROUNDS, iterations=1)
+    np.testing.assert_allclose(SCORES["cached"], SCORES["naive"], rtol=1e-6, atol=1e-9)
+    med = {k: statistics.median(RESULTS[k]) for k in ("cached", "naive")}
+    ratio = med["cached"] / med["naive"]
+    benchmark.extra_info.update({"median_s_cached": med["cached"],
+                                 "median_s_naive": med["naive"], "cached_over_naive": ratio})
+    with capsys.disabled():
+        print(f"\n[bench_scoring] {N_ALTS} alternatives x 4,096 held-out tokens, 16 blocks: "
+              f"median cached {med['cached']:.2f} s, naive {med['naive']:.2f} s -> "
+              f"cached/naive {ratio:.2f}x (goal <= 0.6x)")
+
+
+def _cli(work: Path, nproc: int, n: int) -> float:
+    out = work / f"out-{nproc}-{n}"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "nas", "score", str(work / "spec.json"), "--parent",
+           str(work / "parent"), "--data", str(work / "tokens.npy"), "-o", str(out),
+           "--seq-len", "256", "--max-tokens", "4096", "--calib-tokens", "2048",
+           "--nproc", str(nproc)]
+    t = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    dt = time.perf_counter() - t
+    RESULTS.setdefault(f"ranks{nproc}", []).append(dt)
+    return dt
+
+
+@pytest.mark.benchmark(group="scoring-ranks")
+def test_two_ranks_vs_one(benchmark, work, capsys):
+    it = iter(range(ROUNDS))
+
+    def pair():
+        n = next(it)
+        _cli(work, 1, n)
+        _cli(work, 2, n)
+
+    benchmark.pedantic(pair, rounds=ROUNDS, iterations=1)
+    one = [r.split(",")[:7] for r in (work / "out-1-0" / "scores.csv").read_text().splitlines()]
+    two = [r.split(",")[:7] for r in (work / "out-2-0" / "scores.csv").read_text().splitlines()]
+    assert one == two
+    m1, m2 = statistics.median(RESULTS["ranks1"]), statistics.median(RESULTS["ranks2"])
+    benchmark.extra_info.update({"median_s_1rank": m1, "median_s_2ranks": m2,
+                                 "two_over_one": m2 / m1})
+    with capsys.disabled():
+        print(f"\n[bench_scoring] puzzle-nas score end to end, {os.cpu_count()} cores: median "
+              f"1 rank {m1:.2f} s, 2 ranks {m2:.2f} s -> 2 ranks / 1 rank {m2 / m1:.2f}x")
