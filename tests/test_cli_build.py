@@ -112,3 +112,24 @@ def test_build_errors_exit_2_with_one_line(tmp_path, parent_dir, capsys):
     assert main(["build", str(tmp_path / "broken.json"), "-o", out]) == 2
     assert "not valid JSON" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_build_refuses_when_the_estimate_exceeds_memory(tmp_path, parent_dir, capsys,
+                                                        monkeypatch):
+    import nas.build
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(to_hf(_child())))
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps(list(range(64))))
+    out = tmp_path / "o"
+    monkeypatch.setattr(nas.build, "available_memory", lambda: 1_000_000)
+    for extra in ([], ["--parent", str(parent_dir), "--calib", str(calib)]):
+        assert main(["build", str(cfg), "-o", str(out), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "GiB is available; pass --force" in err, err
+        assert "building needs about 0.5 GiB" in err
+        assert not out.exists()
+    assert main(["build", str(cfg), "-o", str(out), "--force", "--parent", str(parent_dir),
+                 "--calib", str(calib)]) == 0
+    assert load_pretrained(out).num_stored() == _child().param_counts().total

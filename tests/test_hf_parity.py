@@ -200,3 +200,36 @@ def test_mamba_time_step_clamp_matters():
                 blk.mixer.dt_limit = (0.0, math.inf)
         b = ours(prompt)
     assert float((a - b).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("mt", ["qwen3_moe", "nemotron_h"])
+def test_parent_straight_from_a_transformers_checkpoint(mt, tmp_path, capsys):
+    """``puzzle-nas build --parent`` on a folder transformers wrote in bfloat16, sharded:
+    the child equal to the parent is the parent's weights, a pruned child builds, bf16."""
+    from nas.arch import MoE
+    from nas.cli import main
+    from nas.hf import to_hf
+
+    theirs = _hf_model(mt).to(torch.bfloat16)
+    theirs.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+    parent = load_pretrained(tmp_path / "hf")
+    assert parent.embed.weight.dtype == torch.bfloat16
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps(_prompt().tolist()))
+    arch = parent.arch
+    blocks = [b.model_copy(update={"num_experts": 3, "top_k": 1}) if isinstance(b, MoE) else b
+              for b in arch.blocks]
+    cfg = tmp_path / "child.json"
+    cfg.write_text(json.dumps(to_hf(arch.replace_blocks(blocks).model_copy())))
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(to_hf(arch)))
+    for c, out in [(same, tmp_path / "same"), (cfg, tmp_path / "child")]:
+        assert main(["build", str(c), "--parent", str(tmp_path / "hf"), "--calib", str(calib),
+                     "-o", str(out)]) == 0
+    child = load_pretrained(tmp_path / "same")
+    sd, psd = child.state_dict(), parent.state_dict()
+    assert all(torch.equal(sd[k], psd[k]) for k in psd)
+    pruned = load_pretrained(tmp_path / "child")
+    assert pruned.embed.weight.dtype == torch.bfloat16
+    assert "experts 4 -> 3" in capsys.readouterr().out
