@@ -349,6 +349,26 @@ def test_noop_block_is_identity_and_has_no_parameters():
         torch.testing.assert_close(model(t), h @ model.lm_head.weight.t())
 
 
+def test_apply_rope_paths_agree_with_rotate_half():
+    """The in-place (no autograd) and the autograd form both equal HF's
+    ``x * cos + rotate_half(x) * sin``, in either layout."""
+    from nas.modules.layers import apply_rope, rope_tables
+
+    cos, sin = rope_tables(torch.arange(3, 10), 8, 100.0, torch.float32)
+    x = torch.randn(2, 4, 7, 8)
+    ref = x * cos + torch.cat([-x[..., 4:], x[..., :4]], -1) * sin
+    with torch.no_grad():
+        torch.testing.assert_close(apply_rope(x, cos, sin), ref)
+        torch.testing.assert_close(apply_rope(x.transpose(1, 2), cos[:, None], sin[:, None]),
+                                   ref.transpose(1, 2))
+    xg = x.clone().requires_grad_(True)
+    out = apply_rope(xg, cos, sin)
+    assert torch.equal(out, ref)
+    (g,) = torch.autograd.grad(out, xg, torch.ones_like(out))
+    torch.testing.assert_close(g, (cos + torch.cat([sin[..., 4:], -sin[..., :4]], -1))
+                               .expand_as(g))
+
+
 def test_llama3_rope_scaling():
     """Llama-3.1's rope_scaling: short wavelengths kept, long ones divided by the factor."""
     from nas.modules.layers import scaled_inv_freq

@@ -152,15 +152,26 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``(b, heads, l, d)`` by the tables of shape ``(l, d)``.
+    """Rotate ``x`` of shape ``(b, heads, l, d)`` by the tables of shape ``(l, d)`` (or
+    ``x (b, l, heads, d)`` by tables ``(l, 1, d)``).
 
-    ``x * cos + rotate_half(x) * sin`` (HF's formula, the same products and sums) computed
-    on the two halves, without materializing the negated, rotated copy of ``x``.
+    ``x * cos + rotate_half(x) * sin`` (HF's formula) computed on the two halves, without
+    materializing the negated, rotated copy of ``x``; the output keeps ``x``'s layout.
+    Without autograd it is written in place with fused multiply-adds (equal up to rounding);
+    with autograd, the same products and sums as HF (bitwise equal).
     """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    c1, c2, s1, s2 = cos[..., :half], cos[..., half:], sin[..., :half], sin[..., half:]
-    return torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1)
+    c, s = cos[..., :half], sin[..., :half]  # the tables repeat: [ang, ang]
+    if torch.is_grad_enabled() and x.requires_grad:
+        xr = x.unflatten(-1, (2, half))
+        x1, x2 = xr[..., 0, :], xr[..., 1, :]
+        return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-2).flatten(-2)
+    out = torch.empty_like(x)
+    o1, o2 = out[..., :half], out[..., half:]
+    torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-1)
+    torch.mul(x2, c, out=o2).addcmul_(x1, s)
+    return out
 
 
 class AttentionMixer(nn.Module):
@@ -202,14 +213,18 @@ class AttentionMixer(nn.Module):
                 offset: int = 0) -> torch.Tensor:
         b, n, _ = x.shape
         d = self.head_dim
-        q = self.q_proj(x).view(b, n, self.n_heads, d).transpose(1, 2)
-        k = self.k_proj(x).view(b, n, self.n_kv, d).transpose(1, 2)
+        # (b, n, heads, d) until RoPE is applied, then viewed as (b, heads, n, d): SDPA's
+        # output then already has the (b, n, heads, d) layout o_proj reads (no copy)
+        q = self.q_proj(x).view(b, n, self.n_heads, d)
+        k = self.k_proj(x).view(b, n, self.n_kv, d)
         v = self.v_proj(x).view(b, n, self.n_kv, d).transpose(1, 2)
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.cfg.rope:
             cos, sin = self._rope(offset, n, x.device, q.dtype)
+            cos, sin = cos[:, None], sin[:, None]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         window = self.cfg.sliding_window
         if cache is None:
             out = self._attend(q, k, v, 0)
