@@ -85,8 +85,24 @@ def test_cost_super_nvfp4_1m_context(capsys):
     (["--workload", "isl=128,osl=128,batch=1", "--precision", "fp3"], "unknown precision"),
     ([], "--workload"),
     (["--context", "0"], "--context"),
+    (["--workload", "isl=128,osl=128,concurrency=1", "--slo", "speed>=3"], "per_user_tps"),
+    (["--slo", "per_user_tps>=10"], "--workload"),
+    (["--workload", "isl=128,osl=128,concurrency=1", "--acceptance", "2"], "--mtp"),
 ])
 def test_cost_bad_input_exit_2(capsys, argv, needle):
     rc, out, err = _run(capsys, "cost", str(LLAMA), "--hw", "h100", *argv)
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and needle in err
+
+
+def test_cost_slo_prints_chosen_concurrency(capsys):
+    argv = ["cost", str(LLAMA), "--hw", "h100-sxm", "--precision", "fp8",
+            "--workload", "isl=1000,osl=1000,concurrency=8", "--slo", "per_user_tps>=50"]
+    rc, out, _ = _run(capsys, *argv)
+    assert rc == 0
+    line = next(x for x in out.splitlines() if "SLO per_user_tps>=50" in x)
+    assert "best concurrency" in line and "tok/s/GPU" in line
+    rc, out, _ = _run(capsys, *argv, "--json")
+    slo = json.loads(out)["slo"][0]
+    assert slo["per_user_tok_s"] >= 50 and slo["concurrency"] >= 1
+    assert slo["concurrency"] in slo["swept"]

@@ -121,3 +121,44 @@ def test_one_h100_million_token_concurrency_parent_vs_published_child():
         nb = price_nonblock(nonblock_shape(arch), H100, recipe, wl)
         got[who] = max_concurrency(b, nb, H100, 1_048_576).max_concurrency
     assert 1 <= got["parent"] <= 2 and 7 <= got["child"] <= 9, got
+
+
+def test_mtp_speculation_credits_accepted_tokens_and_prices_draft_and_verify():
+    draft_rows = BlockTable.from_rows([ATT, FFN, dict(kind=Kind.LINEAR, hidden=4096)])
+    table = BlockTable.concat([LLAMA8B, draft_rows])
+    draft = np.r_[np.zeros(len(LLAMA8B), bool), np.ones(len(draft_rows), bool)]
+    rec = FP8
+    base = "isl=1024,osl=1024,concurrency=1"
+    plain = price_model(table, NB, H100, rec, [base], draft=draft)
+    spec = price_model(table, NB, H100, rec, [base + ",draft_tokens=3,acceptance=3"],
+                       draft=draft)
+    nodraft = price_model(LLAMA8B, NB, H100, rec, [base])
+    # without speculation the draft head only holds memory (its prefill of the prompt aside)
+    np.testing.assert_allclose(plain.tpot_s, nodraft.tpot_s, rtol=1e-12)
+    assert plain.weight_bytes > nodraft.weight_bytes
+    # 3 accepted tokens per step: about a third of the time per token at batch 1 (a
+    # verification step of 4 tokens still streams the dense weights once), plus 3 passes
+    # of the one-layer draft head (~1/32 of the model each)
+    assert 0.33 * plain.tpot_s[0] < spec.tpot_s[0] < 0.5 * plain.tpot_s[0]
+    # more acceptance, less time per token; TTFT is the prompt's
+    better = price_model(table, NB, H100, rec, [base + ",draft_tokens=3,acceptance=4"],
+                         draft=draft)
+    assert better.tpot_s[0] == pytest.approx(spec.tpot_s[0] * 3 / 4, rel=0.05)
+    with pytest.raises(InputError, match="acceptance"):
+        price_model(table, NB, H100, rec, [base + ",draft_tokens=2,acceptance=3.5"])
+
+
+def test_attention_data_parallel_layout():
+    rec = get_recipe("nvfp4-super")
+    wl = ["isl=2048,osl=256,concurrency=64"]
+    one = price_model(HYBRID, NB, H100, rec, wl, tp=1)
+    dp1 = price_model(HYBRID, NB, H100, rec, wl, tp=1, attention_dp=True)
+    for f in FIELDS:  # one GPU: nothing to split
+        np.testing.assert_allclose(getattr(dp1, f), getattr(one, f), rtol=1e-12)
+    tp8 = price_model(HYBRID, NB, H100, rec, wl, tp=8, ep=8)
+    dp8 = price_model(HYBRID, NB, H100, rec, wl, tp=8, ep=8, attention_dp=True)
+    # dense weights whole on every GPU, KV and state of 1/8 of the sequences each
+    assert dp8.weight_bytes > tp8.weight_bytes
+    kv_tp = tp8.kv_bytes[0]
+    assert dp8.kv_bytes[0] == pytest.approx(one.kv_bytes[0] / 8)
+    assert kv_tp > dp8.kv_bytes[0]  # 2 KV heads replicated over 8 GPUs under TP
