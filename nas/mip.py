@@ -776,8 +776,13 @@ class MipModel:
                 best = (lb, d)
         return "optimal", best[0], best[1]
 
-    def solve(self, explain: bool = True) -> Result:
+    def solve(self, explain: bool = True, incumbent: np.ndarray | None = None) -> Result:
         """Solve to the requested gap; verify; on infeasibility attach an explanation.
+
+        ``incumbent``: replacement indices of a child known to meet the current rows (a
+        sweep's previous point, as the bound loosens). It is checked here, never handed to
+        HiGHS as a MIP start; with fixing it sets the fixing threshold at once (columns that
+        cannot improve on it are fixed out) and is returned when nothing better exists.
 
         The feasibility tolerance is set from the data before each run (see the module
         doc); when HiGHS reports optimal but the honest bound misses the allowed gap, the
@@ -821,6 +826,16 @@ class MipModel:
         tau = max(4 * g * abs(lb0), 2 * a, 2 * g, 1e-3 * max(abs(lb0), 1e-3 * span))
         inc: np.ndarray | None = None
         u = math.inf
+        if incumbent is not None:
+            x0 = np.zeros(self.lib.num_replacements)
+            x0[np.asarray(incumbent, dtype=np.int64)] = 1.0
+            try:
+                self.verify(x0)
+            except SolverError:
+                pass  # not feasible under the current rows: ignore it
+            else:
+                inc, u = x0, float(self.c_min @ x0)
+                tau = max(tau, (u - self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12)
         status = "error"
         msg = ""
         bound = -math.inf
@@ -841,6 +856,12 @@ class MipModel:
                           f"st={st} n={n} feastol={self.feastol:.3g} "
                           f"t={time.perf_counter() - t0:.3f}", file=sys.stderr)
                 if st == "infeasible":
+                    if inc is not None and lb0 + tau >= u - self.allowed_gap(u):
+                        # nothing better among the free columns, and a child using a fixed
+                        # one costs >= lb0 + tau: the incumbent is optimal
+                        bound = max(bound, min(lb0 + tau, u))
+                        status = "optimal"
+                        break
                     if full:
                         status = "infeasible"
                         break
@@ -1103,7 +1124,7 @@ def sweep(
         m.set_budget(idx, lo, v)
         if prev is not None:
             m.warm_start(prev)
-        res = m.solve()
+        res = m.solve(incumbent=prev)
         results[i] = res
         if res.ok:
             prev = res.chosen

@@ -22,16 +22,17 @@ def parent_totals(lib: BlockLibrary) -> dict[str, float]:
 
 
 def exact(lib: BlockLibrary, budgets: list[Budget]) -> tuple[float, np.ndarray] | None:
-    """scipy.milp (its own HiGHS build, default tolerances) on the unscaled, unshifted
-    model with mip_rel_gap 0: (objective, chosen) or None if infeasible."""
+    """scipy.milp (its own HiGHS build, default tolerances) on the plain model (objective
+    as given, no shift, no fixing) with mip_rel_gap 0: (objective, chosen) or None."""
     R, L = lib.num_replacements, lib.num_blocks
     cover = sp.csr_matrix((np.ones(R), (lib.start, np.arange(R))), shape=(L, R))
     rows, lo, hi = [cover], [np.ones(L)], [np.ones(L)]
-    for b in budgets:
-        rows.append(sp.csr_matrix(lib.values(b.key)[None, :]))
-        c = lib.constant(b.key)
-        lo.append(np.array([-np.inf if b.lo is None else b.lo - c]))
-        hi.append(np.array([np.inf if b.hi is None else b.hi - c]))
+    for b in budgets:  # rows divided by their largest coefficient (see mip_baselines)
+        v, c = lib.values(b.key), lib.constant(b.key)
+        s = float(np.abs(v).max()) or 1.0
+        rows.append(sp.csr_matrix(v[None, :] / s))
+        lo.append(np.array([-np.inf if b.lo is None else (b.lo - c) / s]))
+        hi.append(np.array([np.inf if b.hi is None else (b.hi - c) / s]))
     c = lib.values(OBJ)
     r = milp(c, constraints=LinearConstraint(sp.vstack(rows), np.concatenate(lo),
                                              np.concatenate(hi)),
