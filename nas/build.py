@@ -189,10 +189,15 @@ def check_memory(need: dict[str, int], force: bool = False,
 # ---------------------------------------------------------------------------------------
 # transformers interop
 # ---------------------------------------------------------------------------------------
-def to_transformers(model: CausalLM, model_type: str | None = None) -> Any:
+def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool = True
+                    ) -> Any:
     """The equivalent Hugging Face ``transformers`` model instance (same weights, same dtype)
     for a type transformers ships (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe,
     qwen3_moe, nemotron_h); hand it to HF Trainer or any other training loop.
+
+    With ``copy`` (default) its weights are independent of ``model``'s; ``copy=False``
+    saves the memory of a second copy by sharing storage wherever the two layouts agree
+    (then training one changes the other; drop ``model`` after converting).
 
     Raises :class:`InputError` when transformers is not installed or the architecture only
     fits a type it lacks (``nemotron_h_puzzle``, ``nemotron-nas``: the README says what
@@ -203,7 +208,7 @@ def to_transformers(model: CausalLM, model_type: str | None = None) -> Any:
     except ImportError:
         raise InputError("to_transformers needs the transformers package "
                          "(pip install transformers)") from None
-    from nas.build_checkpoint import _export_config, hf_state_dict
+    from nas.build_checkpoint import _export_config, hf_layout
 
     cfg = _export_config(model, model_type)
     mt = cfg["model_type"]
@@ -214,7 +219,10 @@ def to_transformers(model: CausalLM, model_type: str | None = None) -> Any:
         raise InputError(f"transformers {transformers.__version__} has no {mt} model; save "
                          "the checkpoint and load it with a stack that has (see README)"
                          ) from None
-    sd = hf_state_dict(model, mt)
+    own = model.state_dict()
+    sd = {name: own[key] if j is None else own[key][j] for key, name, j in hf_layout(model, mt)}
+    if copy:
+        sd = {k: v.clone() for k, v in sd.items()}
     hf = cls.from_pretrained(None, config=hcfg, state_dict=sd,
                              dtype=model.embed.weight.dtype)
     return hf

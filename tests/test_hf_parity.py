@@ -182,7 +182,11 @@ def test_ours_to_theirs(mt, tmp_path):
         tmp_path / "ours", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     _check(ours, theirs.eval(), _prompt(3))
-    _check(ours, to_transformers(ours).eval(), _prompt(4))
+    converted = to_transformers(ours).eval()
+    _check(ours, converted, _prompt(4))
+    with torch.no_grad():  # an independent copy
+        converted.get_input_embeddings().weight.add_(1.0)
+    assert not torch.equal(converted.get_input_embeddings().weight, ours.embed.weight)
 
 
 def test_mamba_time_step_clamp_matters():
