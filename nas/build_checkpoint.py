@@ -304,10 +304,12 @@ class CheckpointReader:
         ``dtype`` (default: as stored); stacked experts are re-stacked."""
         sd: dict[str, torch.Tensor] = {}
         parts: dict[str, list[torch.Tensor | None]] = {}
-        for key, name, j in self.layout:
-            if keys is not None and key not in keys:
-                continue
+        rows = [r for r in self.layout if keys is None or r[0] in keys]
+        rows.sort(key=lambda r: str(self.files[r[1]]))  # file by file (stable within one)
+        for n, (key, name, j) in enumerate(rows):
             file = self.files[name]
+            if n and self.files[rows[n - 1][1]] != file:
+                self.close()  # unmap the finished file: its pages would stay resident
             h = self._handle(file)
             full = self._shapes[key]
             want = tuple(full[1:] if j is not None else full)
