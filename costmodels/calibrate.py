@@ -336,13 +336,11 @@ def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
     src = sources or sorted({m.source.split(",")[0].split(" (")[0] for m in ms})
     label = src if isinstance(src, str) else "; ".join(src)
     source = f"fitted to {len(ms)} measurements from {label} (puzzle-nas calibrate)"
-    moved = []
-    fitted = hw
-    changed = [(params[i], xbest[i]) for i in active if not math.isclose(xbest[i], x0[i],
-                                                                           rel_tol=1e-6)]
-    if changed:
-        fitted = with_values(hw, [c[0] for c in changed], [c[1] for c in changed], source)
-        moved = [(p.label, float(x0[params.index(p)]), float(v)) for p, v in changed]
+    # every fitted figure is written (an engine figure at 0 must not fall back to the
+    # top-level one); "moved" lists those that changed
+    fitted = with_values(hw, ap, xbest[active], source)
+    moved = [(params[i].label, float(x0[i]), float(xbest[i])) for i in active
+             if not math.isclose(xbest[i], x0[i], rel_tol=1e-6)]
     r1 = _residuals(ms, shapes, fitted)
     return FitResult(fitted, len(ms), moved, float(np.sqrt(np.mean(r0 ** 2))),
                      float(np.sqrt(np.mean(r1 ** 2))))
