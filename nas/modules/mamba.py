@@ -11,8 +11,8 @@ the heads of a group; then a gated RMSNorm (``norm(y * silu(z))`` per group of
 ``I / n_groups`` channels) and ``out_proj``.
 
 Whole sequences use the chunked SSD form (:func:`ssd_chunked`: quadratic attention-like
-within a chunk, a linear recurrence over chunk states); decoding one token uses
-:func:`ssd_step` with the carried conv and SSM state. Both compute in float32.
+within a chunk, a linear recurrence over chunk states; B and C stay per group);
+decoding one token uses :func:`ssd_step`, updating the carried SSM state in place.
 """
 
 from __future__ import annotations
@@ -27,74 +27,120 @@ from torch import nn
 from nas.arch import Mamba
 
 
-def _segsum_exp(a: torch.Tensor) -> torch.Tensor:
-    """``exp(sum_{k=j+1..i} a_k)`` for ``i >= j`` and 0 above the diagonal; ``a``: (..., T)."""
-    t = a.shape[-1]
-    cs = torch.cumsum(a, dim=-1)
-    diff = cs[..., :, None] - cs[..., None, :]
-    keep = torch.ones(t, t, dtype=torch.bool, device=a.device).tril()
-    return torch.exp(diff.masked_fill(~keep, float("-inf")))
+def _needs_grad(*ts: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of the SSD's matmuls: the input's on accelerators (fp32 accumulation in
+    their GEMMs), float32 on CPU, where bf16/fp16 GEMMs without native support run ~10x
+    slower than fp32 (measured on the AVX2 test machine: 4 vs 55 GFLOP/s)."""
+    if x.dtype in (torch.float16, torch.bfloat16) and x.device.type != "cpu":
+        return x.dtype
+    return torch.float32
 
 
 def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                C: torch.Tensor, chunk: int = 64, state: torch.Tensor | None = None
+                C: torch.Tensor, chunk: int = 64, state: torch.Tensor | None = None,
+                compute_dtype: torch.dtype | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The SSM over a whole sequence by the chunked state-space-duality scan (no D term).
 
     Shapes: ``x (b, l, H, P)``, ``dt (b, l, H)`` (after softplus), ``A (H)`` (negative),
-    ``B, C (b, l, H, N)`` (already expanded from groups to heads), ``state (b, H, P, N)``
-    the state before the first token (zeros when ``None``). Returns ``y (b, l, H, P)`` and
-    the state after the last token, all float32.
+    ``B, C (b, l, G, N)`` per group (``G`` divides ``H``; head ``h`` uses group
+    ``h // (H / G)``; ``G = H`` takes per-head B, C), ``state (b, H, P, N)`` the state before
+    the first token (zeros when ``None``). Returns ``y (b, l, H, P)`` and the state after
+    the last token, both float32.
+
+    Per chunk of ``chunk`` steps: ``C B^T`` once per group; the decay ``exp(cumsum a_i -
+    cumsum a_j)`` (the segment sum, one ``(chunk x chunk)`` matrix per head: the only
+    per-head quadratic tensor) multiplied into it in place; chunk states and their readout
+    as per-group matmuls over all heads of the group; the chunk-to-chunk recurrence as a
+    scan over chunks. The cumulative sums, decays and carried states are float32; the
+    matmuls run in ``compute_dtype`` (default :func:`_compute_dtype`).
     """
     b, n, H, P = x.shape
-    N = B.shape[-1]
-    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
-    pad = (-n) % chunk
+    G, N = B.shape[2], B.shape[3]
+    if H % G or C.shape[2] != G:
+        raise ValueError(f"B, C groups ({G}, {C.shape[2]}) must be equal and divide the "
+                         f"{H} heads")
+    R = H // G
+    cd = compute_dtype or _compute_dtype(x)
+    grad = _needs_grad(x, dt, A, B, C, state)
+    q = chunk
+    pad = (-n) % q
+    dt = dt.float()
     if pad:  # padded steps have dt = 0: no decay and no input, so the final state is exact
         x = F.pad(x, (0, 0, 0, 0, 0, pad))
         dt = F.pad(dt, (0, 0, 0, pad))
         B = F.pad(B, (0, 0, 0, 0, 0, pad))
         C = F.pad(C, (0, 0, 0, 0, 0, pad))
-    c = x.shape[1] // chunk
-    x = x.view(b, c, chunk, H, P)
-    B = B.view(b, c, chunk, H, N)
-    C = C.view(b, c, chunk, H, N)
-    a = (dt * A.float()).view(b, c, chunk, H).permute(0, 3, 1, 2)  # b H c q
-    xdt = x * dt.view(b, c, chunk, H, 1)
-    a_cs = torch.cumsum(a, dim=-1)
+    c = x.shape[1] // q
+    acs = torch.cumsum((dt * A.float()).view(b, c, q, H), dim=2)  # b c q H, float32
+    acs_h = acs.transpose(2, 3).contiguous()  # b c H q
+    xdt = (x.to(cd) * dt.to(cd)[..., None]).view(b, c, q, H, P)
+    xdt_h = xdt.permute(0, 1, 3, 2, 4).contiguous()  # b c H q P
+    Bg = B.to(cd).view(b, c, q, G, N).transpose(2, 3).contiguous()  # b c G q N
+    Cg = C.to(cd).view(b, c, q, G, N).transpose(2, 3).contiguous()
 
-    # within each chunk: y_i += sum_{j<=i} (C_i . B_j) exp(a_{j+1..i}) dt_j x_j
-    decay = _segsum_exp(a)  # b H c q q
-    scores = torch.einsum("bcihn,bcjhn->bhcij", C, B) * decay
-    y = torch.einsum("bhcij,bcjhp->bcihp", scores, xdt)
+    # within each chunk: y_i = sum_{j<=i} (C_i . B_j) exp(acs_i - acs_j) dt_j x_j
+    CB = Cg @ Bg.transpose(-1, -2)  # b c G q q: once per group, not per head
+    lower = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
+    seg = acs_h[..., :, None] - acs_h[..., None, :]  # b c H q q
+    if grad:
+        M = torch.exp(seg.masked_fill(~lower, float("-inf"))).view(b, c, G, R, q, q) \
+            * CB[:, :, :, None].float()
+    else:
+        M = seg.masked_fill_(~lower, float("-inf")).exp_().view(b, c, G, R, q, q)
+        M.mul_(CB[:, :, :, None])
+    y = M.view(b, c, H, q, q).to(cd) @ xdt_h  # b c H q P
 
-    # state contributed by each chunk alone (at the chunk's end)
-    to_end = torch.exp(a_cs[..., -1:] - a_cs)  # b H c q
-    chunk_states = torch.einsum("bcjhn,bhcj,bcjhp->bchpn", B, to_end, xdt)
+    # the state each chunk contributes at its end, per group over all of its heads
+    to_end = torch.exp(acs_h[..., -1:] - acs_h)  # b c H q
+    xw = (xdt_h * to_end[..., None].to(cd)).view(b, c, G, R, q, P)
+    states = torch.einsum("bcgrqp,bcgqn->bcgrpn", xw, Bg).reshape(b, c, H, P, N).float()
 
-    # carry states across chunks: S_k = exp(sum a over chunk k) S_{k-1} + chunk_states_k
-    s0 = torch.zeros(b, H, P, N, dtype=torch.float32, device=x.device) if state is None \
+    # carry the states across chunks: S_k = exp(sum of a over chunk k) S_{k-1} + states_k
+    decay = torch.exp(acs[:, :, -1])  # b c H
+    run = torch.zeros(b, H, P, N, dtype=torch.float32, device=x.device) if state is None \
         else state.float()
-    all_states = torch.cat([s0[:, None], chunk_states], dim=1)  # b c+1 H P N
-    chunk_decay = _segsum_exp(F.pad(a_cs[..., -1], (1, 0)))  # b H c+1 c+1
-    carried = torch.einsum("bhkj,bjhpn->bkhpn", chunk_decay, all_states)
-    before, final = carried[:, :-1], carried[:, -1]
+    enter = torch.empty(b, c, H, P, N, dtype=torch.float32, device=x.device)
+    for k in range(c):
+        enter[:, k] = run
+        run = torch.addcmul(states[:, k], run, decay[:, k, :, None, None])
 
-    # contribution of the state entering each chunk
-    y = y + torch.einsum("bcihn,bchpn,bhci->bcihp", C, before, torch.exp(a_cs))
-    y = y.reshape(b, c * chunk, H, P)[:, :n]
-    return y, final
+    # the state entering each chunk, read out by C and decayed to each step
+    y_off = Cg @ enter.to(cd).view(b, c, G, R * P, N).transpose(-1, -2)  # b c G q (R P)
+    y_off = y_off.view(b, c, G, q, R, P).float() \
+        * torch.exp(acs).view(b, c, q, G, R).transpose(2, 3)[..., None]
+    y_diag = y.view(b, c, G, R, q, P).transpose(3, 4).float()  # b c G q R P
+    out = (y_off + y_diag) if grad else y_off.add_(y_diag)
+    out = out.permute(0, 1, 3, 2, 4, 5).reshape(b, c * q, H, P)
+    return out[:, :n], run
 
 
 def ssd_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-             C: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One recurrence step: ``x (b, H, P)``, ``dt (b, H)``, ``B, C (b, H, N)``,
-    ``state (b, H, P, N)``; returns ``y (b, H, P)`` (no D term) and the new state."""
-    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
-    decay = torch.exp(dt * A.float())[..., None, None]
-    state = state.float() * decay + (dt[..., None] * x)[..., None] * B[:, :, None, :]
-    y = torch.einsum("bhpn,bhn->bhp", state, C)
-    return y, state
+             C: torch.Tensor, state: torch.Tensor, inplace: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One recurrence step: ``x (b, H, P)``, ``dt (b, H)``, ``B, C (b, G, N)`` per group
+    (``G`` divides ``H``), ``state (b, H, P, N)``; returns ``y (b, H, P)`` (no D term) and
+    the new state, float32. ``inplace``: update ``state`` (float32) in place and return it.
+    """
+    b, H, P = x.shape
+    G, N = B.shape[1], B.shape[2]
+    R = H // G
+    x, dt = x.float(), dt.float()
+    decay = torch.exp(dt * A.float()).view(b, G, R, 1, 1)
+    dx = (dt[..., None] * x).view(b, G, R, P, 1)
+    Bv = B.float().view(b, G, 1, 1, N)
+    if inplace and state.dtype == torch.float32 and not _needs_grad(x, dt, B, state):
+        sv = state.view(b, G, R, P, N)
+        sv.mul_(decay).addcmul_(dx, Bv)
+        new = state
+    else:
+        new = (state.float().view(b, G, R, P, N) * decay + dx * Bv).view(b, H, P, N)
+    y = (new.view(b, G, R * P, N) @ C.float().view(b, G, N, 1)).view(b, H, P)
+    return y, new
 
 
 class MambaMixer(nn.Module):
@@ -129,13 +175,12 @@ class MambaMixer(nn.Module):
 
     def _ssm_args(self, xbc: torch.Tensor, dt_raw: torch.Tensor, clamp: bool = True
                   ) -> tuple[torch.Tensor, ...]:
-        """Split the conv output into x, B, C (expanded to heads) and prepare dt (clamped to
-        ``dt_limit`` when ``clamp``) and A."""
+        """Split the conv output into x, B, C (per group: ``(..., G, N)``) and prepare dt
+        (clamped to ``dt_limit`` when ``clamp``) and A."""
         lead = xbc.shape[:-1]
         xs, B, C = torch.split(xbc, [self.inner, self.G * self.N, self.G * self.N], dim=-1)
-        rep = self.H // self.G
-        B = B.reshape(*lead, self.G, self.N).repeat_interleave(rep, dim=-2)
-        C = C.reshape(*lead, self.G, self.N).repeat_interleave(rep, dim=-2)
+        B = B.reshape(*lead, self.G, self.N)
+        C = C.reshape(*lead, self.G, self.N)
         dt = F.softplus(dt_raw.float() + self.dt_bias.float())
         if clamp and self.dt_limit != (0.0, math.inf):
             dt = dt.clamp(self.dt_limit[0], self.dt_limit[1])
@@ -143,31 +188,60 @@ class MambaMixer(nn.Module):
         return xs.reshape(*lead, self.H, self.P), dt, A, B, C
 
     def gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``RMSNorm(y * silu(z))`` over groups of ``I / n_groups`` channels, times weight."""
-        g = (y.float() * F.silu(z.float()))
-        shp = g.shape
-        g = g.reshape(*shp[:-1], self.G, self.inner // self.G)
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.norm.weight * g.reshape(shp).to(z.dtype)
+        """``RMSNorm(y * silu(z))`` over groups of ``I / n_groups`` channels, times weight
+        (float32 inside; in place when no gradient is recorded)."""
+        shp = y.shape
+        if _needs_grad(y, z, self.norm.weight):
+            g = (y.float() * F.silu(z.float()))
+            g = g.reshape(*shp[:-1], self.G, self.inner // self.G)
+            g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.norm.weight * g.reshape(shp).to(z.dtype)
+        g = F.silu(z.float()) if z.dtype != torch.float32 else F.silu(z)
+        g = g.mul_(y).view(*shp[:-1], self.G, self.inner // self.G)
+        g.mul_(torch.rsqrt(g.square().mean(-1, keepdim=True).add_(self.eps)))
+        out = g.view(shp).to(z.dtype)
+        return out.mul_(self.norm.weight) if out.dtype == self.norm.weight.dtype \
+            else self.norm.weight * out
 
     def conv_full(self, xbc: torch.Tensor, prev: torch.Tensor | None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """Causal conv + SiLU over ``xbc (b, l, C)`` after ``prev`` (b, C, K-1) past inputs;
-        returns the output (b, l, C) and the last K-1 inputs."""
+        returns the output (b, l, C) and the last K-1 inputs.
+
+        Computed in the ``(b, l, C)`` layout as ``K`` shifted multiply-adds (a depthwise
+        conv is that), with no transposed copies of the activations."""
         k = self.cfg.conv_kernel
-        xt = xbc.transpose(1, 2)
+        b, n, _ = xbc.shape
+        w = self.conv1d.weight[:, 0, :].to(xbc.dtype)  # (C, K): tap j reads x[t - (K-1) + j]
         if prev is None:
-            prev = xt.new_zeros(xt.shape[0], self.conv_dim, k - 1)
-        xt = torch.cat([prev.to(xt.dtype), xt], dim=-1)
-        out = F.conv1d(xt, self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)
-        return F.silu(out).transpose(1, 2), xt[..., xt.shape[-1] - (k - 1):]
+            xp = F.pad(xbc, (0, 0, k - 1, 0))
+        else:
+            xp = torch.cat([prev.to(xbc.dtype).transpose(1, 2), xbc], dim=1)
+        bias = self.conv1d.bias
+        if _needs_grad(xbc, w, prev):
+            out = xp[:, k - 1:] * w[:, k - 1]
+            for j in range(k - 1):
+                out = out + xp[:, j:j + n] * w[:, j]
+            if bias is not None:
+                out = out + bias
+            out = F.silu(out)
+        else:
+            out = xp[:, k - 1:] * w[:, k - 1]
+            for j in range(k - 1):
+                out.addcmul_(xp[:, j:j + n], w[:, j])
+            if bias is not None:
+                out.add_(bias)
+            out = F.silu(out, inplace=True)
+        return out, xp[:, xp.shape[1] - (k - 1):].transpose(1, 2).contiguous()
 
     def ssm_inputs(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """Everything the SSM sees for a whole sequence from rest (used for importance)."""
         z, xbc, dt_raw = self._split(self.in_proj(x))
         xbc, _ = self.conv_full(xbc, None)
         xs, dt, A, B, C = self._ssm_args(xbc, dt_raw)
-        return {"z": z, "x": xs, "dt": dt, "A": A, "B": B, "C": C}
+        rep = self.H // self.G  # B and C expanded to the heads that use them
+        return {"z": z, "x": xs, "dt": dt, "A": A, "B": B.repeat_interleave(rep, dim=-2),
+                "C": C.repeat_interleave(rep, dim=-2)}
 
     # ---- forward ------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
@@ -182,7 +256,7 @@ class MambaMixer(nn.Module):
             xs, dt, A, B, C = self._ssm_args(xbc, dt_raw)
             state = cache.get("ssm") if cache is not None else None
             y, final = ssd_chunked(xs, dt, A, B, C, self.chunk_size, state)
-            y = y + xs.float() * self.D.float()[:, None]
+            y = _add_skip(y, xs, self.D)
             if cache is not None:
                 cache["conv"], cache["ssm"] = last, final
         y = y.reshape(b, n, self.inner).to(x.dtype)
@@ -196,8 +270,8 @@ class MambaMixer(nn.Module):
             out = out + self.conv1d.bias
         cache["conv"] = window[..., 1:]
         xs, dt, A, B, C = self._ssm_args(F.silu(out), dt_raw, clamp=False)
-        y, cache["ssm"] = ssd_step(xs, dt, A, B, C, cache["ssm"])
-        return y + xs.float() * self.D.float()[:, None]
+        y, cache["ssm"] = ssd_step(xs, dt, A, B, C, cache["ssm"], inplace=True)
+        return _add_skip(y, xs, self.D)
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02,
@@ -217,6 +291,13 @@ class MambaMixer(nn.Module):
         self.A_log.copy_(torch.log(torch.empty(self.H).uniform_(1, 16)))
         nn.init.ones_(self.D)
         nn.init.ones_(self.norm.weight)
+
+
+def _add_skip(y: torch.Tensor, xs: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
+    """``y + D_h x`` (float32), in place on ``y`` when no gradient is recorded."""
+    if _needs_grad(y, xs, D):
+        return y + xs.float() * D.float()[:, None]
+    return y.addcmul_(xs, D.float()[:, None])
 
 
 class _GatedNormWeight(nn.Module):
