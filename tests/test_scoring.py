@@ -28,7 +28,7 @@ from nas.scoring import Settings, init_block, prepare, run  # noqa: E402
 from nas.scoring.core import Item, Scorer, make_items, weights_digest  # noqa: E402
 from nas.scoring.data import load_tokens, split_tokens  # noqa: E402
 from nas.scoring.run import KILL_ENV  # noqa: E402
-from nas.scoring.store import Store  # noqa: E402
+from nas.scoring.store import Store, read_all  # noqa: E402
 
 pytestmark = pytest.mark.torch
 torch.set_num_threads(1)
@@ -141,7 +141,7 @@ def test_noop_is_worse_than_a_narrower_ffn_which_is_worse_than_the_parent(scored
     assert attn["noop"] > attn["num_kv_heads=1"] > attn["num_kv_heads=2"] > 0.0
 
 
-def test_prefix_cached_scores_equal_naive_full_forward_scores(work, scored):
+def test_prefix_cached_scores_equal_naive_full_forward_scores(work, scored, tmp_path):
     _, rows = scored
     job = _job(work, **SETTINGS)
     parent = load_pretrained(work / "parent")
@@ -153,6 +153,15 @@ def test_prefix_cached_scores_equal_naive_full_forward_scores(work, scored):
         r = want[(it.block, it.alt.label)]
         for k in ("kl_div", "lm_loss_delta", "top1_agreement"):
             assert m[k] == pytest.approx(float(r[k]), rel=1e-6, abs=1e-9), (it.alt.label, k)
+    # a cache with no memory spills every batch to disk: the same numbers, files cleaned up
+    spilled = Scorer(parent, job.split, job.settings, cache_bytes=0, spill_dir=tmp_path / "c")
+    st = spilled.cache_stats
+    assert st["memory_bytes"] == 0 and st["batches_on_disk"] == 2 + 2 and st["disk_bytes"] > 0
+    for it in items[1::6]:
+        m, _ = spilled.score(it)
+        assert repr(m["kl_div"]) == want[(it.block, it.alt.label)]["kl_div"]
+    spilled.close()
+    assert not (tmp_path / "c").exists()
 
 
 def test_per_block_init_is_init_from_parent(work, trained_parent):
@@ -238,11 +247,15 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(work, bld_score
     rec = run(_job(work, **BLD), out, progress=False)  # the same command again, resumed
     assert (rec.reused, rec.scored_now) == (6, 19)
     assert _metrics(out / "scores.csv") == _metrics(work / "bld" / "scores.csv")
-    # a third run reuses everything; changed settings reuse nothing
+    # a third run reuses everything; changed settings or data match no stored row
     again = run(_job(work, **BLD), out, progress=False)
     assert (again.reused, again.scored_now) == (25, 0)
-    other = dict(SETTINGS, max_tokens=512)
-    assert run(_job(work, **other), out, progress=False).reused == 0
+    phash = weights_digest(load_pretrained(work / "parent"))
+    for other in (dict(BLD, bld_lr=1e-3), dict(BLD, max_tokens=512), dict(BLD, seed=1)):
+        job = _job(work, **other)
+        keys = [it.key for it in make_items(PARENT, job.alts, phash, job.split.digest,
+                                            job.settings)]
+        assert len(keys) == 25 and not read_all(out, keys)
 
 
 def test_two_ranks_under_torchrun_equal_one_rank(work, scored):

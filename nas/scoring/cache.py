@@ -2,10 +2,11 @@
 
 For every batch of rows the parent runs once; the cache keeps its residual stream at each
 block boundary ``0..L`` (``h[i]`` is block ``i``'s input, ``h[L]`` the last block's output)
-and, for held-out batches, the parent's next-token log-probabilities (float64 log-softmax of
-its logits, at every position that has a next token) and its top-1 tokens. Scoring block
-``i`` then starts from ``h[i]`` and runs only blocks ``i..L-1``: no position is recomputed
-through the unchanged prefix.
+and, for held-out batches, the parent's next-token distribution at every position that has
+a next token: probabilities ``p`` (float64 softmax of its logits), their row sums, the
+batch's ``sum p log p``, the parent's summed NLL of the actual next tokens and its top-1
+tokens. Scoring block ``i`` then starts from ``h[i]`` and runs only blocks ``i..L-1``: no
+position is recomputed through the unchanged prefix.
 
 Memory is bounded: batches are kept in RAM until ``max_bytes`` is reached, and later ones
 are written to ``spill_dir`` as safetensors files and read back tensor by tensor (memory
@@ -64,28 +65,30 @@ class PrefixCache:
             out[f"h{i + 1}"] = x
         if logits:
             h = parent.norm(x) if parent.norm is not None else x
-            z = (h @ parent.head_weight().t())[:, :-1]
-            out["logp"] = z.double().log_softmax(-1)
+            z = (h @ parent.head_weight().t())[:, :-1].double()
+            lp = z.log_softmax(-1)
+            p = lp.exp()
+            out["p"] = p
+            out["psum"] = p.sum(-1)
+            out["neg_entropy"] = (p * lp).sum().reshape(1)
+            out["nll"] = -lp.gather(-1, tokens[:, 1:, None]).sum().reshape(1)
             out["top1"] = z.argmax(-1)
         return out
 
     def get(self, b: int, name: str) -> torch.Tensor:
-        """Tensor ``name`` (``h<i>``, ``logp`` or ``top1``) of batch ``b``."""
+        """Tensor ``name`` (``h<i>``, ``p``, ``psum``, ``neg_entropy``, ``nll``, ``top1``) of
+        batch ``b``."""
         if b in self.mem:
             return self.mem[b][name]
         with safe_open(str(self.files[b]), framework="pt") as f:
-            return f.get_tensor(name).to(self.device)
+            # a fresh (aligned) copy: vectorized sums then add in the same order as in memory
+            return f.get_tensor(name).to(self.device).clone()
 
     def hidden(self, b: int, i: int) -> torch.Tensor:
         """The parent's residual stream entering block ``i`` (``i = L``: after the last)."""
         return self.get(b, f"h{i}")
 
-    def logp(self, b: int) -> torch.Tensor:
-        """The parent's float64 next-token log-probabilities ``(rows, length - 1, vocab)``."""
-        return self.get(b, "logp")
 
-    def top1(self, b: int) -> torch.Tensor:
-        return self.get(b, "top1")
 
     def all_hidden(self, i: int) -> torch.Tensor:
         """Boundary ``i`` of every batch, concatenated along the batch dimension."""

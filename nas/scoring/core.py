@@ -145,14 +145,20 @@ class Sums:
         self.agree = 0
         self.n = 0
 
-    def add(self, lp: torch.Tensor, p_top1: torch.Tensor, q_logits: torch.Tensor,
-            targets: torch.Tensor) -> None:
-        """``lp``: the parent's float64 log-probabilities at positions ``0..l-2``."""
+    def add(self, cache: PrefixCache, b: int, q_logits: torch.Tensor, targets: torch.Tensor
+            ) -> None:
+        """Add held-out batch ``b`` (parent side from ``cache``; ``q_logits`` the replaced
+        model's logits). With ``lq = z - logsumexp(z)``:
+        ``sum p (log p - lq) = sum p log p - p . z + sum_t lse_t * sum_v p``, in float64."""
         z = q_logits[:, :-1]
-        lq = z.double().log_softmax(-1)
-        self.kl += float((lp.exp() * (lp - lq)).sum())
-        self.loss += float(-lq.gather(-1, targets[:, 1:, None]).sum())
-        self.agree += int((p_top1 == z.argmax(-1)).sum())
+        zd = z.double()
+        lse = torch.logsumexp(zd, -1)
+        p = cache.get(b, "p")
+        cross = float(torch.dot(p.reshape(-1), zd.reshape(-1))) \
+            - float(torch.dot(lse.reshape(-1), cache.get(b, "psum").reshape(-1)))
+        self.kl += float(cache.get(b, "neg_entropy")[0]) - cross
+        self.loss += float((lse - zd.gather(-1, targets[:, 1:, None])[..., 0]).sum())
+        self.agree += int((cache.get(b, "top1") == z.argmax(-1)).sum())
         self.n += targets[:, 1:].numel()
 
 
@@ -178,10 +184,8 @@ class Scorer:
         left = max(0.0, cache_bytes - self.held_cache.mem_bytes)
         self.calib_cache = PrefixCache(parent, self.calib, logits=False, max_bytes=left,
                                        spill_dir=spill_dir, name="calib") if cached else None
-        self.parent_loss = 0.0
-        for b, t in enumerate(self.held):
-            lp = self.held_cache.logp(b)
-            self.parent_loss += float(-lp.gather(-1, t[:, 1:, None]).sum())
+        self.parent_loss = sum(float(self.held_cache.get(b, "nll")[0])
+                               for b in range(len(self.held)))
         self.tokens = sum(t[:, 1:].numel() for t in self.held)
 
     @property
@@ -245,8 +249,7 @@ class Scorer:
             for blk in p.blocks[i + 1:]:
                 x = blk(x)
             h = p.norm(x) if p.norm is not None else x
-            s.add(self.held_cache.logp(b), self.held_cache.top1(b), h @ p.head_weight().t(),
-                  tokens)
+            s.add(self.held_cache, b, h @ p.head_weight().t(), tokens)
         return {"kl_div": s.kl / s.n, "lm_loss_delta": (s.loss - self.parent_loss) / s.n,
                 "top1_agreement": s.agree / s.n, "tokens": s.n}
 
