@@ -200,6 +200,11 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
             (tmp / INDEX).write_text(json.dumps(
                 {"metadata": {"total_size": total}, "weight_map": wmap}, indent=2) + "\n")
         (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        for f in tmp.iterdir():  # mkdtemp made the folder private; files as open() would
+            os.chmod(f, 0o666 & ~umask)
+        os.chmod(tmp, 0o777 & ~umask)
         if not path.exists():
             os.replace(tmp, path)
         else:

@@ -448,6 +448,12 @@ def test_sharded_save_round_trip_and_stale_shards_removed(tmp_path):
     assert all(torch.equal(v, back.state_dict()[k]) for k, v in model.state_dict().items())
     save_pretrained(model, out)  # one file now: the index and the shards must go
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out.stat().st_mode & 0o777) == 0o777 & ~umask  # not mkdtemp's private 0700
+    assert ((out / "model.safetensors").stat().st_mode & 0o777) == 0o666 & ~umask
 
 
 def test_memory_estimate_and_refusal():
