@@ -37,6 +37,16 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def gated_act(act: Callable[[torch.Tensor], torch.Tensor], g: torch.Tensor,
+              up: torch.Tensor) -> torch.Tensor:
+    """``act(g) * up``, in place on ``g`` when no gradient is recorded."""
+    if torch.is_grad_enabled() and (g.requires_grad or up.requires_grad):
+        return act(g) * up
+    if act is F.silu:
+        return F.silu(g, inplace=True).mul_(up)
+    return act(g).mul_(up)
+
+
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The activation function called ``name`` (HF ``hidden_act`` spelling)."""
     try:
@@ -57,8 +67,11 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.weight * x32.to(dtype)
+        out = (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True).add_(self.eps))).to(dtype)
+        return out.mul_(self.weight) if self.weight.dtype == dtype else self.weight * out
 
 
 def scaled_inv_freq(inv: torch.Tensor, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -354,7 +367,7 @@ class FFNMixer(nn.Module):
     def intermediate(self, x: torch.Tensor) -> torch.Tensor:
         """The activations entering ``down_proj`` (one per channel)."""
         if self.cfg.gated:
-            return self.act(self.gate_proj(x)) * self.up_proj(x)
+            return gated_act(self.act, self.gate_proj(x), self.up_proj(x))
         return self.act(self.up_proj(x))
 
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,

@@ -21,11 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from nas.arch import FFN, MoE
-from nas.modules.layers import FFNMixer, activation
+from nas.modules.layers import FFNMixer, activation, gated_act
 
 
 class MoEMixer(nn.Module):
@@ -98,7 +97,7 @@ class MoEMixer(nn.Module):
         xs = x.index_select(0, tokens)  # (T*k, in), grouped by expert
         up = grouped_mm(xs, self.experts_up.transpose(1, 2), counts)
         if self.cfg.gated:
-            h = _gate(self.act, grouped_mm(xs, self.experts_gate.transpose(1, 2), counts), up)
+            h = gated_act(self.act, grouped_mm(xs, self.experts_gate.transpose(1, 2), counts), up)
         else:
             h = self.act(up)
         ye = grouped_mm(h, self.experts_down.transpose(1, 2), counts)
@@ -150,15 +149,6 @@ class _Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.weight.t()
-
-
-def _gate(act, g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``act(g) * up``, in place when no gradient is recorded."""
-    if torch.is_grad_enabled() and (g.requires_grad or up.requires_grad):
-        return act(g) * up
-    if act is F.silu:
-        return F.silu(g, inplace=True).mul_(up)
-    return act(g).mul_(up)
 
 
 class _GroupedMM(torch.autograd.Function):
