@@ -192,7 +192,9 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
 
 DEFAULT_ENGINE = "trtllm"
 """Rows of this engine (or none named) fit the profile's top-level engine figures; every
-other engine with at least :data:`MIN_ENGINE_ROWS` rows gets its own (``hw.engines``)."""
+other engine with at least :data:`MIN_ENGINE_ROWS` fitted rows gets its own
+(``hw.engines``): engine overheads are the engine's, not the device's (figures a single row
+cannot constrain are left out by the sensitivity probe)."""
 MIN_ENGINE_ROWS = 3
 
 
