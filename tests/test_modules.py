@@ -49,6 +49,49 @@ def test_ssd_chunked_equals_step_recurrence(length, chunk):
     torch.testing.assert_close(final, state, rtol=1e-4, atol=1e-5)
 
 
+def test_ssd_groups_equal_expanded_heads_and_gradients_equal_the_recurrence():
+    """B, C per group give what the same B, C repeated to every head give; the autograd path
+    of the chunked scan has the gradients of the step-by-step recurrence."""
+    g = torch.Generator().manual_seed(11)
+    b, n, H, G, P, N = 2, 13, 6, 2, 3, 4
+    x = torch.randn(b, n, H, P, generator=g, requires_grad=True)
+    dt = (torch.rand(b, n, H, generator=g) * 0.5).requires_grad_(True)
+    A = (-torch.rand(H, generator=g) * 2 - 0.1).requires_grad_(True)
+    B = torch.randn(b, n, G, N, generator=g, requires_grad=True)
+    C = torch.randn(b, n, G, N, generator=g, requires_grad=True)
+    s0 = torch.randn(b, H, P, N, generator=g)
+    y, fin = ssd_chunked(x, dt, A, B, C, chunk=4, state=s0)
+    with torch.no_grad():
+        ye, fe = ssd_chunked(x, dt, A, B.repeat_interleave(3, 2), C.repeat_interleave(3, 2),
+                             chunk=4, state=s0)
+    torch.testing.assert_close(y, ye, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fin, fe, rtol=1e-5, atol=1e-6)
+    gy, gf = torch.randn(y.shape, generator=g), torch.randn(fin.shape, generator=g)
+    got = torch.autograd.grad((y * gy).sum() + (fin * gf).sum(), (x, dt, A, B, C))
+    state, ys = s0, []
+    for t in range(n):
+        yt, state = ssd_step(x[:, t], dt[:, t], A, B[:, t], C[:, t], state)
+        ys.append(yt)
+    want = torch.autograd.grad((torch.stack(ys, 1) * gy).sum() + (state * gf).sum(),
+                               (x, dt, A, B, C))
+    for a, w in zip(got, want):
+        torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-4)
+
+
+def test_ssd_low_precision_matmuls_stay_close():
+    """compute_dtype=bfloat16 (what accelerators use) keeps float32 decays and states."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(1, 40, 4, 8, generator=g)
+    dt = torch.rand(1, 40, 4, generator=g) * 0.2
+    A = -torch.rand(4, generator=g) - 0.5
+    B, C = torch.randn(1, 40, 2, 8, generator=g), torch.randn(1, 40, 2, 8, generator=g)
+    y, f = ssd_chunked(x, dt, A, B, C, chunk=16)
+    yb, fb = ssd_chunked(x, dt, A, B, C, chunk=16, compute_dtype=torch.bfloat16)
+    assert yb.dtype == fb.dtype == torch.float32
+    scale = y.abs().max()
+    assert (yb - y).abs().max() < 0.03 * scale and (fb - f).abs().max() < 0.03 * f.abs().max()
+
+
 def test_ssd_decay_is_real():
     """A strongly decaying state forgets: a pulse at t=0 has (almost) no effect later."""
     x = torch.zeros(1, 10, 1, 1)
