@@ -27,7 +27,7 @@ from nas.hf import to_hf  # noqa: E402
 from nas.scoring import Settings, init_block, prepare, run  # noqa: E402
 from nas.scoring.core import Item, Scorer, make_items, weights_digest  # noqa: E402
 from nas.scoring.data import load_tokens, split_tokens  # noqa: E402
-from nas.scoring.run import KILL_ENV  # noqa: E402
+from nas.scoring.runner import KILL_ENV  # noqa: E402
 from nas.scoring.store import Store, read_all  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -355,3 +355,9 @@ def test_bad_input_is_one_line_and_exit_2(work, tmp_path, capsys):
     assert "config.json: does not match the spec's parent: block 6 is ffn 256" in err
     err = _bad(work, tmp_path, capsys, "--data", str(work / "tokens.npy"), "--seq-len", "1")
     assert "--seq-len" in err
+    # --nproc N checks the input before launching any rank, and without importing torch
+    err = _bad(work, tmp_path, capsys, "--data", str(tmp_path / "short.npy"), "--nproc", "2")
+    assert "shorter than one sequence" in err
+    code = ("import sys, nas.cli, nas.cli.score, nas.scoring.job, nas.scoring.data; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], env=_env()).returncode == 0

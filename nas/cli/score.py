@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from pydantic import ValidationError
 
-    from nas.scoring.core import Settings
+    from nas.scoring.job import Settings
 
     try:
         return Settings(seq_len=args.seq_len, batch_size=args.batch_size,
@@ -80,7 +80,7 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def _job(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from nas.scoring.run import prepare
+    from nas.scoring.job import prepare
 
     if args.cache_gib < 0:
         raise InputError("--cache-gib must be >= 0")
@@ -90,7 +90,7 @@ def _job(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def run_local(args: argparse.Namespace) -> int:
     """Score in this process (one rank when launched by torchrun)."""
-    from nas.scoring.run import run as run_scoring
+    from nas.scoring.runner import run as run_scoring
 
     job = _job(args)
     if args.device == "cuda":

@@ -7,7 +7,8 @@
 * :mod:`nas.scoring.bld` - blockwise local distillation and assembling a child from the
   trained blocks;
 * :mod:`nas.scoring.store` - the resumable SQLite store;
-* :mod:`nas.scoring.run` - the job, one process or sharded under ``torchrun``.
+* :mod:`nas.scoring.job` - the inputs, checked without torch;
+* :mod:`nas.scoring.runner` - the job, one process or sharded under ``torchrun``.
 
 From Python::
 
@@ -18,7 +19,15 @@ From Python::
 The command line is ``puzzle-nas score`` (``--nproc N`` runs ``torchrun -m nas.scoring``).
 """
 
-from nas.scoring.core import METRICS, Settings, init_block, weights_digest
-from nas.scoring.run import RunRecord, prepare, run
+from importlib import import_module
+from typing import Any
 
-__all__ = ["METRICS", "RunRecord", "Settings", "init_block", "prepare", "run", "weights_digest"]
+_LAZY = {"METRICS": "core", "init_block": "core", "weights_digest": "core",
+         "Settings": "job", "prepare": "job", "RunRecord": "runner", "run": "runner"}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:  # lazy: nas.scoring.job / data / store need no torch
+    if name in _LAZY:
+        return getattr(import_module(f"nas.scoring.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'nas.scoring' has no attribute {name!r}")

@@ -29,9 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from hwprofiles.errors import InputError
 from nas.arch import ModelArch, _Block
 from nas.build_inherit import MAX_TOKENS, inherit_block
 from nas.modules.layers import default_out_std
@@ -39,28 +37,11 @@ from nas.modules.mamba import MambaMixer
 from nas.modules.model import Block, CausalLM
 from nas.scoring.cache import PrefixCache
 from nas.scoring.data import Split
+from nas.scoring.job import Settings, check_parent  # noqa: F401  (re-exported)
 from nas.space import Alternative
 
 VERSION = "replace-1-block v1"  # part of every key: bump when the numerics change
 METRICS = ("kl_div", "lm_loss_delta", "top1_agreement")
-
-
-class Settings(BaseModel):
-    """Everything that changes a score (hashed into every key with the data and weights)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    seq_len: int = Field(default=256, ge=2, description="tokens per row")
-    batch_size: int = Field(default=8, ge=1, description="rows per forward pass")
-    max_tokens: int = Field(default=65536, ge=1, description="held-out tokens scored")
-    calib_tokens: int = Field(default=8192, ge=1, description="calibration / BLD tokens")
-    bld_steps: int = Field(default=0, ge=0, description="BLD optimizer steps (0 = none)")
-    bld_lr: float = Field(default=1e-3, gt=0, description="BLD AdamW learning rate")
-    bld_batch: int = Field(default=4, ge=1, description="BLD rows per step")
-    seed: int = Field(default=0, description="seed of random inits and BLD sampling")
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -261,21 +242,3 @@ class Scorer:
         out["init"] = what
         out["seconds"] = time.perf_counter() - t0
         return out, block
-
-
-def check_parent(found: ModelArch, expected: ModelArch, source: str) -> None:
-    """``found`` (a checkpoint's config) must be the spec's parent: one line if not."""
-    for name in ("hidden_size", "vocab_size", "tie_embeddings", "final_norm"):
-        a, b = getattr(found, name), getattr(expected, name)
-        if a != b:
-            raise InputError(f"does not match the spec's parent: {name} is {a}, the spec's "
-                             f"parent has {b}", path=source)
-    if found.num_blocks != expected.num_blocks:
-        raise InputError(f"does not match the spec's parent: {found.num_blocks} blocks, the "
-                         f"spec's parent has {expected.num_blocks}", path=source)
-    for i, (a, b) in enumerate(zip(found.blocks, expected.blocks)):
-        if a != b:
-            raise InputError(f"does not match the spec's parent: block {i} is "
-                             f"{a.describe()}, the spec's parent has {b.describe()}",
-                             path=source)
-

@@ -20,35 +20,20 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
-from hwprofiles.errors import InputError
-from nas import space
-from nas.arch import ModelArch
 from nas.build import load_pretrained
-from nas.hf import from_hf, load_config
 from nas.io import atomic_write_json
 from nas.progress import Progress
 from nas.scoring import bld
-from nas.scoring.core import (
-    VERSION,
-    Item,
-    Scorer,
-    Settings,
-    check_parent,
-    make_items,
-    weights_digest,
-)
-from nas.scoring.data import Split, load_tokens, split_tokens
+from nas.scoring.core import VERSION, Item, Scorer, make_items, weights_digest
+from nas.scoring.job import Job, Settings, prepare  # noqa: F401  (re-exported)
 from nas.scoring.report import plot_heatmap, summary_lines, write_csv
 from nas.scoring.store import ScoreRow, Store, read_all
-from nas.space import Alternative
-from nas.spec import SearchSpec, load_spec
 
 KILL_ENV = "PUZZLE_NAS_SCORE_KILL_AFTER"  # fault injection for tests: SIGKILL mid-item
 
@@ -76,45 +61,6 @@ class RunRecord(BaseModel):
     seconds: float
     most_sensitive: list[dict[str, Any]]
     summary: list[str]
-
-
-@dataclass
-class Job:
-    """A validated scoring job (no weights loaded yet)."""
-
-    spec: SearchSpec
-    parent_arch: ModelArch
-    alts: list[list[Alternative]]
-    parent_dir: Path
-    split: Split
-    settings: Settings
-    spec_path: Path
-
-
-def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
-            settings: Settings, tokenizer: str | Path | None = None,
-            bin_dtype: str | None = None) -> Job:
-    """Check every input (spec, parent config vs spec, data) without loading weights.
-
-    The alternatives are ``space.alternatives(parent, spec.search_space)``, what
-    ``search.alternatives`` returns for the spec (same labels as ``library.json``); the
-    spec's hardware and workloads play no part in scoring.
-    """
-    spec, base, _ = load_spec(spec_path)
-    if isinstance(spec.parent, str):
-        pp = Path(spec.parent)
-        parent = load_config(pp if pp.is_absolute() else base / pp)
-    else:
-        parent = from_hf(spec.parent, source=f"{spec_path}: parent")
-    pdir = Path(parent_dir)
-    if not pdir.is_dir():
-        raise InputError("not a checkpoint folder (config.json + safetensors)", path=str(pdir))
-    check_parent(load_config(pdir), parent, str(pdir / "config.json"))
-    tokens = load_tokens(data, tokenizer, bin_dtype)
-    split = split_tokens(tokens, parent.vocab_size, settings.seq_len,
-                         settings.max_tokens, settings.calib_tokens, str(data))
-    return Job(spec, parent, space.alternatives(parent, spec.search_space), pdir, split,
-               settings, Path(spec_path))
 
 
 def _dist() -> tuple[int, int]:

@@ -1,0 +1,95 @@
+"""A scoring job, validated without torch: the spec's parent and alternatives, the parent
+checkpoint's config, the token split and the settings (``puzzle-nas score --nproc N``
+checks its input here before any rank starts)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hwprofiles.errors import InputError
+from nas import space
+from nas.arch import ModelArch
+from nas.hf import from_hf, load_config
+from nas.scoring.data import Split, load_tokens, split_tokens
+from nas.space import Alternative
+from nas.spec import SearchSpec, load_spec
+
+
+class Settings(BaseModel):
+    """Everything that changes a score (hashed into every key with the data and weights)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    seq_len: int = Field(default=256, ge=2, description="tokens per row")
+    batch_size: int = Field(default=8, ge=1, description="rows per forward pass")
+    max_tokens: int = Field(default=65536, ge=1, description="held-out tokens scored")
+    calib_tokens: int = Field(default=8192, ge=1, description="calibration / BLD tokens")
+    bld_steps: int = Field(default=0, ge=0, description="BLD optimizer steps (0 = none)")
+    bld_lr: float = Field(default=1e-3, gt=0, description="BLD AdamW learning rate")
+    bld_batch: int = Field(default=4, ge=1, description="BLD rows per step")
+    seed: int = Field(default=0, description="seed of random inits and BLD sampling")
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class Job:
+    """A validated scoring job (no weights loaded yet)."""
+
+    spec: SearchSpec
+    parent_arch: ModelArch
+    alts: list[list[Alternative]]
+    parent_dir: Path
+    split: Split
+    settings: Settings
+    spec_path: Path
+
+
+def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
+            settings: Settings, tokenizer: str | Path | None = None,
+            bin_dtype: str | None = None) -> Job:
+    """Check every input (spec, parent config vs spec, data) without loading weights.
+
+    The alternatives are ``space.alternatives(parent, spec.search_space)``, what
+    ``search.alternatives`` returns for the spec (same labels as ``library.json``); the
+    spec's hardware and workloads play no part in scoring.
+    """
+    spec, base, _ = load_spec(spec_path)
+    if isinstance(spec.parent, str):
+        pp = Path(spec.parent)
+        parent = load_config(pp if pp.is_absolute() else base / pp)
+    else:
+        parent = from_hf(spec.parent, source=f"{spec_path}: parent")
+    pdir = Path(parent_dir)
+    if not pdir.is_dir():
+        raise InputError("not a checkpoint folder (config.json + safetensors)", path=str(pdir))
+    check_parent(load_config(pdir), parent, str(pdir / "config.json"))
+    tokens = load_tokens(data, tokenizer, bin_dtype)
+    split = split_tokens(tokens, parent.vocab_size, settings.seq_len,
+                         settings.max_tokens, settings.calib_tokens, str(data))
+    return Job(spec, parent, space.alternatives(parent, spec.search_space), pdir, split,
+               settings, Path(spec_path))
+
+
+def check_parent(found: ModelArch, expected: ModelArch, source: str) -> None:
+    """``found`` (a checkpoint's config) must be the spec's parent: one line if not."""
+    for name in ("hidden_size", "vocab_size", "tie_embeddings", "final_norm"):
+        a, b = getattr(found, name), getattr(expected, name)
+        if a != b:
+            raise InputError(f"does not match the spec's parent: {name} is {a}, the spec's "
+                             f"parent has {b}", path=source)
+    if found.num_blocks != expected.num_blocks:
+        raise InputError(f"does not match the spec's parent: {found.num_blocks} blocks, the "
+                         f"spec's parent has {expected.num_blocks}", path=source)
+    for i, (a, b) in enumerate(zip(found.blocks, expected.blocks)):
+        if a != b:
+            raise InputError(f"does not match the spec's parent: block {i} is "
+                             f"{a.describe()}, the spec's parent has {b.describe()}",
+                             path=source)
+
