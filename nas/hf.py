@@ -3,6 +3,15 @@
 Imported types: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``, ``qwen2_moe``,
 ``qwen3_moe``, ``nemotron_h``, ``nemotron_h_puzzle`` and ``nemotron-nas`` (DeciLM).
 
+Both spellings of every field that changes numerics are read: transformers 4.x
+(``rope_theta`` + ``rope_scaling``, ``num_experts``, ``hybrid_override_pattern``,
+``mamba_dt_*``) and 5.x (``rope_parameters``, ``num_local_experts``, ``qkv_bias``,
+``layers_block_type``, ``sliding_window: 0`` = off, ``{"__float__": "Infinity"}``), with
+transformers' per-type defaults. A numerics-changing field this library does not compute
+(dynamic / LongRoPE scaling, unknown RoPE keys, partial rotary, soft-capping, group-limited
+routing, biased MoE projections, ...) is an :class:`InputError` naming it, never a silent
+default. Exports use the 4.x spelling, which transformers 5.x reads too.
+
 Exported types: the plain type a model came from when it is still homogeneous; otherwise
 ``nemotron-nas`` when the blocks alternate (attention | linear | no-op) and
 (gated FFN | linear | no-op) as DeciLM requires, and ``nemotron_h_puzzle`` for anything
