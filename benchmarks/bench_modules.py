@@ -302,17 +302,24 @@ def run_case(kind: str, phase: str, dtype_name: str) -> dict:
 
 
 def _peaks() -> dict[str, float]:
+    """Measured peaks of a ``puzzle-nas profile`` JSON (``BENCH_PROFILE``): FLOP/s per
+    dtype and memory bandwidth (bytes/s)."""
     path = os.environ.get("BENCH_PROFILE")
     if not path:
         return {}
     import hwprofiles
 
-    hw = hwprofiles.load(path) if hasattr(hwprofiles, "load") else None
-    if hw is None:
-        return {}
-    out = {"bandwidth": float(hw.memory.bandwidth_bytes_s)} if hasattr(hw, "memory") else {}
-    for k, v in getattr(hw, "peak_flops", {}).items():
-        out[k] = float(v)
+    hw = hwprofiles.load(path)
+    out = {k: float(v.value) for k, v in hw.peak_flops.items()}
+    out["bandwidth"] = float(hw.memory_bandwidth.value)
+    meas = os.path.splitext(path)[0] + ".measurements.json"
+    if os.path.exists(meas):  # dtypes the profile keeps in its measurements only (CPU fp32)
+        with open(meas) as fh:
+            for m in json.load(fh).get("measurements", []):
+                if m.get("kind") == "gemm" and m.get("dtype") not in out:
+                    out[m["dtype"]] = m["flop_per_s"]
+                elif m.get("kind") == "gemm" and m.get("dtype") in ("fp32", "fp16"):
+                    out[m["dtype"]] = max(out[m["dtype"]], m["flop_per_s"])
     return out
 
 
