@@ -1,0 +1,204 @@
+"""The design's import rules as code (shared/DESIGN.md, "Arrows point one way").
+
+- ``costmodels`` never imports ``nas``; ``hwprofiles`` never imports ``costmodels`` or ``nas``
+  (anywhere in a file: a late import inside a function is still an arrow the wrong way);
+- torch is imported at module level only in the torch-side modules (:data:`TORCH_OK`);
+- importing the search, or starting the CLI, loads no torch.
+
+The imports are read with :mod:`ast` (no module is executed); the last rule runs a fresh
+interpreter and looks at ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("nas", "costmodels", "hwprofiles")
+
+# package -> top-level packages of this repo it must never import
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "costmodels": ("nas",),
+    "hwprofiles": ("costmodels", "nas"),
+}
+
+# modules (dotted prefixes) that may import torch at module level
+TORCH_OK = ("nas.modules", "nas.build", "nas.scoring", "nas.distill", "hwprofiles.probe")
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the absolute dotted name imported
+    line: int
+    top_level: bool  # executed when the file is imported (not inside a def or lambda)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> list[Import]:
+    """Every import in ``source`` (the text of ``module``), relative ones made absolute.
+
+    Imports under ``if TYPE_CHECKING:`` are left out (they never run)."""
+    package = module if is_package else module.rpartition(".")[0]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for sub in child.orelse:
+                    visit_stmt(sub, top)
+                continue
+            visit_stmt(child, top)
+
+    def visit_stmt(child: ast.AST, top: bool) -> None:
+        if isinstance(child, ast.Import):
+            found.extend(Import(a.name, child.lineno, top) for a in child.names)
+        elif isinstance(child, ast.ImportFrom):
+            base = child.module or ""
+            if child.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (child.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            if child.module:
+                found.append(Import(base, child.lineno, top))
+            else:  # from . import x: each name may be a submodule
+                found.extend(Import(f"{base}.{a.name}", child.lineno, top) for a in child.names)
+        # a class body runs at import time; function bodies and lambdas do not
+        inner = top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        visit(child, inner)
+
+    visit(ast.parse(source), True)
+    return found
+
+
+def repo_files() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py"))
+
+
+def _imports(path: Path) -> list[Import]:
+    return imports_of(path.read_text(), module_name(path), path.name == "__init__.py")
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def arrow_violations(files: list[Path]) -> list[str]:
+    bad = []
+    for path in files:
+        own = _top(module_name(path))
+        for imp in _imports(path):
+            if _top(imp.module) in FORBIDDEN.get(own, ()):
+                bad.append(f"{path.relative_to(REPO)}:{imp.line}: {own} imports {imp.module}")
+    return bad
+
+
+def torch_violations(files: list[Path]) -> list[str]:
+    bad = []
+    for path in files:
+        mod = module_name(path)
+        if any(mod == ok or mod.startswith(ok) for ok in TORCH_OK):
+            continue
+        for imp in _imports(path):
+            if imp.top_level and _top(imp.module) == "torch":
+                bad.append(f"{path.relative_to(REPO)}:{imp.line}: module-level import {imp.module}")
+    return bad
+
+
+def test_the_scan_sees_the_packages():
+    files = repo_files()
+    names = {module_name(p) for p in files}
+    assert {"nas.search", "costmodels.blocks", "hwprofiles.schema", "nas.modules.model"} <= names
+    # the torch side is seen as importing torch, so the rule below has something to exempt
+    assert any(_top(i.module) == "torch" and i.top_level
+               for i in _imports(REPO / "nas" / "modules" / "model.py"))
+
+
+def test_costmodels_and_hwprofiles_never_import_upwards():
+    assert arrow_violations(repo_files()) == []
+
+
+def test_torch_only_at_module_level_on_the_torch_side():
+    assert torch_violations(repo_files()) == []
+
+
+@pytest.mark.parametrize("code", [
+    "import nas.search",
+    "import nas.cli; nas.cli.build_parser()",
+])
+def test_search_and_cli_startup_load_no_torch(code):
+    probe = f"import sys; {code}; sys.exit(3 if 'torch' in sys.modules else 0)"
+    run = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr or "torch was loaded"
+
+
+# --- the checker itself: it must catch what it is meant to catch -------------------------
+
+SAMPLE = """
+from __future__ import annotations
+from typing import TYPE_CHECKING
+import numpy as np
+from nas.arch import FFN
+from .. import nas_like
+from .sibling import x
+try:
+    import torch
+except ImportError:
+    torch = None
+if TYPE_CHECKING:
+    import torch.nn
+else:
+    import scipy
+
+class C:
+    import json
+
+def f():
+    import torch.distributed
+    from costmodels import ops
+"""
+
+
+def test_imports_of_resolves_and_places_imports():
+    got = {(i.module, i.top_level) for i in imports_of(SAMPLE, "hwprofiles.sub.mod")}
+    assert got == {
+        ("__future__", True), ("typing", True), ("numpy", True), ("nas.arch", True),
+        ("hwprofiles.nas_like", True), ("hwprofiles.sub.sibling", True), ("torch", True),
+        ("scipy", True), ("json", True), ("torch.distributed", False), ("costmodels", False),
+    }
+
+
+def test_checks_flag_violations(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    for rel, text in {
+        "costmodels/bad.py": "def f():\n    from nas import search\n",
+        "hwprofiles/bad.py": "import costmodels.ops\n",
+        "hwprofiles/probe.py": "import torch\n",
+        "nas/search.py": "import torch.nn as nn\n",
+        "nas/lazy.py": "def f():\n    import torch\n",
+        "nas/modules/m.py": "import torch\n",
+    }.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    files = repo_files()
+    assert arrow_violations(files) == [
+        "costmodels/bad.py:2: costmodels imports nas",
+        "hwprofiles/bad.py:1: hwprofiles imports costmodels.ops",
+    ]
+    assert torch_violations(files) == ["nas/search.py:1: module-level import torch.nn"]
