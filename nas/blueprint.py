@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,13 @@ from costmodels.model import max_concurrency, price_nonblock, summarize
 from nas import __version__
 from nas.arch import ModelArch
 from nas.hf import to_hf
-from nas.io import atomic_write, atomic_write_json, atomic_write_text
+from nas.io import (
+    atomic_write,
+    atomic_write_json,
+    atomic_write_text,
+    check_output_dir,
+    staged_dir,
+)
 
 GB, GIB = 1e9, 2**30
 
@@ -198,18 +205,40 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+SEARCH_OUTPUTS = ("blueprint.json", "blueprint-*.json", "report.md", "library.json",
+                  "sweep.json", "slo_sweep.json", "pareto.png")
+"""The files a search writes (an existing output folder may hold only these: the run
+replaces the folder whole)."""
+
+
+def is_search_output(name: str) -> bool:
+    """``name`` is a file :func:`save_outputs` writes (or a killed run's temp entry)."""
+    import fnmatch
+
+    return name.startswith(".") and name.endswith((".tmp", ".old")) or any(
+        fnmatch.fnmatchcase(name, p) for p in SEARCH_OUTPUTS)
+
+
 def save_outputs(out_dir: str | Path, blueprints: list[Blueprint], report: str,
-                 extra: dict[str, Any] | None = None) -> list[Path]:
+                 extra: dict[str, Any] | None = None,
+                 writers: list[Callable[[Path], Path]] | None = None) -> list[Path]:
     """Write ``blueprint.json`` (the best), ``blueprint-<k>.json`` for the rest of a pool,
-    ``report.md`` and any extra JSON files, each atomically."""
+    ``report.md``, any extra JSON files and what ``writers`` (each ``f(folder) -> path``)
+    write, as one set: into a temporary sibling folder swapped in whole when all are written
+    (:func:`nas.io.staged_dir`), so ``out_dir`` holds the old set or the new one, never a mix,
+    and an earlier run's files this run does not write are gone. Returns the final paths."""
     out = Path(out_dir)
-    paths = [atomic_write_json(out / "blueprint.json", blueprints[0].model_dump())]
-    for k, bp in enumerate(blueprints[1:], start=2):
-        paths.append(atomic_write_json(out / f"blueprint-{k}.json", bp.model_dump()))
-    paths.append(atomic_write_text(out / "report.md", report))
-    for name, obj in (extra or {}).items():
-        paths.append(atomic_write_json(out / name, obj))
-    return paths
+    check_output_dir(out, is_search_output, "output folder")
+    with staged_dir(out, "output folder") as tmp:
+        paths = [atomic_write_json(tmp / "blueprint.json", blueprints[0].model_dump())]
+        for k, bp in enumerate(blueprints[1:], start=2):
+            paths.append(atomic_write_json(tmp / f"blueprint-{k}.json", bp.model_dump()))
+        paths.append(atomic_write_text(tmp / "report.md", report))
+        for name, obj in (extra or {}).items():
+            paths.append(atomic_write_json(tmp / name, obj))
+        for w in writers or []:
+            paths.append(w(tmp))
+    return [out / p.name for p in paths]
 
 
 def plot_pareto(path: str | Path, metric: str, unit: str, points: list[tuple[float, float]],

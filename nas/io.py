@@ -1,13 +1,186 @@
-"""Atomic file writes: write to a temp file in the same folder, then rename."""
+"""Whole-or-absent outputs.
+
+* :func:`atomic_write`: one file, written to a temp file in the same folder, then renamed.
+* :func:`staged_dir`: a multi-file output (a search run, a checkpoint) written into a fresh
+  temporary sibling folder and swapped in when complete. On Linux the swap is one
+  ``renameat2(RENAME_EXCHANGE)``, so a reader sees the old set or the new set, never a mix
+  (elsewhere: two renames, with the folder absent for an instant, never mixed). The old set
+  is deleted only after the new one is in place, and the swap drops an earlier run's stale
+  files. SIGINT and SIGTERM are held back during the swap.
+* :func:`check_output_dir` / :func:`check_output_file`: the output location checked (created,
+  writable, not holding foreign files) before any work starts.
+
+Files and folders get the usual umask permissions. Problems with the output location are
+one-line :class:`~hwprofiles.errors.InputError` s naming it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import shutil
+import signal
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from hwprofiles.errors import InputError
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or exc.__class__.__name__
+
+
+def _mkdirs(folder: Path, what: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InputError("exists and is not a folder", path=str(folder), field=what) from None
+    except OSError as exc:
+        raise InputError(f"cannot create the folder ({_why(exc)})", path=str(folder),
+                         field=what) from None
+
+
+def _probe_writable(folder: Path, what: str) -> None:
+    """Create and remove a temp folder in ``folder`` (the real test: permissions, read-only
+    mounts, /proc and /sys all fail here)."""
+    try:
+        probe = tempfile.mkdtemp(prefix=".puzzle-nas-write-test.", dir=folder)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise InputError(f"cannot write there ({_why(exc)})", path=str(folder),
+                         field=what) from None
+
+
+def check_output_file(path: str | Path, what: str = "output") -> Path:
+    """Check that file ``path`` can be written (its folder created and writable; ``path``
+    not a folder) before any work starts."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError("is a folder, expected a file path", path=str(path), field=what)
+    _mkdirs(path.parent, what)
+    _probe_writable(path.parent, what)
+    return path
+
+
+def check_output_dir(path: str | Path, ours: Callable[[str], bool] | None = None,
+                     what: str = "output") -> Path:
+    """Check output folder ``path`` before any work starts: not a file, its parent created and
+    writable, and, when it exists, holding only entries ``ours(name)`` accepts (the files an
+    earlier run wrote; anything else would be deleted by the swap, so it is refused)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError("exists and is not a folder", path=str(path), field=what)
+    if path.is_dir() and ours is not None:
+        try:
+            names = sorted(os.listdir(path))
+        except OSError as exc:
+            raise InputError(f"cannot read the folder ({_why(exc)})", path=str(path),
+                             field=what) from None
+        foreign = [n for n in names if not ours(n)]
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more"
+                                              if len(foreign) > 5 else "")
+            raise InputError(f"holds files this command does not write ({shown}); writing "
+                             "there replaces the whole folder, so choose a new or empty "
+                             "folder", path=str(path), field=what)
+    _mkdirs(path.parent, what)
+    _probe_writable(path.parent, what)
+    return path
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two paths (Linux renameat2); False when unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: the filesystem cannot exchange
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT / SIGTERM delivered only after the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def swap_in_dir(staged: Path, path: Path) -> None:
+    """Move complete folder ``staged`` to ``path``, replacing an existing ``path`` whole."""
+    with _signals_held():
+        if not path.exists():
+            os.rename(staged, path)
+            return
+        if _exchange(staged, path):
+            shutil.rmtree(staged, ignore_errors=True)  # ``staged`` now holds the old set
+            return
+        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+        os.rmdir(old)
+        os.rename(path, old)
+        os.rename(staged, path)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_dir(path: str | Path, what: str = "output") -> Iterator[Path]:
+    """``with staged_dir(out) as tmp: write files into tmp``; on success ``tmp`` replaces
+    ``out`` whole (see the module docstring); on any error or interrupt ``tmp`` is removed
+    and ``out`` is untouched."""
+    path = Path(path)
+    _mkdirs(path.parent, what)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as exc:
+        raise InputError(f"cannot write there ({_why(exc)})", path=str(path.parent),
+                         field=what) from None
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private
+        yield tmp
+        swap_in_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def is_temp_name(name: str, base: str) -> bool:
+    """A leftover temp entry of ours beside/inside ``base`` (a killed run's)."""
+    return name.startswith(f".{base}.") and name.endswith((".tmp", ".old"))
+
+
+def names_matching(patterns: Iterable[str]) -> Callable[[str], bool]:
+    """A predicate for :func:`check_output_dir`: ``fnmatch`` against any pattern."""
+    import fnmatch
+
+    pats = list(patterns)
+    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in pats)
 
 
 def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
@@ -16,16 +189,23 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     ``path``'s parent folder is created if missing.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _mkdirs(path.parent, "output")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise InputError(f"cannot write there ({_why(exc)})", path=str(path.parent),
+                         field="output") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         writer(tmp_path)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)
-        os.replace(tmp_path, path)
+        os.chmod(tmp_path, 0o666 & ~_umask())
+        with _signals_held():
+            os.replace(tmp_path, path)
+    except IsADirectoryError:
+        tmp_path.unlink(missing_ok=True)
+        raise InputError("is a folder, expected a file path", path=str(path),
+                         field="output") from None
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise

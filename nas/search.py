@@ -48,6 +48,7 @@ from nas import mip, space
 from nas import quality as q
 from nas.arch import ModelArch, NoOp, blocks_table
 from nas.hf import from_hf, load_config
+from nas.io import check_output_dir
 from nas.library import BlockLibrary
 from nas.progress import Progress
 from nas.spec import HIGHER_IS_BETTER, BudgetSpec, SearchSpec, parse_quantity
@@ -736,6 +737,8 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
 
     t: dict[str, float] = {}
     t0 = time.perf_counter()
+    # the output folder is checked before any work (created, writable, no foreign files)
+    check_output_dir(out_dir, bpm.is_search_output, "output folder")
     problem = resolve(spec, base_dir, spec_hash)
     alts = alternatives(problem)
     t["space_s"] = time.perf_counter() - t0
@@ -769,7 +772,7 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
     blueprints = [blueprint(r) for r in results]
     hom_bp = blueprint(hom_res) if hom_res is not None and hom_res.ok else None
     sweep = None
-    files: list[Path] = []
+    writers: list[Any] = []  # deferred: every output is written at the end, as one set
     if problem.spec.solver.sweep is not None:
         t3 = time.perf_counter()
         with Progress(1, "sweeping", progress) as bar:
@@ -792,10 +795,10 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
         par = sweep["parent"]
         unit = sweep["unit"]
         label = f"{sweep['metric']}" + (f"@{sweep['workload']}" if sweep["workload"] else "")
-        files.append(bpm.plot_pareto(Path(out_dir) / "pareto.png", label, unit, pts,
-                                     (par["metric"], par["quality"]), base,
-                                     quality_label=f"quality: {qsource}",
-                                     title=f"{problem.spec.name}: quality vs {label}"))
+        writers.append(lambda folder: bpm.plot_pareto(
+            folder / "pareto.png", label, unit, pts, (par["metric"], par["quality"]), base,
+            quality_label=f"quality: {qsource}",
+            title=f"{problem.spec.name}: quality vs {label}"))
     t["total_s"] = time.perf_counter() - t0
     report = bpm.report_markdown(blueprints[0], hom_bp)
     extra: dict[str, Any] = {"library.json": library_json(library)}
@@ -809,7 +812,7 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
             "points": slo_sweep.points}
     if sweep is not None:
         extra["sweep.json"] = sweep
-    files = bpm.save_outputs(out_dir, blueprints, report, extra) + files
+    files = bpm.save_outputs(out_dir, blueprints, report, extra, writers)
     return SearchOutcome(problem, library, blueprints, hom_bp, sweep, files, t)
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+from types import FrameType
 
 from pydantic import ValidationError
 
@@ -29,11 +31,27 @@ COMMANDS: list[str] = [
 ]
 
 
+EXIT_SIGINT = 128 + signal.SIGINT    # 130, as shells report a Ctrl-C
+EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM, so that ``finally`` / ``except BaseException``
+    clean-ups run (temp files and staged folders are removed) as they do on Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from nas import __version__
+
     parser = argparse.ArgumentParser(
         prog="puzzle-nas",
         description="Hardware-aware decomposed NAS (Puzzle) for compressing LLMs.",
     )
+    parser.add_argument("--version", action="version", version=f"puzzle-nas {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"nas.cli.{name}").register(sub)
@@ -41,12 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code (0 ok, 2 bad input, 3 infeasible)."""
+    """Entry point; returns the exit code (0 ok, 2 bad input, 3 infeasible, 130 interrupted
+    by SIGINT, 143 terminated by SIGTERM; an interrupted command leaves nothing half-written:
+    every output is a temp file or a staged folder until it is complete)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    old_term = None
+    try:
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread: leave SIGTERM as it is
+        pass
     try:
         rc = args.func(args)
     except InputError as exc:
@@ -59,6 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        print(f"puzzle-nas {args.command}: interrupted (SIGINT); nothing half-written was "
+              "left behind", file=sys.stderr)
+        return EXIT_SIGINT
+    except Terminated:
+        print(f"puzzle-nas {args.command}: terminated (SIGTERM); nothing half-written was "
+              "left behind", file=sys.stderr)
+        return EXIT_SIGTERM
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     return int(rc or 0)
 
 
