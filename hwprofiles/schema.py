@@ -2,8 +2,9 @@
 
 Units inside: bytes, bytes/s, FLOP/s, seconds. Every number is a :class:`Figure`
 (``{"value": ..., "source": ...}``) so that a profile can never hold a figure without
-saying where it came from (a datasheet URL and date, ``FACTS.md``, or
-``"measured on <device> <date>"``).
+saying where it came from (a datasheet, paper or benchmark URL, ``"fitted to ..."``,
+``"measured on <device> <date>"``, or ``"assumed ..."`` when no public source gives it:
+:meth:`HardwareProfile.assumed_figures` lists those).
 
 Efficiency curves give the achieved fraction of peak as a function of op size
 (FLOPs for compute curves, bytes for memory/link curves): a list of ``[size, fraction]``
@@ -15,6 +16,7 @@ fractions; the small-op penalty is carried by ``kernel_overhead_s``).
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -22,6 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # Compute dtypes a profile may list a peak for (the values of ``costmodels.dtypes.DType``
 # except fp32, which no cost here computes in).
 COMPUTE_DTYPES = ("bf16", "fp16", "fp8", "int8", "nvfp4", "mxfp4")
+
+_ASSUMED = re.compile(r"\bassumed\b", re.IGNORECASE)
+
+
+def is_assumed(source: str) -> bool:
+    """Whether a source admits the figure is an assumption (the word "assumed"), not a
+    datasheet, paper, benchmark, fit or measurement of this device."""
+    return bool(_ASSUMED.search(source))
 
 
 class Figure(BaseModel):
@@ -234,6 +244,27 @@ class HardwareProfile(BaseModel):
     def matmul_fraction(self, dtype: str) -> float:
         """Large-GEMM achieved fraction of peak for compute dtype ``dtype``."""
         return self.efficiency.matmul[dtype].peak_fraction
+
+    def sourced_figures(self) -> list[tuple[str, str]]:
+        """``(field path, source)`` of every :class:`Figure` and :class:`EfficiencyCurve`."""
+        out: list[tuple[str, str]] = []
+
+        def walk(obj: object, path: str) -> None:
+            if isinstance(obj, (Figure, EfficiencyCurve)):
+                out.append((path, obj.source))
+            elif isinstance(obj, dict):
+                for k, v in obj.items():
+                    walk(v, f"{path}.{k}" if path else str(k))
+            elif isinstance(obj, BaseModel):
+                for k in type(obj).model_fields:
+                    walk(getattr(obj, k), f"{path}.{k}" if path else k)
+
+        walk(self, "")
+        return out
+
+    def assumed_figures(self) -> list[str]:
+        """Field paths of the figures whose source says they are assumed."""
+        return [path for path, src in self.sourced_figures() if is_assumed(src)]
 
     def summary_rows(self) -> list[tuple[str, str, str]]:
         """(field, value, source) rows for display; values formatted with units."""

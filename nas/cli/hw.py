@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  note: {p.notes}")
         for field, value, source in p.summary_rows():
             print(f"  {field:<34} {value:<24} {source}")
+        assumed = p.assumed_figures()
+        print(f"  assumed figures: {len(assumed)} of {len(p.sourced_figures())}"
+              + (f" ({', '.join(assumed)})" if assumed else ""))
         return 0
     if cmd in (None, "list"):
         names = hwprofiles.available()
