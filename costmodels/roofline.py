@@ -12,23 +12,6 @@ import numpy as np
 from hwprofiles.schema import EfficiencyCurve, HardwareProfile
 
 
-def op_time(flops: np.ndarray | float, nbytes: np.ndarray | float, peak_flops: float,
-            compute_eff: float | np.ndarray, bandwidth: float, memory_eff: float | np.ndarray,
-            kernels: float = 1.0, overhead_s: float = 0.0) -> np.ndarray:
-    """Seconds for one op (vectorized); 0 FLOPs and 0 bytes cost only ``kernels * overhead_s``."""
-    t = np.maximum(np.asarray(flops, dtype=np.float64) / (peak_flops * compute_eff),
-                   np.asarray(nbytes, dtype=np.float64) / (bandwidth * memory_eff))
-    return t + kernels * overhead_s
-
-
-def bound(flops: np.ndarray | float, nbytes: np.ndarray | float, peak_flops: float,
-          compute_eff: float, bandwidth: float, memory_eff: float) -> np.ndarray:
-    """``'compute'`` or ``'memory'``: which roof limits the op (ties count as memory)."""
-    c = np.asarray(flops, dtype=np.float64) / (peak_flops * compute_eff)
-    m = np.asarray(nbytes, dtype=np.float64) / (bandwidth * memory_eff)
-    return np.where(c > m, "compute", "memory")
-
-
 class Roof:
     """A hardware profile's roofs as inverse rates, for fast vectorized pricing.
 

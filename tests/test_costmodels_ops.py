@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
 
+import numpy as np
 import pytest
 
+import hwprofiles
 from costmodels import ops
-from costmodels.roofline import bound, op_time
+from costmodels.roofline import Roof
 from costmodels.workload import parse_workload
 from hwprofiles.errors import InputError
 
@@ -127,12 +130,25 @@ def test_embedding_lm_head_allreduce():
 
 
 def test_roofline():
-    # 1e12 FLOPs at 1e15*0.5 -> 2 ms; 1e9 bytes at 1e12*0.8 -> 1.25 ms; + 2 kernels x 3 us
-    t = op_time(1e12, 1e9, 1e15, 0.5, 1e12, 0.8, kernels=2, overhead_s=3e-6)
-    assert t == pytest.approx(2e-3 + 6e-6)
-    assert bound(1e12, 1e9, 1e15, 0.5, 1e12, 0.8) == "compute"
-    assert bound(1e9, 1e9, 1e15, 0.5, 1e12, 0.8) == "memory"
-    assert op_time(0.0, 0.0, 1e15, 0.5, 1e12, 0.8, 1, 3e-6) == pytest.approx(3e-6)
+    # Roof is what pricing calls: H100 BF16 989e12 FLOP/s x 0.95, HBM 3.35e12 B/s x 0.95,
+    # 10 us per kernel
+    data = json.loads(hwprofiles.get("h100-sxm").model_dump_json())
+    data["efficiency"]["matmul"]["bf16"] = {"points": [[1.0, 0.95]], "source": "test"}
+    data["efficiency"]["memory"] = {"points": [[1.0, 0.95]], "source": "test"}
+    data["kernel_overhead_s"] = {"value": 1e-5, "source": "test"}
+    hw = hwprofiles.HardwareProfile.model_validate(data)
+    assert (hw.peak("bf16"), hw.memory_bandwidth.value) == (989e12, 3.35e12)
+    roof = Roof(hw)
+    inv_c, inv_m = roof.matmul("bf16", 1e12), roof.memory(1e9)
+    assert inv_c == pytest.approx(1 / (989e12 * 0.95)) and inv_m == pytest.approx(1 / 3.1825e12)
+    # compute-bound: 1e12 FLOPs -> 1.0644 ms beats 1e9 bytes -> 0.3142 ms; + 2 kernels x 10 us
+    t = roof.time(np.array([1e12, 1e9, 0.0]), np.array([1e9, 1e9, 0.0]), inv_c, inv_m, 2)
+    assert t == pytest.approx([1e12 / 939.55e12 + 2e-5, 1e9 / 3.1825e12 + 2e-5, 2e-5])
+    # a measured memory curve is read at each op's size (halfway in log size -> 0.5)
+    data["efficiency"]["memory"] = {"points": [[1e6, 0.2], [1e9, 0.8]], "source": "measured on x"}
+    curved = Roof(hwprofiles.HardwareProfile.model_validate(data))
+    per_byte = curved.memory(np.array([1e3, 10 ** 7.5, 1e12]))
+    assert per_byte == pytest.approx(1 / (3.35e12 * np.array([0.2, 0.5, 0.8])))
 
 
 def test_workload_parse():
