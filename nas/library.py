@@ -177,6 +177,43 @@ class BlockLibrary:
         """Keys whose child totals mean something (all but :attr:`descriptive`)."""
         return [k for k in self.keys() if k not in self.descriptive]
 
+    # ---------------------------------------------------------------- the replacement graph
+    def reach(self, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(fwd, bwd)``, bool[L+1]: boundaries reachable from 0, and boundaries from
+        which L is reachable, over the ``allowed`` replacements (all by default)."""
+        ok = np.ones(self.num_replacements, dtype=bool) if allowed is None else allowed
+        L = self.num_blocks
+        order = np.argsort(self.start, kind="stable")
+        fwd = np.zeros(L + 1, dtype=bool)
+        fwd[0] = True
+        for r in order:
+            if ok[r] and fwd[self.start[r]]:
+                fwd[self.end[r]] = True
+        bwd = np.zeros(L + 1, dtype=bool)
+        bwd[L] = True
+        for r in order[::-1]:
+            if ok[r] and bwd[self.end[r]]:
+                bwd[self.start[r]] = True
+        return fwd, bwd
+
+    def path_values(self, v: np.ndarray, allowed: np.ndarray | None = None,
+                    largest: bool = False) -> np.ndarray:
+        """float[L+1]: the least (``largest``: greatest) sum of ``v`` over a path of allowed
+        replacements from boundary 0 to each boundary; +inf (-inf) where none reaches.
+        Exact dynamic programming: every edge goes from ``start`` to a later ``end``, so
+        visiting replacements by start settles each boundary before it is left."""
+        ok = np.ones(self.num_replacements, dtype=bool) if allowed is None else allowed
+        sgn = -1.0 if largest else 1.0
+        w = sgn * np.asarray(v, dtype=np.float64)
+        p = np.full(self.num_blocks + 1, np.inf)
+        p[0] = 0.0
+        for r in np.argsort(self.start, kind="stable"):
+            if ok[r]:
+                t = p[self.start[r]] + w[r]
+                if t < p[self.end[r]]:
+                    p[self.end[r]] = t
+        return sgn * p
+
     def tagged(self, tag: str) -> np.ndarray:
         """Boolean mask[R] of the replacements carrying ``tag``."""
         return np.array([tag in t for t in self.tags], dtype=bool)
@@ -226,12 +263,7 @@ class BlockLibrary:
             b = int(uncovered[0])
             raise self._err(f"{self.block_name(b)} is covered by no replacement", "replacements")
         # every block must lie on some path 0 -> L (reachable from 0 and reaching L)
-        reach = np.zeros(L + 1, dtype=bool)
-        reach[0] = True
-        order = np.argsort(self.start, kind="stable")
-        for i in order:
-            if reach[self.start[i]]:
-                reach[self.end[i]] = True
+        reach, _ = self.reach()
         if not reach[L]:
             b = int(np.flatnonzero(~reach)[0])
             raise self._err(f"no sequence of replacements covers blocks 0..{L - 1}: "

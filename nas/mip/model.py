@@ -1,74 +1,14 @@
-"""The mixed-integer program: pick one replacement per covered span, best under every budget.
-
-Model (one binary ``x[r]`` per replacement ``r`` of a :class:`~nas.library.BlockLibrary`):
-
-- **exact cover**: for every parent block ``b``, ``sum_{r covers b} x[r] = 1`` (the path
-  ``0 -> L`` of the replacement graph);
-- **budgets** (:class:`Budget`): ``lo <= sum_r v_k[r] x[r] + constant_k <= hi`` on any cost
-  or score key ``k``;
-- **count rows** (:class:`CountRule`): bounds on the number of chosen replacements carrying a
-  tag (``unit="replacements"``), or on the number of parent blocks those replacements
-  cover (``unit="blocks"``, coefficient = span length);
-- **pins / forbids**: ``x[r] = 1`` / ``x[r] = 0``;
-- **objective** (:class:`Objective`): minimize or maximize a weighted sum of keys (scores
-  for the usual "best quality under budgets", a cost for the dual form "least runtime under
-  a quality bound").
-
-The matrix is built as numpy arrays (CSC) and handed to HiGHS in one ``passModel`` call.
-
-Scaling, tolerances and gaps
-----------------------------
-The objective is handed to HiGHS in *typical-coefficient units*: divided by ``unit``, the
-median of its nonzero absolute coefficients over the live columns. The median, not the
-largest coefficient: real libraries mix a catastrophic alternative (KL in the hundreds)
-with differences of 1e-5 between good ones, and dividing by the outlier pushed those real
-differences under HiGHS' absolute tolerances (a worse child reported as proven optimal).
-
-HiGHS prunes any node whose bound is within ``mip_feasibility_tolerance`` of the
-incumbent, so that tolerance is an absolute resolution of the objective. It is set from
-the data: ``feastol = clip(allowed(est) / 10, 1e-10, 1e-6)`` where ``allowed(U) =
-max(G * |U|, G, abs_gap / unit)`` (HiGHS units) is the gap the caller accepts,
-``G = max(mip_rel_gap, 1e-9)`` and ``est`` a lower bound on ``|U|`` (the LP bound or the
-budget-free shortest path). The primal and dual feasibility tolerances are
-``min(1e-7, feastol)``. ``mip_rel_gap = 0`` therefore means "optimal within 1e-9 relative"
-(or 1e-9 of a typical coefficient when the optimum is near 0).
-
-The reported bound is honest: ``min(HiGHS' dual bound, U - feastol)`` (HiGHS cannot see
-children better than the incumbent by less than ``feastol``), and with reduced-cost fixing
-also ``<= LP bound + fixing threshold``. ``optimal`` is reported only when ``U - bound <=
-allowed(U)``; when HiGHS says optimal but the bound does not support it, the solve is
-repeated once with the tolerance tightened to the incumbent's scale, and otherwise the
-result is ``feasible`` with its true gap. The ``gap`` reported is ``(U - bound) / max(|U|, unit)``
-(block sums, HiGHS units), so ``gap <= mip_rel_gap`` is what ``optimal`` promises.
-
-Budget rows are divided by their largest coefficient (after the shortest-path shift
-below), so the feasibility tolerance is relative to the row's own scale; the
-re-verification checks every budget to ``feastol`` of that scale.
-The objective's non-block constants are **not** passed to HiGHS (no offset): HiGHS' relative
-gap, the ``gap`` reported and ``mip_rel_gap`` all refer to the block sum only, which is the
-stricter choice (a large constant would otherwise make a loose gap look tight).
-``objective`` and ``best_bound`` are reported with the constants added back, in the
-objective's own units; ``mip_abs_gap`` is in those units too.
-
-Status
-------
-``optimal`` only when HiGHS proved optimality within the requested gaps; ``feasible`` when
-it stopped (time limit, ...) holding an incumbent; ``infeasible`` when no child satisfies
-every row (``message`` then explains why, see :func:`explain_infeasible`); ``error``
-otherwise. Every solution is re-verified against the library (cover, budgets, counts,
-pins, forbids, diversity) and :class:`SolverError` is raised if HiGHS returned one that
-breaks a row.
-"""
+"""The HiGHS model of one library and constraint set (see :mod:`nas.mip` for the model,
+the tolerances and what each status promises)."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import os
-import re
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -76,215 +16,10 @@ import numpy as np
 
 from hwprofiles.errors import InputError
 from nas.library import BlockLibrary
+from nas.mip.constraints import Budget, CountRule, InfeasibleError, Objective, SolverError
 
 _DEBUG = bool(os.environ.get("PUZZLE_NAS_MIP_DEBUG"))
-
 Status = Literal["optimal", "feasible", "infeasible", "error"]
-
-
-class InfeasibleError(InputError):
-    """No child meets every constraint; the message is the explanation (CLI exit code 3)."""
-
-    exit_code: int = 3
-
-
-class SolverError(RuntimeError):
-    """HiGHS returned a solution that breaks a row of the model (a bug, never bad input)."""
-
-
-# --------------------------------------------------------------------------- specs
-
-_NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
-
-
-# unit of a library key, read from its name: (dimension, size of one key unit in base units)
-_KEY_UNITS: list[tuple[str, str, float]] = [
-    (r"(^|_)bytes?$", "memory", 1.0), (r"(^|_)kib$", "memory", 2.0**10),
-    (r"(^|_)mib$", "memory", 2.0**20), (r"(^|_)gib$", "memory", 2.0**30),
-    (r"(^|_)kb$", "memory", 1e3), (r"(^|_)mb$", "memory", 1e6), (r"(^|_)gb$", "memory", 1e9),
-    (r"(^|_)(s|sec|seconds)$", "time", 1.0), (r"(^|_)ms$", "time", 1e-3),
-    (r"(^|_)us$", "time", 1e-6), (r"(^|_)params$", "count", 1.0),
-    (r"(^|_)(tok_s|tps|tok/s)$", "rate", 1.0),
-]
-
-
-def key_unit(key: str) -> tuple[str, float] | None:
-    """``(dimension, base units per key unit)`` for a key whose name says its unit
-    (``stats.memory_mib`` -> ``("memory", 2**20)``, ``runtime_s@chat`` -> ``("time", 1)``);
-    None when the name says nothing."""
-    leaf = key.split("@", 1)[0].rsplit(".", 1)[-1].lower()
-    for pat, dim, size in _KEY_UNITS:
-        if re.search(pat, leaf):
-            return dim, size
-    return None
-
-
-_VALUE = re.compile(r"^\s*([-+]?(?:inf(?:inity)?|(?:\d[\d_]*\.?[\d_]*|\.\d[\d_]*)"
-                    r"(?:[eE][-+]?\d+)?))\s*(.*?)\s*$", re.IGNORECASE)
-
-
-def parse_value(text: str, key: str) -> float:
-    """A budget value for ``key``: a number (``1e5``, ``80_000``, ``inf``) with an optional
-    unit word from the spec's units (``80 GiB``, ``10 ms``, ``75B``, ``5000 tok/s``),
-    converted to the key's own unit (:func:`key_unit`)."""
-    from nas.spec import _UNITS  # the unit words spec budgets accept
-
-    m = _VALUE.match(str(text))
-    if not m:
-        raise InputError(f"budget on {key!r}: cannot read {text!r} as a number "
-                         "(e.g. 1e5, 80_000, inf, '80 GiB')")
-    try:
-        v = float(m.group(1).replace("_", ""))
-    except ValueError:
-        raise InputError(f"budget on {key!r}: cannot read {m.group(1)!r} as a number") from None
-    word = m.group(2).strip()
-    if not word:
-        return v
-    ku = key_unit(key)
-    if ku is None:
-        raise InputError(f"budget on {key!r}: unit {word!r} given, but the key's name says no "
-                         "unit (write the number in the key's own units)")
-    dim, size = ku
-    units = _UNITS[dim]
-    if word.lower() not in units:
-        raise InputError(f"budget on {key!r}: unknown unit {word!r} for a {dim} key; expected "
-                         f"one of {sorted(u for u in units if u)}")
-    return v * units[word.lower()] / size
-
-
-def _bounds_str(key: str, lo: float | None, hi: float | None) -> str:
-    """``key<=hi``, ``key>=lo``, ``key==v`` or ``lo<=key<=hi`` (the form ``parse`` reads)."""
-    if lo is not None and hi is not None:
-        return f"{key}=={hi:g}" if lo == hi else f"{lo:g}<={key}<={hi:g}"
-    return f"{key}<={hi:g}" if hi is not None else f"{key}>={lo:g}"
-
-
-@dataclass(frozen=True)
-class Budget:
-    """``lo <= total(key) <= hi`` (either side may be None); totals include constants."""
-
-    key: str
-    lo: float | None = None
-    hi: float | None = None
-
-    def __post_init__(self) -> None:
-        for v in (self.lo, self.hi):
-            if v is not None and math.isnan(v):
-                raise InputError(f"budget on {self.key!r}: bound is NaN")
-        if self.lo == math.inf or self.hi == -math.inf:
-            raise InputError(f"budget on {self.key!r} can never be met ({self})")
-        # ``<= inf`` / ``>= -inf`` bound nothing (the NVlabs notebook passes runtime <= inf)
-        if self.hi == math.inf:
-            object.__setattr__(self, "hi", None)
-        if self.lo == -math.inf:
-            object.__setattr__(self, "lo", None)
-        if self.lo is not None and self.hi is not None and self.lo > self.hi:
-            raise InputError(f"budget on {self.key!r}: lower bound {self.lo} > upper {self.hi}")
-
-    @property
-    def unbounded(self) -> bool:
-        """True for ``KEY<=inf``: a budget that bounds nothing."""
-        return self.lo is None and self.hi is None
-
-    @classmethod
-    def parse(cls, text: str) -> Budget:
-        """Parse ``KEY<=V``, ``KEY>=V``, ``KEY==V`` or ``LO<=KEY<=HI``.
-
-        ``V`` is a number (``1e5``, ``80_000``, ``inf``) optionally followed by a unit word
-        that spec budgets accept (``80 GiB``, ``10 ms``, ``75B``), converted to the unit the
-        key's name says it is in (``memory_bytes``, ``stats.memory_mib``, ``runtime_s``,
-        ``stats.runtime_ms``, ``params``); see :func:`parse_value`."""
-        s = text.strip()
-        m = re.fullmatch(r"\s*(.+?)\s*<=\s*([^<>=]+?)\s*<=\s*(.+?)\s*", s)
-        if m:
-            key = m.group(2)
-            return cls(key, parse_value(m.group(1), key), parse_value(m.group(3), key))
-        m = re.fullmatch(r"(.+?)\s*(<=|>=|==)\s*(.+?)\s*", s)
-        if not m or not m.group(1).strip():
-            raise InputError(f"cannot parse budget {text!r} (expected KEY<=VALUE, KEY>=VALUE, "
-                             "KEY==VALUE or LO<=KEY<=HI)")
-        key, op = m.group(1).strip(), m.group(2)
-        v = parse_value(m.group(3), key)
-        if op == "<=":
-            return cls(key, None, v)
-        if op == ">=":
-            return cls(key, v, None)
-        if not math.isfinite(v):
-            raise InputError(f"budget {text!r}: {key} == {v} can never be met")
-        return cls(key, v, v)
-
-    def __str__(self) -> str:
-        if self.unbounded:
-            return f"{self.key}<=inf"
-        return _bounds_str(self.key, self.lo, self.hi)
-
-
-@dataclass(frozen=True)
-class CountRule:
-    """Bounds on how many chosen replacements carry ``tag`` (``unit="replacements"``), or
-    on how many parent blocks they cover (``unit="blocks"``)."""
-
-    tag: str
-    min: int | None = None
-    max: int | None = None
-    unit: Literal["replacements", "blocks"] = "replacements"
-
-    def __post_init__(self) -> None:
-        if self.min is None and self.max is None:
-            raise InputError(f"count rule on tag {self.tag!r} has neither min nor max")
-        if self.unit not in ("replacements", "blocks"):
-            raise InputError(f"count rule unit {self.unit!r} (expected replacements or blocks)")
-
-    @classmethod
-    def parse(cls, text: str) -> CountRule:
-        """Parse ``TAG>=N``, ``TAG<=N``, ``TAG==N``; prefix ``blocks:`` counts parent blocks."""
-        s = text.strip()
-        unit: Literal["replacements", "blocks"] = "replacements"
-        if s.startswith("blocks:"):
-            unit, s = "blocks", s[len("blocks:"):]
-        m = re.fullmatch(r"(.+?)\s*(<=|>=|==)\s*(\d+)\s*", s)
-        if not m:
-            raise InputError(f"cannot parse count rule {text!r} (expected [blocks:]TAG>=N, "
-                             "TAG<=N or TAG==N)")
-        tag, op, n = m.group(1).strip(), m.group(2), int(m.group(3))
-        lo = n if op in (">=", "==") else None
-        hi = n if op in ("<=", "==") else None
-        return cls(tag, lo, hi, unit)
-
-    def __str__(self) -> str:
-        p = "blocks:" if self.unit == "blocks" else ""
-        return p + _bounds_str(self.tag, self.min, self.max)
-
-
-@dataclass(frozen=True)
-class Objective:
-    """Minimize (or maximize) ``sum_k weights[k] * total(k)``."""
-
-    weights: Mapping[str, float]
-    sense: Literal["min", "max"] = "min"
-
-    @classmethod
-    def parse(cls, text: str | Objective) -> Objective:
-        """``KEY``, ``min:KEY``, ``max:KEY`` or a weighted sum ``KEY + 0.5*KEY2``."""
-        if isinstance(text, Objective):
-            return text
-        s = text.strip()
-        sense: Literal["min", "max"] = "min"
-        if s[:4] in ("min:", "max:"):
-            sense, s = s[:3], s[4:]  # type: ignore[assignment]
-        weights: dict[str, float] = {}
-        for term in re.split(r"(?<![eE*])\+", s):
-            term = term.strip()
-            if not term:
-                raise InputError(f"cannot parse objective {text!r}")
-            m = re.fullmatch(rf"({_NUM})\s*\*\s*(.+)", term)
-            w, key = (float(m.group(1)), m.group(2).strip()) if m else (1.0, term)
-            weights[key] = weights.get(key, 0.0) + w
-        return cls(weights, sense)
-
-    def __str__(self) -> str:
-        body = " + ".join(k if w == 1 else f"{w:g}*{k}" for k, w in self.weights.items())
-        return f"{self.sense}:{body}"
 
 
 #: ``mip_rel_gap = 0`` means optimal within this relative gap (see the module doc).
@@ -314,7 +49,7 @@ class SolveOptions:
     verbose: bool = False
     tolerance: float | None = None
     fixing: bool = True
-    shift: bool = True
+    shift: bool = False
     restarts: bool = False
     warm_start: bool = False
 
@@ -331,7 +66,6 @@ class SolveOptions:
             raise InputError(f"threads must be >= 1, got {self.threads!r}")
 
 
-# --------------------------------------------------------------------------- result
 
 
 @dataclass
@@ -382,7 +116,6 @@ class Result:
         return self
 
 
-# --------------------------------------------------------------------------- stdout guard
 
 
 @contextlib.contextmanager
@@ -438,10 +171,10 @@ def _new_highs(verbose: bool, restarts: bool) -> Any:
     return h
 
 
-# --------------------------------------------------------------------------- model
 
 
-def _allowed_mask(lib: BlockLibrary, pin: Sequence[int], forbid: Sequence[int]) -> np.ndarray:
+def allowed_mask(lib: BlockLibrary, pin: Sequence[int], forbid: Sequence[int]) -> np.ndarray:
+    """bool[R]: replacements neither forbidden nor overlapping a pinned one."""
     ok = np.ones(lib.num_replacements, dtype=bool)
     ok[list(forbid)] = False
     for r in pin:
@@ -451,34 +184,10 @@ def _allowed_mask(lib: BlockLibrary, pin: Sequence[int], forbid: Sequence[int]) 
     return ok
 
 
-def _dead_columns(lib: BlockLibrary) -> np.ndarray:
-    """Replacements on no path 0 -> L (start unreachable from 0, or L unreachable from end)."""
-    L = lib.num_blocks
-    order = np.argsort(lib.start, kind="stable")
-    fwd = np.zeros(L + 1, dtype=bool)
-    fwd[0] = True
-    for r in order:
-        if fwd[lib.start[r]]:
-            fwd[lib.end[r]] = True
-    bwd = np.zeros(L + 1, dtype=bool)
-    bwd[L] = True
-    for r in order[::-1]:
-        if bwd[lib.end[r]]:
-            bwd[lib.start[r]] = True
+def dead_columns(lib: BlockLibrary) -> np.ndarray:
+    """bool[R]: replacements on no path 0 -> L."""
+    fwd, bwd = lib.reach()
     return ~(fwd[lib.start] & bwd[lib.end])
-
-
-def _potentials(lib: BlockLibrary, v: np.ndarray, dead: np.ndarray) -> np.ndarray:
-    """Least sum of ``v`` over a path 0 -> i for every boundary i (0 where unreachable)."""
-    p = np.full(lib.num_blocks + 1, np.inf)
-    p[0] = 0.0
-    for r in np.argsort(lib.start, kind="stable"):
-        if not dead[r]:
-            t = p[lib.start[r]] + v[r]
-            if t < p[lib.end[r]]:
-                p[lib.end[r]] = t
-    p[~np.isfinite(p)] = 0.0
-    return p
 
 
 class MipModel:
@@ -526,7 +235,7 @@ class MipModel:
             c += w * lib.values(k)
             self.obj_const += w * lib.constant(k)
         self.c = c
-        self.dead = _dead_columns(lib)
+        self.dead = dead_columns(lib)
         live = np.abs(c[~self.dead])
         live = live[live > 0]
         self.obj_scale = float(np.median(live)) if live.size else 1.0
@@ -548,8 +257,11 @@ class MipModel:
             # cover, so the row is equivalent but nonnegative and each coefficient is the
             # extra cost of taking r over the cheapest path: tighter bounds and cuts.
             v0 = lib.values(b.key)
-            p = (_potentials(lib, v0, self.dead) if self.opts.shift
-                 else np.zeros(lib.num_blocks + 1))
+            if self.opts.shift:  # least sum to each boundary (0 where unreachable)
+                p = lib.path_values(v0, ~self.dead)
+                p[~np.isfinite(p)] = 0.0
+            else:
+                p = np.zeros(lib.num_blocks + 1)
             v = np.where(self.dead, 0.0, v0 - (p[lib.end] - p[lib.start]))
             v[np.abs(v) <= 1e-12 * (float(np.max(np.abs(v0))) or 1.0)] = 0.0
             s = float(np.max(np.abs(v))) or 1.0
@@ -610,7 +322,6 @@ class MipModel:
             self._set("threads", int(o.threads))
         _sync_scheduler(self.h, o.threads)
         self._incumbent: np.ndarray | None = None
-        self.explain_resolves = 64  # re-solves allowed when explaining infeasibility
         self._pending_start = False
 
     # ---------------------------------------------------------------- helpers
@@ -647,15 +358,8 @@ class MipModel:
     def _unconstrained_min(self) -> float:
         """Least objective (HiGHS units, minimized) over all children, budgets ignored: a
         lower bound on the optimum by shortest path over the replacement graph."""
-        allowed = ~self.dead & (self.col_hi > 0.5)
-        v = np.where(allowed, self.c_min, np.inf)
-        p = np.full(self.lib.num_blocks + 1, np.inf)
-        p[0] = 0.0
-        for r in np.argsort(self.lib.start, kind="stable"):
-            t = p[self.lib.start[r]] + v[r]
-            if t < p[self.lib.end[r]]:
-                p[self.lib.end[r]] = t
-        return float(p[-1]) if math.isfinite(p[-1]) else 0.0
+        p = self.lib.path_values(self.c_min, ~self.dead & (self.col_hi > 0.5))[-1]
+        return float(p) if math.isfinite(p) else 0.0
 
     def set_budget(self, i: int, lo: float | None, hi: float | None) -> None:
         """Change budget ``i``'s bounds (totals, constants included) for the next solve."""
@@ -776,8 +480,10 @@ class MipModel:
                 best = (lb, d)
         return "optimal", best[0], best[1]
 
-    def solve(self, explain: bool = True, incumbent: np.ndarray | None = None) -> Result:
-        """Solve to the requested gap; verify; on infeasibility attach an explanation.
+    def solve(self, incumbent: np.ndarray | None = None) -> Result:
+        """Solve to the requested gap and verify. An infeasible model gives status
+        ``infeasible`` with the message "infeasible" (:func:`nas.mip.solve` and the other
+        public functions attach the explanation, see :func:`explain_infeasible`).
 
         ``incumbent``: replacement indices of a child known to meet the current rows (a
         sweep's previous point, as the bound loosens). It is checked here, never handed to
@@ -806,7 +512,7 @@ class MipModel:
         if o.fixing:
             lp_status, lb0, d = self._lp_bound()
             if lp_status == "infeasible":
-                return self._result("infeasible", None, -math.inf, nodes, t0, "", explain)
+                return self._result("infeasible", None, -math.inf, nodes, t0, "")
         est = max(abs(lb0) if math.isfinite(lb0) else 0.0, abs(self._unconstrained_min()))
         self._set_feastol(self._tolerance_for(est))
         if not o.fixing or lp_status != "optimal" or not math.isfinite(lb0):
@@ -819,7 +525,7 @@ class MipModel:
                 if u - bnd <= self.allowed_gap(u) or self.feastol <= _FEASTOL_MIN:
                     break
                 self._set_feastol(self._tolerance_for(abs(u)))
-            return self._result(st, x, bnd, nodes, t0, msg, explain)
+            return self._result(st, x, bnd, nodes, t0, msg)
         free = (self.col_lo == 0) & (self.col_hi == 1)
         span = float(np.max(np.abs(d[free]))) if free.any() else 0.0
         g, a = self.rel_gap, self.abs_gap
@@ -897,20 +603,20 @@ class MipModel:
         finally:
             self._bounds(self.col_lo, self.col_hi)
         if status == "infeasible":
-            return self._result("infeasible", None, -math.inf, nodes, t0, "", explain)
+            return self._result("infeasible", None, -math.inf, nodes, t0, "")
         if inc is None:
-            return self._result("error", None, -math.inf, nodes, t0, msg, explain)
-        return self._result(status, inc, bound, nodes, t0, "", explain)
+            return self._result("error", None, -math.inf, nodes, t0, msg)
+        return self._result(status, inc, bound, nodes, t0, "")
 
     def _bounds(self, lo: np.ndarray, hi: np.ndarray) -> None:
         idx = np.arange(lo.size, dtype=np.int32)
         self.h.changeColsBounds(lo.size, idx, lo, hi)
 
     def _result(self, st: str, x: np.ndarray | None, bound_min: float, nodes: int, t0: float,
-                msg: str, explain: bool) -> Result:
+                msg: str) -> Result:
         secs = time.perf_counter() - t0
         if st == "infeasible":
-            message = self.explain(self.explain_resolves) if explain else "infeasible"
+            message = "infeasible"
             return Result("infeasible", None, None, None, nodes, secs, message=message)
         if st == "error" or x is None:
             return Result("error", None, None, None, nodes, secs, message=msg or "HiGHS failed")
@@ -985,302 +691,3 @@ class MipModel:
                 raise SolverError(f"solution differs from an earlier one in "
                                   f"{lib.num_blocks - same} < {d} blocks")
         return chosen
-
-    def explain(self, max_resolves: int = 64) -> str:
-        """Why the model is infeasible; see :func:`explain_infeasible`."""
-        return explain_infeasible(self.lib, self.budgets, counts=self.counts, pin=self.pin,
-                                  forbid=self.forbid, options=self.opts,
-                                  max_resolves=max_resolves)
-
-
-# --------------------------------------------------------------------------- public API
-
-
-def solve(
-    library: BlockLibrary,
-    objective: str | Objective,
-    budgets: Sequence[Budget | str] = (),
-    *,
-    counts: Sequence[CountRule | str] = (),
-    pin: Sequence[int] = (),
-    forbid: Sequence[int] = (),
-    options: SolveOptions | None = None,
-    warm_start: Sequence[int] | None = None,
-) -> Result:
-    """Best child of ``library`` under every budget; see the module doc for the model.
-
-    Returns a verified :class:`Result`; an infeasible model gives ``status="infeasible"``
-    with the explanation in ``message`` (call ``.raise_if_infeasible()`` to raise).
-    """
-    m = MipModel(library, objective, budgets, counts=counts, pin=pin, forbid=forbid,
-                 options=options)
-    if warm_start is not None:
-        m.warm_start(np.asarray(warm_start))
-    return m.solve()
-
-
-def diverse_pool(
-    library: BlockLibrary,
-    objective: str | Objective,
-    budgets: Sequence[Budget | str] = (),
-    *,
-    n: int,
-    min_distance: int,
-    counts: Sequence[CountRule | str] = (),
-    pin: Sequence[int] = (),
-    forbid: Sequence[int] = (),
-    options: SolveOptions | None = None,
-) -> list[Result]:
-    """Up to ``n`` solutions, each the best child that differs from every earlier one in at
-    least ``min_distance`` parent blocks (a block differs when the replacement covering it
-    differs). Stops early when no further child exists; raises :class:`InfeasibleError`
-    when not even the first one does."""
-    if n < 1:
-        raise InputError(f"pool size must be >= 1, got {n}")
-    if not 1 <= min_distance <= library.num_blocks:
-        raise InputError(f"min_distance must be in [1, {library.num_blocks}], got {min_distance}")
-    m = MipModel(library, objective, budgets, counts=counts, pin=pin, forbid=forbid,
-                 options=options)
-    out: list[Result] = []
-    for i in range(n):
-        res = m.solve(explain=(i == 0))
-        if res.status == "infeasible" and i == 0:
-            res.raise_if_infeasible()
-        if not res.ok:
-            break
-        out.append(res)
-        m.add_diversity(res.chosen, min_distance)
-    return out
-
-
-@dataclass
-class Sweep:
-    """Results of a budget sweep: ``values[i]`` gave ``results[i]``; ``frontier`` lists the
-    indices of the Pareto-optimal points (objective vs the swept key's total), by total."""
-
-    key: str
-    values: list[float]
-    results: list[Result]
-    frontier: list[int]
-
-    def to_dict(self, library: BlockLibrary | None = None) -> dict[str, Any]:
-        """JSON-able dict."""
-        return {"key": self.key, "values": self.values, "frontier": self.frontier,
-                "results": [r.to_dict(library) for r in self.results]}
-
-
-def pareto_front(points: Sequence[tuple[float, float]], sense: Literal["min", "max"] = "min"
-                 ) -> list[int]:
-    """Indices of the non-dominated ``(cost, objective)`` points (lower cost is better;
-    objective lower is better for ``min``), sorted by cost."""
-    sgn = 1.0 if sense == "min" else -1.0
-    order = sorted(range(len(points)), key=lambda i: (points[i][0], sgn * points[i][1]))
-    out: list[int] = []
-    best = math.inf
-    for i in order:
-        v = sgn * points[i][1]
-        if not out or v < best - 1e-12 * max(1.0, abs(best)):
-            out.append(i)
-            best = v
-    return out
-
-
-def sweep(
-    library: BlockLibrary,
-    objective: str | Objective,
-    budgets: Sequence[Budget | str] = (),
-    *,
-    key: str,
-    values: Sequence[float],
-    counts: Sequence[CountRule | str] = (),
-    pin: Sequence[int] = (),
-    forbid: Sequence[int] = (),
-    options: SolveOptions | None = None,
-) -> Sweep:
-    """Re-solve with ``total(key) <= v`` for each ``v`` in ``values`` (replacing any upper
-    bound on ``key`` in ``budgets``). Points are solved from the tightest value to the
-    loosest on one HiGHS model (only the row bound changes); with
-    ``SolveOptions.warm_start`` each starts from the previous child (which stays feasible
-    as the bound loosens). Results come back in the order of ``values``. Infeasible points carry their
-    explanation in ``message``."""
-    bl = [b if isinstance(b, Budget) else Budget.parse(b) for b in budgets]
-    library.kind(key)
-    vals = [float(v) for v in values]
-    if not vals:
-        raise InputError("sweep needs at least one value")
-    idx = next((i for i, b in enumerate(bl) if b.key == key and b.hi is not None), None)
-    if idx is None:
-        bl.append(Budget(key, None, max(vals)))
-        idx = len(bl) - 1
-    lo = bl[idx].lo
-    m = MipModel(library, objective, bl, counts=counts, pin=pin, forbid=forbid, options=options)
-    m.explain_resolves = 0  # infeasible points: shortest-path explanation only
-    results: list[Result | None] = [None] * len(vals)
-    prev: np.ndarray | None = None
-    for i in sorted(range(len(vals)), key=lambda j: vals[j]):
-        v = vals[i]
-        if lo is not None and v < lo:
-            raise InputError(f"sweep value {v:g} is below the lower bound {lo:g} on {key!r}")
-        m.set_budget(idx, lo, v)
-        if prev is not None:
-            m.warm_start(prev)
-        res = m.solve(incumbent=prev)
-        results[i] = res
-        if res.ok:
-            prev = res.chosen
-    done = [r for r in results if r is not None]
-    pts = [(r.totals[key], r.objective) for r in done if r.ok and r.objective is not None]
-    ok_idx = [i for i, r in enumerate(done) if r.ok and r.objective is not None]
-    front = [ok_idx[j] for j in pareto_front(pts, m.objective.sense)]  # type: ignore[arg-type]
-    return Sweep(key, vals, done, front)
-
-
-def best_of(
-    candidates: Mapping[str, tuple[BlockLibrary, Sequence[Budget | str]]],
-    objective: str | Objective,
-    *,
-    counts: Sequence[CountRule | str] = (),
-    options: SolveOptions | None = None,
-) -> tuple[str | None, Result | None, dict[str, Result]]:
-    """Solve each ``name -> (library, budgets)`` (e.g. one per batch size, as the Puzzle
-    paper does for throughput targets) and keep the best objective among those with a
-    solution. Returns ``(best name, best result, all results)``; ``(None, None, ...)``
-    when none has a solution."""
-    obj = Objective.parse(objective)
-    results = {name: solve(lib, obj, b, counts=counts, options=options)
-               for name, (lib, b) in candidates.items()}
-    sgn = 1.0 if obj.sense == "min" else -1.0
-    good = [(sgn * r.objective, name) for name, r in results.items()
-            if r.ok and r.objective is not None]
-    if not good:
-        return None, None, results
-    name = min(good)[1]
-    return name, results[name], results
-
-
-# --------------------------------------------------------------------------- infeasibility
-
-
-def _extreme_path(lib: BlockLibrary, allowed: np.ndarray, v: np.ndarray, largest: bool
-                  ) -> float | None:
-    """Least (or largest) sum of ``v`` over a path 0 -> L using allowed edges, by networkx
-    shortest paths over the replacement graph; None if no path."""
-    import networkx as nx
-
-    G = nx.DiGraph()
-    G.add_nodes_from(range(lib.num_blocks + 1))
-    w = -v if largest else v
-    for r in np.flatnonzero(allowed):
-        s, e, wr = int(lib.start[r]), int(lib.end[r]), float(w[r])
-        if not G.has_edge(s, e) or G[s][e]["w"] > wr:
-            G.add_edge(s, e, w=wr)
-    try:
-        d = nx.shortest_path_length(G, 0, lib.num_blocks, weight="w", method="bellman-ford")
-    except nx.NetworkXNoPath:
-        return None
-    return -float(d) if largest else float(d)
-
-
-def _fmt(v: float) -> str:
-    return f"{v:.6g}"
-
-
-def explain_infeasible(
-    library: BlockLibrary,
-    budgets: Sequence[Budget | str] = (),
-    *,
-    counts: Sequence[CountRule | str] = (),
-    pin: Sequence[int] = (),
-    forbid: Sequence[int] = (),
-    options: SolveOptions | None = None,
-    max_resolves: int = 64,
-) -> str:
-    """One-line explanation of why no child meets every constraint.
-
-    1. Pins/forbids that leave no replacement path ``0 -> L`` are named.
-    2. For each budget alone, the least (for ``<=``) / largest (for ``>=``) achievable
-       total is found by shortest paths over the replacement graph (constants included);
-       budgets that cannot be met even alone are named with that bound.
-    3. Otherwise, a deletion filter over budgets and count rules (a few feasibility
-       re-solves with HiGHS) finds a small set of constraints that conflict: removing any
-       one of them makes the rest feasible.
-    """
-    lib = library
-    bl = [b if isinstance(b, Budget) else Budget.parse(b) for b in budgets]
-    cl = [c if isinstance(c, CountRule) else CountRule.parse(c) for c in counts]
-    pin = [int(i) for i in pin]
-    forbid = [int(i) for i in forbid]
-    clash = sorted(set(pin) & set(forbid))
-    if clash:
-        return f"replacement {clash[0]} ({lib.labels[clash[0]]!r}) is both pinned and forbidden"
-    for a in pin:
-        for b in pin:
-            if a < b and lib.start[a] < lib.end[b] and lib.end[a] > lib.start[b]:
-                return (f"pinned replacements {a} ({lib.labels[a]!r}) and {b} "
-                        f"({lib.labels[b]!r}) overlap")
-    allowed = _allowed_mask(lib, pin, forbid)
-    if _extreme_path(lib, allowed, np.zeros(lib.num_replacements), False) is None:
-        reach = np.zeros(lib.num_blocks + 1, dtype=bool)
-        reach[0] = True
-        for r in np.argsort(lib.start, kind="stable"):
-            if allowed[r] and reach[lib.start[r]]:
-                reach[lib.end[r]] = True
-        b = int(np.flatnonzero(~reach)[0])
-        return (f"pins and forbids leave no replacement path over the parent's blocks: nothing "
-                f"allowed covers {lib.block_name(b - 1)} after the blocks before it")
-    alone: list[str] = []
-    for b in bl:
-        v, const = lib.values(b.key), lib.constant(b.key)
-        tol = 1e-9 * max(1.0, float(np.abs(v).max()) * lib.num_blocks, abs(const))
-        if b.hi is not None:
-            least = _extreme_path(lib, allowed, v, False)
-            assert least is not None
-            least += const
-            if least > b.hi + tol:
-                alone.append(f"{b.key} can go no lower than {_fmt(least)} (budget <= {_fmt(b.hi)})")
-        if b.lo is not None:
-            most = _extreme_path(lib, allowed, v, True)
-            assert most is not None
-            most += const
-            if most < b.lo - tol:
-                alone.append(f"{b.key} can go no higher than {_fmt(most)} (budget >= {_fmt(b.lo)})")
-    if alone:
-        return "infeasible: " + "; ".join(alone)
-
-    # deletion filter over the constraints (budgets and count rules)
-    items: list[Budget | CountRule] = [*bl, *cl]
-    if max_resolves <= 0:
-        return ("infeasible: each budget can be met alone, but not together "
-                f"({', '.join(str(x) for x in items)}; conflict search skipped)")
-    base = SolveOptions(time_limit=(options.time_limit if options else None) or 30.0,
-                        mip_rel_gap=1.0, seed=options.seed if options else 0,
-                        threads=options.threads if options else None)
-    solves = 0
-
-    def feasible(sub: list[Budget | CountRule]) -> bool | None:
-        nonlocal solves
-        solves += 1
-        m = MipModel(lib, Objective({lib.keys()[0]: 0.0}),
-                     [x for x in sub if isinstance(x, Budget)],
-                     counts=[x for x in sub if isinstance(x, CountRule)],
-                     pin=pin, forbid=forbid, options=base)
-        r = m.solve(explain=False)
-        if r.status == "infeasible":
-            return False
-        return True if r.ok else None
-
-    if feasible(items) is not False:
-        return "infeasible (HiGHS), but a re-solve found a feasible child: numerically delicate budgets"
-    core = list(items)
-    i = 0
-    while i < len(core) and solves < max_resolves:
-        trial = core[:i] + core[i + 1:]
-        if feasible(trial) is False:
-            core = trial
-        else:
-            i += 1
-    names = ", ".join(str(x) for x in core)
-    if len(core) == 1:
-        return f"infeasible: {names} cannot be met (with the pins and forbids)"
-    return (f"infeasible: each budget can be met alone, but not together; "
-            f"these {len(core)} conflict: {names}")

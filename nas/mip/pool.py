@@ -1,0 +1,189 @@
+"""One solve, a diverse pool of solves, a sweep of a budget, and the Pareto front."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from hwprofiles.errors import InputError
+from nas.library import BlockLibrary
+from nas.mip.constraints import Budget, CountRule, Objective
+from nas.mip.explain import explain_infeasible
+from nas.mip.model import MipModel, Result, SolveOptions
+
+
+def explained(m: MipModel, res: Result, max_resolves: int = 64) -> Result:
+    """``res`` with the explanation of an infeasible model in ``message`` (shortest paths,
+    then up to ``max_resolves`` feasibility re-solves; see :func:`explain_infeasible`)."""
+    if res.status == "infeasible":
+        res.message = explain_infeasible(m.lib, m.budgets, counts=m.counts, pin=m.pin,
+                                         forbid=m.forbid, options=m.opts,
+                                         max_resolves=max_resolves)
+    return res
+
+
+def solve(
+    library: BlockLibrary,
+    objective: str | Objective,
+    budgets: Sequence[Budget | str] = (),
+    *,
+    counts: Sequence[CountRule | str] = (),
+    pin: Sequence[int] = (),
+    forbid: Sequence[int] = (),
+    options: SolveOptions | None = None,
+    warm_start: Sequence[int] | None = None,
+) -> Result:
+    """Best child of ``library`` under every budget; see the module doc for the model.
+
+    Returns a verified :class:`Result`; an infeasible model gives ``status="infeasible"``
+    with the explanation in ``message`` (call ``.raise_if_infeasible()`` to raise).
+    """
+    m = MipModel(library, objective, budgets, counts=counts, pin=pin, forbid=forbid,
+                 options=options)
+    if warm_start is not None:
+        m.warm_start(np.asarray(warm_start))
+    return explained(m, m.solve())
+
+
+def diverse_pool(
+    library: BlockLibrary,
+    objective: str | Objective,
+    budgets: Sequence[Budget | str] = (),
+    *,
+    n: int,
+    min_distance: int,
+    counts: Sequence[CountRule | str] = (),
+    pin: Sequence[int] = (),
+    forbid: Sequence[int] = (),
+    options: SolveOptions | None = None,
+) -> list[Result]:
+    """Up to ``n`` solutions, each the best child that differs from every earlier one in at
+    least ``min_distance`` parent blocks (a block differs when the replacement covering it
+    differs). Stops early when no further child exists; raises :class:`InfeasibleError`
+    when not even the first one does."""
+    if n < 1:
+        raise InputError(f"pool size must be >= 1, got {n}")
+    if not 1 <= min_distance <= library.num_blocks:
+        raise InputError(f"min_distance must be in [1, {library.num_blocks}], got {min_distance}")
+    m = MipModel(library, objective, budgets, counts=counts, pin=pin, forbid=forbid,
+                 options=options)
+    out: list[Result] = []
+    for i in range(n):
+        res = m.solve()
+        if i == 0:
+            res = explained(m, res)
+        if res.status == "infeasible" and i == 0:
+            res.raise_if_infeasible()
+        if not res.ok:
+            break
+        out.append(res)
+        m.add_diversity(res.chosen, min_distance)
+    return out
+
+
+@dataclass
+class Sweep:
+    """Results of a budget sweep: ``values[i]`` gave ``results[i]``; ``frontier`` lists the
+    indices of the Pareto-optimal points (objective vs the swept key's total), by total."""
+
+    key: str
+    values: list[float]
+    results: list[Result]
+    frontier: list[int]
+
+    def to_dict(self, library: BlockLibrary | None = None) -> dict[str, Any]:
+        """JSON-able dict."""
+        return {"key": self.key, "values": self.values, "frontier": self.frontier,
+                "results": [r.to_dict(library) for r in self.results]}
+
+
+def pareto_front(points: Sequence[tuple[float, float]], sense: Literal["min", "max"] = "min"
+                 ) -> list[int]:
+    """Indices of the non-dominated ``(cost, objective)`` points (lower cost is better;
+    objective lower is better for ``min``), sorted by cost."""
+    sgn = 1.0 if sense == "min" else -1.0
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], sgn * points[i][1]))
+    out: list[int] = []
+    best = math.inf
+    for i in order:
+        v = sgn * points[i][1]
+        if not out or v < best - 1e-12 * max(1.0, abs(best)):
+            out.append(i)
+            best = v
+    return out
+
+
+def sweep(
+    library: BlockLibrary,
+    objective: str | Objective,
+    budgets: Sequence[Budget | str] = (),
+    *,
+    key: str,
+    values: Sequence[float],
+    counts: Sequence[CountRule | str] = (),
+    pin: Sequence[int] = (),
+    forbid: Sequence[int] = (),
+    options: SolveOptions | None = None,
+) -> Sweep:
+    """Re-solve with ``total(key) <= v`` for each ``v`` in ``values`` (replacing any upper
+    bound on ``key`` in ``budgets``). Points are solved from the tightest value to the
+    loosest on one HiGHS model (only the row bound changes); with
+    ``SolveOptions.warm_start`` each starts from the previous child (which stays feasible
+    as the bound loosens). Results come back in the order of ``values``. Infeasible points carry their
+    explanation in ``message``."""
+    bl = [b if isinstance(b, Budget) else Budget.parse(b) for b in budgets]
+    library.kind(key)
+    vals = [float(v) for v in values]
+    if not vals:
+        raise InputError("sweep needs at least one value")
+    idx = next((i for i, b in enumerate(bl) if b.key == key and b.hi is not None), None)
+    if idx is None:
+        bl.append(Budget(key, None, max(vals)))
+        idx = len(bl) - 1
+    lo = bl[idx].lo
+    m = MipModel(library, objective, bl, counts=counts, pin=pin, forbid=forbid, options=options)
+    results: list[Result | None] = [None] * len(vals)
+    prev: np.ndarray | None = None
+    for i in sorted(range(len(vals)), key=lambda j: vals[j]):
+        v = vals[i]
+        if lo is not None and v < lo:
+            raise InputError(f"sweep value {v:g} is below the lower bound {lo:g} on {key!r}")
+        m.set_budget(idx, lo, v)
+        if prev is not None:
+            m.warm_start(prev)
+        res = explained(m, m.solve(incumbent=prev), max_resolves=0)  # shortest paths only
+        results[i] = res
+        if res.ok:
+            prev = res.chosen
+    done = [r for r in results if r is not None]
+    pts = [(r.totals[key], r.objective) for r in done if r.ok and r.objective is not None]
+    ok_idx = [i for i, r in enumerate(done) if r.ok and r.objective is not None]
+    front = [ok_idx[j] for j in pareto_front(pts, m.objective.sense)]  # type: ignore[arg-type]
+    return Sweep(key, vals, done, front)
+
+
+def best_of(
+    candidates: Mapping[str, tuple[BlockLibrary, Sequence[Budget | str]]],
+    objective: str | Objective,
+    *,
+    counts: Sequence[CountRule | str] = (),
+    options: SolveOptions | None = None,
+) -> tuple[str | None, Result | None, dict[str, Result]]:
+    """Solve each ``name -> (library, budgets)`` (e.g. one per batch size, as the Puzzle
+    paper does for throughput targets) and keep the best objective among those with a
+    solution. Returns ``(best name, best result, all results)``; ``(None, None, ...)``
+    when none has a solution."""
+    obj = Objective.parse(objective)
+    results = {name: solve(lib, obj, b, counts=counts, options=options)
+               for name, (lib, b) in candidates.items()}
+    sgn = 1.0 if obj.sense == "min" else -1.0
+    good = [(sgn * r.objective, name) for name, r in results.items()
+            if r.ok and r.objective is not None]
+    if not good:
+        return None, None, results
+    name = min(good)[1]
+    return name, results[name], results
