@@ -48,17 +48,11 @@ def _shrink_block(b):
     return b
 
 
-def _fresh(arch: ModelArch, **update) -> ModelArch:
-    """A validated copy with ``update``. (``ModelArch.model_copy`` / ``replace_blocks`` carry
-    a stale cached ``table`` over from the original once its counts were computed.)"""
-    fields = {k: getattr(arch, k) for k in ModelArch.model_fields}
-    return ModelArch.model_validate({**fields, **update})
-
-
 def _shrink(arch: ModelArch) -> ModelArch:
-    return _fresh(arch, hidden_size=16, vocab_size=32,
-                  blocks=tuple(_shrink_block(b) for b in arch.blocks),
-                  mtp_blocks=tuple(_shrink_block(b) for b in arch.mtp_blocks))
+    return arch.model_copy(update={
+        "hidden_size": 16, "vocab_size": 32,
+        "blocks": tuple(_shrink_block(b) for b in arch.blocks),
+        "mtp_blocks": tuple(_shrink_block(b) for b in arch.mtp_blocks)})
 
 
 @pytest.mark.parametrize("path", [LLAMA, NANO, SUPER], ids=lambda p: p.stem)
@@ -103,7 +97,7 @@ def _kl(parent, child, tokens) -> float:
 def _child(i, block):
     blocks = list(PARENT.blocks)
     blocks[i] = block
-    return _fresh(PARENT, blocks=tuple(blocks))
+    return PARENT.replace_blocks(blocks)
 
 
 def test_child_equal_to_parent_is_bitwise_equal(trained):
@@ -190,7 +184,7 @@ def test_more_kv_heads_and_wider_ffn_keep_the_function(trained):
     blocks[4] = Attention(num_heads=4, num_kv_heads=4, head_dim=16)
     blocks[1] = FFN(width=300)
     blocks[3] = MoE(num_experts=8, top_k=2, expert_width=80, shared_width=70)
-    child = init_from_parent(_fresh(PARENT, blocks=tuple(blocks)), parent, calib)
+    child = init_from_parent(PARENT.replace_blocks(blocks), parent, calib)
     with torch.no_grad():
         torch.testing.assert_close(child(held), parent(held), rtol=1e-4, atol=1e-4)
 
@@ -207,7 +201,7 @@ def test_kv_mean_pooling_averages_each_group(trained):
 def test_init_from_parent_rejects_bad_inputs(trained):
     parent, calib, _ = trained
     with pytest.raises(InputError, match="blocks correspond 1:1"):
-        init_from_parent(_fresh(PARENT, blocks=PARENT.blocks[:-1]), parent, calib)
+        init_from_parent(PARENT.replace_blocks(PARENT.blocks[:-1]), parent, calib)
     with pytest.raises(InputError, match=r"\[0, 256\)"):
         init_from_parent(PARENT, parent, torch.tensor([[1, 2, 300]]))
     with pytest.raises(InputError, match="integer"):
@@ -403,7 +397,7 @@ def test_streamed_parent_gives_the_same_child_as_one_in_memory(trained, tmp_path
                  KINDS["attention-to-linear"], KINDS["latent-experts-8-to-3-top-2"],
                  KINDS["ffn-to-linear"]]:
         blocks[i] = b
-    arch = _fresh(PARENT, blocks=tuple(blocks))
+    arch = PARENT.replace_blocks(blocks)
     path = save_pretrained(parent, tmp_path / "parent", max_shard_bytes=300_000)
     assert (path / "model.safetensors.index.json").exists()
     a = init_from_parent(arch, parent, calib[:2])
@@ -509,7 +503,7 @@ def test_peak_memory_is_the_child_plus_about_one_block(tmp_path):
     big = ModelArch(hidden_size=512, vocab_size=256, model_type="llama",
                     blocks=(Attention(num_heads=8, num_kv_heads=8, head_dim=64),
                             FFN(width=4096)) * 6)
-    small = _fresh(big, blocks=(Attention(num_heads=8, num_kv_heads=2, head_dim=64),
+    small = big.replace_blocks((Attention(num_heads=8, num_kv_heads=2, head_dim=64),
                                 FFN(width=2048)) * 6)
     parent = tmp_path / "parent"
     save_pretrained(build_model(big, seed=0), parent)

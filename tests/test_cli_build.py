@@ -33,9 +33,7 @@ def _child() -> ModelArch:
     b = list(PARENT.blocks)
     b[1] = b[1].model_copy(update={"num_experts": 4, "top_k": 1})
     b[3] = FFN(width=16, gated=False, activation="relu2")
-    # a validated copy: replace_blocks() would carry PARENT's cached counts over
-    return ModelArch.model_validate({**{k: getattr(PARENT, k) for k in ModelArch.model_fields},
-                                   "blocks": tuple(b)})
+    return PARENT.replace_blocks(b)
 
 
 @pytest.fixture
