@@ -45,6 +45,7 @@ import torch
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch
 from nas.hf import NEMOTRON_H, ExportError, load_config, to_hf
+from nas.io import check_output_dir, swap_in_dir
 from nas.modules.model import CausalLM
 
 WEIGHTS = "model.safetensors"
@@ -154,6 +155,19 @@ def _shard_plan(model: CausalLM, model_type: str, max_shard_bytes: int
     return shards
 
 
+CHECKPOINT_FILES = (CONFIG, WEIGHTS, INDEX, "model-*-of-*.safetensors")
+"""What :func:`save_pretrained` writes; an existing output folder may hold only these (the
+save replaces the folder whole)."""
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """``name`` is a file :func:`save_pretrained` writes (or a killed save's temp entry)."""
+    import fnmatch
+
+    return name.startswith(".") and name.endswith((".tmp", ".old")) or any(
+        fnmatch.fnmatchcase(name, p) for p in CHECKPOINT_FILES)
+
+
 def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = None,
                     max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write ``config.json`` and the weights into folder ``path``: ``model.safetensors``, or
@@ -163,17 +177,17 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
     The type is ``model_type`` or the one :func:`nas.hf.to_hf` picks. Tensors are written
     one shard at a time without copying the model (peak: the model plus one shard). Files
     are written in a temporary folder beside ``path`` and moved into place only when all
-    are complete, so a failed save leaves nothing behind (and an existing checkpoint
-    untouched); stale weight files of an older checkpoint in ``path`` are removed.
+    are complete, then swapped in whole (:func:`nas.io.swap_in_dir`), so a failed or
+    interrupted save leaves nothing behind and an existing checkpoint untouched, and an older
+    checkpoint's stale weight files go with it. An existing ``path`` may hold only checkpoint
+    files (:data:`CHECKPOINT_FILES`); anything else is refused before any work.
     """
     from safetensors.torch import save_file
 
     path = Path(path)
     cfg = _export_config(model, model_type)
     mt = cfg["model_type"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() and not path.is_dir():
-        raise InputError("exists and is not a folder", path=str(path))
+    check_output_dir(path, is_checkpoint_file, "output folder")
     shards = _shard_plan(model, mt, max_shard_bytes)
     names = [WEIGHTS] if len(shards) == 1 else \
         [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
@@ -205,16 +219,9 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
         for f in tmp.iterdir():  # mkdtemp made the folder private; files as open() would
             os.chmod(f, 0o666 & ~umask)
         os.chmod(tmp, 0o777 & ~umask)
-        if not path.exists():
-            os.replace(tmp, path)
-        else:
-            new = set(os.listdir(tmp))
-            for old in list(path.glob("model*.safetensors")) + [path / INDEX]:
-                if old.name not in new:
-                    old.unlink(missing_ok=True)  # a stale index or shard would win on load
-            for f in sorted(new):
-                os.replace(tmp / f, path / f)
-            tmp.rmdir()
+        # one swap: a reader sees the old checkpoint or the new one, never new weights beside
+        # an old config; an older checkpoint's stale shards and index go with the old folder
+        swap_in_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

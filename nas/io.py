@@ -50,18 +50,18 @@ def _mkdirs(folder: Path, what: str) -> None:
     except FileExistsError:
         raise InputError("exists and is not a folder", path=str(folder), field=what) from None
     except OSError as exc:
-        raise InputError(f"cannot create the folder ({_why(exc)})", path=str(folder),
+        raise InputError(f"cannot create folder {folder} ({_why(exc)})", path=str(folder),
                          field=what) from None
 
 
-def _probe_writable(folder: Path, what: str) -> None:
-    """Create and remove a temp folder in ``folder`` (the real test: permissions, read-only
-    mounts, /proc and /sys all fail here)."""
+def _probe_writable(target: Path, what: str) -> None:
+    """Create and remove a temp folder beside ``target`` (the real test: permissions,
+    read-only mounts, /proc and /sys all fail here)."""
     try:
-        probe = tempfile.mkdtemp(prefix=".puzzle-nas-write-test.", dir=folder)
+        probe = tempfile.mkdtemp(prefix=".puzzle-nas-write-test.", dir=target.parent)
         os.rmdir(probe)
     except OSError as exc:
-        raise InputError(f"cannot write there ({_why(exc)})", path=str(folder),
+        raise InputError(f"cannot write in {target.parent} ({_why(exc)})", path=str(target),
                          field=what) from None
 
 
@@ -72,7 +72,7 @@ def check_output_file(path: str | Path, what: str = "output") -> Path:
     if path.is_dir():
         raise InputError("is a folder, expected a file path", path=str(path), field=what)
     _mkdirs(path.parent, what)
-    _probe_writable(path.parent, what)
+    _probe_writable(path, what)
     return path
 
 
@@ -98,7 +98,7 @@ def check_output_dir(path: str | Path, ours: Callable[[str], bool] | None = None
                              "there replaces the whole folder, so choose a new or empty "
                              "folder", path=str(path), field=what)
     _mkdirs(path.parent, what)
-    _probe_writable(path.parent, what)
+    _probe_writable(path, what)
     return path
 
 

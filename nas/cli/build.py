@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from hwprofiles.errors import InputError, read_json
 
 DTYPES = ("float32", "bfloat16", "float16")
+# what a checkpoint folder holds (nas.build_checkpoint.CHECKPOINT_FILES, repeated here
+# because that module imports torch)
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json",
+                    "model-*-of-*.safetensors")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -127,8 +132,45 @@ def read_calibration(path: str | Path, length: int = 256) -> Any:
     return torch.tensor(_rows(list(raw), length))
 
 
+def _same_place(a: str | Path, b: str | Path) -> bool:
+    a, b = Path(a), Path(b)
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def check_output(args: argparse.Namespace) -> None:
+    """The output folder, checked before any work: not the parent (nor the --blocks folder),
+    creatable and writable, and holding nothing but an earlier checkpoint's files."""
+    from nas.io import check_output_dir
+
+    for flag, src in (("--parent", args.parent), ("--blocks", args.blocks)):
+        if src and _same_place(args.output, src):
+            raise InputError(f"is the {flag} folder; building into it would overwrite the "
+                             "checkpoint it reads: choose another output folder",
+                             path=str(args.output), field="-o")
+    if args.parent and Path(args.output).resolve() in Path(args.parent).resolve().parents:
+        raise InputError(f"is a folder above --parent {args.parent}; building there would "
+                         "delete the parent: choose another output folder",
+                         path=str(args.output), field="-o")
+    check_output_dir(args.output, _is_checkpoint_file, "-o")
+
+
+def _is_checkpoint_file(name: str) -> bool:
+    from fnmatch import fnmatchcase
+
+    return name.startswith(".") and name.endswith((".tmp", ".old")) or any(
+        fnmatchcase(name, p) for p in CHECKPOINT_FILES)
+
+
 def run(args: argparse.Namespace) -> int:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise InputError("building needs torch: pip install 'puzzle-nas[torch]'") from None
 
     from nas.build import (
         build_model,
@@ -142,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg, source = read_child_config(args.config)
     arch = from_hf(cfg, source=source)
+    check_output(args)
     if args.blocks and (not args.parent or args.calib):
         raise InputError("--blocks takes --parent (the blocks the child keeps) and no --calib")
     if not args.blocks and bool(args.parent) != bool(args.calib):

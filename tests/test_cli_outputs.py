@@ -1,0 +1,239 @@
+"""Outputs are whole or absent; bad output locations and interrupts are one line.
+
+``build`` never writes over its own ``--parent``, replaces an existing checkpoint whole (never
+new weights beside an old config), refuses a folder holding foreign files, and leaves the old
+checkpoint intact when interrupted at the swap; ``search`` checks its folder before any work
+and replaces an earlier run's set whole (stale files gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nas.cli import main
+from nas.io import check_output_dir, staged_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _one_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------
+# nas.io
+# ---------------------------------------------------------------------------------------
+def test_staged_dir_swaps_whole_and_drops_stale_files(tmp_path):
+    out = tmp_path / "run"
+    with staged_dir(out) as t:
+        (t / "a.json").write_text("old")
+        (t / "stale.json").write_text("old")
+    with staged_dir(out) as t:
+        (t / "a.json").write_text("new")
+    assert sorted(os.listdir(out)) == ["a.json"] and (out / "a.json").read_text() == "new"
+    assert sorted(os.listdir(tmp_path)) == ["run"]  # no temp folder left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(out).st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_staged_dir_error_leaves_the_old_set(tmp_path):
+    out = tmp_path / "run"
+    with staged_dir(out) as t:
+        (t / "a.json").write_text("old")
+    for exc in (RuntimeError, KeyboardInterrupt):
+        with pytest.raises(exc), staged_dir(out) as t:
+            (t / "a.json").write_text("new")
+            raise exc()
+    assert (out / "a.json").read_text() == "old" and sorted(os.listdir(tmp_path)) == ["run"]
+
+
+@pytest.mark.parametrize("where,needle", [
+    ("/proc/puzzle-nas-test", "cannot write in"),
+    ("/sys/puzzle-nas-test", "cannot write in"),
+    ("FILE", "exists and is not a folder"),
+    ("FOREIGN", "holds files this command does not write (notes.txt)"),
+])
+def test_check_output_dir_refuses(tmp_path, where, needle):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    path = {"FILE": tmp_path / "file", "FOREIGN": tmp_path / "foreign"}.get(where, where)
+    with pytest.raises(Exception) as ei:
+        check_output_dir(path, lambda n: n.endswith(".json"))
+    assert needle in str(ei.value) and type(ei.value).__name__ == "InputError"
+
+
+# ---------------------------------------------------------------------------------------
+# search
+# ---------------------------------------------------------------------------------------
+SPEC = REPO / "nas" / "examples" / "llama3.1-8b-h100.json"
+if not SPEC.exists():
+    SPEC = REPO / "examples" / "llama3.1-8b-h100.json"
+
+
+@pytest.mark.parametrize("where", ["/proc/puzzle-nas-test", "/sys/puzzle-nas-test", "FILE",
+                                   "FOREIGN"])
+def test_search_checks_output_before_work(tmp_path, capsys, monkeypatch, where):
+    import nas.search
+
+    def no_work(*a, **k):
+        raise AssertionError("the search ran before the output folder was checked")
+
+    monkeypatch.setattr(nas.search, "resolve", no_work)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "thesis.tex").write_text("mine")
+    out = {"FILE": tmp_path / "file", "FOREIGN": tmp_path / "foreign"}.get(where, where)
+    assert main(["search", str(SPEC), "-o", str(out), "--quiet"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert str(out) in line
+    assert (tmp_path / "foreign" / "thesis.tex").read_text() == "mine"
+
+
+def test_search_save_replaces_an_earlier_run_whole(tmp_path):
+    from nas.blueprint import Blueprint, save_outputs
+
+    out = tmp_path / "run"
+    bp = Blueprint(name="x", child={}, choices=[], predicted={}, params={}, quality={},
+                   budgets=[], solver={}, provenance={})
+    save_outputs(out, [bp, bp, bp], "old report", {"sweep.json": {}},
+                 [lambda f: (f / "pareto.png").write_bytes(b"png") and f / "pareto.png"])
+    assert len(os.listdir(out)) == 6
+    files = save_outputs(out, [bp], "new report", {"library.json": {}})
+    assert sorted(os.listdir(out)) == ["blueprint.json", "library.json", "report.md"]
+    assert (out / "report.md").read_text() == "new report"
+    assert [p.parent for p in files] == [out] * 3
+
+
+# ---------------------------------------------------------------------------------------
+# build
+# ---------------------------------------------------------------------------------------
+torch_missing = pytest.mark.skipif(
+    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
+    reason="needs torch")
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    pytest.importorskip("torch")
+    from nas.arch import FFN, Attention, ModelArch
+    from nas.build import build_model, save_pretrained
+    from nas.hf import to_hf
+
+    att = Attention(num_heads=4, num_kv_heads=2, head_dim=8)
+    parent = ModelArch(hidden_size=32, vocab_size=64, model_type="llama",
+                       blocks=(att, FFN(width=64)) * 2)
+    child = parent.replace_blocks([att, FFN(width=32)] * 2)
+    pdir = save_pretrained(build_model(parent, seed=0), tmp_path / "parent", max_shard_bytes=8000)
+    cfg = tmp_path / "child.json"
+    cfg.write_text(json.dumps(to_hf(child)))
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps(list(range(64)) * 2))
+    return pdir, cfg, calib
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_build_refuses_its_own_parent(tmp_path, tiny, capsys):
+    pdir, cfg, calib = tiny
+    before = _snapshot(pdir)
+    assert "model.safetensors.index.json" in before
+    for out in (pdir, tmp_path / "parent" / ".." / "parent", tmp_path):
+        rc = main(["build", str(cfg), "--parent", str(pdir), "--calib", str(calib),
+                   "-o", str(out)])
+        assert rc == 2
+        line = _one_line(capsys.readouterr().err)
+        assert "--parent" in line or "holds files" in line, line
+    assert _snapshot(pdir) == before
+
+
+def test_build_replaces_an_existing_checkpoint_whole(tmp_path, tiny, capsys):
+    from nas.build import load_pretrained
+
+    pdir, cfg, calib = tiny
+    out = tmp_path / "out"
+    assert main(["build", str(pdir / "config.json"), "-o", str(out)]) == 0
+    (out / "model-00009-of-00009.safetensors").write_bytes(b"stale shard")
+    assert main(["build", str(cfg), "--parent", str(pdir), "--calib", str(calib),
+                 "-o", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["intermediate_size"] == 32
+    assert load_pretrained(out).num_stored() > 0
+    (out / "tokenizer.json").write_text("{}")
+    assert main(["build", str(cfg), "-o", str(out)]) == 2
+    assert "tokenizer.json" in _one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_build_interrupted_at_the_swap_keeps_the_old_checkpoint(tmp_path, tiny, capsys,
+                                                                monkeypatch, sig, code):
+    import nas.build_checkpoint as bc
+
+    pdir, cfg, calib = tiny
+    out = tmp_path / "out"
+    assert main(["build", str(pdir / "config.json"), "-o", str(out)]) == 0
+    before = _snapshot(out)
+    real = bc.swap_in_dir
+
+    def signalled(staged, path):  # the signal lands just as the new set is complete
+        os.kill(os.getpid(), sig)
+        time.sleep(0.5)  # delivered here, before the swap starts
+        real(staged, path)
+
+    monkeypatch.setattr(bc, "swap_in_dir", signalled)
+    capsys.readouterr()
+    assert main(["build", str(cfg), "--parent", str(pdir), "--calib", str(calib),
+                 "-o", str(out)]) == code
+    assert "interrupted" in _one_line(capsys.readouterr().err) or code == 143
+    assert _snapshot(out) == before
+    assert sorted(os.listdir(tmp_path)) == sorted(["out", "parent", "child.json",
+                                                   "calib.json"])
+
+
+@torch_missing
+def test_build_without_torch_is_one_line(tmp_path):
+    code = ("import sys; sys.modules['torch'] = None; from nas.cli import main; "
+            f"sys.exit(main(['build', {str(REPO / 'examples/configs/llama-3.1-8b.json')!r}, "
+            f"'-o', {str(tmp_path / 'o')!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 2, p.stderr
+    assert "needs torch" in _one_line(p.stderr) and not (tmp_path / "o").exists()
+
+
+def test_build_interrupted_during_the_swap_leaves_one_whole_checkpoint(tmp_path, tiny,
+                                                                       capsys, monkeypatch):
+    import nas.io
+    from nas.build import load_pretrained
+
+    pdir, cfg, calib = tiny
+    out = tmp_path / "out"
+    assert main(["build", str(pdir / "config.json"), "-o", str(out)]) == 0
+    real = nas.io._exchange
+
+    def signalled(a, b):  # Ctrl-C in the middle of the swap: held back until it is done
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.3)
+        return real(a, b)
+
+    monkeypatch.setattr(nas.io, "_exchange", signalled)
+    assert main(["build", str(cfg), "--parent", str(pdir), "--calib", str(calib),
+                 "-o", str(out)]) == 130
+    assert "interrupted" in _one_line(capsys.readouterr().err)
+    assert json.loads((out / "config.json").read_text())["intermediate_size"] == 32
+    assert load_pretrained(out).num_stored() > 0  # the new set, whole and loadable
+    assert sorted(os.listdir(tmp_path)) == sorted(["out", "parent", "child.json",
+                                                   "calib.json"])
