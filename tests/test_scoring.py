@@ -355,6 +355,12 @@ def test_bad_input_is_one_line_and_exit_2(work, tmp_path, capsys):
     assert "config.json: does not match the spec's parent: block 6 is ffn 256" in err
     err = _bad(work, tmp_path, capsys, "--data", str(work / "tokens.npy"), "--seq-len", "1")
     assert "--seq-len" in err
+    (tmp_path / "o").write_text("a file")
+    capsys.readouterr()
+    assert cli(["score", str(work / "spec.json"), "--parent", str(work / "parent"), "--data",
+                str(work / "tokens.npy"), "-o", str(tmp_path / "o")]) == 2
+    assert "o: exists and is not a folder" in capsys.readouterr().err
+    (tmp_path / "o").unlink()
     # --nproc N checks the input before launching any rank, and without importing torch
     err = _bad(work, tmp_path, capsys, "--data", str(tmp_path / "short.npy"), "--nproc", "2")
     assert "shorter than one sequence" in err

@@ -84,6 +84,8 @@ def _job(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     if args.cache_gib < 0:
         raise InputError("--cache-gib must be >= 0")
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise InputError("exists and is not a folder", path=args.output)
     return prepare(args.spec, args.parent, args.data, _settings(args), args.tokenizer,
                    args.bin_dtype)
 
