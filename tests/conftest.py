@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,25 @@ if not CONFIGS.exists():  # CI clones with shared/ beside the repo; examples shi
 LLAMA = CONFIGS / "llama-3.1-8b.json"
 SUPER = CONFIGS / "nemotron-3-super-120b-a12b.json"
 NANO = CONFIGS / "nemotron-3-nano-30b-a3b.json"
+
+
+_SCRATCH: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the suite from writing into the checkout: hypothesis' example database and
+    pytest-benchmark's storage go to a scratch folder removed at the end (the user's own
+    ``HYPOTHESIS_STORAGE_DIRECTORY`` or ``--benchmark-storage`` win)."""
+    scratch = tempfile.mkdtemp(prefix="puzzle-nas-tests-")
+    _SCRATCH.append(scratch)
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(scratch, "hypothesis"))
+    if getattr(config.option, "benchmark_storage", None) == "file://./.benchmarks":
+        config.option.benchmark_storage = "file://" + os.path.join(scratch, "benchmarks")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _SCRATCH:
+        shutil.rmtree(_SCRATCH.pop(), ignore_errors=True)
 
 
 @pytest.fixture
