@@ -10,6 +10,7 @@ architecture can never disagree.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from functools import cached_property
 from typing import Annotated, Any, Literal
@@ -21,9 +22,68 @@ from costmodels import shapes
 from costmodels.dtypes import PrecisionRecipe, TensorRole, get_recipe
 from costmodels.shapes import BlockTable, Kind
 
+# ---- caps on sizes -----------------------------------------------------------------------
+# No cap is a model limit of Puzzle; each keeps every parameter and byte count exact in the
+# int64 arithmetic of costmodels (the worst block under these caps, a 4,096-expert MoE of
+# 262,144-wide experts on a 262,144-wide stream, has 3 * 2**48 parameters; 4,096 of them stay
+# below 2**63) and bounds the work one config can ask for.
+MAX_DIM = 2**18
+"""Hidden size, head size, FFN / expert / shared / latent widths, SSM state and conv sizes:
+262,144 is 10x the widest published LLM (hidden 25,600; expert widths up to ~29,000)."""
+MAX_HEADS = 2**14
+"""Attention and Mamba heads: 16,384 is 64x the most published (256 Mamba heads)."""
+MAX_EXPERTS = 2**12
+"""Routed experts: 4,096 is 8x the most published (512, Qwen3-Next)."""
+MAX_VOCAB = 2**24
+"""Vocabulary: 16,777,216 is 64x the largest published (262,144, Gemma 3) and the largest
+token id a float32 tensor holds exactly."""
+MAX_BLOCKS = 4096
+"""Residual blocks (a Llama layer is two): 16x the deepest published LLM (Llama-3.1-405B,
+126 layers = 252 blocks). Pricing, the search space and the MIP grow linearly with it and
+every tool builds one object per block, so a typo like 100,000,000 layers stops here."""
+MAX_CONTEXT = 2**31
+"""Sliding windows and context lengths: the largest position an int32 index holds."""
+
+_CAPS: dict[str, tuple[int, str]] = {
+    "hidden_size": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "width": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "expert_width": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "shared_width": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "latent_size": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "state_size": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "conv_kernel": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "num_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
+    "num_kv_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
+    "n_groups": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
+    "num_experts": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
+    "top_k": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
+    "vocab_size": (MAX_VOCAB, "MAX_VOCAB: 64x the largest published vocabulary"),
+    "sliding_window": (MAX_CONTEXT, "MAX_CONTEXT: the largest int32 position"),
+}
+
+
+def check_caps(obj: BaseModel) -> None:
+    """Raise ``ValueError`` naming the first field of ``obj`` above its cap (see ``_CAPS``)."""
+    for name, (cap, why) in _CAPS.items():
+        v = getattr(obj, name, None)
+        if isinstance(v, int) and v > cap:
+            raise ValueError(f"{name} = {v:,} exceeds the cap {cap:,} ({why}; "
+                             "nas.arch explains each cap)")
+
+
+def cap_of(field: str) -> tuple[int, str] | None:
+    """The cap and its reason for a block or model field, if it has one."""
+    return _CAPS.get(field)
+
 
 class _Block(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="after")
+    def _caps(self) -> _Block:
+        check_caps(self)
+        return self
 
     def describe(self) -> str:
         """A short human-readable label, e.g. ``attention q32/kv8 d128``."""
@@ -220,6 +280,41 @@ class ModelArch(BaseModel):
     rope_theta: float = 10000.0
     model_type: str = ""
     hf_extra_json: str = "{}"
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelArch:
+        check_caps(self)
+        n = len(self.blocks) + len(self.mtp_blocks)
+        if n > MAX_BLOCKS:
+            raise ValueError(f"{n:,} blocks exceed the cap {MAX_BLOCKS:,} (MAX_BLOCKS: 16x the "
+                             "deepest published LLM; nas.arch explains each cap)")
+        for name in ("norm_eps", "rope_theta"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        return self
+
+    def check_tp(self, tp: int, field: str = "tp", attention: bool = True) -> None:
+        """Tensor parallelism over ``tp`` GPUs must split every head evenly: attention query
+        heads and Mamba heads divide by ``tp``, and KV heads are either split (``tp`` divides
+        them) or replicated (they divide ``tp``), as vLLM and TensorRT-LLM require. With
+        ``attention=False`` (attention data parallelism) attention is not split."""
+        from hwprofiles.errors import InputError
+
+        if tp <= 1:
+            return
+        for i, b in enumerate(self.blocks):
+            if isinstance(b, Attention) and attention:
+                if b.num_heads % tp:
+                    raise InputError(f"{tp} does not divide block {i}'s {b.num_heads} query "
+                                     "heads", field=field)
+                if b.num_kv_heads % tp and tp % b.num_kv_heads:
+                    raise InputError(f"{tp} GPUs cannot split or replicate block {i}'s "
+                                     f"{b.num_kv_heads} KV heads (expected tp to divide them "
+                                     "or be a multiple of them)", field=field)
+            elif isinstance(b, Mamba) and b.num_heads % tp:
+                raise InputError(f"{tp} does not divide block {i}'s {b.num_heads} Mamba heads",
+                                 field=field)
 
     @property
     def hf_extra(self) -> dict[str, Any]:

@@ -39,7 +39,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from hwprofiles.errors import InputError, read_json
-from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.arch import (
+    FFN,
+    MAX_BLOCKS,
+    MAX_CONTEXT,
+    Attention,
+    Linear,
+    Mamba,
+    ModelArch,
+    MoE,
+    NoOp,
+    _Block,
+    cap_of,
+)
 from nas.io import atomic_write_json
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
@@ -56,6 +68,29 @@ _ARCHITECTURES = {
 }
 _PATTERN = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
 _PATTERN_INV = {v: k for k, v in _PATTERN.items()}
+
+
+MAX_CONFIG_INT = 2**53
+"""Any integer field: the largest every JSON reader and float64 hold exactly."""
+_INT_CAPS: dict[str, tuple[int, str]] = {
+    "num_hidden_layers": (MAX_BLOCKS, "MAX_BLOCKS: 16x the deepest published LLM"),
+    "num_nextn_predict_layers": (MAX_BLOCKS, "MAX_BLOCKS: 16x the deepest published LLM"),
+    "max_position_embeddings": (MAX_CONTEXT, "MAX_CONTEXT: the largest int32 position"),
+    "num_attention_heads": cap_of("num_heads"),  # type: ignore[dict-item]
+    "hidden_size": cap_of("hidden_size"),  # type: ignore[dict-item]
+    "vocab_size": cap_of("vocab_size"),  # type: ignore[dict-item]
+}
+
+
+def _head_dim(r: _Reader, hidden: int, heads: int) -> int:
+    """``head_dim``, or hidden / heads when the config leaves it out (then it must divide)."""
+    d = r.int("head_dim", None)
+    if d:
+        return int(d)
+    if hidden % heads:
+        raise r.err("num_attention_heads", f"{heads} does not divide hidden_size {hidden} "
+                    "and no head_dim is given (expected hidden_size = heads x head size)")
+    return hidden // heads
 
 
 class _Reader:
@@ -80,10 +115,15 @@ class _Reader:
         v = self.raw(key, default)
         if v is None or (v is default and default is not _MISSING):
             return v
-        if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v):
+        if isinstance(v, bool) or not isinstance(v, int | float) or \
+                (isinstance(v, float) and not math.isfinite(v)) or v != int(v):
             raise self.err(key, f"expected an integer, got {v!r}")
         if v < minimum:
             raise self.err(key, f"expected an integer >= {minimum}, got {v!r}")
+        cap = _INT_CAPS.get(key, (MAX_CONFIG_INT, "exact in float64 and in JSON readers"))
+        if v > cap[0]:
+            got = f"{v:,}" if isinstance(v, int) else f"{v:.6g}"
+            raise self.err(key, f"expected at most {cap[0]:,} ({cap[1]}), got {got}")
         return int(v)
 
     def float(self, key: str, default: Any = _MISSING) -> Any:
@@ -341,7 +381,7 @@ def _import_llama_like(r: _Reader, mt: str) -> tuple[list[_Block], dict[str, Any
     n = r.int("num_hidden_layers")
     heads = r.int("num_attention_heads")
     kv = r.int("num_key_value_heads", heads)
-    head_dim = r.int("head_dim", None) or h // heads
+    head_dim = _head_dim(r, h, heads)
     act = r.str("hidden_act", "silu")
     if mt == "qwen2":
         qkv_bias, o_bias = True, False
@@ -399,7 +439,7 @@ def _import_decilm(r: _Reader) -> tuple[list[_Block], dict[str, Any]]:
     kw = _common(r, "rms_norm_eps", 1e-5, "nemotron-nas")
     h = kw["hidden_size"]
     heads = r.int("num_attention_heads")
-    head_dim = r.int("head_dim", None) or h // heads
+    head_dim = _head_dim(r, h, heads)
     act = r.str("hidden_act", "silu")
     confs = r.raw("block_configs")
     if not isinstance(confs, list) or not confs:
@@ -462,7 +502,7 @@ def _nemotron_block(btype: str, r: _Reader, h: int) -> _Block:
         heads = r.int("num_attention_heads")
         qkv_bias = r.bool("attention_bias", False)
         return _block(Attention, r, num_heads=heads, num_kv_heads=r.int("num_key_value_heads"),
-                      head_dim=r.int("head_dim", None) or h // heads,
+                      head_dim=_head_dim(r, h, heads),
                       sliding_window=r.int("sliding_window", None),
                       rope=r.bool("use_rope", False), qk_norm=r.bool("qk_norm", False),
                       qkv_bias=qkv_bias, o_bias=r.bool("attention_o_bias", qkv_bias))

@@ -111,8 +111,11 @@ def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -
 
 
 def alternatives(problem: Problem) -> list[list[space.Alternative]]:
-    """Per parent block, its alternatives (parent block first)."""
-    return space.alternatives(problem.parent, problem.spec.search_space)
+    """Per parent block, its alternatives (parent block first); a spec value no block can
+    take is an InputError saying why (:func:`nas.space.check_all_used`)."""
+    alts = space.alternatives(problem.parent, problem.spec.search_space)
+    space.check_all_used(problem.parent, problem.spec.search_space, alts)
+    return alts
 
 
 @dataclass

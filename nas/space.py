@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
+from hwprofiles.errors import InputError
 from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
 from nas.spec import SearchSpace, _Axis
 
@@ -124,6 +125,59 @@ def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative
             alts.append(Alternative(block=i, child=c, label=_label(b, c), is_parent=c == b))
         out.append(alts)
     return out
+
+
+# (axis, spec field, block kind, block field, why a value can be unusable)
+_VALUE_AXES = (
+    ("attention", "kv_heads", Attention, "num_kv_heads",
+     "must divide an attention block's num_heads ({})"),
+    ("ffn", "widths", FFN, "width", "must be <= an FFN block's width ({})"),
+    ("moe", "experts", MoE, "num_experts", "must be <= a MoE block's num_experts ({}) and >= "
+     "a top_k tried"),
+    ("moe", "expert_widths", MoE, "expert_width", "must be <= a MoE block's expert_width ({})"),
+    ("moe", "top_k", MoE, "top_k", "must be <= a MoE block's top_k ({})"),
+    ("moe", "shared_widths", MoE, "shared_width",
+     "must be <= a MoE block's shared_width ({})"),
+    ("mamba", "heads", Mamba, "num_heads",
+     "must be <= a Mamba block's num_heads and a multiple of its n_groups ({})"),
+    ("mamba", "state_sizes", Mamba, "state_size", "must be <= a Mamba block's state_size ({})"),
+)
+
+
+def check_all_used(parent: ModelArch, space: SearchSpace,
+                   alts: list[list[Alternative]]) -> None:
+    """Every value a spec lists must give at least one alternative: a value no block in the
+    axis' range can take is an :class:`InputError` saying why, never silently dropped (the
+    search calls this; :func:`alternatives` itself skips a value where it does not apply,
+    as one value may fit some blocks of a heterogeneous parent and not others)."""
+    problems = []
+    for axis_name, fname, cls, attr, why in _VALUE_AXES:
+        axis = getattr(space, axis_name)
+        values = getattr(axis, fname)
+        if not values:
+            continue
+        used = {getattr(a.child, attr) for row in alts for a in row if isinstance(a.child, cls)}
+        in_range = [b for i, b in enumerate(parent.blocks)
+                    if isinstance(b, cls) and _in_ranges(axis, i)]
+        for v in values:
+            if v in used:
+                continue
+            if not in_range:
+                problems.append(f"search_space.{axis_name}.{fname}: {v} has no "
+                                f"{cls.__name__.lower()} block to apply to"
+                                + (" in its blocks ranges" if axis.blocks else ""))
+                continue
+            if cls is Mamba and attr == "num_heads":
+                shown = ", ".join(sorted({f"{b.num_heads} heads in {b.n_groups} groups"
+                                          for b in in_range}))  # type: ignore[attr-defined]
+            else:
+                ref = "num_heads" if cls is Attention else attr
+                shown = ", ".join(str(x) for x in sorted({getattr(b, ref) for b in in_range}))
+            problems.append(f"search_space.{axis_name}.{fname}: {v} is not usable ("
+                            + why.format(shown) + ")")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InputError(problems[0] + more)
 
 
 def count(alts: list[list[Alternative]]) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,6 +30,11 @@ from pydantic import (
 
 from costmodels.serving import parse_slo
 from hwprofiles.errors import InputError, read_json
+from nas.arch import MAX_CONTEXT, MAX_DIM, MAX_EXPERTS, MAX_HEADS
+
+MAX_SWEEP_POINTS = 200
+"""Points of a sweep (and batch sizes per point): each is a full MIP solve (0.1 s to
+``time_limit``), so 200 points is already minutes to hours; a frontier needs far fewer."""
 
 WORKLOAD_METRICS = ("memory", "ttft", "tpot", "per_user_tps", "throughput", "runtime",
                     "max_concurrency")
@@ -38,6 +44,39 @@ METRICS = WORKLOAD_METRICS + GLOBAL_METRICS
 HIGHER_IS_BETTER = ("per_user_tps", "throughput", "max_concurrency", "kept_blocks")
 
 
+MAX_SEQUENCES = 2**24
+"""Batch, concurrency and max_num_seqs: 16,777,216 requests is 8,192x the engines' default
+max_num_seqs (2,048); KV and state memory and the SLO grids grow with it."""
+
+
+def _count(n: float) -> str:
+    """A count with thousands separators, or in e-notation when it is absurdly long."""
+    return f"{n:,}" if abs(n) < 1e15 else f"{n:.4g}"
+
+
+def check_context(isl: int, osl: int, field: str | None = None) -> None:
+    """isl + osl within :data:`nas.arch.MAX_CONTEXT` (positions are int32 in every engine)."""
+    if isl + osl > MAX_CONTEXT:
+        msg = (f"isl + osl = {_count(isl + osl)} tokens exceeds the cap {MAX_CONTEXT:,} "
+               "(MAX_CONTEXT: the largest int32 position)")
+        if field is None:
+            raise ValueError(msg)
+        raise InputError(msg, field=field)
+
+
+def check_workload(w: Any, field: str = "workload") -> None:
+    """A parsed ``costmodels.workload.Workload`` within the caps a spec workload has."""
+    check_context(w.isl, w.osl, field)
+    for name, cap, why in (("batch", MAX_SEQUENCES, "MAX_SEQUENCES"),
+                           ("concurrency", MAX_SEQUENCES, "MAX_SEQUENCES"),
+                           ("max_num_seqs", MAX_SEQUENCES, "MAX_SEQUENCES"),
+                           ("max_num_batched_tokens", MAX_CONTEXT, "MAX_CONTEXT")):
+        v = getattr(w, name, None)
+        if v is not None and v > cap:
+            raise InputError(f"{name} = {_count(v)} exceeds the cap {cap:,} ({why}, see nas.spec)",
+                             field=field)
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -45,26 +84,29 @@ class _Model(BaseModel):
 class WorkloadSpec(_Model):
     """A named serving workload: tokens in, tokens out, batch or concurrency."""
 
-    isl: int = Field(ge=1, description="input (prompt) length, tokens")
-    osl: int = Field(ge=1, description="output length, tokens")
-    batch: int | None = Field(default=None, ge=1, description="static batch size")
-    concurrency: int | None = Field(default=None, ge=1,
+    isl: int = Field(ge=1, le=MAX_CONTEXT, description="input (prompt) length, tokens")
+    osl: int = Field(ge=1, le=MAX_CONTEXT, description="output length, tokens")
+    batch: int | None = Field(default=None, ge=1, le=MAX_SEQUENCES,
+                              description="static batch size")
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_SEQUENCES,
                                     description="requests in flight (continuous batching)")
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=1, description="engine token budget per step (default 8192)")
-    max_num_seqs: int | None = Field(default=None, ge=1,
+        default=None, ge=1, le=MAX_CONTEXT,
+        description="engine token budget per step (default 8192)")
+    max_num_seqs: int | None = Field(default=None, ge=1, le=MAX_SEQUENCES,
                                      description="engine cap on running requests (default 2048)")
     slo: str | None = Field(default=None, description="'per_user_tps>=U' and/or 'ttft<=T': the "
                             "concurrency becomes a sweep, each point solved with the SLO as "
                             "budgets (and memory <= device), the best child kept; relative "
                             "throughput bounds on this workload resolve against the parent's "
                             "own SLO throughput")
-    concurrency_sweep: list[Annotated[int, Field(ge=1)]] | None = Field(
-        default=None, description="concurrencies tried for an SLO workload (default: a grid up "
+    concurrency_sweep: list[Annotated[int, Field(ge=1, le=MAX_SEQUENCES)]] | None = Field(
+        default=None, max_length=MAX_SWEEP_POINTS, description="concurrencies tried for an SLO workload (default: a grid up "
         "to max_num_seqs)")
 
     @model_validator(mode="after")
     def _one(self) -> WorkloadSpec:
+        check_context(self.isl, self.osl)
         if (self.batch is None) == (self.concurrency is None):
             raise ValueError("give exactly one of batch or concurrency")
         if self.slo is not None:
@@ -105,14 +147,15 @@ class _Axis(_Model):
 
 
 class AttentionSpace(_Axis):
-    kv_heads: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
-    sliding_window: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    kv_heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
+    sliding_window: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)]] = Field(
+        default_factory=list)
     noop: bool = False
     linear: bool = False
 
 
 class FFNSpace(_Axis):
-    widths: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    widths: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
     fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
     round_to: int = Field(default=64, ge=1, description="round fractional widths to this")
     noop: bool = False
@@ -120,19 +163,21 @@ class FFNSpace(_Axis):
 
 
 class MoESpace(_Axis):
-    experts: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    experts: list[Annotated[int, Field(ge=1, le=MAX_EXPERTS)]] = Field(default_factory=list)
     expert_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
-    expert_widths: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    expert_widths: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(
+        default_factory=list)
     width_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
-    top_k: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
-    shared_widths: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+    top_k: list[Annotated[int, Field(ge=1, le=MAX_EXPERTS)]] = Field(default_factory=list)
+    shared_widths: list[Annotated[int, Field(ge=0, le=MAX_DIM)]] = Field(
+        default_factory=list)
     round_to: int = Field(default=64, ge=1)
     noop: bool = False
 
 
 class MambaSpace(_Axis):
-    state_sizes: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
-    heads: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
+    state_sizes: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
+    heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
     noop: bool = False
 
 
@@ -215,12 +260,13 @@ class SweepSpec(_Model):
     """
 
     budget: int = Field(ge=0, description="index into budgets of the bound to sweep")
-    values: list[str | float] | None = None
+    values: list[str | float] | None = Field(default=None, max_length=MAX_SWEEP_POINTS)
     start: str | float | None = None
     stop: str | float | None = None
-    num: int = Field(default=10, ge=2, le=200)
+    num: int = Field(default=10, ge=2, le=MAX_SWEEP_POINTS)
     workload: str | None = Field(default=None, description="workload whose batch is swept")
-    batch_sizes: list[Annotated[int, Field(ge=1)]] | None = None
+    batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, max_length=MAX_SWEEP_POINTS)
 
     @model_validator(mode="after")
     def _batch(self) -> SweepSpec:
@@ -348,15 +394,21 @@ _Q = re.compile(r"^\s*([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([^\d\s].*)?$")
 
 
 def parse_quantity(value: str | float, metric: str, field: str) -> tuple[float, bool]:
-    """(number in base units, is_relative). ``"60%"`` -> (0.6, True)."""
+    """(number in base units, is_relative). ``"60%"`` -> (0.6, True). NaN is refused (it
+    would compare false with everything and pass as a bound); an infinite bound means none."""
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if math.isnan(value):
+            raise InputError("expected a number, got NaN", field=field)
         return float(value), False
     text = str(value).strip()
     if text.endswith("%"):
         try:
-            return float(text[:-1]) / 100.0, True
+            pct = float(text[:-1])
         except ValueError:
             raise InputError(f"cannot read {value!r} as a percentage", field=field) from None
+        if not math.isfinite(pct):
+            raise InputError(f"expected a finite percentage, got {value!r}", field=field)
+        return pct / 100.0, True
     if text.lower() == "device" and metric in ("memory", "weight_memory"):
         return float("nan"), False  # resolved against the hardware by the caller
     m = _Q.match(text)
@@ -369,4 +421,7 @@ def parse_quantity(value: str | float, metric: str, field: str) -> tuple[float, 
         raise InputError(f"unknown unit {unit!r} for {metric}; expected one of "
                          f"{sorted(u for u in units if u) or ['none']} or a percentage",
                          field=field)
-    return float(m.group(1)) * units[unit], False
+    out = float(m.group(1)) * units[unit]
+    if math.isnan(out):
+        raise InputError(f"expected a number, got {value!r}", field=field)
+    return out, False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import numpy as np
 
@@ -64,6 +65,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+MAX_TP = 72
+"""Largest --tp: 72 GPUs, one GB200 NVL72 rack, the largest NVLink domain shipped."""
+
+
+def _finite_nonneg(v: float | None, field: str) -> None:
+    from hwprofiles.errors import InputError
+
+    if v is not None and not (math.isfinite(v) and v >= 0):
+        raise InputError(f"expected a finite number >= 0, got {v}", field=field)
+
+
 def _bytes(n: float) -> str:
     return f"{n / GB:,.2f} GB ({n / GIB:,.2f} GiB)"
 
@@ -78,20 +90,34 @@ def run(args: argparse.Namespace) -> int:
     from costmodels.serving import parse_slo, slo_throughput
     from costmodels.workload import parse_workload
     from hwprofiles.errors import InputError
+    from nas.arch import MAX_CONTEXT
     from nas.hf import load_config
+    from nas.spec import check_workload
 
     if not args.workload and args.context is None:
         raise InputError("give at least one --workload isl=...,osl=...,batch=N or --context N")
     if args.context is not None and args.context < 1:
         raise InputError(f"must be a positive integer, got {args.context}", field="--context")
-    if args.reserve_gib is not None and args.reserve_gib < 0:
-        raise InputError(f"must be >= 0, got {args.reserve_gib}", field="--reserve-gib")
+    _finite_nonneg(args.reserve_gib, "--reserve-gib")
+    _finite_nonneg(args.step_overhead_us, "--step-overhead-us")
+    _finite_nonneg(args.request_overhead_ms, "--request-overhead-ms")
+    if args.context is not None and args.context > MAX_CONTEXT:
+        raise InputError(f"{args.context:,} exceeds the cap {MAX_CONTEXT:,} (MAX_CONTEXT: the "
+                         "largest int32 position)", field="--context")
+    if args.acceptance is not None and not math.isfinite(args.acceptance):
+        raise InputError(f"expected a finite number, got {args.acceptance}",
+                         field="--acceptance")
+    if args.tp > MAX_TP:
+        raise InputError(f"{args.tp} exceeds the cap {MAX_TP} (MAX_TP: no node holds more "
+                         "GPUs in one tensor-parallel group)", field="--tp")
     check_parallel(args.tp, args.ep)
     hw = hwprofiles.get(args.hw)
     recipe = get_recipe(args.precision)
     if args.kv_dtype:
         recipe = recipe.model_copy(update={"kv_cache": parse_dtype(args.kv_dtype)})
     wls = [parse_workload(w) for w in args.workload]
+    for text, w in zip(args.workload, wls):
+        check_workload(w, f"--workload {text}")
     if args.acceptance is not None:
         if not args.mtp:
             raise InputError("needs --mtp (the MTP head drafts the tokens)", field="--acceptance")
@@ -103,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("needs --mtp --acceptance A", field="--draft-tokens")
     reserve = DEFAULT_RESERVE_BYTES if args.reserve_gib is None else args.reserve_gib * GIB
     arch = load_config(args.config)
+    arch.check_tp(args.tp, "--tp", attention=not args.attention_dp)
     table = arch.block_table()
     draft = None
     if args.mtp and arch.mtp_blocks:
@@ -117,9 +144,6 @@ def run(args: argparse.Namespace) -> int:
                           tied=arch.tie_embeddings, final_norm=arch.final_norm)
     overhead = None if args.step_overhead_us is None else args.step_overhead_us * 1e-6
     req = None if args.request_overhead_ms is None else args.request_overhead_ms * 1e-3
-    for v, name in ((overhead, "--step-overhead-us"), (req, "--request-overhead-ms")):
-        if v is not None and v < 0:
-            raise InputError(f"must be >= 0, got {v}", field=name)
     slo = parse_slo(args.slo) if args.slo is not None else None
     if slo is not None and not wls:
         raise InputError("--slo needs a --workload (its isl and osl)", field="--slo")

@@ -59,16 +59,18 @@ def _bw(v: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from hwprofiles.errors import InputError
-    from nas.io import atomic_write_json
+    from nas.io import atomic_write_json, check_output_file
     from nas.progress import Progress
 
     out = Path(args.output)
-    if out.is_dir():
-        raise InputError("is a folder, expected a file path", path=str(out), field="--output")
     if args.no_measurements and args.measurements:
         raise InputError("give --measurements or --no-measurements, not both")
     meas_path = None if args.no_measurements else Path(
         args.measurements or out.with_name(f"{out.stem}.measurements.json"))
+    # both outputs checked (folder created, writable) before the measurements start
+    check_output_file(out, "--output")
+    if meas_path is not None:
+        check_output_file(meas_path, "--measurements")
     dtypes = None if args.dtypes is None else [d for d in args.dtypes.split(",") if d.strip()]
 
     try:
