@@ -41,9 +41,20 @@ from hwprofiles.schema import HardwareProfile
 
 DEFAULT_SSD_CHUNK = 128  # Mamba-2 chunk length (tokens), the NemotronH / Mamba-2 default
 
-# Kernels launched per op (each pays the profile's kernel_overhead_s once per pass).
-K_NORM, K_PROJ2, K_ATTN, K_SSD_PREFILL, K_SSD_DECODE = 1, 2, 2, 5, 1
-K_ROUTER, K_EXPERTS, K_SHARED, K_PERMUTE = 2, 5, 3, 2
+# Kernels launched per op in one pass of a block; each launch pays the profile's
+# ``kernel_overhead_s`` once. The counts are those of a fused serving engine's kernels
+# (TensorRT-LLM / vLLM), not of an eager framework.
+K_NORM = 1  # residual add fused with RMSNorm
+K_PROJ2 = 2  # a mixer's two projections: fused input (QKV, in_proj, up+gate) and output
+K_ATTN = 2  # attention: the KV-cache append (RoPE fused in) and the flash-attention kernel
+K_SSD_PREFILL = 5  # Mamba-2 chunked scan (SSD): chunk cumsum, chunk states, state passing
+#                    across chunks, C B^T per chunk, chunk scan (mamba_chunk_scan_combined)
+K_SSD_DECODE = 1  # one selective-state-update kernel per decode step
+K_ROUTER = 2  # MoE router GEMM, then top-k selection / softmax
+K_EXPERTS = 5  # routed experts: expert offsets (sort tokens by expert), grouped GEMM up
+#                (and gate), activation, grouped GEMM down, top-k weighted finalize
+K_SHARED = 3  # shared expert: up (and gate) GEMM, activation, down GEMM
+K_PERMUTE = 2  # permute tokens into expert order, and un-permute (weighted scatter)
 
 
 @dataclass
@@ -148,6 +159,191 @@ def serving_shares(mix: np.ndarray, dec: np.ndarray, wc: dict[str, np.ndarray]
     return ttft, tpot, cycle
 
 
+def _add(f1: tuple, f2: tuple) -> tuple:
+    return f1[0] + f2[0], f1[1] + f2[1]
+
+
+class _Pricing:
+    """What every block kind's pricing reads: the device's roofs, the recipe's bytes and
+    compute dtypes, the sharded table, the parallel layout and the workload columns
+    (``[1, W]`` arrays) of :func:`price_blocks`; and the roofline time of each kind of op."""
+
+    def __init__(self, hw: HardwareProfile, recipe: PrecisionRecipe, st: BlockTable, *,
+                 tpx: int, ep: int, dp: int, attention_dp: bool, ssd_chunk: int,
+                 Bp: np.ndarray, S: np.ndarray, C: np.ndarray, Tc: np.ndarray,
+                 reread: np.ndarray):
+        self.hw, self.st = hw, st
+        self.tpx, self.ep, self.dp, self.attention_dp, self.ssd_chunk = (
+            tpx, ep, dp, attention_dp, ssd_chunk)
+        self.Bp, self.S, self.C, self.Tc, self.reread = Bp, S, C, Tc, reread
+        self.roof = Roof(hw)
+        self.eff = hw.efficiency
+        self.a = recipe.activations.bytes
+        self.kvb, self.ssb, self.csb = (recipe.kv_cache.bytes, recipe.ssm_state.bytes,
+                                        recipe.conv_state.bytes)
+        self.wb = {r: recipe.weight_bytes_per_param(r) for r in TensorRole}
+        self.cd = {r: hw.compute_dtype(recipe.weight_dtype(r).value) for r in TensorRole}
+        self.act_dtype = hw.compute_dtype(recipe.activations.value)
+        self.link = hw.interconnect
+        self.link_eff = self.eff.link.peak_fraction
+        self.imbalance = (max(1.0, hw.moe_imbalance.value) if hw.moe_imbalance is not None
+                          else 1.0)
+
+    def gemm_t(self, fb: tuple, dtype: str, k: float | np.ndarray) -> np.ndarray:
+        f, b = fb
+        roof = self.roof
+        return roof.time(f, b, roof.matmul(dtype, f), roof.memory(b), k)
+
+    def elem_t(self, fb: tuple, k: float | np.ndarray) -> np.ndarray:
+        f, b = fb
+        roof = self.roof
+        return roof.time(f, b, roof.matmul(self.act_dtype, f), roof.memory(b), k)
+
+    def attn_t(self, fb: tuple, k: float | np.ndarray, kv_read: bool = False) -> np.ndarray:
+        f, b = fb
+        roof, eff = self.roof, self.eff
+        mem = roof.memory(b, eff.kv_read() if kv_read else None)
+        return roof.time(f, b, roof.compute(self.act_dtype, eff.attention, f), mem, k)
+
+    def state_t(self, fb: tuple, k: float | np.ndarray) -> np.ndarray:
+        f, b = fb
+        roof = self.roof
+        return roof.time(f, b, roof.matmul(self.act_dtype, f),
+                         roof.memory(b, self.eff.state_io()), k)
+
+    def grouped_t(self, fb: tuple, dtype: str, k: float | np.ndarray, decode: bool,
+                  tpe: np.ndarray) -> np.ndarray:
+        # many tokens per expert (prefill): compute at the grouped-GEMM fraction of peak and
+        # plain streaming; few tokens per expert (decode): weight streaming at the grouped
+        # decode fraction of bandwidth.
+        f, b = fb
+        roof, eff = self.roof, self.eff
+        mem = roof.memory(b, eff.grouped_matmul_decode if decode else None)
+        if eff.grouped_matmul_tokens is not None:
+            inv_c = 1.0 / (self.hw.peak(dtype) * eff.grouped_matmul_tokens.at(tpe))
+        else:
+            inv_c = roof.compute(dtype, eff.grouped_matmul_prefill, f)
+        return roof.time(f, b, inv_c, mem, k)
+
+
+class _Rows:
+    """The rows of one block kind: their columns, and the two kinds of engine step they are
+    priced for, ``(prompt seqs, decoding seqs, tokens, op times)``: a mixed step (a prompt
+    chunk plus decodes; times in ``out_m``) and a decode step (times in ``out_d``)."""
+
+    def __init__(self, c: _Pricing, idx: np.ndarray, q1: np.ndarray, Dm: np.ndarray,
+                 B: np.ndarray):
+        self.c, self.idx, self.q1 = c, idx, q1
+        self.h = self.col("hidden")
+        self.out_m: list = []
+        self.out_d: list = []
+        self.steps = ((c.Bp, Dm, c.Tc + Dm * q1, self.out_m),
+                      (0.0 * c.Bp, B, B * q1, self.out_d))
+
+    def col(self, name: str) -> np.ndarray:
+        return getattr(self.c.st, name)[self.idx].astype(np.float64)[:, None]
+
+
+def _price_attention(c: _Pricing, r: _Rows) -> None:
+    h, q1, a, kvb = r.h, r.q1, c.a, c.kvb
+    nq, nkv, d, wdw = r.col("n_heads"), r.col("n_kv_heads"), r.col("head_dim"), r.col("window")
+    w, dt = c.wb[TensorRole.ATTENTION], c.cd[TensorRole.ATTENTION]
+    for _, dseq, T, out in r.steps:
+        proj = _add(ops.gemm(T, h, (nq + 2 * nkv) * d, w, a), ops.gemm(T, nq * d, h, w, a))
+        out.append(c.gemm_t(proj, dt, K_PROJ2))
+        fa, ba = ops.attention_decode(dseq, c.C, wdw, nq, nkv, d, a, kvb)
+        # a verification step: 1 + d query tokens per sequence over one read of the KV
+        out.append(c.attn_t((fa * q1, ba + dseq * (q1 - 1.0) * 2.0 * nq * d * a),
+                            K_ATTN * (dseq > 0), kv_read=True))
+    r.out_m.append(c.attn_t(ops.attention_prefill(c.Bp, c.S, wdw, nq, nkv, d, a, kvb), K_ATTN))
+    rr = ops.attended(c.reread, wdw) * 2.0 * nkv * d * kvb
+    r.out_m.append(c.attn_t((0.0 * rr, rr), 0.0, kv_read=True))
+
+
+def _price_mamba(c: _Pricing, r: _Rows) -> None:
+    h, q1, a = r.h, r.q1, c.a
+    H, Pd, N, G, K = (r.col(n) for n in ("m_heads", "m_head_dim", "state", "groups",
+                                         "conv_kernel"))
+    inner = H * Pd
+    in_w = 2 * inner + 2 * G * N + H
+    conv_ch = inner + 2 * G * N
+    w, dt, wo = c.wb[TensorRole.MAMBA], c.cd[TensorRole.MAMBA], c.wb[TensorRole.OTHER]
+    for _, dseq, T, out in r.steps:
+        proj = _add(ops.gemm(T, h, in_w, w, a), ops.gemm(T, inner, h, w, a))
+        out.append(c.gemm_t(proj, dt, K_PROJ2))
+        out.append(c.elem_t(ops.gated_norm(T, inner, a, wo), 1))
+        on = (dseq > 0) * 1.0
+        out.append(c.state_t(_scale(ops.conv_decode(dseq * q1, conv_ch, K, a, wo, c.csb),
+                                    on), on))
+        fs, bs = ops.ssd_decode(dseq, H, Pd, N, G, a, c.ssb)
+        # verifying 1 + d tokens steps the state 1 + d times and keeps each state for
+        # rollback: one read, 1 + d writes, 1 + d token inputs/outputs
+        st_io = dseq * H * Pd * N * c.ssb
+        out.append(c.state_t((fs * q1, (bs - 2.0 * st_io) * q1 + st_io * (1.0 + q1)),
+                             K_SSD_DECODE * on))
+    r.out_m.append(c.elem_t(ops.conv_prefill(c.Bp, c.S, conv_ch, K, a, wo, c.csb), 1))
+    r.out_m.append(c.gemm_t(ops.ssd_prefill(c.Bp, c.S, H, Pd, N, G, c.ssd_chunk, a, c.ssb),
+                            c.act_dtype, K_SSD_PREFILL))
+
+
+def _price_moe(c: _Pricing, r: _Rows) -> None:
+    h, a, ep, dp = r.h, c.a, c.ep, c.dp
+    E, k, F, Sw, L, gated = (r.col(n) for n in ("experts", "top_k", "expert_width",
+                                                "shared_width", "latent", "gated"))
+    mats = 2 + gated
+    e_in = np.where(L > 0, L, h)
+    wo, do = c.wb[TensorRole.OTHER], c.cd[TensorRole.OTHER]
+    has_lat = (L > 0).astype(np.float64)
+    has_sh = (Sw > 0).astype(np.float64)
+    link = c.link
+    for _, _, T, out in r.steps:
+        router = ops.gemm(T, h, E, wo, a)
+        lat = _scale(_add(ops.gemm(T, h, L, wo, a), ops.gemm(T, L, h, wo, a)), has_lat)
+        out.append(c.gemm_t(_add(router, lat), do, K_ROUTER + 2 * has_lat))
+        Tx = T * dp  # tokens of all ranks whose routed copies reach the experts
+        fr, br = ops.moe_experts(Tx, E, k, F, e_in, mats, c.wb[TensorRole.ROUTED_EXPERTS], a)
+        tpe = Tx * k / np.maximum(E, 1.0)  # routed tokens per expert
+        imb = c.imbalance if ep > 1 else 1.0  # the busiest EP rank sets the step
+        out.append(c.grouped_t((fr * imb / ep, br * imb / ep),
+                               c.cd[TensorRole.ROUTED_EXPERTS], K_EXPERTS * (E > 0),
+                               decode=out is r.out_d, tpe=tpe))
+        # permute into expert order and un-permute (weighted scatter) per routed token
+        out.append(c.elem_t(_scale(ops.moe_permute(Tx, k, e_in, a, ep), (E > 0) * 1.0),
+                            K_PERMUTE * (E > 0)))
+        if c.attention_dp and ep > 1:  # dispatch + combine all-to-all
+            a2a = ops.alltoall_time(T * k * e_in * a * (ep - 1) / ep, ep,
+                                    link.bandwidth.value, c.link_eff, link.latency.value)
+            out.append(2.0 * a2a * (E > 0))
+        ws = c.wb[TensorRole.SHARED_EXPERTS]
+        sh = _scale(_add(_add(ops.gemm(T, h, (mats - 1) * Sw, ws, a),
+                              ops.gemm(T, Sw, h, ws, a)),
+                         ops.activation(T, Sw, gated, a)), has_sh)
+        out.append(c.gemm_t(sh, c.cd[TensorRole.SHARED_EXPERTS], K_SHARED * has_sh))
+
+
+def _price_ffn(c: _Pricing, r: _Rows) -> None:
+    h, a = r.h, c.a
+    F, gated = r.col("ffn_width"), r.col("gated")
+    mats = 2 + gated
+    w, dt = c.wb[TensorRole.FFN], c.cd[TensorRole.FFN]
+    for _, _, T, out in r.steps:
+        proj = _add(ops.gemm(T, h, (mats - 1) * F, w, a), ops.gemm(T, F, h, w, a))
+        out.append(c.gemm_t(proj, dt, K_PROJ2))
+        out.append(c.elem_t(ops.activation(T, F, gated, a), 1))
+
+
+def _price_linear(c: _Pricing, r: _Rows) -> None:
+    cols = linear_cols(c.st, c.tpx)[r.idx].astype(np.float64)[:, None]
+    for _, _, T, out in r.steps:
+        out.append(c.gemm_t(ops.gemm(T, r.h, cols, c.wb[TensorRole.OTHER], c.a),
+                            c.cd[TensorRole.OTHER], 1))
+
+
+# each block kind's ops (beyond the norm every kind has and the TP all-reduce)
+_PRICE_KIND = {Kind.ATTENTION: _price_attention, Kind.MAMBA: _price_mamba,
+               Kind.MOE: _price_moe, Kind.FFN: _price_ffn, Kind.LINEAR: _price_linear}
+
+
 def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe,
                  workloads: Sequence[Workload | str], tp: int = 1, ep: int = 1,
                  ssd_chunk: int = DEFAULT_SSD_CHUNK, attention_dp: bool = False,
@@ -201,173 +397,41 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     reread = Tc * (np.maximum(S / np.maximum(Tc * dp, 1e-9), 1.0) - 1.0) / 2.0
 
     st = shard_table(table, tpx, 1 if attention_dp else ep)
-    roof = Roof(hw)
-    eff = hw.efficiency
-    a = recipe.activations.bytes
-    kvb, ssb, csb = recipe.kv_cache.bytes, recipe.ssm_state.bytes, recipe.conv_state.bytes
-    wb = {r: recipe.weight_bytes_per_param(r) for r in TensorRole}
-    cd = {r: hw.compute_dtype(recipe.weight_dtype(r).value) for r in TensorRole}
-    act_dtype = hw.compute_dtype(recipe.activations.value)
-    link = hw.interconnect
-    link_eff = eff.link.peak_fraction
-    imbalance = max(1.0, hw.moe_imbalance.value) if hw.moe_imbalance is not None else 1.0
-
-    def gemm_t(fb: tuple, dtype: str, k: float | np.ndarray) -> np.ndarray:
-        f, b = fb
-        return roof.time(f, b, roof.matmul(dtype, f), roof.memory(b), k)
-
-    def elem_t(fb: tuple, k: float | np.ndarray) -> np.ndarray:
-        f, b = fb
-        return roof.time(f, b, roof.matmul(act_dtype, f), roof.memory(b), k)
-
-    def attn_t(fb: tuple, k: float, kv_read: bool = False) -> np.ndarray:
-        f, b = fb
-        mem = roof.memory(b, eff.kv_read() if kv_read else None)
-        return roof.time(f, b, roof.compute(act_dtype, eff.attention, f), mem, k)
-
-    def state_t(fb: tuple, k: float) -> np.ndarray:
-        f, b = fb
-        return roof.time(f, b, roof.matmul(act_dtype, f), roof.memory(b, eff.state_io()), k)
-
-    def grouped_t(fb: tuple, dtype: str, k: float | np.ndarray, decode: bool,
-                  tpe: np.ndarray) -> np.ndarray:
-        # many tokens per expert (prefill): compute at the grouped-GEMM fraction of peak and
-        # plain streaming; few tokens per expert (decode): weight streaming at the grouped
-        # decode fraction of bandwidth.
-        f, b = fb
-        mem = roof.memory(b, eff.grouped_matmul_decode if decode else None)
-        if eff.grouped_matmul_tokens is not None:
-            inv_c = 1.0 / (hw.peak(dtype) * eff.grouped_matmul_tokens.at(tpe))
-        else:
-            inv_c = roof.compute(dtype, eff.grouped_matmul_prefill, f)
-        return roof.time(f, b, inv_c, mem, k)
-
-    def add(f1: tuple, f2: tuple) -> tuple:
-        return f1[0] + f2[0], f1[1] + f2[1]
-
+    c = _Pricing(hw, recipe, st, tpx=tpx, ep=ep, dp=dp, attention_dp=attention_dp,
+                 ssd_chunk=ssd_chunk, Bp=Bp, S=S, C=C, Tc=Tc, reread=reread)
+    a = c.a
     mix = np.zeros((n, nw))
     dec = np.zeros((n, nw))
     kind = table.kind
 
-    for kd in (Kind.ATTENTION, Kind.MAMBA, Kind.MOE, Kind.FFN, Kind.LINEAR):
+    for kd, price_kind in _PRICE_KIND.items():  # one pass per kind over all its rows
         idx = np.flatnonzero(kind == int(kd))
         if idx.size == 0:
             continue
-
-        def col(name: str, idx: np.ndarray = idx) -> np.ndarray:
-            return getattr(st, name)[idx].astype(np.float64)[:, None]
-
-        h = col("hidden")
-        q1 = D1n[idx]
-        # the two kinds of engine step: (prompt seqs, decoding seqs, tokens, output list)
-        out_m: list = []
-        out_d: list = []
-        steps = ((Bp, Dm, Tc + Dm * q1, out_m), (0.0 * Bp, B, B * q1, out_d))
-        for _, _, T, out in steps:
-            out.append(elem_t(ops.norm_residual(T, h, a, wb[TensorRole.OTHER]), K_NORM))
-
-        if kd == Kind.ATTENTION:
-            nq, nkv, d, wdw = col("n_heads"), col("n_kv_heads"), col("head_dim"), col("window")
-            w, dt = wb[TensorRole.ATTENTION], cd[TensorRole.ATTENTION]
-            for _, dseq, T, out in steps:
-                proj = add(ops.gemm(T, h, (nq + 2 * nkv) * d, w, a), ops.gemm(T, nq * d, h, w, a))
-                out.append(gemm_t(proj, dt, K_PROJ2))
-                fa, ba = ops.attention_decode(dseq, C, wdw, nq, nkv, d, a, kvb)
-                # a verification step: 1 + d query tokens per sequence over one read of the KV
-                out.append(attn_t((fa * q1, ba + dseq * (q1 - 1.0) * 2.0 * nq * d * a),
-                                  K_ATTN * (dseq > 0), kv_read=True))
-            out_m.append(attn_t(ops.attention_prefill(Bp, S, wdw, nq, nkv, d, a, kvb), K_ATTN))
-            rr = ops.attended(reread, wdw) * 2.0 * nkv * d * kvb
-            out_m.append(attn_t((0.0 * rr, rr), 0.0, kv_read=True))
-
-        elif kd == Kind.MAMBA:
-            H, Pd, N, G, K = (col(c) for c in ("m_heads", "m_head_dim", "state", "groups",
-                                                "conv_kernel"))
-            inner = H * Pd
-            in_w = 2 * inner + 2 * G * N + H
-            conv_ch = inner + 2 * G * N
-            w, dt, wo = wb[TensorRole.MAMBA], cd[TensorRole.MAMBA], wb[TensorRole.OTHER]
-            for _, dseq, T, out in steps:
-                proj = add(ops.gemm(T, h, in_w, w, a), ops.gemm(T, inner, h, w, a))
-                out.append(gemm_t(proj, dt, K_PROJ2))
-                out.append(elem_t(ops.gated_norm(T, inner, a, wo), 1))
-                on = (dseq > 0) * 1.0
-                out.append(state_t(_scale(ops.conv_decode(dseq * q1, conv_ch, K, a, wo, csb),
-                                          on), on))
-                fs, bs = ops.ssd_decode(dseq, H, Pd, N, G, a, ssb)
-                # verifying 1 + d tokens steps the state 1 + d times and keeps each state for
-                # rollback: one read, 1 + d writes, 1 + d token inputs/outputs
-                st_io = dseq * H * Pd * N * ssb
-                out.append(state_t((fs * q1, (bs - 2.0 * st_io) * q1 + st_io * (1.0 + q1)),
-                                   K_SSD_DECODE * on))
-            out_m.append(elem_t(ops.conv_prefill(Bp, S, conv_ch, K, a, wo, csb), 1))
-            out_m.append(gemm_t(ops.ssd_prefill(Bp, S, H, Pd, N, G, ssd_chunk, a, ssb),
-                                act_dtype, K_SSD_PREFILL))
-
-        elif kd == Kind.MOE:
-            E, k, F, Sw, L, gated = (col(c) for c in ("experts", "top_k", "expert_width",
-                                                       "shared_width", "latent", "gated"))
-            mats = 2 + gated
-            e_in = np.where(L > 0, L, h)
-            wo, do = wb[TensorRole.OTHER], cd[TensorRole.OTHER]
-            has_lat = (L > 0).astype(np.float64)
-            has_sh = (Sw > 0).astype(np.float64)
-            for _, _, T, out in steps:
-                router = ops.gemm(T, h, E, wo, a)
-                lat = _scale(add(ops.gemm(T, h, L, wo, a), ops.gemm(T, L, h, wo, a)), has_lat)
-                out.append(gemm_t(add(router, lat), do, K_ROUTER + 2 * has_lat))
-                Tx = T * dp  # tokens of all ranks whose routed copies reach the experts
-                fr, br = ops.moe_experts(Tx, E, k, F, e_in, mats, wb[TensorRole.ROUTED_EXPERTS], a)
-                tpe = Tx * k / np.maximum(E, 1.0)  # routed tokens per expert
-                imb = imbalance if ep > 1 else 1.0  # the busiest EP rank sets the step
-                out.append(grouped_t((fr * imb / ep, br * imb / ep),
-                                     cd[TensorRole.ROUTED_EXPERTS], K_EXPERTS * (E > 0),
-                                     decode=out is out_d, tpe=tpe))
-                # permute into expert order and un-permute (weighted scatter) per routed token
-                out.append(elem_t(_scale(ops.moe_permute(Tx, k, e_in, a, ep), (E > 0) * 1.0),
-                                  K_PERMUTE * (E > 0)))
-                if attention_dp and ep > 1:  # dispatch + combine all-to-all
-                    a2a = ops.alltoall_time(T * k * e_in * a * (ep - 1) / ep, ep,
-                                            link.bandwidth.value, link_eff, link.latency.value)
-                    out.append(2.0 * a2a * (E > 0))
-                ws = wb[TensorRole.SHARED_EXPERTS]
-                sh = _scale(add(add(ops.gemm(T, h, (mats - 1) * Sw, ws, a),
-                                    ops.gemm(T, Sw, h, ws, a)),
-                                ops.activation(T, Sw, gated, a)), has_sh)
-                out.append(gemm_t(sh, cd[TensorRole.SHARED_EXPERTS], K_SHARED * has_sh))
-
-        elif kd == Kind.FFN:
-            F, gated = col("ffn_width"), col("gated")
-            mats = 2 + gated
-            w, dt = wb[TensorRole.FFN], cd[TensorRole.FFN]
-            for _, _, T, out in steps:
-                proj = add(ops.gemm(T, h, (mats - 1) * F, w, a), ops.gemm(T, F, h, w, a))
-                out.append(gemm_t(proj, dt, K_PROJ2))
-                out.append(elem_t(ops.activation(T, F, gated, a), 1))
-
-        else:  # LINEAR
-            cols = linear_cols(st, tpx)[idx].astype(np.float64)[:, None]
-            for _, _, T, out in steps:
-                out.append(gemm_t(ops.gemm(T, h, cols, wb[TensorRole.OTHER], a),
-                                  cd[TensorRole.OTHER], 1))
-
+        r = _Rows(c, idx, D1n[idx], Dm, B)
+        for _, _, T, out in r.steps:
+            out.append(c.elem_t(ops.norm_residual(T, r.h, a, c.wb[TensorRole.OTHER]), K_NORM))
+        price_kind(c, r)
         if tpx > 1:
-            for _, _, T, out in steps:
-                out.append(ops.allreduce_time(allreduce_bytes(T, h, a), tpx,
-                                              link.bandwidth.value, link_eff, link.latency.value))
-        mix[idx] = sum(out_m) * passes[idx]
-        dec[idx] = sum(out_d) * passes[idx]
+            for _, _, T, out in r.steps:
+                out.append(ops.allreduce_time(allreduce_bytes(T, r.h, a), tpx,
+                                              c.link.bandwidth.value, c.link_eff,
+                                              c.link.latency.value))
+        mix[idx] = sum(r.out_m) * passes[idx]
+        dec[idx] = sum(r.out_d) * passes[idx]
 
     prefill, decode, runtime = serving_shares(mix, dec, wc)
 
     # memory, per GPU
+    wb, kvb = c.wb, c.kvb
     rp = role_params(st)
     is_lin = (table.kind == int(Kind.LINEAR)).astype(np.float64)
     other = rp[TensorRole.OTHER] - is_lin * table.hidden * (table.hidden - linear_cols(st, tpx))
     weight = (rp[TensorRole.ROUTED_EXPERTS] / ep * wb[TensorRole.ROUTED_EXPERTS]
               + other * wb[TensorRole.OTHER])
-    for r in (TensorRole.ATTENTION, TensorRole.MAMBA, TensorRole.SHARED_EXPERTS, TensorRole.FFN):
-        weight = weight + rp[r] * wb[r]
+    for role in (TensorRole.ATTENTION, TensorRole.MAMBA, TensorRole.SHARED_EXPERTS,
+                 TensorRole.FFN):
+        weight = weight + rp[role] * wb[role]
     kv_tok = kv_elems_per_token(st) * kvb / dp  # per GPU, averaged over the dp ranks
     window = table.window.astype(np.float64)
     state = state_bytes_per_sequence(st, recipe) / dp
