@@ -93,6 +93,7 @@ def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -
         parent = load_config(p if p.is_absolute() else base / p)
     else:
         parent = from_hf(spec.parent, source="spec: parent")
+    parent.check_tp(spec.hw.tp, "hardware.tp", attention=not spec.hw.attention_dp)
     prof = spec.hw.profile
     pp = base / prof
     hw = hwprofiles.get(str(pp) if prof.endswith(".json") and pp.exists() else prof)

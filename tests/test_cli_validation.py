@@ -138,3 +138,14 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as ei:
         main(["--version"])
     assert ei.value.code == 0 and capsys.readouterr().out.strip() == f"puzzle-nas {__version__}"
+
+
+def test_spec_tp_must_split_the_heads(tmp_path, capsys):
+    spec = json.loads(SPEC.read_text())
+    spec["parent"] = str(LLAMA)
+    spec["hardware"] = {"profile": "h100-sxm", "tp": 3}
+    s = tmp_path / "spec.json"
+    s.write_text(json.dumps(spec))
+    assert main(["search", str(s), "-o", str(tmp_path / "run"), "--quiet"]) == 2
+    assert "hardware.tp: 3 does not divide block 0's 32 query heads" in _one_line(
+        capsys.readouterr().err)
