@@ -49,7 +49,8 @@ from typing import Any
 from hwprofiles.errors import InputError
 from hwprofiles.schema import COMPUTE_DTYPES, EfficiencyCurve, Figure, HardwareProfile
 
-__all__ = ["ProbePlan", "ProbeResult", "default_plan", "probe", "run_probe"]
+__all__ = ["DeviceInfo", "ProbePlan", "ProbeResult", "default_plan", "derive", "probe",
+           "run_probe"]
 
 #: dtypes the probe knows how to time (fp32 is timed but is not a profile compute dtype)
 PROBE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
@@ -292,6 +293,172 @@ def _curve_points(pairs: Iterable[tuple[float, float]]) -> list[tuple[float, flo
     return [(s, float(f"{min(max(f, 1e-4), 1.0):.4g}")) for s, f in sorted(best.items())]
 
 
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a probe reads of a device without timing it (the rest is the measurement log).
+
+    ``kind``: ``"cuda"`` or ``"cpu"``; ``memory_how`` / ``llc_how``: how the memory size and
+    last-level cache size were read; ``visible_gpus``: CUDA devices visible on the host
+    (None on CPU); ``launch_iters``: kernels launched back to back to time the overhead.
+    """
+
+    kind: str
+    name: str
+    vendor: str
+    memory_bytes: float
+    memory_how: str
+    llc: int | None
+    llc_how: str
+    dtypes: tuple[str, ...]
+    date: str
+    torch_version: str
+    threads: int | None = None
+    quick: bool = False
+    launch_iters: int = 0
+    visible_gpus: int | None = None
+
+
+def derive(log: Sequence[dict[str, Any]], device: DeviceInfo, *, name: str | None = None,
+           gpus_per_node: int | None = None, link_name: str | None = None,
+           link_bandwidth: float | None = None, link_latency_s: float | None = None
+           ) -> HardwareProfile:
+    """The profile a measurement log implies (pure: no torch, no device).
+
+    ``log``: the records :func:`run_probe` writes (``ProbeResult.measurements``), one of
+    them ``{"kind": "kernel_overhead", "seconds": ...}``; ``device``: what was read of the
+    device. The other arguments are as for :func:`run_probe`. Raises :class:`InputError`
+    when the log has no bf16 GEMM or no memory benchmark.
+    """
+    kind = device.kind
+    src = f"measured on {device.name} {device.date} by puzzle-nas probe"
+    ovh = [r for r in log if r["kind"] == "kernel_overhead"]
+    if not ovh:
+        raise InputError("the measurement log has no kernel_overhead record")
+    overhead = float(ovh[-1]["seconds"])
+
+    def net(secs: float) -> float:
+        """Seconds of work in a timed call: on CPU the dispatch overhead is in the timing."""
+        return max(secs - overhead, 1e-12) if kind == "cpu" else secs
+
+    net_note = " (measured kernel overhead subtracted from each time)" if kind == "cpu" else ""
+    gemms = [r for r in log if r["kind"] == "gemm"]
+    peaks: dict[str, Figure] = {}
+    matmul: dict[str, EfficiencyCurve] = {}
+    for d in device.dtypes:
+        rows = [r for r in gemms if r["dtype"] == d]
+        if not rows:
+            continue
+        best = max(rows, key=lambda r: r["flop_per_s"])
+        if d not in COMPUTE_DTYPES:  # fp32: kept in the measurements only
+            continue
+        peak = best["flop_per_s"]
+        peaks[d] = Figure(value=peak, source=f"{src}: best achieved dense {d} GEMM "
+                          f"({best['m']}x{best['n']}x{best['k']}), not a datasheet figure")
+        sq = [r for r in rows if r["role"] == "square"] or rows
+        pts = _curve_points((r["flops"], r["flops"] / (peak * net(r["seconds"])))
+                            for r in sq)
+        matmul[d] = EfficiencyCurve(points=pts, source=f"{src}: square {d} GEMMs, achieved "
+                                    "fraction of the measured peak vs FLOPs"
+                                    + net_note)
+    if "bf16" not in peaks:
+        raise InputError(f"no bf16 GEMM could be timed on {device.name}; see the "
+                         "measurements for the reasons")
+
+    # memory bandwidth: best copy/triad rate at buffers beyond 4x the last-level cache
+    mem = [r for r in log if r["kind"] == "memory"]
+    if not mem:
+        raise InputError(f"no memory benchmark could be timed on {device.name}")
+    big = [r for r in mem if device.llc and r["buffer_bytes"] >= 4 * device.llc]
+    if big:
+        bw_rows, how = big, "buffers >= 4x the last-level cache"
+    else:
+        largest = max(r["buffer_bytes"] for r in mem)
+        bw_rows = [r for r in mem if r["buffer_bytes"] == largest]
+        how = (f"the largest buffer timed ({largest / 2**20:g} MiB), which is not beyond 4x "
+               "the last-level cache, so this may overstate device-memory bandwidth")
+    bw_best = max(bw_rows, key=lambda r: r["bytes_per_s"])
+    bw = bw_best["bytes_per_s"]
+    mem_pts = _curve_points((r["moved_bytes"],
+                             r["moved_bytes"] / (bw * net(r["seconds"])))
+                            for r in mem)
+    mem_curve = EfficiencyCurve(points=mem_pts, source=f"{src}: copy/triad, achieved fraction "
+                                "of the measured bandwidth vs bytes moved (read + write)"
+                                + net_note + "; cache-resident sizes held at 1.0")
+
+    att = [r for r in log if r["kind"] == "attention"]
+    if att:
+        att_curve = EfficiencyCurve(
+            points=_curve_points((r["flops"], r["flops"] / (
+                peaks["bf16"].value * net(r["seconds"]))) for r in att),
+            source=f"{src}: bf16 scaled_dot_product_attention (non-causal), fraction of the "
+            "measured bf16 peak vs FLOPs" + net_note)
+    else:
+        att_curve = matmul["bf16"].model_copy(update={
+            "source": "assumed equal to the measured bf16 GEMM curve (attention could not "
+                      f"be timed); {matmul['bf16'].source}"})
+    assumed = "assumed (not measured by puzzle-nas probe)"
+    eff = {
+        "matmul": matmul,
+        "attention": att_curve,
+        "grouped_matmul_prefill": matmul["bf16"].model_copy(update={
+            "source": f"{assumed}: equal to the measured bf16 GEMM curve; "
+                      f"{matmul['bf16'].source}"}),
+        "grouped_matmul_decode": mem_curve.model_copy(update={
+            "source": f"{assumed}: equal to the measured memory curve (decode grouped GEMMs "
+                      f"stream weights); {mem_curve.source}"}),
+        "memory": mem_curve,
+        "link": EfficiencyCurve(points=[(1.0, 0.8)], source=f"{assumed}: 80 % of the link "
+                                "bandwidth; measure collectives to replace it"),
+    }
+
+    if gpus_per_node is not None:
+        gpn = Figure(value=gpus_per_node, source="given by the user (puzzle-nas profile "
+                     f"--gpus-per-node) on {device.date}")
+    elif kind == "cuda":
+        gpn = Figure(value=device.visible_gpus or 1,
+                     source=f"counted on {device.date} by puzzle-nas probe: "
+                     "torch.cuda.device_count() on this host (visible devices)")
+    else:
+        gpn = Figure(value=1, source=f"{assumed}: one device (a CPU)")
+    user = f"given by the user (puzzle-nas profile) on {device.date}"
+    ic = {
+        "name": link_name or "unknown (assumed PCIe 4.0 x16)",
+        "bandwidth": Figure(value=link_bandwidth, source=user) if link_bandwidth else
+        Figure(value=32e9, source=f"{assumed}: PCIe 4.0 x16, ~32 GB/s per direction; pass "
+               "--link-gbps"),
+        "latency": Figure(value=link_latency_s, source=user) if link_latency_s else
+        Figure(value=10e-6, source=f"{assumed}: 10 us per small collective; pass "
+               "--link-latency-us"),
+    }
+    if kind == "cpu":
+        ovh_how = ("median time of a 1-element add issued back to back (torch dispatch "
+                   f"cost, {device.threads} thread(s))")
+    else:
+        ovh_how = ("median time per 1-element add, "
+                   f"{device.launch_iters} launched back to back between CUDA events")
+    note = (f"Measured by puzzle-nas probe ({'quick' if device.quick else 'full'} plan, torch "
+            f"{device.torch_version}"
+            + (f", {device.threads} CPU thread(s)" if device.threads else "")
+            + "). Peaks are the best achieved GEMM rates (dense), not datasheet figures, so "
+            "large-GEMM efficiency is near 1.0.")
+    return HardwareProfile(
+        name=name or _slug(device.name),
+        display_name=device.name,
+        vendor=device.vendor,
+        notes=note,
+        memory_bytes=Figure(value=device.memory_bytes, source=f"{src}: {device.memory_how}"),
+        memory_bandwidth=Figure(value=bw, source=f"{src}: best {bw_best['op']} rate "
+                                f"counting read + write bytes, over {how}"),
+        peak_flops=peaks,
+        efficiency=eff,
+        kernel_overhead_s=Figure(value=overhead, source=f"{src}: {ovh_how}"),
+        l2_bytes=Figure(value=device.llc, source=f"read on {device.name} {device.date} by "
+                        f"puzzle-nas probe: {device.llc_how}") if device.llc else None,
+        interconnect=ic,
+        gpus_per_node=gpn,
+    )
+
+
 class _Probe:
     """One probe run: the device handles, the timer and the measurement log."""
 
@@ -334,7 +501,6 @@ class _Probe:
                            "thread(s); median over repeats, dispatch overhead subtracted")
         self.plan = plan or default_plan(kind, quick, self.memory_bytes)
         self.dtypes = dtypes or self._supported_dtypes()
-        self.src = f"measured on {self.device_name} {self.date} by puzzle-nas probe"
 
     # -- timing ----------------------------------------------------------------------------
 
@@ -535,142 +701,22 @@ class _Probe:
             task()
         if self.progress:
             self.progress(total, total, "done")
-        prof = self.derive(overhead, name=name, gpus_per_node=gpus_per_node,
-                           link_name=link_name, link_bandwidth=link_bandwidth,
-                           link_latency_s=link_latency_s)
+        prof = derive(self.log, self.device(), name=name, gpus_per_node=gpus_per_node,
+                      link_name=link_name, link_bandwidth=link_bandwidth,
+                      link_latency_s=link_latency_s)
         meta = {"device": self.device_name, "device_kind": self.kind, "date": self.date,
                 "torch": self.torch.__version__, "threads": self.threads, "quick": self.quick,
                 "timing": self.timing, "plan": {k: v for k, v in vars(self.plan).items()}}
         return ProbeResult(profile=prof, measurements=self.log, meta=meta)
 
-    def _net(self, secs: float, overhead: float) -> float:
-        """Seconds of work in a timed call: on CPU the dispatch overhead is in the timing."""
-        if self.kind == "cpu":
-            return max(secs - overhead, 1e-12)
-        return secs
-
-    def derive(self, overhead: float, *, name: str | None, gpus_per_node: int | None,
-               link_name: str | None, link_bandwidth: float | None,
-               link_latency_s: float | None) -> HardwareProfile:
-        src, log = self.src, self.log
-        gemms = [r for r in log if r["kind"] == "gemm"]
-        peaks: dict[str, Figure] = {}
-        matmul: dict[str, EfficiencyCurve] = {}
-        for d in self.dtypes:
-            rows = [r for r in gemms if r["dtype"] == d]
-            if not rows:
-                continue
-            best = max(rows, key=lambda r: r["flop_per_s"])
-            if d not in COMPUTE_DTYPES:  # fp32: kept in the measurements only
-                continue
-            peak = best["flop_per_s"]
-            peaks[d] = Figure(value=peak, source=f"{src}: best achieved dense {d} GEMM "
-                              f"({best['m']}x{best['n']}x{best['k']}), not a datasheet figure")
-            sq = [r for r in rows if r["role"] == "square"] or rows
-            pts = _curve_points((r["flops"], r["flops"] / (peak * self._net(r["seconds"], overhead)))
-                                for r in sq)
-            matmul[d] = EfficiencyCurve(points=pts, source=f"{src}: square {d} GEMMs, achieved "
-                                        "fraction of the measured peak vs FLOPs"
-                                        + self._net_note())
-        if "bf16" not in peaks:
-            raise InputError(f"no bf16 GEMM could be timed on {self.device_name}; see the "
-                             "measurements for the reasons")
-
-        # memory bandwidth: best copy/triad rate at buffers beyond 4x the last-level cache
-        mem = [r for r in log if r["kind"] == "memory"]
-        if not mem:
-            raise InputError(f"no memory benchmark could be timed on {self.device_name}")
-        big = [r for r in mem if self.llc and r["buffer_bytes"] >= 4 * self.llc]
-        if big:
-            bw_rows, how = big, "buffers >= 4x the last-level cache"
-        else:
-            largest = max(r["buffer_bytes"] for r in mem)
-            bw_rows = [r for r in mem if r["buffer_bytes"] == largest]
-            how = (f"the largest buffer timed ({largest / 2**20:g} MiB), which is not beyond 4x "
-                   "the last-level cache, so this may overstate device-memory bandwidth")
-        bw_best = max(bw_rows, key=lambda r: r["bytes_per_s"])
-        bw = bw_best["bytes_per_s"]
-        mem_pts = _curve_points((r["moved_bytes"],
-                                 r["moved_bytes"] / (bw * self._net(r["seconds"], overhead)))
-                                for r in mem)
-        mem_curve = EfficiencyCurve(points=mem_pts, source=f"{src}: copy/triad, achieved fraction "
-                                    "of the measured bandwidth vs bytes moved (read + write)"
-                                    + self._net_note() + "; cache-resident sizes held at 1.0")
-
-        att = [r for r in log if r["kind"] == "attention"]
-        if att:
-            att_curve = EfficiencyCurve(
-                points=_curve_points((r["flops"], r["flops"] / (
-                    peaks["bf16"].value * self._net(r["seconds"], overhead))) for r in att),
-                source=f"{src}: bf16 scaled_dot_product_attention (non-causal), fraction of the "
-                "measured bf16 peak vs FLOPs" + self._net_note())
-        else:
-            att_curve = matmul["bf16"].model_copy(update={
-                "source": "assumed equal to the measured bf16 GEMM curve (attention could not "
-                          f"be timed); {matmul['bf16'].source}"})
-        assumed = "assumed (not measured by puzzle-nas probe)"
-        eff = {
-            "matmul": matmul,
-            "attention": att_curve,
-            "grouped_matmul_prefill": matmul["bf16"].model_copy(update={
-                "source": f"{assumed}: equal to the measured bf16 GEMM curve; "
-                          f"{matmul['bf16'].source}"}),
-            "grouped_matmul_decode": mem_curve.model_copy(update={
-                "source": f"{assumed}: equal to the measured memory curve (decode grouped GEMMs "
-                          f"stream weights); {mem_curve.source}"}),
-            "memory": mem_curve,
-            "link": EfficiencyCurve(points=[(1.0, 0.8)], source=f"{assumed}: 80 % of the link "
-                                    "bandwidth; measure collectives to replace it"),
-        }
-
-        if gpus_per_node is not None:
-            gpn = Figure(value=gpus_per_node, source="given by the user (puzzle-nas profile "
-                         f"--gpus-per-node) on {self.date}")
-        elif self.kind == "cuda":
-            gpn = Figure(value=max(self.torch.cuda.device_count(), 1),
-                         source=f"counted on {self.date} by puzzle-nas probe: "
-                         "torch.cuda.device_count() on this host (visible devices)")
-        else:
-            gpn = Figure(value=1, source=f"{assumed}: one device (a CPU)")
-        user = f"given by the user (puzzle-nas profile) on {self.date}"
-        ic = {
-            "name": link_name or "unknown (assumed PCIe 4.0 x16)",
-            "bandwidth": Figure(value=link_bandwidth, source=user) if link_bandwidth else
-            Figure(value=32e9, source=f"{assumed}: PCIe 4.0 x16, ~32 GB/s per direction; pass "
-                   "--link-gbps"),
-            "latency": Figure(value=link_latency_s, source=user) if link_latency_s else
-            Figure(value=10e-6, source=f"{assumed}: 10 us per small collective; pass "
-                   "--link-latency-us"),
-        }
-        if self.kind == "cpu":
-            ovh_how = ("median time of a 1-element add issued back to back (torch dispatch "
-                       f"cost, {self.threads} thread(s))")
-        else:
-            ovh_how = ("median time per 1-element add, "
-                       f"{self.plan.launch_iters} launched back to back between CUDA events")
-        note = (f"Measured by puzzle-nas probe ({'quick' if self.quick else 'full'} plan, torch "
-                f"{self.torch.__version__}"
-                + (f", {self.threads} CPU thread(s)" if self.threads else "")
-                + "). Peaks are the best achieved GEMM rates (dense), not datasheet figures, so "
-                "large-GEMM efficiency is near 1.0.")
-        return HardwareProfile(
-            name=name or _slug(self.device_name),
-            display_name=self.device_name,
-            vendor=self.vendor,
-            notes=note,
-            memory_bytes=Figure(value=self.memory_bytes, source=f"{src}: {self.memory_how}"),
-            memory_bandwidth=Figure(value=bw, source=f"{src}: best {bw_best['op']} rate "
-                                    f"counting read + write bytes, over {how}"),
-            peak_flops=peaks,
-            efficiency=eff,
-            kernel_overhead_s=Figure(value=overhead, source=f"{src}: {ovh_how}"),
-            l2_bytes=Figure(value=self.llc, source=f"read on {self.device_name} {self.date} by "
-                            f"puzzle-nas probe: {self.llc_how}") if self.llc else None,
-            interconnect=ic,
-            gpus_per_node=gpn,
-        )
-
-    def _net_note(self) -> str:
-        if self.kind == "cpu":
-            return " (measured kernel overhead subtracted from each time)"
-        return ""
+    def device(self) -> DeviceInfo:
+        """What this run read of the device (everything :func:`derive` needs besides the
+        measurement log)."""
+        return DeviceInfo(
+            kind=self.kind, name=self.device_name, vendor=self.vendor,
+            memory_bytes=self.memory_bytes, memory_how=self.memory_how, llc=self.llc,
+            llc_how=self.llc_how, dtypes=tuple(self.dtypes), date=self.date,
+            torch_version=self.torch.__version__, threads=self.threads, quick=self.quick,
+            launch_iters=self.plan.launch_iters,
+            visible_gpus=(max(self.torch.cuda.device_count(), 1) if self.kind == "cuda"
+                          else None))
