@@ -367,3 +367,17 @@ def test_bad_input_is_one_line_and_exit_2(work, tmp_path, capsys):
     code = ("import sys, nas.cli, nas.cli.score, nas.scoring.job, nas.scoring.data; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], env=_env()).returncode == 0
+
+
+def test_sharding_deals_every_item_once_balanced_by_cost(work):
+    from nas.scoring.runner import shard
+
+    job = _job(work, **SETTINGS)
+    items = make_items(PARENT, job.alts, "p", job.split.digest, job.settings)
+    for world in (1, 2, 3, 7):
+        parts = shard(PARENT, items, world)
+        assert len(parts) == world and parts == shard(PARENT, items, world)
+        keys = [it.key for p in parts for it in p]
+        assert sorted(keys) == sorted(it.key for it in items)
+        if world == 2:  # both ranks get early (expensive) and late (cheap) blocks
+            assert {it.block for it in parts[0]} & {it.block for it in parts[1]} >= {0, 6}

@@ -1,7 +1,7 @@
 """The scoring job: spec + parent checkpoint + tokens -> ``scores.csv`` and friends.
 
 One process or many: under ``torchrun`` (``WORLD_SIZE`` set) the (block, alternative)
-items are dealt round-robin to the ranks over ``torch.distributed`` (gloo on CPU, nccl on
+items are shared out to the ranks over ``torch.distributed`` (gloo on CPU, nccl on
 CUDA); each rank commits its results to its own SQLite file, and rank 0, after a barrier,
 merges every rank's rows and writes the outputs. Results are keyed by content
 (:func:`nas.scoring.core.make_items`), so a rerun, with any number of ranks, skips
@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
+from nas.arch import ModelArch
 from nas.build import load_pretrained
 from nas.io import atomic_write_json
 from nas.progress import Progress
@@ -80,6 +82,25 @@ def init_distributed(device: str) -> tuple[int, int, str]:
     return rank, world, device
 
 
+def shard(parent: ModelArch, items: list[Item], world: int) -> list[list[Item]]:
+    """Items per rank, balanced by estimated cost (longest first to the least loaded rank;
+    the same on every rank). An item of block ``i`` runs parent blocks ``i+1..L-1`` and the
+    LM head on every held-out token, so its cost is taken as their parameters plus the
+    replaced block's."""
+    bp = parent.block_params(active=True).astype(float)
+    tail = np.concatenate([np.cumsum(bp[::-1])[::-1][1:], [0.0]])
+    head = float(parent.hidden_size * parent.vocab_size)
+    cost = [tail[it.block] + head + float(bp[it.block]) for it in items]
+    order = sorted(range(len(items)), key=lambda k: (-cost[k], k))
+    load = [0.0] * world
+    out: list[list[int]] = [[] for _ in range(world)]
+    for k in order:
+        r = min(range(world), key=lambda j: (load[j], j))
+        out[r].append(k)
+        load[r] += cost[k]
+    return [[items[k] for k in sorted(ks)] for ks in out]
+
+
 def _rows(job: Job, items: list[Item], results: dict[str, ScoreRow], tokens: int
           ) -> list[dict[str, Any]]:
     by_key = {it.alt: it.key for it in items}
@@ -117,7 +138,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings)
     keys = [it.key for it in items]
     done = read_all(out, keys)
-    mine = [it for k, it in enumerate(items) if k % world == rank]
+    mine = shard(job.parent_arch, items, world)[rank]
     todo = [it for it in mine if it.key not in done]
     kill_after = int(os.environ.get(KILL_ENV, "-1"))
     scored = 0
