@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from costmodels.blocks import price_blocks
-from costmodels.model import max_concurrency, price_nonblock, summarize
+from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
 from nas import __version__
 from nas.arch import ModelArch
 from nas.hf import to_hf
@@ -53,12 +53,15 @@ class Blueprint(BaseModel):
     provenance: dict[str, Any]
 
 
+def nonblock_shape(arch: ModelArch) -> NonBlockShape:
+    """The shape of ``arch``'s non-block parts (embeddings, final norm, LM head)."""
+    return NonBlockShape(arch.hidden_size, arch.vocab_size, arch.tie_embeddings, arch.final_norm)
+
+
 def predict(arch: ModelArch, problem: Any) -> dict[str, Any]:
     """Serving figures of ``arch`` for every workload of ``problem`` (a ``nas.search.Problem``):
     TTFT, TPOT, latency, throughput per GPU and node, per-user tok/s, memory, and the largest
     concurrency that fits at the workload's context (isl + osl)."""
-    from nas.search import nonblock_shape
-
     wls = list(problem.workloads.values())
     adp = bool(getattr(problem, "attention_dp", False))
     blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, tp=problem.tp,
@@ -90,9 +93,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                    parent_predicted: dict[str, Any] | None = None) -> Blueprint:
     """Assemble the blueprint of one solution (``parent_predicted``: the parent's
     :func:`predict`, to share between the blueprints of one run)."""
-    from nas.search import _flat
-
-    flat = _flat(alts)
+    flat = [a for block in alts for a in block]
     pa = problem.parent
     choices = []
     for r in result.chosen:

@@ -4,7 +4,7 @@ Importing this package needs torch (an optional extra of puzzle-nas).
 
 * :func:`build_model` - a randomly initialized :class:`~nas.modules.CausalLM` of an arch,
   built block by block in the target dtype (peak memory: the model plus one block in
-  float32);
+  float32; :mod:`nas.build_random`);
 * :func:`init_from_parent` - a child initialized from the parent's weights
   (:mod:`nas.build_inherit` lists the rule per pruning kind); the parent may be a checkpoint
   folder, streamed one block at a time;
@@ -17,99 +17,23 @@ Importing this package needs torch (an optional extra of puzzle-nas).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch
-from nas.modules.layers import RMSNorm, default_out_std
-from nas.modules.model import Block, CausalLM
-
-INIT_STD = 0.02  # CausalLM.reset_parameters' default
-
-
-def _real(factory: Callable[[], nn.Module]) -> nn.Module:
-    """Construct a module on the CPU without touching the caller's RNG stream (whatever
-    default init the constructor draws is overwritten by the caller)."""
-    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
-        return factory()
-
-
-class _Materializer:
-    """Turns a meta-device :class:`CausalLM` into a real one, one piece at a time, drawing
-    the random init in exactly the order of :meth:`CausalLM.reset_parameters`."""
-
-    def __init__(self, model: CausalLM, dtype: torch.dtype, std: float = INIT_STD):
-        self.model, self.dtype, self.std = model, dtype, std
-        self.out_std = default_out_std(len(model.blocks), std)
-
-    def nonblock(self) -> None:
-        m, arch = self.model, self.model.arch
-        h, v = arch.hidden_size, arch.vocab_size
-        emb = _real(lambda: nn.Embedding(v, h))
-        nn.init.normal_(emb.weight, std=self.std)
-        m.embed = emb.to(self.dtype)
-        if m.lm_head is not None:
-            head = _real(lambda: nn.Linear(h, v, bias=False))
-            nn.init.normal_(head.weight, std=self.std)
-            m.lm_head = head.to(self.dtype)
-        if m.norm is not None:
-            m.norm = _real(lambda: RMSNorm(h, arch.norm_eps)).to(self.dtype)
-
-    def block(self, i: int, dtype: torch.dtype | None = None) -> Block:
-        """Block ``i`` randomly initialized (in float32, then cast to ``dtype``, default the
-        target dtype); not yet put into the model.
-
-        Allocated uninitialized (no constructor-time default init to pay for) and set by
-        ``reset_parameters``, which sets every parameter and persistent buffer; a block with
-        non-persistent buffers (derived values the constructor computes) is constructed for
-        real instead.
-        """
-        arch = self.model.arch
-        meta = self.model.blocks[i]
-        if any(getattr(m, "_non_persistent_buffers_set", None) for m in meta.modules()):
-            blk = _real(lambda: Block(arch.blocks[i], arch))
-        else:
-            blk = meta.to_empty(device="cpu")
-        blk.reset_parameters(self.std, self.out_std)
-        return blk.to(dtype or self.dtype)
-
-
-def build_model(arch: ModelArch, seed: int | None = 0,
-                dtype: torch.dtype = torch.float32, progress: bool | None = None) -> CausalLM:
-    """A randomly initialized model of ``arch`` (seeded; ``seed=None`` uses the global RNG).
-
-    Built on the meta device and materialized block by block: each block is initialized in
-    float32 and cast to ``dtype``, so the values do not depend on ``dtype`` beyond the cast
-    and the peak memory is the model in ``dtype`` plus one block in float32 (a progress bar
-    on a terminal, or as ``progress`` says). Stored
-    elements match ``arch.param_counts().total`` exactly (MTP blocks are not built).
-    """
-    with torch.device("meta"):
-        model = CausalLM(arch)
-
-    def fill() -> None:
-        from nas.progress import Progress
-
-        mat = _Materializer(model, dtype)
-        mat.nonblock()
-        with Progress(len(model.blocks), "build", progress) as bar:
-            for i in range(len(model.blocks)):
-                model.blocks[i] = mat.block(i)
-                bar.update(1)
-
-    if seed is None:
-        fill()
-    else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            fill()
-    return model
-
+from nas.build_checkpoint import (
+    _export_config,
+    hf_layout,
+    hf_state_dict,
+    load_pretrained,
+    save_pretrained,
+)
+from nas.build_inherit import init_from_parent
+from nas.build_random import build_model
+from nas.modules.model import CausalLM
 
 # ---------------------------------------------------------------------------------------
 # memory
@@ -208,8 +132,6 @@ def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool =
     except ImportError:
         raise InputError("to_transformers needs the transformers package "
                          "(pip install transformers)") from None
-    from nas.build_checkpoint import _export_config, hf_layout
-
     cfg = _export_config(model, model_type)
     mt = cfg["model_type"]
     try:
@@ -234,15 +156,10 @@ def from_transformers(hf_model: Any) -> CausalLM:
     the file cache)."""
     import tempfile
 
-    from nas.build_checkpoint import load_pretrained
-
     with tempfile.TemporaryDirectory(prefix="puzzle-nas-hf-") as tmp:
         hf_model.save_pretrained(tmp)
         return load_pretrained(tmp)
 
-
-from nas.build_checkpoint import hf_layout, hf_state_dict, load_pretrained, save_pretrained  # noqa: E402
-from nas.build_inherit import init_from_parent  # noqa: E402
 
 __all__ = ["available_memory", "build_model", "check_memory", "estimate_build_memory",
            "from_transformers", "hf_layout", "hf_state_dict", "init_from_parent",

@@ -44,10 +44,13 @@ import torch
 
 from hwprofiles.errors import InputError
 from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.build_checkpoint import CheckpointReader
+from nas.build_random import Materializer
 from nas.modules.layers import AttentionMixer, FFNMixer, LinearMixer
 from nas.modules.mamba import MambaMixer, ssd_chunked
 from nas.modules.model import CausalLM
 from nas.modules.moe import MoEMixer
+from nas.progress import Progress
 
 MAX_TOKENS = 8192  # calibration tokens used for importance (a prefix of the batch)
 
@@ -338,10 +341,6 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
     ``dtype`` is the child's (default: the parent's as stored); with a parent in memory the
     rules compute in the parent's dtype.
     """
-    from nas.build import _Materializer
-    from nas.build_checkpoint import CheckpointReader
-    from nas.progress import Progress
-
     reader = None
     if isinstance(parent_model, CausalLM):
         pa = parent_model.arch
@@ -382,7 +381,7 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
     report = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        mat = _Materializer(child, target)
+        mat = Materializer(child, target)
         mat.nonblock()
         for m in (child.embed, child.lm_head, child.norm):
             if m is not None:

@@ -39,14 +39,16 @@ from costmodels import shapes
 from costmodels.blocks import BlockCosts, price_blocks
 from costmodels.dtypes import PrecisionRecipe, get_recipe, recipe_from_dict
 from costmodels.memory import DEFAULT_PREFILL_CHUNK
-from costmodels.model import NonBlockCosts, NonBlockShape, price_nonblock, workspace_bytes
+from costmodels.model import NonBlockCosts, price_nonblock, workspace_bytes
 from costmodels.serving import SLOPoint, concurrency_grid, parse_slo, slo_throughput
 from costmodels.workload import Workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
+from nas import blueprint as bpm
 from nas import mip, space
 from nas import quality as q
 from nas.arch import ModelArch, NoOp, blocks_table
+from nas.blueprint import nonblock_shape
 from nas.hf import from_hf, load_config
 from nas.io import check_output_dir
 from nas.library import BlockLibrary
@@ -129,10 +131,6 @@ class Priced:
     active_params: np.ndarray
     nonblock: NonBlockCosts
     workspace_bytes: dict[str, float]
-
-
-def nonblock_shape(arch: ModelArch) -> NonBlockShape:
-    return NonBlockShape(arch.hidden_size, arch.vocab_size, arch.tie_embeddings, arch.final_norm)
 
 
 def _flat(alts: list[list[space.Alternative]]) -> list[space.Alternative]:
@@ -736,8 +734,6 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
         progress: bool | None = None) -> SearchOutcome:
     """spec -> blueprint(s), ``report.md``, ``library.json`` and ``pareto.png`` in ``out_dir``."""
     import time
-
-    from nas import blueprint as bpm
 
     t: dict[str, float] = {}
     t0 = time.perf_counter()
