@@ -63,3 +63,6 @@ def read_json(path: str | Path) -> Any:
     except json.JSONDecodeError as exc:
         raise InputError(f"not valid JSON ({exc.msg} at line {exc.lineno})",
                          path=str(path)) from None
+    except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits, deep nesting
+        raise InputError(f"not readable JSON ({str(exc).splitlines()[0][:120]})",
+                         path=str(path)) from None

@@ -82,6 +82,17 @@ _INT_CAPS: dict[str, tuple[int, str]] = {
 }
 
 
+def _show(v: Any) -> str:
+    """A value for a message: huge integers by their size, not their 400 digits."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**15:
+        return f"a {len(str(abs(v)))}-digit integer"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return repr(v)
+
+
 def _head_dim(r: _Reader, hidden: int, heads: int) -> int:
     """``head_dim``, or hidden / heads when the config leaves it out (then it must divide)."""
     d = r.int("head_dim", None)
@@ -122,16 +133,16 @@ class _Reader:
             raise self.err(key, f"expected an integer >= {minimum}, got {v!r}")
         cap = _INT_CAPS.get(key, (MAX_CONFIG_INT, "exact in float64 and in JSON readers"))
         if v > cap[0]:
-            got = f"{v:,}" if isinstance(v, int) else f"{v:.6g}"
-            raise self.err(key, f"expected at most {cap[0]:,} ({cap[1]}), got {got}")
+            raise self.err(key, f"expected at most {cap[0]:,} ({cap[1]}), got {_show(v)}")
         return int(v)
 
     def float(self, key: str, default: Any = _MISSING) -> Any:
         v = self.raw(key, default)
         if v is None and default is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            raise self.err(key, f"expected a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int | float) or \
+                (isinstance(v, int) and abs(v) > MAX_CONFIG_INT) or not math.isfinite(v):
+            raise self.err(key, f"expected a finite number, got {_show(v)}")
         return float(v)
 
     def bool(self, key: str, default: Any = _MISSING) -> bool:
@@ -286,6 +297,8 @@ def _rope(r: _Reader, mt: str) -> tuple[float, dict[str, Any] | None]:
         raise sub.err("partial_rotary_factor", "partial rotary embeddings are not supported")
     kind = params.get("rope_type", params.get("type", "default"))
     sub.used.update({"rope_type", "type"})
+    if not isinstance(kind, str):
+        raise sub.err("rope_type", f"expected a string, got {kind!r}")
     if kind in _ROPE_REFUSED:
         raise sub.err("rope_type", f"{kind!r}: {_ROPE_REFUSED[kind]}")
     if kind not in _ROPE_KEYS:

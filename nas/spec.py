@@ -41,6 +41,8 @@ WORKLOAD_METRICS = ("memory", "ttft", "tpot", "per_user_tps", "throughput", "run
 GLOBAL_METRICS = ("total_params", "active_params", "weight_memory", "kept_blocks", "quality")
 METRICS = WORKLOAD_METRICS + GLOBAL_METRICS
 # metrics where larger is better: their bounds are lower bounds
+RATE_METRICS = ("throughput", "per_user_tps")
+"""Budgets on a rate: the bound turns into a time (tokens / rate), so it must be > 0."""
 HIGHER_IS_BETTER = ("per_user_tps", "throughput", "max_concurrency", "kept_blocks")
 
 
@@ -226,9 +228,12 @@ class BudgetSpec(_Model):
         metric = info.data.get("metric")
         if v is not None and metric is not None:
             try:
-                parse_quantity(v, metric, info.field_name or "")
+                num, _ = parse_quantity(v, metric, info.field_name or "")
             except InputError as exc:
                 raise ValueError(str(exc).split(": ", 1)[-1]) from None
+            if metric in RATE_METRICS and not num > 0:
+                raise ValueError(f"a {metric} bound must be > 0 (it becomes a time bound, "
+                                 f"tokens / rate), got {v!r}")
         return v
 
 
@@ -301,6 +306,17 @@ class SearchSpec(_Model):
     solver: SolverSpec = Field(default_factory=SolverSpec)
     runtime_reserve: str | float = Field(default="2 GiB", description="memory held back for "
                                          "the serving runtime (CUDA context, allocator slack)")
+
+    @field_validator("runtime_reserve")
+    @classmethod
+    def _reserve(cls, v: str | float) -> str | float:
+        try:
+            num, rel = parse_quantity(v, "memory", "runtime_reserve")
+        except InputError as exc:
+            raise ValueError(str(exc).split(": ", 1)[-1]) from None
+        if rel or not num >= 0:
+            raise ValueError(f"expected a memory size >= 0 like '2 GiB', got {v!r}")
+        return v
 
     @field_validator("hardware", mode="before")
     @classmethod
@@ -397,8 +413,11 @@ def parse_quantity(value: str | float, metric: str, field: str) -> tuple[float, 
     """(number in base units, is_relative). ``"60%"`` -> (0.6, True). NaN is refused (it
     would compare false with everything and pass as a bound); an infinite bound means none."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if math.isnan(value):
-            raise InputError("expected a number, got NaN", field=field)
+        if isinstance(value, int) and abs(value) > 2**63 or not math.isfinite(value):
+            shown = f"a {len(str(abs(value)))}-digit integer" if isinstance(value, int) \
+                else repr(value)
+            raise InputError(f"expected a finite number, got {shown} (leave a budget out "
+                             "to not bound it)", field=field)
         return float(value), False
     text = str(value).strip()
     if text.endswith("%"):
@@ -422,6 +441,6 @@ def parse_quantity(value: str | float, metric: str, field: str) -> tuple[float, 
                          f"{sorted(u for u in units if u) or ['none']} or a percentage",
                          field=field)
     out = float(m.group(1)) * units[unit]
-    if math.isnan(out):
-        raise InputError(f"expected a number, got {value!r}", field=field)
+    if not math.isfinite(out):
+        raise InputError(f"expected a finite number, got {value!r}", field=field)
     return out, False

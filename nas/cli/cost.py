@@ -65,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+MAX_DRAFT_TOKENS = 64
+"""Tokens drafted per speculative step: 64 is 8x the deepest drafts engines run (EAGLE and
+MTP chains of up to ~8 tokens); acceptance beyond it is not physical."""
 MAX_TP = 72
 """Largest --tp: 72 GPUs, one GB200 NVL72 rack, the largest NVLink domain shipped."""
 
@@ -104,9 +107,13 @@ def run(args: argparse.Namespace) -> int:
     if args.context is not None and args.context > MAX_CONTEXT:
         raise InputError(f"{args.context:,} exceeds the cap {MAX_CONTEXT:,} (MAX_CONTEXT: the "
                          "largest int32 position)", field="--context")
-    if args.acceptance is not None and not math.isfinite(args.acceptance):
-        raise InputError(f"expected a finite number, got {args.acceptance}",
+    if args.acceptance is not None and not 1 <= args.acceptance <= MAX_DRAFT_TOKENS + 1:
+        raise InputError(f"expected tokens per step from 1 to {MAX_DRAFT_TOKENS + 1} "
+                         f"(MAX_DRAFT_TOKENS + the bonus token), got {args.acceptance}",
                          field="--acceptance")
+    if args.draft_tokens is not None and not 0 <= args.draft_tokens <= MAX_DRAFT_TOKENS:
+        raise InputError(f"expected 0 to {MAX_DRAFT_TOKENS} (MAX_DRAFT_TOKENS), got "
+                         f"{args.draft_tokens}", field="--draft-tokens")
     if args.tp > MAX_TP:
         raise InputError(f"{args.tp} exceeds the cap {MAX_TP} (MAX_TP: no node holds more "
                          "GPUs in one tensor-parallel group)", field="--tp")
