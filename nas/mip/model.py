@@ -303,9 +303,11 @@ class MipModel:
         self.sense = -1 if self.objective.sense == "max" else 1
         self.c_min = self.sense * c / self.obj_scale  # minimized, scaled objective
         self.h = _new_highs(self.opts.verbose, self.opts.restarts)
+        # HiGHS always minimizes c_min (a "max" objective is negated here), so its dual
+        # bound and objective cutoffs are in the same min-form units as everything below
         st = self.h.passModel(
-            R, nrow, int(A.nnz), 1, self.sense, 0.0,
-            c / self.obj_scale, lo, hi, self.row_lo, self.row_hi,
+            R, nrow, int(A.nnz), 1, 1, 0.0,
+            self.c_min, lo, hi, self.row_lo, self.row_hi,
             A.indptr.astype(np.int32), A.indices.astype(np.int32), A.data.astype(np.float64),
             np.ones(R, dtype=np.int32))
         if int(st) < 0:
@@ -406,12 +408,16 @@ class MipModel:
         self._pending_start = True
 
     # ---------------------------------------------------------------- solve
-    def _run(self, time_limit: float | None) -> tuple[str, np.ndarray | None, float, int, str]:
+    def _run(self, time_limit: float | None, cutoff: float | None = None
+             ) -> tuple[str, np.ndarray | None, float, int, str]:
         """One HiGHS run. Returns (status, x, dual bound in min-form scaled units, nodes,
-        message); status is optimal / feasible / infeasible / error."""
+        message); status is optimal / feasible / infeasible / error, or ``cutoff`` when a
+        ``cutoff`` (HiGHS' objective_bound, min-form units) was given and no child below it
+        exists (the bound returned is then ``cutoff - feastol``)."""
         import highspy
 
         self._set("time_limit", float(time_limit) if time_limit is not None else math.inf)
+        self._set("objective_bound", math.inf if cutoff is None else float(cutoff))
         if not self._pending_start:
             # HiGHS 1.16 reuses the previous run's solution as a MIP start, and the property
             # test caught it mis-valuing such a start after presolve (returning it as
@@ -425,7 +431,10 @@ class MipModel:
         nodes = int(max(info.mip_node_count, 0))
         MS = highspy.HighsModelStatus
         has_sol = int(info.primal_solution_status) == 2  # kSolutionStatusFeasible
-        bound = float(info.mip_dual_bound) * self.sense
+        bound = float(info.mip_dual_bound)
+        if cutoff is not None and not has_sol and ms in (
+                MS.kInfeasible, MS.kObjectiveBound, MS.kOptimal):
+            return "cutoff", None, cutoff - self.feastol, nodes, ""
         if ms == MS.kOptimal:
             status = "optimal"
         elif ms in (MS.kInfeasible, MS.kUnboundedOrInfeasible):
@@ -555,12 +564,25 @@ class MipModel:
                 hi[fix0] = 0.0
                 lo[fix1] = 1.0
                 self._bounds(lo, hi)
-                st, x, bnd, n, msg = self._run(left())
+                # with an incumbent, HiGHS searches only for children better than the
+                # allowed gap below it (a cutoff, never a MIP start)
+                cut = None if inc is None else u - self.allowed_gap(u) + self.feastol
+                st, x, bnd, n, msg = self._run(left(), cut)
                 nodes += n
                 if _DEBUG:
                     print(f"tau={tau:.3g} free={int(free.sum() - fix0.sum() - fix1.sum())} "
                           f"st={st} n={n} feastol={self.feastol:.3g} "
                           f"t={time.perf_counter() - t0:.3f}", file=sys.stderr)
+                if st == "cutoff":
+                    # no child below the cutoff among the free columns, and a child using
+                    # a fixed one costs >= lb0 + tau (cutoff - feastol, without rounding)
+                    bnd = u - self.allowed_gap(u)
+                    bound = max(bound, bnd if full else min(bnd, lb0 + tau))
+                    if full or lb0 + tau >= u - self.allowed_gap(u):
+                        status = "optimal"
+                        break
+                    tau = (u - self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
+                    continue
                 if st == "infeasible":
                     if inc is not None and lb0 + tau >= u - self.allowed_gap(u):
                         # nothing better among the free columns, and a child using a fixed
@@ -630,7 +652,8 @@ class MipModel:
             # allowed_gap): a gap <= mip_rel_gap is exactly what "optimal" promises
             gap = max(0.0, u - bound_min) / max(abs(u), 1.0)
             bound = self.sense * bound_min * self.obj_scale + self.obj_const
-            if st == "optimal" and u - bound_min > self.allowed_gap(u) * (1 + 1e-12):
+            if st == "optimal" and u - bound_min > (self.allowed_gap(u) * (1 + 1e-9)
+                                                   + 4e-16 * abs(u)):
                 st = "feasible"  # the proven bound does not support "optimal"
         elif st == "optimal":
             st = "feasible"

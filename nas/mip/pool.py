@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -128,13 +128,18 @@ def sweep(
     pin: Sequence[int] = (),
     forbid: Sequence[int] = (),
     options: SolveOptions | None = None,
+    progress: Callable[[int, Result], None] | None = None,
 ) -> Sweep:
     """Re-solve with ``total(key) <= v`` for each ``v`` in ``values`` (replacing any upper
-    bound on ``key`` in ``budgets``). Points are solved from the tightest value to the
-    loosest on one HiGHS model (only the row bound changes); with
-    ``SolveOptions.warm_start`` each starts from the previous child (which stays feasible
-    as the bound loosens). Results come back in the order of ``values``. Infeasible points carry their
-    explanation in ``message``."""
+    bound on ``key`` in ``budgets``), on one HiGHS model (only the row bound changes).
+
+    The loosest point is solved first; every point whose bound its child meets has the
+    same optimum (the feasible set only shrinks), so it is reused, not re-solved. The other
+    points are solved from the tightest to the loosest, each given the previous point's
+    child as a checked incumbent (it stays feasible as the bound loosens; see
+    :meth:`MipModel.solve`). Results come back in the order of ``values``; ``progress(i,
+    result)`` is called as each point is done. Infeasible points carry their explanation in
+    ``message``."""
     bl = [b if isinstance(b, Budget) else Budget.parse(b) for b in budgets]
     library.kind(key)
     vals = [float(v) for v in values]
@@ -146,17 +151,32 @@ def sweep(
         idx = len(bl) - 1
     lo = bl[idx].lo
     m = MipModel(library, objective, bl, counts=counts, pin=pin, forbid=forbid, options=options)
-    results: list[Result | None] = [None] * len(vals)
-    prev: np.ndarray | None = None
-    for i in sorted(range(len(vals)), key=lambda j: vals[j]):
-        v = vals[i]
+    for v in vals:
         if lo is not None and v < lo:
             raise InputError(f"sweep value {v:g} is below the lower bound {lo:g} on {key!r}")
-        m.set_budget(idx, lo, v)
+    results: list[Result | None] = [None] * len(vals)
+
+    def done_point(i: int, res: Result) -> None:
+        results[i] = res
+        if progress is not None:
+            progress(i, res)
+
+    order = sorted(range(len(vals)), key=lambda j: vals[j])
+    loosest = order[-1]
+    m.set_budget(idx, lo, vals[loosest])
+    top = explained(m, m.solve(), max_resolves=0)  # shortest-path explanation only
+    done_point(loosest, top)
+    prev: np.ndarray | None = None
+    for i in order[:-1]:
+        if top.status == "optimal" and top.totals[key] <= vals[i]:
+            done_point(i, replace(top, seconds=0.0, message=(
+                f"the child at {key}<={vals[loosest]:g} meets this bound: same optimum")))
+            continue
+        m.set_budget(idx, lo, vals[i])
         if prev is not None:
             m.warm_start(prev)
-        res = explained(m, m.solve(incumbent=prev), max_resolves=0)  # shortest paths only
-        results[i] = res
+        res = explained(m, m.solve(incumbent=prev), max_resolves=0)
+        done_point(i, res)
         if res.ok:
             prev = res.chosen
     done = [r for r in results if r is not None]
