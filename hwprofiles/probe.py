@@ -54,7 +54,6 @@ __all__ = ["DeviceInfo", "ProbePlan", "ProbeResult", "default_plan", "derive", "
 
 #: dtypes the probe knows how to time (fp32 is timed but is not a profile compute dtype)
 PROBE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
-GIB = 2**30
 
 ProgressFn = Callable[[int, int, str], None]
 """``progress(done, total, note)``: called before each benchmark step and once at the end."""

@@ -21,6 +21,8 @@ import re
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hwprofiles.units import gb_gib
+
 # Compute dtypes a profile may list a peak for (the values of ``costmodels.dtypes.DType``
 # except fp32, which no cost here computes in).
 COMPUTE_DTYPES = ("bf16", "fp16", "fp8", "int8", "nvfp4", "mxfp4")
@@ -270,7 +272,7 @@ class HardwareProfile(BaseModel):
         """(field, value, source) rows for display; values formatted with units."""
         rows: list[tuple[str, str, str]] = []
         m = self.memory_bytes.value
-        rows.append(("memory", f"{m / 1e9:.1f} GB ({m / 2**30:.1f} GiB)", self.memory_bytes.source))
+        rows.append(("memory", gb_gib(m), self.memory_bytes.source))
         rows.append(("memory bandwidth", f"{self.memory_bandwidth.value / 1e12:.3f} TB/s",
                      self.memory_bandwidth.source))
         for d in COMPUTE_DTYPES:

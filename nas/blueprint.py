@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from costmodels.blocks import price_blocks
 from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
+from hwprofiles.units import gb_gib
 from nas import __version__
 from nas.arch import ModelArch
 from nas.hf import to_hf
@@ -31,8 +32,6 @@ from nas.io import (
     check_output_dir,
     staged_dir,
 )
-
-GB, GIB = 1e9, 2**30
 
 
 class Blueprint(BaseModel):
@@ -144,10 +143,6 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
     )
 
 
-def _fmt_bytes(n: float) -> str:
-    return f"{n / GB:.1f} GB ({n / GIB:.1f} GiB)"
-
-
 def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
     """A readable summary of a blueprint."""
     lines = [f"# puzzle-nas search: {bp.name}", ""]
@@ -178,7 +173,7 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
                 ("decode / token", "tpot_s", lambda v: f"{v * 1e3:.2f} ms"),
                 ("throughput / GPU", "throughput_tok_s", lambda v: f"{v:,.0f} tok/s"),
                 ("per-user speed", "per_user_tok_s", lambda v: f"{v:,.1f} tok/s"),
-                ("memory / GPU", "memory_bytes", _fmt_bytes)]
+                ("memory / GPU", "memory_bytes", gb_gib)]
         for label, key, f in rows:
             lines.append(f"| {name} | {label} | {f(pa[key])} | {f(ch[key])} | "
                          f"{_pct(ch[key], pa[key])} |")

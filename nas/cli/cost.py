@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-GB, GIB = 1e9, 2**30
+from hwprofiles.units import GIB, gb_gib
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,7 +80,7 @@ def _finite_nonneg(v: float | None, field: str) -> None:
 
 
 def _bytes(n: float) -> str:
-    return f"{n / GB:,.2f} GB ({n / GIB:,.2f} GiB)"
+    return gb_gib(n, 2)
 
 
 def run(args: argparse.Namespace) -> int:

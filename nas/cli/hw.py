@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-GB, GIB = 1e9, 2**30
+from hwprofiles.units import gb_gib
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             m = p.memory_bytes.value
             pk = {d: p.peak_flops[d].value / 1e12 for d in p.peak_flops}
             fp4 = max(pk.get("nvfp4", 0), pk.get("mxfp4", 0))
-            print(f"{n:<15} {p.display_name:<46} {f'{m / GB:.1f} GB ({m / GIB:.1f} GiB)':<24} "
+            print(f"{n:<15} {p.display_name:<46} {gb_gib(m):<24} "
                   f"{p.memory_bandwidth.value / 1e12:>6.2f} TB/s {_tf(pk['bf16'])} "
                   f"{_tf(pk.get('fp8', 0))} {_tf(fp4)}")
         return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-GB, GIB = 1e9, 2**30
+from hwprofiles.units import gb_gib
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,10 +22,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _b(n: float) -> str:
     return f"{n / 1e9:,.3f} B"
-
-
-def _bytes(n: float) -> str:
-    return f"{n / GB:,.2f} GB ({n / GIB:,.2f} GiB)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
     print("  per kind (total / active):")
     for k, n in s["params_by_kind"].items():
         print(f"    {k:<10} {n:>18,} / {s['active_params_by_kind'][k]:,}")
-    print(f"  weights under {recipe.name}: {_bytes(s['weight_bytes'])}")
+    print(f"  weights under {recipe.name}: {gb_gib(s['weight_bytes'], 2)}")
     for role, n in s["weight_bytes_by_role"].items():
-        print(f"    {role:<15} {_bytes(n)}")
+        print(f"    {role:<15} {gb_gib(n, 2)}")
     print(f"  KV cache per token: {s['kv_bytes_per_token']:,.0f} bytes ({recipe.kv_cache.value})")
     print(f"  SSM+conv state per sequence: {s['state_bytes_per_sequence']:,.0f} bytes "
-          f"({_bytes(s['state_bytes_per_sequence'])})")
+          f"({gb_gib(s['state_bytes_per_sequence'], 2)})")
     return 0

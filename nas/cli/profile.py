@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-GB, GIB = 1e9, 2**30
+from hwprofiles.units import GB, gb_gib
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
           + (f" and {meas_path} ({len(res.measurements)} timings)" if meas_path else ""))
     print(f"  device            {prof.display_name} ({meta['device_kind']}{threads}), "
           f"{meta['date']}, {'quick' if meta['quick'] else 'full'} plan")
-    print(f"  memory            {m / GB:,.1f} GB ({m / GIB:,.1f} GiB)")
+    print(f"  memory            {gb_gib(m)}")
     print(f"  memory bandwidth  {_bw(prof.memory_bandwidth.value)} (best copy/triad, "
           "read + write bytes)")
     for d, f in prof.peak_flops.items():

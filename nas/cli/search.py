@@ -6,9 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
+from hwprofiles.units import GIB
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DEFAULT_SPEC = EXAMPLES / "nemotron3-super-h100.json"
-GB, GIB = 1e9, 2**30
 
 
 def register(sub: argparse._SubParsersAction) -> None:
