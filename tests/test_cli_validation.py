@@ -40,7 +40,7 @@ BAD_CONFIGS = [
     ({"num_hidden_layers": 100_000_000}, "num_hidden_layers: expected at most 4,096"),
     ({"num_attention_heads": 24}, "num_attention_heads: 24 does not divide hidden_size 4096"),
     ({"intermediate_size": 10**7}, "width = 10,000,000 exceeds the cap 262,144"),
-    ({"rms_norm_eps": math.nan}, "rms_norm_eps: expected a number, got nan"),
+    ({"rms_norm_eps": math.nan}, "rms_norm_eps: expected a finite number, got nan"),
 ]
 
 
@@ -123,6 +123,13 @@ def _spec(tmp_path: Path, **changes: object) -> Path:
      "search_space.moe.top_k: 2 has no moe block to apply to"),
     ({"search_space": {"attention": {"kv_heads": [10**9]}}}, "kv_heads"),
     ({"workloads": {"chat": {"isl": 1e300, "osl": 8, "batch": 1}}}, "workloads.chat.isl"),
+    ({"budgets": [{"metric": "throughput", "workload": "chat", "min": 0}]},
+     "a throughput bound must be > 0"),
+    ({"budgets": [{"metric": "memory", "workload": "chat", "max": math.inf}]},
+     "expected a finite number, got inf (leave a budget out to not bound it)"),
+    ({"runtime_reserve": "-2 GiB"}, "runtime_reserve"),
+    ({"parent": {**json.loads(LLAMA.read_text()), "rope_scaling": {"rope_type": []}}},
+     "rope_scaling.rope_type: expected a string, got []"),
 ])
 def test_bad_spec_values(tmp_path, capsys, changes, needle):
     s = _spec(tmp_path, **changes)
