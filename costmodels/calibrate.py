@@ -48,7 +48,7 @@ from costmodels.model import (
 from costmodels.serving import parse_slo, slo_throughput
 from costmodels.shapes import BlockTable
 from costmodels.workload import DEFAULT_MAX_NUM_SEQS, DEFAULT_TOKEN_BUDGET, Workload
-from hwprofiles.errors import InputError, require_file
+from hwprofiles.errors import InputError, first_error, require_file
 from hwprofiles.schema import HardwareProfile
 
 FLOOR = 0.05
@@ -107,9 +107,8 @@ def load_measurements(path: str | Path) -> list[Measurement]:
             try:
                 out.append(Measurement.model_validate(row))
             except ValidationError as exc:
-                err = exc.errors()[0]
-                loc = ".".join(str(x) for x in err["loc"]) or "(row)"
-                raise InputError(f"row {n}: {err['msg']}", path=str(p), field=loc) from None
+                loc, msg = first_error(exc, "(row)")
+                raise InputError(f"row {n}: {msg}", path=str(p), field=loc) from None
     if not out:
         raise InputError("no measurements", path=str(p))
     return out

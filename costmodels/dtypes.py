@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hwprofiles.errors import InputError, read_json
+from hwprofiles.errors import InputError, first_error, read_json
 
 
 class DType(str, Enum):
@@ -214,6 +214,5 @@ def recipe_from_dict(data: object, source: str = "recipe") -> PrecisionRecipe:
     try:
         return PrecisionRecipe.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        raise InputError(err["msg"], path=source, field=loc) from None
+        loc, msg = first_error(exc, "(root)")
+        raise InputError(msg, path=source, field=loc) from None

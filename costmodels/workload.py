@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, first_error
 
 DEFAULT_TOKEN_BUDGET = 8192
 """Tokens per engine step (``max_num_batched_tokens``); TensorRT-LLM's ``max_num_tokens``
@@ -165,7 +165,6 @@ def parse_workload(text: str | Workload | dict) -> Workload:
     try:
         return Workload.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
+        loc, msg = first_error(exc)
         where = f"workload {text!r}" + (f" field {loc}" if loc else "")
-        raise InputError(str(err["msg"]).splitlines()[0], field=where) from None
+        raise InputError(msg, field=where) from None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hwprofiles.errors import InputError, read_json
+from hwprofiles.errors import InputError, first_error, read_json
 from hwprofiles.schema import HardwareProfile
 
 __all__ = ["HardwareProfile", "InputError", "available", "get", "load"]
@@ -28,9 +28,7 @@ def load(path: str | Path) -> HardwareProfile:
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        msg = str(err["msg"]).splitlines()[0]
+        loc, msg = first_error(exc, "(root)")
         raise InputError(f"{msg} (hardware profile)", path=str(path), field=loc) from None
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class InputError(ValueError):
@@ -30,6 +33,15 @@ class InputError(ValueError):
             parts.append(field)
         prefix = ": ".join(parts)
         super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+def first_error(exc: ValidationError, root: str = "") -> tuple[str, str]:
+    """``(field, message)`` of a pydantic ``ValidationError``'s first error, for a one-line
+    :class:`InputError`: the field as a dotted path (``root`` when the error is about the
+    whole object) and the first line of the message."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or root
+    return loc, (str(err["msg"]).splitlines() or [""])[0]
 
 
 def require_file(path: str | Path) -> Path:

@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hwprofiles.errors import InputError, read_json
+from hwprofiles.errors import InputError, first_error, read_json
 from nas.arch import (
     FFN,
     MAX_BLOCKS,
@@ -162,8 +162,8 @@ def _block(cls: type[_Block], r: _Reader, **kw: Any) -> _Block:
     try:
         return cls(**kw)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        raise InputError(f"invalid {cls.__name__.lower()} block: {e['msg']}", path=r.source,
+        raise InputError(f"invalid {cls.__name__.lower()} block: {first_error(exc)[1]}",
+                         path=r.source,
                          field=r.prefix.rstrip(".") or None) from None
 
 
@@ -203,9 +203,8 @@ def from_hf(cfg: Any, source: str = "config") -> ModelArch:
         return ModelArch(blocks=tuple(blocks), mtp_blocks=tuple(mtp), model_type=mt,
                          hf_extra_json=json.dumps(extra, sort_keys=True), **kw)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        raise InputError(e["msg"], path=source,
-                         field=".".join(str(p) for p in e["loc"])) from None
+        loc, msg = first_error(exc)
+        raise InputError(msg, path=source, field=loc) from None
 
 
 def _common(r: _Reader, eps_key: str, eps_default: float, mt: str) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hwprofiles.errors import InputError, read_json, require_file
+from hwprofiles.errors import InputError, first_error, read_json, require_file
 from nas.io import atomic_write, atomic_write_json
 
 FORMAT = "puzzle-nas/block-library"
@@ -351,9 +351,8 @@ class BlockLibrary:
         try:
             m = LibraryModel.model_validate(obj)
         except ValidationError as exc:
-            e = exc.errors()[0]
-            loc = ".".join(str(p) for p in e["loc"]) or "(root)"
-            raise InputError(f"{e['msg']}", path=source, field=loc) from None
+            loc, msg = first_error(exc, "(root)")
+            raise InputError(msg, path=source, field=loc) from None
         return cls.from_model(m, source=source)
 
     # ---------------------------------------------------------------- files

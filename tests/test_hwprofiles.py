@@ -174,3 +174,30 @@ def test_measured_curve_interpolates():
     c = p.efficiency.memory
     assert c.at(1e3) == pytest.approx(0.2) and c.at(1e12) == pytest.approx(0.8)
     assert c.at(10 ** 7.5) == pytest.approx(0.5)  # halfway in log(size)
+
+
+def test_first_error_is_one_line_with_its_field():
+    from pydantic import BaseModel, ValidationError, field_validator
+
+    from hwprofiles.errors import first_error
+
+    class Inner(BaseModel):
+        x: int
+
+        @field_validator("x")
+        @classmethod
+        def _two_lines(cls, v: int) -> int:
+            if v < 0:
+                raise ValueError("must be >= 0\nsee the docs")
+            return v
+
+    class Outer(BaseModel):
+        inner: list[Inner]
+
+    with pytest.raises(ValidationError) as bad:
+        Outer.model_validate({"inner": [{"x": 1}, {"x": -1}]})
+    assert first_error(bad.value) == ("inner.1.x", "Value error, must be >= 0")
+    with pytest.raises(ValidationError) as whole:
+        Outer.model_validate(3)
+    loc, msg = first_error(whole.value, "(root)")
+    assert loc == "(root)" and "\n" not in msg and msg

@@ -15,7 +15,7 @@ from types import FrameType
 
 from pydantic import ValidationError
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, first_error
 
 # (module under nas.cli) in the order they are listed by --help
 COMMANDS: list[str] = [
@@ -78,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"puzzle-nas {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        print(f"puzzle-nas {args.command}: error: {loc}: {err['msg']}", file=sys.stderr)
+        loc, msg = first_error(exc, "(root)")
+        print(f"puzzle-nas {args.command}: error: {loc}: {msg}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hwprofiles.errors import InputError
+from hwprofiles.errors import InputError, first_error
 
 
 def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
@@ -74,9 +74,9 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                         bld_steps=args.bld_steps, bld_lr=args.bld_lr, bld_batch=args.bld_batch,
                         seed=args.seed)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        name = "--" + str(err["loc"][0]).replace("_", "-")
-        raise InputError(f"{name}: {err['msg']}") from None
+        loc, msg = first_error(exc)
+        name = "--" + loc.split(".")[0].replace("_", "-")
+        raise InputError(f"{name}: {msg}") from None
 
 
 def _job(args: argparse.Namespace):  # type: ignore[no-untyped-def]
