@@ -13,10 +13,6 @@ import signal
 import sys
 from types import FrameType
 
-from pydantic import ValidationError
-
-from hwprofiles.errors import InputError, first_error
-
 # (module under nas.cli) in the order they are listed by --help
 COMMANDS: list[str] = [
     "search",
@@ -58,38 +54,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _who(args: argparse.Namespace) -> str:
+    cmd = getattr(args, "command", None)
+    return f"puzzle-nas {cmd}" if cmd else "puzzle-nas"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (0 ok, 2 bad input, 3 infeasible, 130 interrupted
     by SIGINT, 143 terminated by SIGTERM; an interrupted command leaves nothing half-written:
     every output is a temp file or a staged folder until it is complete)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     old_term = None
     try:
         old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:  # not the main thread: leave SIGTERM as it is
         pass
+    args = argparse.Namespace(command=None)
     try:
-        rc = args.func(args)
-    except InputError as exc:
-        print(f"puzzle-nas {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except ValidationError as exc:
-        loc, msg = first_error(exc, "(root)")
-        print(f"puzzle-nas {args.command}: error: {loc}: {msg}", file=sys.stderr)
-        return 2
+        # everything inside the try, imports included (hwprofiles and pydantic take ~1 s):
+        # a Ctrl-C at any moment is one line
+        from pydantic import ValidationError
+
+        from hwprofiles.errors import InputError, first_error
+
+        try:
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            if not getattr(args, "func", None):
+                parser.print_help()
+                return 2
+            rc = args.func(args)
+        except InputError as exc:
+            print(f"puzzle-nas {args.command}: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        except ValidationError as exc:
+            loc, msg = first_error(exc, "(root)")
+            print(f"puzzle-nas {args.command}: error: {loc}: {msg}", file=sys.stderr)
+            return 2
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:
-        print(f"puzzle-nas {args.command}: interrupted (SIGINT); nothing half-written was "
-              "left behind", file=sys.stderr)
+        print(f"{_who(args)}: interrupted (SIGINT); nothing half-written was left behind",
+              file=sys.stderr)
         return EXIT_SIGINT
     except Terminated:
-        print(f"puzzle-nas {args.command}: terminated (SIGTERM); nothing half-written was "
-              "left behind", file=sys.stderr)
+        print(f"{_who(args)}: terminated (SIGTERM); nothing half-written was left behind",
+              file=sys.stderr)
         return EXIT_SIGTERM
     finally:
         if old_term is not None:
