@@ -398,3 +398,21 @@ def test_changing_thread_counts_between_solves():
     lib = tiny()
     for t in (None, 1, 2, None, 1):
         assert solve(lib, "q", ["mem<=20"], options=SolveOptions(threads=t)).status == "optimal"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(), st.lists(st.integers(-2, 60), min_size=1, max_size=5))
+def test_sweep_points_equal_brute_force(prob, raw):
+    # the sweep reuses the loosest point's child and passes incumbents as cutoffs; every
+    # point must still be the brute-force optimum of its own budget
+    lib, obj, budgets = prob
+    key = budgets[0].key
+    others = budgets[1:]
+    sw = sweep(lib, obj, others, key=key, values=[float(v) for v in raw], options=EXACT)
+    for v, res in zip(raw, sw.results):
+        best = brute(lib, obj, [*others, Budget(key, None, float(v))])
+        if best is None:
+            assert res.status == "infeasible"
+        else:
+            assert res.status == "optimal"
+            assert res.objective == pytest.approx(best, abs=1e-6)

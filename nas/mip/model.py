@@ -456,13 +456,14 @@ class MipModel:
         u = float(self.c_min @ np.round(x))
         return status, x, min(bound, u - self.feastol), nodes, ""
 
-    def _lp_bound(self) -> tuple[str, float, np.ndarray]:
+    def _lp_bound(self, time_limit: float | None = None) -> tuple[str, float, np.ndarray]:
         """Solve the LP relaxation; return (status, a valid lower bound on the min-form scaled
         objective, reduced costs) from weak duality with the row duals (sign-clipped, so the
         bound holds for any duals HiGHS returns)."""
         self._set("solve_relaxation", True)
         try:
-            self._set("time_limit", math.inf)
+            self._set("time_limit", math.inf if time_limit is None else float(time_limit))
+            self._set("objective_bound", math.inf)
             self.h.clearSolver()
             with _fd1_redirected(self.opts.verbose):
                 self.h.run()
@@ -519,7 +520,7 @@ class MipModel:
         nodes = 0
         lp_status, lb0, d = "skipped", -math.inf, np.zeros(0)
         if o.fixing:
-            lp_status, lb0, d = self._lp_bound()
+            lp_status, lb0, d = self._lp_bound(left())
             if lp_status == "infeasible":
                 return self._result("infeasible", None, -math.inf, nodes, t0, "")
         est = max(abs(lb0) if math.isfinite(lb0) else 0.0, abs(self._unconstrained_min()))
