@@ -534,8 +534,9 @@ def _metric_value(problem: Problem, b: BudgetSpec, key: str, total: float) -> fl
 
 
 def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced: Priced,
-              homogeneous: bool = False) -> dict[str, Any]:
-    """Re-solve over the spec's sweep grid; returns points (metric value, quality)."""
+              homogeneous: bool = False, on_point: Any = None) -> dict[str, Any]:
+    """Re-solve over the spec's sweep grid; returns points (metric value, quality).
+    ``on_point()`` is called as each point is solved (a progress bar)."""
     sw = problem.spec.solver.sweep
     assert sw is not None
     b = problem.spec.budgets[sw.budget]
@@ -553,13 +554,16 @@ def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced
         if homogeneous:
             c2 = Constraints(cons.objective, others + [row], cons.counts)
             res = homogeneous_solve(library, c2)
+            if on_point is not None:
+                on_point()
         else:
             res = None
         results.append((v, row, res))
     if not homogeneous:
         hi = [r.hi if r.hi is not None else r.lo for _, r, _ in results]
         sw_res = mip.sweep(library, cons.objective, others, key=key, values=hi,
-                           counts=cons.counts, options=options_of(problem))
+                           counts=cons.counts, options=options_of(problem),
+                           progress=None if on_point is None else lambda i, r: on_point())
         results = [(v, r, res) for (v, r, _), res in zip(results, sw_res.results)]
     for v, _, res in results:
         if res is not None and res.ok:
@@ -775,19 +779,23 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
     writers: list[Any] = []  # deferred: every output is written at the end, as one set
     if problem.spec.solver.sweep is not None:
         t3 = time.perf_counter()
-        with Progress(1, "sweeping", progress) as bar:
+        n_points = 1 if problem.spec.solver.sweep.batch_sizes else \
+            len(sweep_values(problem)) * (1 + problem.spec.search_space.compare_homogeneous)
+        with Progress(n_points, "sweeping", progress) as bar:
             hom = problem.spec.search_space.homogeneous
             if problem.spec.solver.sweep.batch_sizes:
                 sweep = run_batch_sweep(problem, alts, quality, hom, progress=False)
                 if problem.spec.search_space.compare_homogeneous:
                     sweep["homogeneous"] = run_batch_sweep(problem, alts, quality, True,
                                                            progress=False)["points"]
+                bar.update(1)
             else:
-                sweep = run_sweep(problem, library, cons, priced, homogeneous=hom)
+                sweep = run_sweep(problem, library, cons, priced, homogeneous=hom,
+                                  on_point=bar.update)
                 if problem.spec.search_space.compare_homogeneous:
                     sweep["homogeneous"] = run_sweep(problem, library, cons, priced,
-                                                     homogeneous=True)["points"]
-            bar.update(1)
+                                                     homogeneous=True,
+                                                     on_point=bar.update)["points"]
         t["sweep_s"] = time.perf_counter() - t3
         pts = [(p["metric"], p["quality"]) for p in sweep["points"] if p["metric"] is not None]
         base = [(p["metric"], p["quality"]) for p in sweep.get("homogeneous", [])
