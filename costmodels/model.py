@@ -248,6 +248,26 @@ def workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts, tokens: np.ndar
     return _workspace(widest, tokens, logit_rows, nonblock.vocab_per_gpu)
 
 
+def workload_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts,
+                             prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
+    """``[W]`` activation workspace per GPU of each of ``blocks``' workloads, bytes: its
+    widest pass, ``min(prefill tokens of one pass, prefill_chunk)`` tokens but at least a
+    decode step's B, with ``max(prompts per pass, B)`` fp32 logit rows."""
+    wls = blocks.workloads
+    B = np.array([w.sequences for w in wls], dtype=np.float64)
+    Bp = np.array([w.prefill_sequences for w in wls], dtype=np.float64)
+    S = np.array([w.isl for w in wls], dtype=np.float64)
+    return workspace_bytes(blocks, nonblock, np.maximum(np.minimum(Bp * S, prefill_chunk), B),
+                           np.maximum(Bp, B))
+
+
+def concurrency_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts, context: int,
+                                prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> float:
+    """Activation workspace per GPU that :func:`max_concurrency` holds back, bytes: one
+    prefill chunk of ``min(context, prefill_chunk)`` tokens of one sequence (one logits row)."""
+    return float(workspace_bytes(blocks, nonblock, min(int(context), prefill_chunk), 1.0))
+
+
 def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
               rows: Sequence[int] | np.ndarray | None = None,
               reserve_bytes: float = DEFAULT_RESERVE_BYTES,
@@ -260,8 +280,6 @@ def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
     b = _rows(blocks, rows)
     wls = b.workloads
     B = np.array([w.sequences for w in wls], dtype=np.float64)
-    Bp = np.array([w.prefill_sequences for w in wls], dtype=np.float64)
-    S = np.array([w.isl for w in wls], dtype=np.float64)
     osl = np.array([w.osl for w in wls], dtype=np.float64)
     ttft = b.prefill_s.sum(axis=0) + nonblock.prefill_s
     tpot = b.decode_s.sum(axis=0) + nonblock.decode_s
@@ -273,8 +291,7 @@ def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
     ctx = np.array([w.max_context for w in wls], dtype=np.float64)
     kv = B * np.array([float(b.kv_bytes(c).sum()) for c in ctx])
     state = B * float(b.state_bytes_per_sequence.sum())
-    ws = workspace_bytes(b, nonblock, np.maximum(np.minimum(Bp * S, prefill_chunk), B),
-                         np.maximum(Bp, B))
+    ws = workload_workspace_bytes(b, nonblock, prefill_chunk)
     mem = memory_bytes(weights, kv / B, state / B, B, ws, reserve_bytes)
     usable = hw.memory_bytes.value
     return ModelCosts(
@@ -331,7 +348,7 @@ def max_concurrency(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwarePro
     weights = float(b.weight_bytes.sum()) + nonblock.weight_bytes
     kv = float(b.kv_bytes(context).sum())
     state = float(b.state_bytes_per_sequence.sum())
-    ws = float(workspace_bytes(b, nonblock, min(int(context), prefill_chunk), 1.0))
+    ws = concurrency_workspace_bytes(b, nonblock, context, prefill_chunk)
     usable = hw.memory_bytes.value
     free = usable - weights - ws - reserve_bytes
     per = kv + state

@@ -38,8 +38,13 @@ import hwprofiles
 from costmodels import shapes
 from costmodels.blocks import BlockCosts, price_blocks
 from costmodels.dtypes import PrecisionRecipe, get_recipe, recipe_from_dict
-from costmodels.memory import DEFAULT_PREFILL_CHUNK
-from costmodels.model import NonBlockCosts, price_nonblock, workspace_bytes
+from costmodels.model import (
+    NonBlockCosts,
+    concurrency_workspace_bytes,
+    max_concurrency,
+    price_nonblock,
+    workload_workspace_bytes,
+)
 from costmodels.serving import SLOPoint, concurrency_grid, parse_slo, slo_throughput
 from costmodels.workload import Workload
 from hwprofiles.errors import InputError
@@ -151,16 +156,14 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
     nb = price_nonblock(nonblock_shape(problem.parent), problem.hw, problem.recipe, wl,
                         tp=problem.tp, attention_dp=problem.attention_dp)
     # activation workspace is a max over blocks, not a sum: hold the parent's (a child is no
-    # wider) as a constant, so memory budgets stay linear and conservative; same formula as
-    # costmodels.model.summarize
+    # wider) as a constant, so memory budgets stay linear and conservative; costmodels'
+    # workspaces of a workload (summarize) and of max_concurrency ("#conc")
     parent_rows = rows.take([i for i, a in enumerate(flat) if a.is_parent])
+    per_workload = workload_workspace_bytes(parent_rows, nb)
     workspace = {}
-    for w in wl:
-        tokens = max(min(w.prefill_sequences * w.isl, DEFAULT_PREFILL_CHUNK), w.sequences)
-        workspace[w.name] = float(workspace_bytes(parent_rows, nb, tokens,
-                                                  max(w.prefill_sequences, w.sequences)))
-        workspace[w.name + "#conc"] = float(workspace_bytes(
-            parent_rows, nb, min(w.max_context, DEFAULT_PREFILL_CHUNK), 1.0))
+    for j, w in enumerate(wl):
+        workspace[w.name] = float(per_workload[j])
+        workspace[w.name + "#conc"] = concurrency_workspace_bytes(parent_rows, nb, w.max_context)
     return Priced(rows, shapes.params(table).astype(np.float64),
                   shapes.params(table, active=True).astype(np.float64), nb, workspace)
 
@@ -230,6 +233,23 @@ class Constraints:
     # per budget row: (index of the spec budget it came from, library key it bounds)
     origin: list[tuple[int, str]] = field(default_factory=list)
     count_origin: list[int] = field(default_factory=list)
+    # cost columns the rows bound beyond the library's own (memory_bytes@W#N: memory with N
+    # sequences at W's context), each with its constant; see extend()
+    columns: dict[str, tuple[np.ndarray, float]] = field(default_factory=dict)
+
+    def extend(self, library: BlockLibrary) -> BlockLibrary:
+        """``library`` with :attr:`columns` added: a new library (``library`` itself when it
+        already has them all); the MIP reads this one."""
+        new = {k: v for k, v in self.columns.items() if k not in library.costs}
+        if not new:
+            return library
+        return BlockLibrary(
+            library.num_blocks, library.start, library.end,
+            {**library.costs, **{k: v for k, (v, _) in new.items()}}, library.scores,
+            labels=library.labels, tags=library.tags, children=library.children,
+            constants={**library.constants, **{k: c for k, (_, c) in new.items()}},
+            block_names=library.block_names, descriptive=library.descriptive,
+            source=library.source)
 
 
 def parent_totals(library: BlockLibrary) -> dict[str, float]:
@@ -240,27 +260,30 @@ def parent_totals(library: BlockLibrary) -> dict[str, float]:
 
 
 def _concurrency_key(problem: Problem, library: BlockLibrary, priced: Priced | None,
-                     wname: str, n: int) -> str:
-    """Add ``memory_bytes@W#N`` (memory with N sequences at W's context) to the library."""
+                     wname: str, n: int, columns: dict[str, tuple[np.ndarray, float]]) -> str:
+    """The key of ``memory_bytes@W#N`` (memory with N sequences at W's context), its column
+    and constant put in ``columns`` unless ``library`` has it (the library is not changed)."""
     key = f"memory_bytes@{wname}#{n}"
-    if key in library.costs:
+    if key in library.costs or key in columns:
         return key
     w = problem.workloads[wname]
-    rows = priced.rows if priced is not None else None
-    if rows is None:
+    if priced is None:
         raise InputError("max_concurrency budgets need the priced rows")
+    rows = priced.rows
     per_seq = rows.kv_bytes(w.max_context) + rows.state_bytes_per_sequence
-    library.costs[key] = rows.weight_bytes + n * per_seq
-    library.constants[key] = (priced.nonblock.weight_bytes  # type: ignore[union-attr]
-                              + priced.workspace_bytes[wname + "#conc"]  # type: ignore[union-attr]
-                              + problem.reserve_bytes)
+    columns[key] = (rows.weight_bytes + n * per_seq,
+                    priced.nonblock.weight_bytes + priced.workspace_bytes[wname + "#conc"]
+                    + problem.reserve_bytes)
     return key
 
 
 def budget_rows(problem: Problem, library: BlockLibrary, b: BudgetSpec, index: int,
-                priced: Priced | None = None, override: str | float | None = None
+                priced: Priced | None = None, override: str | float | None = None,
+                columns: dict[str, tuple[np.ndarray, float]] | None = None
                 ) -> tuple[list[mip.Budget], list[mip.CountRule], str]:
-    """Translate one spec budget into MIP rows (``override`` replaces its bound)."""
+    """Translate one spec budget into MIP rows (``override`` replaces its bound); cost
+    columns the rows need beyond the library's go into ``columns``."""
+    columns = {} if columns is None else columns
     where = f"budgets[{index}]"
     parent = parent_totals(library)
     m, wname = b.metric, b.workload
@@ -302,7 +325,8 @@ def budget_rows(problem: Problem, library: BlockLibrary, b: BudgetSpec, index: i
                 raise InputError("max_concurrency takes a min", field=f"{where}.max")
             n = int(math.ceil(val * (parent_max_concurrency(problem, library, priced, wname)
                                      if rel else 1.0)))
-            key = _concurrency_key(problem, library, priced, wname, n)  # type: ignore[arg-type]
+            key = _concurrency_key(problem, library, priced, wname, n,  # type: ignore[arg-type]
+                                   columns)
             out.append(mip.Budget(key, None, problem.device_bytes))
             text.append(f"max_concurrency@{wname} >= {n}")
             continue
@@ -321,18 +345,15 @@ def budget_rows(problem: Problem, library: BlockLibrary, b: BudgetSpec, index: i
 
 
 def parent_max_concurrency(problem: Problem, library: BlockLibrary, priced: Priced | None,
-                           wname: str) -> float:
-    """Largest concurrency the parent fits at workload ``wname``'s context (per GPU), with
-    the same workspace and reserve as ``costmodels.model.max_concurrency``."""
+                           wname: str) -> int:
+    """Largest concurrency the parent fits at workload ``wname``'s context (per GPU):
+    ``costmodels.model.max_concurrency`` of the parent's rows."""
     if priced is None:
         raise InputError("max_concurrency budgets need the priced rows")
-    w = problem.workloads[wname]
     idx = [i for i, lab in enumerate(library.labels) if lab == "parent"]
-    rows = priced.rows
-    per_seq = float((rows.kv_bytes(w.max_context) + rows.state_bytes_per_sequence)[idx].sum())
-    fixed = (parent_totals(library)["weight_bytes"] + priced.workspace_bytes[wname + "#conc"]
-             + problem.reserve_bytes)
-    return max(0.0, math.floor((problem.device_bytes - fixed) / per_seq)) if per_seq else math.inf
+    return max_concurrency(priced.rows, priced.nonblock, problem.hw,
+                           problem.workloads[wname].max_context, rows=idx,
+                           reserve_bytes=problem.reserve_bytes).max_concurrency
 
 
 def objective_of(problem: Problem) -> mip.Objective:
@@ -360,10 +381,11 @@ def objective_of(problem: Problem) -> mip.Objective:
 
 def constraints(problem: Problem, library: BlockLibrary, priced: Priced | None = None
                 ) -> Constraints:
-    """Objective, budget rows and count rows of the spec."""
+    """Objective, budget rows and count rows of the spec (new data: ``library`` is not
+    changed; rows on columns it lacks bring them in ``Constraints.columns``)."""
     cons = Constraints(objective_of(problem), [], [])
     for i, b in enumerate(problem.spec.budgets):
-        rows, counts, text = budget_rows(problem, library, b, i, priced)
+        rows, counts, text = budget_rows(problem, library, b, i, priced, columns=cons.columns)
         cons.budgets += rows
         cons.counts += counts
         cons.described.append(text)
@@ -388,6 +410,7 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
     """
     import time
 
+    library = cons.extend(library)
     t0 = time.perf_counter()
     # group parent blocks by their set of alternative labels (same parent shape)
     by_block: dict[int, list[int]] = {}
@@ -459,6 +482,7 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
 def solve(problem: Problem, library: BlockLibrary, cons: Constraints,
           homogeneous: bool | None = None) -> list[mip.Result]:
     """Solve (a diverse pool when the spec asks for one). Raises ``InfeasibleError``."""
+    library = cons.extend(library)
     hom = problem.spec.search_space.homogeneous if homogeneous is None else homogeneous
     if hom:
         res = homogeneous_solve(library, cons)
@@ -537,6 +561,7 @@ def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced
               homogeneous: bool = False, on_point: Any = None) -> dict[str, Any]:
     """Re-solve over the spec's sweep grid; returns points (metric value, quality).
     ``on_point()`` is called as each point is solved (a progress bar)."""
+    library = cons.extend(library)
     sw = problem.spec.solver.sweep
     assert sw is not None
     b = problem.spec.budgets[sw.budget]
@@ -762,6 +787,7 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
         with Progress(1, "solving", progress) as bar:
             results = solve(problem, library, cons)
             bar.update(1)
+    library = cons.extend(library)  # with the columns the budgets bound (blueprints, library.json)
     hom_res = None
     if problem.spec.search_space.compare_homogeneous and not problem.spec.search_space.homogeneous:
         hom_res = homogeneous_solve(library, cons)

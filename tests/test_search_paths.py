@@ -184,3 +184,30 @@ def test_homogeneous_search_with_count_rules(rule, kept):
     kept_free = sum("kept:attention" in lib2.tags[r] for r in free.chosen)
     assert kept_free <= 16 if "max" in rule else kept_free >= 16
     assert free.objective <= hom.objective + 1e-6 * max(1.0, abs(hom.objective))
+
+
+# ---- constraints are new data ----------------------------------------------------------------
+def test_constraints_leave_the_library_unchanged():
+    """A max_concurrency budget bounds a column the library lacks: constraints() returns it
+    in Constraints.columns and the solve reads an extended copy; the library stays as built."""
+    spec = llama_spec(budgets=[{"metric": "max_concurrency", "workload": "long", "min": "150%"}])
+    problem = search.resolve(parse_spec(spec), ".")
+    alts = search.alternatives(problem)
+    priced = search.price(problem, alts, progress=False)
+    q, _ = search.score(problem, alts)
+    lib = search.build_library(problem, alts, priced, q)
+    costs, constants = {k: v.copy() for k, v in lib.costs.items()}, dict(lib.constants)
+    cons = search.constraints(problem, lib, priced)
+    assert lib.costs.keys() == costs.keys() and lib.constants == constants
+    # the parent's figure is costmodels' (the same as predict's), 1.5x of it is asked
+    parent_n = search.parent_max_concurrency(problem, lib, priced, "long")
+    assert parent_n == predict(problem.parent, problem)["long"]["max_concurrency"] > 0
+    key = f"memory_bytes@long#{-(-3 * parent_n // 2)}"
+    assert list(cons.columns) == [key] and [b.key for b in cons.budgets] == [key]
+    ext = cons.extend(lib)
+    assert ext is not lib and key in ext.costs and key not in lib.costs
+    assert cons.extend(ext) is ext
+    res = search.solve(problem, lib, cons)[0]
+    child = search.child_arch(problem, lib, res.chosen, alts)
+    assert predict(child, problem)["long"]["max_concurrency"] >= 1.5 * parent_n
+    assert lib.costs.keys() == costs.keys()
