@@ -126,6 +126,17 @@ def test_mamba_incremental_equals_full(kw):
     assert cache["ssm"].shape == (2, 4, 4, 6)
 
 
+def test_mamba_autograd_path_equals_inference_path():
+    """The in-place (no autograd) conv / norm / skip path and the autograd path agree."""
+    m = _mamba(proj_bias=True)
+    x = torch.randn(2, 11, 16, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = m(x)
+    out = m(x.clone().requires_grad_(True))
+    assert out.requires_grad
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_mamba_is_causal():
     m = _mamba()
     x = torch.randn(1, 9, 16)

@@ -208,8 +208,9 @@ class MambaMixer(nn.Module):
         """Causal conv + SiLU over ``xbc (b, l, C)`` after ``prev`` (b, C, K-1) past inputs;
         returns the output (b, l, C) and the last K-1 inputs.
 
-        Computed in the ``(b, l, C)`` layout as ``K`` shifted multiply-adds (a depthwise
-        conv is that), with no transposed copies of the activations."""
+        Without autograd: in the ``(b, l, C)`` layout as ``K`` shifted multiply-adds (a
+        depthwise conv is that), in place, with no transposed copies of the activations;
+        with autograd: ``conv1d`` (its fused backward beats the multiply-adds')."""
         k = self.cfg.conv_kernel
         b, n, _ = xbc.shape
         w = self.conv1d.weight[:, 0, :].to(xbc.dtype)  # (C, K): tap j reads x[t - (K-1) + j]
@@ -218,13 +219,11 @@ class MambaMixer(nn.Module):
         else:
             xp = torch.cat([prev.to(xbc.dtype).transpose(1, 2), xbc], dim=1)
         bias = self.conv1d.bias
-        if _needs_grad(xbc, w, prev):
-            out = xp[:, k - 1:] * w[:, k - 1]
-            for j in range(k - 1):
-                out = out + xp[:, j:j + n] * w[:, j]
-            if bias is not None:
-                out = out + bias
-            out = F.silu(out)
+        if _needs_grad(xbc, w, prev):  # autograd: conv1d's fused backward is cheaper
+            out = F.conv1d(xp.transpose(1, 2), self.conv1d.weight.to(xbc.dtype),
+                           None if bias is None else bias.to(xbc.dtype),
+                           groups=self.conv_dim)
+            out = F.silu(out).transpose(1, 2)
         else:
             out = xp[:, k - 1:] * w[:, k - 1]
             for j in range(k - 1):
