@@ -175,7 +175,11 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
                 ("per-user speed", "per_user_tok_s", lambda v: f"{v:,.1f} tok/s"),
                 ("memory / GPU", "memory_bytes", gb_gib)]
         for label, key, f in rows:
-            lines.append(f"| {name} | {label} | {f(pa[key])} | {f(ch[key])} | "
+            cells = [f(pa[key]), f(ch[key])]
+            if key == "memory_bytes":  # the same marker `cost` prints
+                cells = [c + ("" if r.get("fits", True) else " **DOES NOT FIT**")
+                         for c, r in zip(cells, (pa, ch))]
+            lines.append(f"| {name} | {label} | {cells[0]} | {cells[1]} | "
                          f"{_pct(ch[key], pa[key])} |")
         lines.append(f"| {name} | max concurrency @ {pa['context']:,} tokens | "
                      f"{pa['max_concurrency']} | {ch['max_concurrency']} | |")

@@ -167,9 +167,11 @@ def test_build_replaces_an_existing_checkpoint_whole(tmp_path, tiny, capsys):
     pdir, cfg, calib = tiny
     out = tmp_path / "out"
     assert main(["build", str(pdir / "config.json"), "-o", str(out)]) == 0
+    assert "weights: RANDOM (seed 0)" in capsys.readouterr().out
     (out / "model-00009-of-00009.safetensors").write_bytes(b"stale shard")
     assert main(["build", str(cfg), "--parent", str(pdir), "--calib", str(calib),
                  "-o", str(out)]) == 0
+    assert "RANDOM" not in capsys.readouterr().out
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
     assert json.loads((out / "config.json").read_text())["intermediate_size"] == 32
     assert load_pretrained(out).num_stored() > 0
@@ -287,3 +289,20 @@ def test_search_sigint_leaves_old_or_new_set(tmp_path, delay_s):
     assert sorted(os.listdir(tmp_path)) == ["run", "spec.json"]
     if p.returncode != 0:
         assert "interrupted" in _one_line(err)
+
+
+def test_report_marks_memory_that_does_not_fit():
+    from nas.blueprint import Blueprint, report_markdown
+
+    row = {"ttft_s": 0.1, "tpot_s": 0.01, "throughput_tok_s": 1e3, "per_user_tok_s": 50.0,
+           "memory_bytes": 90e9, "fits": False, "max_concurrency": 0, "context": 4096}
+    bp = Blueprint(name="x", child={}, choices=[], params={"parent_total": 1, "child_total": 1,
+                   "parent_active": 1, "child_active": 1},
+                   predicted={"chat": {"parent": row, "child": {**row, "fits": True}}},
+                   quality={"value": 0.0, "source": "prior", "is_prior": True}, budgets=[],
+                   solver={"status": "optimal", "objective": 0.0, "gap": 0.0, "seconds": 0.1,
+                           "objective_key": "quality"},
+                   provenance={"profile": "h100-sxm", "tp": 1, "ep": 1, "recipe": "bf16",
+                               "spec_hash": "0", "version": "0"})
+    line = next(ln for ln in report_markdown(bp).splitlines() if "memory / GPU" in ln)
+    assert line.count("DOES NOT FIT") == 1 and line.index("DOES NOT FIT") < line.index("|", 30)

@@ -226,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
         "predicted_total": pc.total, "active_params": pc.active,
         "params_by_kind": pc.by_kind_total, "dtype": str(model.embed.weight.dtype)[6:],
         "mtp_blocks_not_built": len(model.arch.mtp_blocks), "init": report,
+        "random_weights": not args.parent,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -238,6 +239,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"    {k:<10} {n:>16,}")
     if model.arch.mtp_blocks:
         print(f"  MTP: {len(model.arch.mtp_blocks)} blocks in the config, not built or saved")
+    if not args.parent:
+        print(f"  weights: RANDOM (seed {args.seed}), not trained; pass --parent DIR --calib "
+              "FILE to initialize the child from its parent")
     if args.parent:
         copied = sum(r.endswith(": copied") for r in report)
         print(f"  initialized from {args.parent}: {copied} blocks copied")

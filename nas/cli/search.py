@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
             r = pc[who]
             print(f"{name:<14}{who:<8}{_ms(r['ttft_s']):>12}{r['tpot_s'] * 1e3:>11.2f}"
                   f"{r['throughput_tok_s']:>12,.0f}{r['per_user_tok_s']:>11,.1f}"
-                  f"{r['memory_bytes'] / GIB:>16,.1f}{str(r['max_concurrency']):>10}")
+                  f"{r['memory_bytes'] / GIB:>16,.1f}{str(r['max_concurrency']):>10}"
+                  + ("" if r.get("fits", True) else "  DOES NOT FIT"))
     print()
     for b in bp.budgets:
         print(f"budget {b['spec']}: {'BINDS' if b['binding'] else 'slack'} "
