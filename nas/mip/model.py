@@ -551,7 +551,7 @@ class MipModel:
                 pass  # not feasible under the current rows: ignore it
             else:
                 inc, u = x0, float(self.c_min @ x0)
-                tau = max(tau, (u - self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12)
+                tau = max(tau, (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12)
         status = "error"
         msg = ""
         bound = -math.inf
@@ -565,9 +565,10 @@ class MipModel:
                 hi[fix0] = 0.0
                 lo[fix1] = 1.0
                 self._bounds(lo, hi)
-                # with an incumbent, HiGHS searches only for children better than the
-                # allowed gap below it (a cutoff, never a MIP start)
-                cut = None if inc is None else u - self.allowed_gap(u) + self.feastol
+                # with an incumbent, HiGHS searches only for children better than half the
+                # allowed gap below it (a cutoff, never a MIP start; half, so that the
+                # bound it proves clears the gap by more than rounding)
+                cut = None if inc is None else u - 0.5 * self.allowed_gap(u) + self.feastol
                 st, x, bnd, n, msg = self._run(left(), cut)
                 nodes += n
                 if _DEBUG:
@@ -577,12 +578,12 @@ class MipModel:
                 if st == "cutoff":
                     # no child below the cutoff among the free columns, and a child using
                     # a fixed one costs >= lb0 + tau (cutoff - feastol, without rounding)
-                    bnd = u - self.allowed_gap(u)
+                    bnd = u - 0.5 * self.allowed_gap(u)
                     bound = max(bound, bnd if full else min(bnd, lb0 + tau))
                     if full or lb0 + tau >= u - self.allowed_gap(u):
                         status = "optimal"
                         break
-                    tau = (u - self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
+                    tau = (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
                     continue
                 if st == "infeasible":
                     if inc is not None and lb0 + tau >= u - self.allowed_gap(u):
@@ -622,7 +623,7 @@ class MipModel:
                 if full or lb0 + tau >= u - self.allowed_gap(u):
                     status = "optimal"
                     break
-                tau = (u - self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
+                tau = (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
         finally:
             self._bounds(self.col_lo, self.col_hi)
         if status == "infeasible":
