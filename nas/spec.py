@@ -418,7 +418,7 @@ def parse_quantity(value: str | float, metric: str, field: str) -> tuple[float, 
                 else repr(value)
             raise InputError(f"expected a finite number, got {shown} (leave a budget out "
                              "to not bound it)", field=field)
-        return float(value), False
+        return _in_range(float(value), value, field), False
     text = str(value).strip()
     if text.endswith("%"):
         try:
@@ -443,4 +443,17 @@ def parse_quantity(value: str | float, metric: str, field: str) -> tuple[float, 
     out = float(m.group(1)) * units[unit]
     if not math.isfinite(out):
         raise InputError(f"expected a finite number, got {value!r}", field=field)
-    return out, False
+    return _in_range(out, value, field), False
+
+
+MAX_QUANTITY = 1e18
+"""Largest budget magnitude in base units (1 EB, 3e10 years, 1e18 tok/s): HiGHS takes any
+bound of 1e20 or more as infinite and rejects models with huge ones, so a larger budget
+would bound nothing or fail in the solver."""
+
+
+def _in_range(out: float, value: Any, field: str) -> float:
+    if abs(out) > MAX_QUANTITY:
+        raise InputError(f"{value!r} is out of range (at most {MAX_QUANTITY:.0e} in base "
+                         "units; leave a budget out to not bound it)", field=field)
+    return out

@@ -128,6 +128,8 @@ def _spec(tmp_path: Path, **changes: object) -> Path:
     ({"budgets": [{"metric": "memory", "workload": "chat", "max": math.inf}]},
      "expected a finite number, got inf (leave a budget out to not bound it)"),
     ({"runtime_reserve": "-2 GiB"}, "runtime_reserve"),
+    ({"budgets": [{"metric": "memory", "workload": "chat", "max": -1e300}]},
+     "-1e+300 is out of range (at most 1e+18 in base units"),
     ({"parent": {**json.loads(LLAMA.read_text()), "rope_scaling": {"rope_type": []}}},
      "rope_scaling.rope_type: expected a string, got []"),
 ])
