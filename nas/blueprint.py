@@ -143,6 +143,26 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
     )
 
 
+def budget_in_user_terms(bp: Blueprint, b: dict[str, Any]) -> tuple[str, str] | None:
+    """(child, bound) of a memory budget in GB (GiB), or of a throughput or per-user-speed
+    budget in tok/s (the terms the spec used) instead of the runtime bound the MIP works on: the rate is inversely proportional
+    to the bounded time, so bound_rate = child_rate * child_time / time_bound."""
+    key, spec = str(b.get("key", "")), str(b.get("spec", ""))
+    if key.startswith(("memory_bytes", "weight_bytes")) and b.get("bound") is not None:
+        return gb_gib(b["child_value"]), gb_gib(b["bound"])
+    for prefix, field, word in (("runtime_s@", "throughput_tok_s", "throughput"),
+                                ("tpot_s@", "per_user_tok_s", "per_user_tps")):
+        if key.startswith(prefix) and word in spec:
+            w = key[len(prefix):]
+            child = bp.predicted.get(w, {}).get("child", {}).get(field)
+            t, bound = b.get("child_value"), b.get("bound")
+            if child is None or not t or not bound:
+                return None
+            unit = "tok/s/GPU" if word == "throughput" else "tok/s/user"
+            return f"{child:,.1f} {unit}", f"{child * t / bound:,.1f} {unit}"
+    return None
+
+
 def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
     """A readable summary of a blueprint."""
     lines = [f"# puzzle-nas search: {bp.name}", ""]
@@ -186,8 +206,11 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
     lines += ["", "## Budgets", "", "| budget | MIP key | bound | child | binds |",
               "|---|---|---:|---:|:---:|"]
     for b in bp.budgets:
-        lines.append(f"| {b['spec']} | `{b['key']}` | {b['bound']:.6g} | "
-                     f"{b['child_value']:.6g} | {'**yes**' if b['binding'] else 'no'} |")
+        user = budget_in_user_terms(bp, b)
+        bound, child = (f"{b['bound']:.6g}", f"{b['child_value']:.6g}") if user is None else (
+            f"{user[1]} ({b['bound']:.6g})", f"{user[0]} ({b['child_value']:.6g})")
+        lines.append(f"| {b['spec']} | `{b['key']}` | {bound} | "
+                     f"{child} | {'**yes**' if b['binding'] else 'no'} |")
     if not bp.budgets:
         lines.append("| (none) | | | | |")
     changed = [c for c in bp.choices if c["change"] != "parent"]

@@ -306,3 +306,24 @@ def test_report_marks_memory_that_does_not_fit():
                                "spec_hash": "0", "version": "0"})
     line = next(ln for ln in report_markdown(bp).splitlines() if "memory / GPU" in ln)
     assert line.count("DOES NOT FIT") == 1 and line.index("DOES NOT FIT") < line.index("|", 30)
+
+
+def test_budgets_in_the_users_terms():
+    from nas.blueprint import Blueprint, budget_in_user_terms
+
+    bp = Blueprint(name="x", child={}, choices=[], params={}, quality={}, solver={},
+                   provenance={}, budgets=[],
+                   predicted={"chat": {"child": {"throughput_tok_s": 2000.0,
+                                                 "per_user_tok_s": 50.0}}})
+    # child runtime 0.5 s under a 0.6 s bound: the bound is 2000 * 0.5 / 0.6 tok/s
+    tp = {"key": "runtime_s@chat", "spec": "throughput@chat >= 120%", "child_value": 0.5,
+          "bound": 0.6}
+    assert budget_in_user_terms(bp, tp) == ("2,000.0 tok/s/GPU", "1,666.7 tok/s/GPU")
+    pu = {"key": "tpot_s@chat", "spec": "per_user_tps@chat >= 40", "child_value": 0.02,
+          "bound": 0.025}
+    assert budget_in_user_terms(bp, pu) == ("50.0 tok/s/user", "40.0 tok/s/user")
+    mem = {"key": "memory_bytes@chat", "spec": "memory@chat <= 80 GB", "child_value": 40e9,
+           "bound": 80e9}
+    assert budget_in_user_terms(bp, mem)[1].startswith("80.0 GB (74.5 GiB)")
+    assert budget_in_user_terms(bp, {"key": "params", "spec": "params <= 1e9",
+                                     "child_value": 1.0, "bound": 2.0}) is None

@@ -43,6 +43,7 @@ def _ms(v: float) -> str:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from nas.blueprint import budget_in_user_terms
     from nas.search import run as run_search
     from nas.spec import load_spec
 
@@ -81,8 +82,10 @@ def run(args: argparse.Namespace) -> int:
                   + ("" if r.get("fits", True) else "  DOES NOT FIT"))
     print()
     for b in bp.budgets:
+        user = budget_in_user_terms(bp, b)
+        terms = "" if user is None else f"child {user[0]}, bound {user[1]}; "
         print(f"budget {b['spec']}: {'BINDS' if b['binding'] else 'slack'} "
-              f"({b['key']} = {b['child_value']:.6g}, bound {b['bound']:.6g})")
+              f"({terms}{b['key']} = {b['child_value']:.6g}, bound {b['bound']:.6g})")
     changed = sum(1 for c in bp.choices if c["change"] != "parent")
     print(f"{changed} of {len(bp.choices)} blocks changed; "
           f"{len(res.blueprints)} blueprint(s); total {res.timings['total_s']:.2f} s")
