@@ -30,7 +30,7 @@ from pydantic import (
 
 from costmodels.serving import parse_slo
 from hwprofiles.errors import InputError, read_json
-from nas.arch import MAX_CONTEXT, MAX_DIM, MAX_EXPERTS, MAX_HEADS
+from nas.arch import MAX_BLOCKS, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS, MAX_HEADS
 
 MAX_SWEEP_POINTS = 200
 """Points of a sweep (and batch sizes per point): each is a full MIP solve (0.1 s to
@@ -159,7 +159,8 @@ class AttentionSpace(_Axis):
 class FFNSpace(_Axis):
     widths: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
     fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
-    round_to: int = Field(default=64, ge=1, description="round fractional widths to this")
+    round_to: int = Field(default=64, ge=1, le=MAX_DIM,
+                          description="round fractional widths to this")
     noop: bool = False
     linear: bool = False
 
@@ -173,7 +174,7 @@ class MoESpace(_Axis):
     top_k: list[Annotated[int, Field(ge=1, le=MAX_EXPERTS)]] = Field(default_factory=list)
     shared_widths: list[Annotated[int, Field(ge=0, le=MAX_DIM)]] = Field(
         default_factory=list)
-    round_to: int = Field(default=64, ge=1)
+    round_to: int = Field(default=64, ge=1, le=MAX_DIM)
     noop: bool = False
 
 
@@ -283,10 +284,13 @@ class SweepSpec(_Model):
 class SolverSpec(_Model):
     time_limit: float = Field(default=60.0, gt=0, description="seconds per solve")
     gap: float = Field(default=1e-4, ge=0, description="relative MIP gap")
-    diverse: int = Field(default=1, ge=1, description="number of diverse solutions")
-    min_distance: int = Field(default=2, ge=1, description="blocks each solution differs in")
-    threads: int = Field(default=1, ge=1)
-    seed: int = 0
+    diverse: int = Field(default=1, ge=1, le=MAX_SWEEP_POINTS,
+                         description="number of diverse solutions (each one more solve)")
+    min_distance: int = Field(default=2, ge=1, le=MAX_BLOCKS,
+                              description="blocks each solution differs in")
+    threads: int = Field(default=1, ge=1, le=1024,
+                         description="HiGHS threads (at most 1,024: past any machine's cores)")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="HiGHS random_seed (int32)")
     sweep: SweepSpec | None = None
 
 
