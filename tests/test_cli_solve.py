@@ -180,6 +180,8 @@ def test_nvlabs_labels_pins_and_totals(nv_path, capsys):
     (["--gap", "nan"], "mip_rel_gap"),
     (["--threads", "0"], "threads"),
     (["--budget", "params<=nan"], "cannot read 'nan'"),
+    (["--sweep", "params=1e9:8e9:1000000000"], "N must be <= 1,000"),
+    (["--sweep", "params=1e9:inf:3"], "must be finite"),
 ])
 def test_bad_solver_options_exit_2(lib_path, capsys, argv, match):
     assert main(["solve", str(lib_path), "--objective", "kl_div", *argv]) == 2
