@@ -480,15 +480,17 @@ def from_puzzle(obj: Mapping[str, Any] | str | Path, *, source: str | None = Non
 
 
 _ADDITIVE = re.compile(r"(^|_)(mib|gib|kib|mb|gb|kb|bytes?|memory|mem|ms|us|s|sec|seconds|"
-                       r"runtime|latency|time|params?|flops?|macs|energy|j|loss|kl|kl_div|div|"
-                       r"score|error|acc)($|_)", re.IGNORECASE)
+                       r"runtime|latency|time|params?|flops?|macs|energy|j|kl|div|delta|"
+                       r"quality)($|_)", re.IGNORECASE)
 
 
 def is_additive_name(key: str) -> bool:
     """Whether a key's name says its per-child sum is meaningful: its last dotted part
-    (before any ``@workload``) names a memory, time, parameter, FLOP, energy or score
-    quantity (``stats.memory_mib``, ``runtime_s@chat``, ``stats.num_params``,
-    ``metrics.kl_div``), not a shape (``stats.num_kv_heads``)."""
+    (before any ``@workload``) names a memory, time, parameter, FLOP or energy quantity, or
+    a replace-1-block score that Puzzle treats as additive (a KL divergence, a ``*_delta``)
+    (``stats.memory_mib``, ``runtime_s@chat``, ``stats.num_params``, ``metrics.kl_div``);
+    not a shape (``stats.num_kv_heads``) nor an absolute metric of the replaced model
+    (``metrics.lm_loss``: the whole model's loss with that block replaced, ~1.64 each)."""
     leaf = key.split("@", 1)[0].rsplit(".", 1)[-1]
     return bool(_ADDITIVE.search(leaf))
 

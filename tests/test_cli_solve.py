@@ -160,7 +160,8 @@ def test_nvlabs_labels_pins_and_totals(nv_path, capsys):
     assert main([*argv, "--pin", f"layer_2:{escaped}"]) == 0
     out = capsys.readouterr().out
     assert "\t" not in out and escaped in out  # labels printed with their tabs escaped
-    assert "stats.memory_mib" in out and "stats.num_kv_heads" not in out  # additive only
+    assert "stats.memory_mib" in out and "metrics.kl_div" in out  # additive totals only
+    assert "stats.num_kv_heads" not in out and "metrics.lm_loss" not in out
     # the same pin by index, and with whitespace instead of the tab
     r = next(i for i in range(lib.num_replacements)
              if lib.start[i] == 2 and lib.labels[i] == label)
