@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -101,10 +102,14 @@ def _cli(work: Path, nproc: int, n: int) -> float:
            str(work / "parent"), "--data", str(work / "tokens.npy"), "-o", str(out),
            "--seq-len", "256", "--max-tokens", "4096", "--calib-tokens", "2048",
            "--nproc", str(nproc)]
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     subprocess.run(cmd, env=env, check=True, capture_output=True)
     dt = time.perf_counter() - t
+    ru2 = resource.getrusage(resource.RUSAGE_CHILDREN)  # launcher, torchrun and its ranks
+    cpu = ru2.ru_utime + ru2.ru_stime - ru.ru_utime - ru.ru_stime
     RESULTS.setdefault(f"ranks{nproc}", []).append(dt)
+    RESULTS.setdefault(f"cpu{nproc}", []).append(cpu)
     return dt
 
 
@@ -122,8 +127,12 @@ def test_two_ranks_vs_one(benchmark, work, capsys):
     two = [r.split(",")[:7] for r in (work / "out-2-0" / "scores.csv").read_text().splitlines()]
     assert one == two
     m1, m2 = statistics.median(RESULTS["ranks1"]), statistics.median(RESULTS["ranks2"])
+    c1, c2 = statistics.median(RESULTS["cpu1"]), statistics.median(RESULTS["cpu2"])
     benchmark.extra_info.update({"median_s_1rank": m1, "median_s_2ranks": m2,
-                                 "two_over_one": m2 / m1})
+                                 "two_over_one": m2 / m1, "cpu_s_1rank": c1,
+                                 "cpu_s_2ranks": c2})
     with capsys.disabled():
-        print(f"\n[bench_scoring] puzzle-nas score end to end, {os.cpu_count()} cores: median "
-              f"1 rank {m1:.2f} s, 2 ranks {m2:.2f} s -> 2 ranks / 1 rank {m2 / m1:.2f}x")
+        print(f"\n[bench_scoring] puzzle-nas score end to end, {os.cpu_count()} cores (load "
+              f"average {os.getloadavg()[0]:.1f}): median wall 1 rank {m1:.2f} s, 2 ranks "
+              f"{m2:.2f} s -> 2 ranks / 1 rank {m2 / m1:.2f}x; CPU seconds (all processes) "
+              f"{c1:.1f} vs {c2:.1f}")
