@@ -189,17 +189,18 @@ class MambaMixer(nn.Module):
 
     def gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """``RMSNorm(y * silu(z))`` over groups of ``I / n_groups`` channels, times weight
-        (float32 inside; in place when no gradient is recorded)."""
+        (float32 inside, rounded to ``y``'s dtype before the weight as in transformers; in
+        place when no gradient is recorded)."""
         shp = y.shape
         if _needs_grad(y, z, self.norm.weight):
             g = (y.float() * F.silu(z.float()))
             g = g.reshape(*shp[:-1], self.G, self.inner // self.G)
             g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-            return self.norm.weight * g.reshape(shp).to(z.dtype)
+            return self.norm.weight * g.reshape(shp).to(y.dtype)
         g = F.silu(z.float()) if z.dtype != torch.float32 else F.silu(z)
         g = g.mul_(y).view(*shp[:-1], self.G, self.inner // self.G)
         g.mul_(torch.rsqrt(g.square().mean(-1, keepdim=True).add_(self.eps)))
-        out = g.view(shp).to(z.dtype)
+        out = g.view(shp).to(y.dtype)
         return out.mul_(self.norm.weight) if out.dtype == self.norm.weight.dtype \
             else self.norm.weight * out
 
@@ -224,13 +225,15 @@ class MambaMixer(nn.Module):
                            None if bias is None else bias.to(xbc.dtype),
                            groups=self.conv_dim)
             out = F.silu(out).transpose(1, 2)
-        else:
-            out = xp[:, k - 1:] * w[:, k - 1]
+        else:  # accumulated in float32 (one rounding, as a conv kernel does), in place
+            acc = torch.float32 if xbc.dtype in (torch.bfloat16, torch.float16) else xbc.dtype
+            xa, wa = xp.to(acc), w.to(acc)
+            out = xa[:, k - 1:] * wa[:, k - 1]
             for j in range(k - 1):
-                out.addcmul_(xp[:, j:j + n], w[:, j])
+                out.addcmul_(xa[:, j:j + n], wa[:, j])
             if bias is not None:
-                out.add_(bias)
-            out = F.silu(out, inplace=True)
+                out.add_(bias.to(acc))
+            out = F.silu(out, inplace=True).to(xbc.dtype)
         return out, xp[:, xp.shape[1] - (k - 1):].transpose(1, 2).contiguous()
 
     def ssm_inputs(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -258,8 +261,10 @@ class MambaMixer(nn.Module):
             y = _add_skip(y, xs, self.D)
             if cache is not None:
                 cache["conv"], cache["ssm"] = last, final
-        y = y.reshape(b, n, self.inner).to(x.dtype)
-        return self.out_proj(self.gated_norm(y, z))
+        # as transformers: the scan's float32 output enters the gated norm as it is (the
+        # one-token step's is cast to the input dtype first, see _step)
+        y = y.reshape(b, n, self.inner)
+        return self.out_proj(self.gated_norm(y, z).to(x.dtype))
 
     def _step(self, xbc: torch.Tensor, dt_raw: torch.Tensor, cache: dict[str, Any]
               ) -> torch.Tensor:
@@ -270,7 +275,7 @@ class MambaMixer(nn.Module):
         cache["conv"] = window[..., 1:]
         xs, dt, A, B, C = self._ssm_args(F.silu(out), dt_raw, clamp=False)
         y, cache["ssm"] = ssd_step(xs, dt, A, B, C, cache["ssm"], inplace=True)
-        return _add_skip(y, xs, self.D)
+        return _add_skip(y, xs, self.D).to(xbc.dtype)
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02,
