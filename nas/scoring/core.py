@@ -41,6 +41,23 @@ from nas.scoring.job import Settings, check_parent  # noqa: F401  (re-exported)
 from nas.space import Alternative
 
 VERSION = "replace-1-block v1"  # part of every key: bump when the numerics change
+
+
+def code_digest() -> str:
+    """SHA-256 of the torch version and the source of everything that computes a score (the
+    modules, the init rules, the scoring core and BLD): part of every key, so that rows
+    computed by other code are never reused."""
+    import nas.build_inherit
+    import nas.modules
+    import nas.scoring.bld
+
+    h = hashlib.sha256(torch.__version__.encode())
+    files = sorted(Path(nas.modules.__file__).parent.glob("*.py")) + [
+        Path(nas.build_inherit.__file__), Path(__file__), Path(nas.scoring.bld.__file__)]
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
 METRICS = ("kl_div", "lm_loss_delta", "top1_agreement")
 
 
@@ -74,13 +91,15 @@ class Item:
 def make_items(parent: ModelArch, alts: list[list[Alternative]], parent_hash: str,
                data_hash: str, settings: Settings) -> list[Item]:
     """Every non-parent alternative, in block order, with its content key."""
+    code = code_digest()
     out = []
     for block_alts in alts:
         for a in block_alts:
             if a.is_parent:
                 continue
             pb = parent.blocks[a.block]
-            blob = json.dumps({"version": VERSION, "parent": parent_hash, "data": data_hash,
+            blob = json.dumps({"version": VERSION, "code": code, "parent": parent_hash,
+                               "data": data_hash,
                                "block": a.block, "parent_block": pb.model_dump(),
                                "child": a.child.model_dump(),
                                "settings": settings.model_dump()}, sort_keys=True)

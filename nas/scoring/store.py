@@ -3,8 +3,9 @@
 Each rank writes its own file ``store/rank-<r>.sqlite`` in the output folder; rank 0
 merges every rank's rows into ``scores.sqlite`` at the end. A result's ``key`` is the
 SHA-256 of the parent weights' hash, the data hash, the alternative (block index, parent
-and child block configs) and the scoring settings, so a rerun skips exactly the finished
-work, and changed settings, data or weights never reuse a stale row.
+and child block configs), the scoring settings and the scoring code (torch version and the
+source of the modules, init rules and scorer), so a rerun skips exactly the finished work,
+and changed settings, data, weights or code never reuse a stale row.
 """
 
 from __future__ import annotations
