@@ -293,6 +293,8 @@ class AttentionMixer(nn.Module):
         used = cache.get("len", 0)
         need = used + n
         kb = cache.get("k_buf")
+        if kb is not None and kb.shape[0] != b:
+            raise ValueError(f"KV cache holds a batch of {kb.shape[0]}, got {b}")
         if kb is None or kb.shape[2] < need or kb.dtype != k.dtype or kb.device != k.device:
             cap = max(need, int(cache.get("capacity") or 0),
                       2 * kb.shape[2] if kb is not None else 0)  # amortized O(1) growth
@@ -314,6 +316,8 @@ class AttentionMixer(nn.Module):
         b, _, n, d = k.shape
         seen = cache.get("len", 0)
         ring_k = cache.get("k_buf")
+        if ring_k is not None and ring_k.shape[0] != b:
+            raise ValueError(f"KV cache holds a batch of {ring_k.shape[0]}, got {b}")
         if ring_k is None:
             ring_k = k.new_empty(b, self.n_kv, window, d)
             cache["k_buf"], cache["v_buf"] = ring_k, v.new_empty(b, self.n_kv, window, d)
