@@ -44,13 +44,16 @@ def _why(exc: OSError) -> str:
     return exc.strerror or exc.__class__.__name__
 
 
-def _mkdirs(folder: Path, what: str) -> None:
+def _mkdirs(folder: Path, what: str, target: Path | None = None) -> None:
+    """Create ``folder`` (the one ``target`` goes into); errors name ``target``."""
+    named = str(target if target is not None else folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise InputError("exists and is not a folder", path=str(folder), field=what) from None
+        raise InputError(f"{folder} exists and is not a folder", path=named,
+                         field=what) from None
     except OSError as exc:
-        raise InputError(f"cannot create folder {folder} ({_why(exc)})", path=str(folder),
+        raise InputError(f"cannot create folder {folder} ({_why(exc)})", path=named,
                          field=what) from None
 
 
@@ -71,7 +74,7 @@ def check_output_file(path: str | Path, what: str = "output") -> Path:
     path = Path(path)
     if path.is_dir():
         raise InputError("is a folder, expected a file path", path=str(path), field=what)
-    _mkdirs(path.parent, what)
+    _mkdirs(path.parent, what, path)
     _probe_writable(path, what)
     return path
 
@@ -97,7 +100,7 @@ def check_output_dir(path: str | Path, ours: Callable[[str], bool] | None = None
             raise InputError(f"holds files this command does not write ({shown}); writing "
                              "there replaces the whole folder, so choose a new or empty "
                              "folder", path=str(path), field=what)
-    _mkdirs(path.parent, what)
+    _mkdirs(path.parent, what, path)
     _probe_writable(path, what)
     return path
 

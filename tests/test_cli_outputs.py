@@ -327,3 +327,19 @@ def test_budgets_in_the_users_terms():
     assert budget_in_user_terms(bp, mem)[1].startswith("80.0 GB (74.5 GiB)")
     assert budget_in_user_terms(bp, {"key": "params", "spec": "params <= 1e9",
                                      "child_value": 1.0, "bound": 2.0}) is None
+
+
+@pytest.mark.parametrize("where", ["/proc/puzzle-nas-test", "/sys/puzzle-nas-test"])
+def test_build_and_profile_check_output_before_work(tmp_path, capsys, monkeypatch, where):
+    pytest.importorskip("torch")
+    import hwprofiles.probe
+
+    def no_work(*a, **k):
+        raise AssertionError("measured before the output was checked")
+
+    monkeypatch.setattr(hwprofiles.probe, "run_probe", no_work)
+    assert main(["profile", "-o", f"{where}/p.json", "--device", "cpu", "--quick"]) == 2
+    assert f"{where}/p.json" in _one_line(capsys.readouterr().err)
+    cfg = REPO / "examples" / "configs" / "llama-3.1-8b.json"
+    assert main(["build", str(cfg), "-o", where]) == 2
+    assert "cannot" in _one_line(capsys.readouterr().err)
