@@ -21,11 +21,12 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from hwprofiles.errors import InputError, read_json
+from hwprofiles.errors import InputError, first_error, read_json
 from nas.arch import ModelArch
 from nas.io import atomic_write, atomic_write_json
 from nas.modules.mamba import MambaMixer
 from nas.modules.model import Block, CausalLM
+from nas.scoring.digest import weights_digest
 
 META_KEY = "puzzle_nas_bld"
 
@@ -106,9 +107,8 @@ def read_index(score_dir: str | Path) -> BldIndex:
     try:
         return BldIndex.model_validate(read_json(path))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise InputError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}",
-                         path=str(path)) from None
+        loc, msg = first_error(exc)
+        raise InputError(msg, path=str(path), field=loc) from None
 
 
 @torch.no_grad()
@@ -120,7 +120,6 @@ def assemble_child(child_arch: ModelArch, parent: CausalLM, score_dir: str | Pat
     from safetensors import safe_open
 
     from nas.build import build_model
-    from nas.scoring.core import weights_digest
 
     pa = parent.arch
     if (child_arch.hidden_size, child_arch.vocab_size, child_arch.num_blocks) != \

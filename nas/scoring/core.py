@@ -35,40 +35,15 @@ from nas.build_inherit import MAX_TOKENS, inherit_block
 from nas.modules.layers import default_out_std
 from nas.modules.mamba import MambaMixer
 from nas.modules.model import Block, CausalLM
+from nas.scoring.bld import train_block
 from nas.scoring.cache import PrefixCache
 from nas.scoring.data import Split
+from nas.scoring.digest import code_digest, weights_digest  # noqa: F401  (re-exported)
 from nas.scoring.job import Settings, check_parent  # noqa: F401  (re-exported)
 from nas.space import Alternative
 
 VERSION = "replace-1-block v1"  # part of every key: bump when the numerics change
 
-
-def code_digest() -> str:
-    """SHA-256 of the torch version and the source of everything that computes a score (the
-    modules, the init rules, the scoring core and BLD): part of every key, so that rows
-    computed by other code are never reused."""
-    import nas.build_inherit
-    import nas.modules
-    import nas.scoring.bld
-
-    h = hashlib.sha256(torch.__version__.encode())
-    files = sorted(Path(nas.modules.__file__).parent.glob("*.py")) + [
-        Path(nas.build_inherit.__file__), Path(__file__), Path(nas.scoring.bld.__file__)]
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
-METRICS = ("kl_div", "lm_loss_delta", "top1_agreement")
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """SHA-256 over every tensor of ``model`` (name, dtype, shape, bytes)."""
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -218,8 +193,6 @@ class Scorer:
     def build(self, item: Item, bld_dir: Path | None = None
               ) -> tuple[Block, str, dict[str, Any]]:
         """The initialized (and, with ``bld_steps``, trained) block of ``item``."""
-        from nas.scoring.bld import train_block
-
         x = self.calib_stream(item.block)
         block, what = init_block(self.parent, item.block, item.alt.child,
                                  x[: self.init_rows], item.seed)
