@@ -2,10 +2,10 @@
 
 Instances (all minimize summed replace-1-block KL):
 
-- ``super88-s*``: :func:`nas.library.synthetic_library`, 88 blocks in Nemotron-3-Super's
+- ``super88-s*``: :func:`library_generators.synthetic_library` (tests/), 88 blocks in Nemotron-3-Super's
   layout, > 2,000 replacements (incl. two-block no-op spans), 7 budget rows at 60 % of the
   parent (memory and runtime on 3 workloads, total parameters);
-- ``nv80-s*``, ``nv320-s*``, ``nv1280-s*``: :func:`nas.library.nvlabs_shaped_library`, the
+- ``nv80-s*``, ``nv320-s*``, ``nv1280-s*``: :func:`library_generators.nvlabs_shaped_library`, the
   shape of NVlabs/puzzle's published Llama-3.3-70B library (80 layers x 16 variants, KL
   from ~1e-4 to ~500) and its 4x and 16x stacks; memory <= 70 % and runtime <= 60 % of
   the parent.
@@ -36,9 +36,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from library_generators import nvlabs_shaped_library, synthetic_library
 from mip_baselines import highs_default, pulp_cbc, scipy_exact
 
-from nas.library import BlockLibrary, nvlabs_shaped_library, synthetic_library
+from nas.library import BlockLibrary
 from nas.mip import GAP_FLOOR, Budget, Objective, SolveOptions, diverse_pool, solve, sweep
 
 GAP = 1e-4

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from library_generators import synthetic_library
 
 from nas.cli import main
-from nas.library import BlockLibrary, synthetic_library
+from nas.library import BlockLibrary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,7 +117,7 @@ def test_diverse_and_sweep(lib_path, capsys):
 
 @pytest.fixture()
 def nv_path(tmp_path) -> Path:
-    from nas.library import nvlabs_shaped_library
+    from library_generators import nvlabs_shaped_library
 
     return nvlabs_shaped_library(6, seed=2).save(tmp_path / "nv.json")
 
@@ -188,3 +189,16 @@ def test_bad_solver_options_exit_2(lib_path, capsys, argv, match):
     assert main(["solve", str(lib_path), "--objective", "kl_div", *argv]) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1
+
+
+def test_solver_error_is_one_line_exit_1(lib_path, capsys, monkeypatch):
+    # HiGHS returning a child that breaks a row is a bug, not bad input: no traceback
+    from nas.mip import MipModel, SolverError
+
+    def broken(self, x):
+        raise SolverError("solution breaks budget params<=1")
+
+    monkeypatch.setattr(MipModel, "verify", broken)
+    assert main(["solve", str(lib_path), "--objective", "kl_div"]) == 1
+    err = capsys.readouterr().err
+    assert "internal solver error" in err and err.count("\n") == 1

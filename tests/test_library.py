@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 import pytest
+from library_generators import synthetic_library
 
 from hwprofiles.errors import InputError
-from nas.library import BlockLibrary, from_puzzle, synthetic_library
+from nas.library import BlockLibrary, from_puzzle
 
 
 def small(**kw) -> BlockLibrary:

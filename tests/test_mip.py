@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from library_generators import synthetic_library
 
 from hwprofiles.errors import InputError
-from nas.library import BlockLibrary, synthetic_library
+from nas.library import BlockLibrary
 from nas.mip import (
     Budget,
     CountRule,

@@ -9,9 +9,10 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from library_generators import nvlabs_shaped_library
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from nas.library import BlockLibrary, nvlabs_shaped_library
+from nas.library import BlockLibrary
 from nas.mip import GAP_FLOOR, Budget, SolveOptions, solve, sweep
 
 OBJ = "metrics.kl_div"
