@@ -90,6 +90,15 @@ def main(argv: list[str] | None = None) -> int:
             loc, msg = first_error(exc, "(root)")
             print(f"puzzle-nas {args.command}: error: {loc}: {msg}", file=sys.stderr)
             return 2
+        except Exception as exc:
+            # a solver answer that breaks a row is a bug, not bad input: one line, exit 1
+            # (nas.mip is looked up, not imported: only a command that solved can raise it)
+            mip = sys.modules.get("nas.mip.constraints")
+            if mip is None or not isinstance(exc, mip.SolverError):
+                raise
+            print(f"puzzle-nas {args.command}: internal solver error (please report it): "
+                  f"{exc}", file=sys.stderr)
+            return 1
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:

@@ -60,11 +60,12 @@ def diverse_pool(
     pin: Sequence[int] = (),
     forbid: Sequence[int] = (),
     options: SolveOptions | None = None,
+    progress: Callable[[int, Result], None] | None = None,
 ) -> list[Result]:
     """Up to ``n`` solutions, each the best child that differs from every earlier one in at
     least ``min_distance`` parent blocks (a block differs when the replacement covering it
     differs). Stops early when no further child exists; raises :class:`InfeasibleError`
-    when not even the first one does."""
+    when not even the first one does. ``progress(i, result)`` is called after each solve."""
     if n < 1:
         raise InputError(f"pool size must be >= 1, got {n}")
     if not 1 <= min_distance <= library.num_blocks:
@@ -76,6 +77,8 @@ def diverse_pool(
         res = m.solve()
         if i == 0:
             res = explained(m, res)
+        if progress is not None:
+            progress(i, res)
         if res.status == "infeasible" and i == 0:
             res.raise_if_infeasible()
         if not res.ok:
