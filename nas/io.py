@@ -124,16 +124,34 @@ def _exchange(a: Path, b: Path) -> bool:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """SIGINT / SIGTERM delivered only after the block (main thread only)."""
+    """SIGINT / SIGTERM delivered only after the block (main thread only).
+
+    The Python-level handlers are swapped for ones that only record the signal, and the
+    recorded signals are handed to the original handlers after the block. (Blocking with
+    ``pthread_sigmask`` is not enough: it blocks the calling thread only, and the kernel
+    may deliver a process-directed signal to another thread, e.g. one of torch's, whose
+    C handler then makes the main thread raise at its next bytecode, inside the block.)
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    got: list[int] = []
+    saved = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        saved[sig] = signal.signal(sig, lambda signum, frame: got.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(got):  # once each, in arrival order
+            handler = saved[sig]
+            if callable(handler):
+                handler(sig, None)
+            elif handler == signal.SIG_DFL:
+                if sig == signal.SIGINT:
+                    raise KeyboardInterrupt
+                signal.raise_signal(sig)
 
 
 def swap_in_dir(staged: Path, path: Path) -> None:
