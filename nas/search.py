@@ -28,6 +28,7 @@ the score key is ``quality``. Budgets translate as:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -480,8 +481,10 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
 
 
 def solve(problem: Problem, library: BlockLibrary, cons: Constraints,
-          homogeneous: bool | None = None) -> list[mip.Result]:
-    """Solve (a diverse pool when the spec asks for one). Raises ``InfeasibleError``."""
+          homogeneous: bool | None = None,
+          on_solve: Callable[[], None] | None = None) -> list[mip.Result]:
+    """Solve (a diverse pool when the spec asks for one); ``on_solve()`` is called after
+    each solve of a pool (a progress bar). Raises ``InfeasibleError``."""
     library = cons.extend(library)
     hom = problem.spec.search_space.homogeneous if homogeneous is None else homogeneous
     if hom:
@@ -493,7 +496,8 @@ def solve(problem: Problem, library: BlockLibrary, cons: Constraints,
     if s.diverse > 1:
         return mip.diverse_pool(library, cons.objective, cons.budgets, n=s.diverse,
                                 min_distance=s.min_distance, counts=cons.counts,
-                                options=options_of(problem))
+                                options=options_of(problem),
+                                progress=None if on_solve is None else lambda i, r: on_solve())
     return [mip.solve(library, cons.objective, cons.budgets, counts=cons.counts,
                       options=options_of(problem)).raise_if_infeasible()]
 
@@ -784,9 +788,12 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
     else:
         library = build_library(problem, alts, priced, quality)
         cons = constraints(problem, library, priced)
-        with Progress(1, "solving", progress) as bar:
-            results = solve(problem, library, cons)
-            bar.update(1)
+        pool = problem.spec.solver.diverse if problem.spec.solver.diverse > 1 else 1
+        with Progress(pool, "solving", progress) as bar:
+            results = solve(problem, library, cons,
+                            on_solve=(lambda: bar.update(1)) if pool > 1 else None)
+            if pool == 1:
+                bar.update(1)
     library = cons.extend(library)  # with the columns the budgets bound (blueprints, library.json)
     hom_res = None
     if problem.spec.search_space.compare_homogeneous and not problem.spec.search_space.homogeneous:
