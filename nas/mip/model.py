@@ -525,21 +525,15 @@ class MipModel:
                 return self._result("infeasible", None, -math.inf, nodes, t0, "")
         est = max(abs(lb0) if math.isfinite(lb0) else 0.0, abs(self._unconstrained_min()))
         self._set_feastol(self._tolerance_for(est))
-        if not o.fixing or lp_status != "optimal" or not math.isfinite(lb0):
-            for attempt in range(2):
-                st, x, bnd, n, msg = self._run(left())
-                nodes += n
-                if st != "optimal" or attempt:
-                    break
-                u = float(self.c_min @ np.round(x))
-                if u - bnd <= self.allowed_gap(u) or self.feastol <= _FEASTOL_MIN:
-                    break
-                self._set_feastol(self._tolerance_for(abs(u)))
-            return self._result(st, x, bnd, nodes, t0, msg)
         free = (self.col_lo == 0) & (self.col_hi == 1)
-        span = float(np.max(np.abs(d[free]))) if free.any() else 0.0
         g, a = self.rel_gap, self.abs_gap
-        tau = max(4 * g * abs(lb0), 2 * a, 2 * g, 1e-3 * max(abs(lb0), 1e-3 * span))
+        if lp_status != "optimal" or not math.isfinite(lb0):
+            # no LP bound (fixing off, or the LP stopped): nothing is ever fixed, and the
+            # loop below is one run of the full model (plus the tightening re-run)
+            lb0, d, tau, span = -math.inf, np.zeros(self.lib.num_replacements), math.inf, 0.0
+        else:
+            span = float(np.max(np.abs(d[free]))) if free.any() else 0.0
+            tau = max(4 * g * abs(lb0), 2 * a, 2 * g, 1e-3 * max(abs(lb0), 1e-3 * span))
         inc: np.ndarray | None = None
         u = math.inf
         if incumbent is not None:

@@ -176,8 +176,6 @@ def sweep(
                 f"the child at {key}<={vals[loosest]:g} meets this bound: same optimum")))
             continue
         m.set_budget(idx, lo, vals[i])
-        if prev is not None:
-            m.warm_start(prev)
         res = explained(m, m.solve(incumbent=prev), max_resolves=0)
         done_point(i, res)
         if res.ok:
