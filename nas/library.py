@@ -20,6 +20,7 @@ JSON (``*.json``)::
      "num_blocks": 3,
      "block_names": ["layer_0", "layer_1", "layer_2"],        # optional
      "constants": {"memory_bytes": 1.0e9},                     # optional, per key
+     "descriptive": ["kv_heads"],    # optional: keys whose per-child sum means nothing
      "replacements": [
         {"start": 0, "end": 1, "label": "attention kv=8",
          "tags": ["attention", "kept:attention"],              # optional
