@@ -31,6 +31,7 @@ from costmodels.roofline import Roof
 from costmodels.shapes import (
     BlockTable,
     Kind,
+    deltanet_dims,
     kv_elems_per_token,
     mamba_dims,
     role_params,
@@ -39,6 +40,7 @@ from costmodels.shapes import (
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.schema import HardwareProfile
 
+DEFAULT_GDN_CHUNK = 64  # Gated DeltaNet chunk length (tokens): FLA's and transformers' chunk
 DEFAULT_SSD_CHUNK = 128  # Mamba-2 chunk length (tokens), the NemotronH / Mamba-2 default
 
 # Kernels launched per op in one pass of a block; each launch pays the profile's
@@ -50,6 +52,10 @@ K_ATTN = 2  # attention: the KV-cache append (RoPE fused in) and the flash-atten
 K_SSD_PREFILL = 5  # Mamba-2 chunked scan (SSD): chunk cumsum, chunk states, state passing
 #                    across chunks, C B^T per chunk, chunk scan (mamba_chunk_scan_combined)
 K_SSD_DECODE = 1  # one selective-state-update kernel per decode step
+K_GDN_PREFILL = 6  # FLA chunk_gated_delta_rule: chunk-local cumsum of g, beta K K^T, triangular
+#                    solve, recompute w and u, chunked state recurrence, chunk output
+K_GDN_DECODE = 1  # one fused recurrent gated-delta-rule kernel per decode step
+K_GATE = 1  # gated attention: sigmoid(g) * o, one elementwise kernel
 K_ROUTER = 2  # MoE router GEMM, then top-k selection / softmax
 K_EXPERTS = 5  # routed experts: expert offsets (sort tokens by expert), grouped GEMM up
 #                (and gate), activation, grouped GEMM down, top-k weighted finalize
@@ -248,9 +254,12 @@ def _price_attention(c: _Pricing, r: _Rows) -> None:
     h, q1, a, kvb = r.h, r.q1, c.a, c.kvb
     nq, nkv, d, wdw = r.col("n_heads"), r.col("n_kv_heads"), r.col("head_dim"), r.col("window")
     w, dt = c.wb[TensorRole.ATTENTION], c.cd[TensorRole.ATTENTION]
+    gate = r.col("attn_gate")  # Qwen3-Next: q_proj also emits a gate of nq*d channels
     for _, dseq, T, out in r.steps:
-        proj = _add(ops.gemm(T, h, (nq + 2 * nkv) * d, w, a), ops.gemm(T, nq * d, h, w, a))
+        proj = _add(ops.gemm(T, h, (nq * (1 + gate) + 2 * nkv) * d, w, a),
+                    ops.gemm(T, nq * d, h, w, a))
         out.append(c.gemm_t(proj, dt, K_PROJ2))
+        out.append(c.elem_t(_scale(ops.output_gate(T, nq * d, a), gate), K_GATE * gate))
         fa, ba = ops.attention_decode(dseq, c.C, wdw, nq, nkv, d, a, kvb)
         # a verification step: 1 + d query tokens per sequence over one read of the KV
         out.append(c.attn_t((fa * q1, ba + dseq * (q1 - 1.0) * 2.0 * nq * d * a),
@@ -284,6 +293,35 @@ def _price_mamba(c: _Pricing, r: _Rows) -> None:
     r.out_m.append(c.elem_t(ops.conv_prefill(c.Bp, c.S, conv_ch, K, a, wo, c.csb), 1))
     r.out_m.append(c.gemm_t(ops.ssd_prefill(c.Bp, c.S, H, Pd, N, G, c.ssd_chunk, a, c.ssb),
                             c.act_dtype, K_SSD_PREFILL))
+
+
+def _price_deltanet(c: _Pricing, r: _Rows) -> None:
+    """Gated DeltaNet: fused input projection (qkvz + ba), causal conv over ``[q | k | v]``,
+    the gated delta rule (chunked in prefill, recurrent in decode), gated RMSNorm,
+    output projection. Weights in the attention role; conv and state in the recipe's conv-
+    and SSM-state dtypes."""
+    h, q1, a = r.h, r.q1, c.a
+    nk, nv, dk, dv, K = (r.col(n) for n in ("dn_k_heads", "dn_v_heads", "dn_k_dim",
+                                            "dn_v_dim", "conv_kernel"))
+    kd, vd = nk * dk, nv * dv
+    in_w, conv_ch = 2 * kd + 2 * vd + 2 * nv, 2 * kd + vd
+    w, dt, wo = c.wb[TensorRole.ATTENTION], c.cd[TensorRole.ATTENTION], c.wb[TensorRole.OTHER]
+    for _, dseq, T, out in r.steps:
+        proj = _add(ops.gemm(T, h, in_w, w, a), ops.gemm(T, vd, h, w, a))
+        out.append(c.gemm_t(proj, dt, K_PROJ2))
+        out.append(c.elem_t(ops.gated_norm(T, vd, a, wo), 1))
+        on = (dseq > 0) * 1.0
+        out.append(c.state_t(_scale(ops.conv_decode(dseq * q1, conv_ch, K, a, wo, c.csb),
+                                    on), on))
+        fs, bs = ops.deltanet_decode(dseq, nk, nv, dk, dv, a, c.ssb)
+        # verifying 1 + d tokens steps the state 1 + d times and keeps each state for
+        # rollback: one read, 1 + d writes, 1 + d token inputs/outputs (as for Mamba)
+        st_io = dseq * nv * dk * dv * c.ssb
+        out.append(c.state_t((fs * q1, (bs - 2.0 * st_io) * q1 + st_io * (1.0 + q1)),
+                             K_GDN_DECODE * on))
+    r.out_m.append(c.elem_t(ops.conv_prefill(c.Bp, c.S, conv_ch, K, a, wo, c.csb), 1))
+    r.out_m.append(c.gemm_t(ops.deltanet_prefill(c.Bp, c.S, nk, nv, dk, dv, DEFAULT_GDN_CHUNK,
+                                                 a, c.ssb), c.act_dtype, K_GDN_PREFILL))
 
 
 def _price_moe(c: _Pricing, r: _Rows) -> None:
@@ -341,7 +379,8 @@ def _price_linear(c: _Pricing, r: _Rows) -> None:
 
 # each block kind's ops (beyond the norm every kind has and the TP all-reduce)
 _PRICE_KIND = {Kind.ATTENTION: _price_attention, Kind.MAMBA: _price_mamba,
-               Kind.MOE: _price_moe, Kind.FFN: _price_ffn, Kind.LINEAR: _price_linear}
+               Kind.MOE: _price_moe, Kind.FFN: _price_ffn, Kind.LINEAR: _price_linear,
+               Kind.DELTANET: _price_deltanet}
 
 
 def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe,
@@ -439,14 +478,15 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                                  + state[:, None])
 
     _, in_w, _ = mamba_dims(st)
+    dn_in_w = deltanet_dims(st)[2]
     mats = 2 + st.gated
     widest = np.select(
         [kind == int(Kind.ATTENTION), kind == int(Kind.MAMBA), kind == int(Kind.MOE),
-         kind == int(Kind.FFN), kind == int(Kind.LINEAR)],
-        [(st.n_heads + 2 * st.n_kv_heads) * st.head_dim, in_w,
+         kind == int(Kind.FFN), kind == int(Kind.LINEAR), kind == int(Kind.DELTANET)],
+        [(st.n_heads * (1 + st.attn_gate) + 2 * st.n_kv_heads) * st.head_dim, in_w,
          st.experts + np.maximum(-(-st.top_k // ep) * (mats - 1) * st.expert_width,
                                  (mats - 1) * st.shared_width),
-         (mats - 1) * st.ffn_width, st.hidden],
+         (mats - 1) * st.ffn_width, st.hidden, dn_in_w],
         0,
     ).astype(np.float64)
     workspace = np.where(kind == int(Kind.NOOP), 0.0, (2.0 * table.hidden + widest) * a)

@@ -19,6 +19,17 @@ Parameter layout per kind (h = hidden size; every block but NoOp has a pre-norm 
 * ffn: 2 or 3 matrices of ``h*width`` (+ biases ``(mats-1)*width + h``).
 * linear: one ``h*h`` matrix.
 * noop: nothing.
+* attention with an output gate (Qwen3-Next): q projection ``2*h*nq*d`` (query and gate).
+* deltanet (Gated DeltaNet, Qwen3-Next layout; K = nk*dk, V = nv*dv): in_proj_qkvz
+  ``h*(2K + 2V)``, in_proj_ba ``h*2nv``; depthwise conv over ``2K + V`` channels, ``kernel``
+  taps, no bias; ``dt_bias`` and ``A_log`` of ``nv`` each; gated RMSNorm ``dv`` (shared by
+  the heads); out_proj ``V*h``. State per sequence: ``nv*dk*dv`` recurrent + conv
+  ``(2K + V)*(kernel-1)``.
+* mla (DeepSeek-V3; nq heads, D = nope + rope, R = kv_lora, Q = q_lora): q_a ``h*Q`` +
+  norm ``Q`` + q_b ``Q*nq*D`` (or one q_proj ``h*nq*D`` when Q = 0); kv_a ``h*(R + rope)``
+  + norm ``R``; kv_b ``R*nq*(nope + v)``; o ``nq*v*h``. KV cache per token: ``R + rope``.
+* attention sinks (gpt-oss): ``nq`` logits. MoE router linear bias ``E``; expert biases
+  ``(mats-1)*width + in`` per expert (counted ``top_k`` times when active).
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ class Kind(IntEnum):
     MOE = 3
     FFN = 4
     LINEAR = 5
+    DELTANET = 6
+    MLA = 7
 
 
 KIND_NAMES = {k: k.name.lower() for k in Kind}
@@ -84,6 +97,23 @@ class BlockTable:
     # ffn
     ffn_width: np.ndarray
     ffn_bias: np.ndarray
+    # attention output gate (Qwen3-Next gated attention)
+    attn_gate: np.ndarray
+    # deltanet (conv taps in conv_kernel)
+    dn_k_heads: np.ndarray
+    dn_v_heads: np.ndarray
+    dn_k_dim: np.ndarray
+    dn_v_dim: np.ndarray
+    # mla (query heads in n_heads; q_lora 0 = a plain q_proj)
+    q_lora: np.ndarray
+    kv_lora: np.ndarray
+    qk_nope: np.ndarray
+    qk_rope: np.ndarray
+    v_head: np.ndarray
+    # gpt-oss: attention sinks; MoE router linear bias and per-expert biases
+    sinks: np.ndarray
+    router_lbias: np.ndarray
+    expert_bias: np.ndarray
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -123,6 +153,14 @@ def mamba_dims(t: BlockTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return inner, 2 * inner + bc + t.m_heads, inner + bc
 
 
+def deltanet_dims(t: BlockTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(key width K = nk*dk, value width V = nv*dv, input projection width 2K + 2V + 2nv,
+    conv channels 2K + V) per row."""
+    kd = t.dn_k_heads * t.dn_k_dim
+    vd = t.dn_v_heads * t.dn_v_dim
+    return kd, vd, 2 * kd + 2 * vd + 2 * t.dn_v_heads, 2 * kd + vd
+
+
 def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndarray]:
     """Parameters per tensor role, per row (int64).
 
@@ -134,7 +172,7 @@ def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndar
     norm = h * (t.kind != int(Kind.NOOP)).astype(np.int64)
 
     qd, kvd = t.n_heads * t.head_dim, t.n_kv_heads * t.head_dim
-    att_w = att * (2 * h * qd + 2 * h * kvd)
+    att_w = att * (2 * h * qd + 2 * h * kvd + t.attn_gate * h * qd)
     att_o = att * (t.qkv_bias * (qd + 2 * kvd) + t.o_bias * h + t.qk_norm * 2 * t.head_dim)
 
     inner, in_out, conv_ch = mamba_dims(t)
@@ -150,17 +188,38 @@ def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndar
     moe_o = moe * (t.experts * h + t.router_bias * t.experts + 2 * h * t.latent
                    + t.shared_gate * h)
 
+    dn = _is(t, Kind.DELTANET)
+    dn_k, dn_v, dn_in, dn_conv = deltanet_dims(t)
+    dn_w = dn * (h * dn_in + dn_v * h)
+    dn_o = dn * (dn_conv * t.conv_kernel + 2 * t.dn_v_heads + t.dn_v_dim)
+
     ffn_w = ffn * mats * h * t.ffn_width
     ffn_o = ffn * t.ffn_bias * ((mats - 1) * t.ffn_width + h)
 
+    mla = _is(t, Kind.MLA)
+    mla_w, mla_o = mla_role_params(t)
+    att_o = att_o + att * t.sinks * t.n_heads
+    moe_o = moe_o + moe * (t.router_lbias * t.experts
+                           + t.expert_bias * n_exp * ((mats - 1) * t.expert_width + exp_in))
+
     return {
-        TensorRole.ATTENTION: att_w,
+        TensorRole.ATTENTION: att_w + dn_w + mla * mla_w,
         TensorRole.MAMBA: mam_w,
         TensorRole.ROUTED_EXPERTS: routed,
         TensorRole.SHARED_EXPERTS: shared,
         TensorRole.FFN: ffn_w,
-        TensorRole.OTHER: norm + att_o + mam_o + moe_o + ffn_o + lin * h * h,
+        TensorRole.OTHER: norm + att_o + mam_o + moe_o + ffn_o + lin * h * h + dn_o
+        + mla * mla_o,
     }
+
+
+def mla_role_params(t: BlockTable) -> tuple[np.ndarray, np.ndarray]:
+    """MLA (matrices, latent norms) per row, whatever the row's kind (callers mask it)."""
+    h, nq, Q, R = t.hidden, t.n_heads, t.q_lora, t.kv_lora
+    D = t.qk_nope + t.qk_rope
+    q = np.where(Q > 0, h * Q + Q * nq * D, h * nq * D)
+    mats = q + h * (R + t.qk_rope) + R * nq * (t.qk_nope + t.v_head) + nq * t.v_head * h
+    return mats, Q + R
 
 
 def params(t: BlockTable, active: bool = False) -> np.ndarray:
@@ -177,8 +236,10 @@ def weight_bytes(t: BlockTable, recipe: PrecisionRecipe, active: bool = False) -
 
 
 def kv_elems_per_token(t: BlockTable) -> np.ndarray:
-    """KV-cache elements stored per token of context (K and V), per row."""
-    return _is(t, Kind.ATTENTION) * 2 * t.n_kv_heads * t.head_dim
+    """KV-cache elements stored per token of context (K and V), per row; an MLA row stores
+    its latent and its shared RoPE key, ``kv_lora + qk_rope``."""
+    return (_is(t, Kind.ATTENTION) * 2 * t.n_kv_heads * t.head_dim
+            + _is(t, Kind.MLA) * (t.kv_lora + t.qk_rope))
 
 
 def kv_bytes(t: BlockTable, recipe: PrecisionRecipe, context: int | np.ndarray) -> np.ndarray:
@@ -189,14 +250,19 @@ def kv_bytes(t: BlockTable, recipe: PrecisionRecipe, context: int | np.ndarray) 
 
 
 def conv_state_elems(t: BlockTable) -> np.ndarray:
-    """Mamba conv-state elements per sequence: conv channels x (kernel - 1) past inputs."""
+    """Mamba / DeltaNet conv-state elements per sequence: conv channels x (kernel - 1) past
+    inputs."""
     _, _, conv_ch = mamba_dims(t)
-    return _is(t, Kind.MAMBA) * conv_ch * np.maximum(t.conv_kernel - 1, 0)
+    dn_conv = deltanet_dims(t)[3]
+    return (_is(t, Kind.MAMBA) * conv_ch + _is(t, Kind.DELTANET) * dn_conv) \
+        * np.maximum(t.conv_kernel - 1, 0)
 
 
 def ssm_state_elems(t: BlockTable) -> np.ndarray:
-    """Mamba SSM-state elements per sequence: heads x head_dim x state size."""
-    return _is(t, Kind.MAMBA) * t.m_heads * t.m_head_dim * t.state
+    """Recurrent-state elements per sequence: Mamba heads x head_dim x state size; DeltaNet
+    value heads x head_k_dim x head_v_dim."""
+    return (_is(t, Kind.MAMBA) * t.m_heads * t.m_head_dim * t.state
+            + _is(t, Kind.DELTANET) * t.dn_v_heads * t.dn_k_dim * t.dn_v_dim)
 
 
 def state_bytes_per_sequence(t: BlockTable, recipe: PrecisionRecipe) -> np.ndarray:

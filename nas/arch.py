@@ -60,6 +60,18 @@ _CAPS: dict[str, tuple[int, str]] = {
     "top_k": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
     "vocab_size": (MAX_VOCAB, "MAX_VOCAB: 64x the largest published vocabulary"),
     "sliding_window": (MAX_CONTEXT, "MAX_CONTEXT: the largest int32 position"),
+    "head_k_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "head_v_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "rope_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "num_k_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
+    "num_v_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
+    "q_lora_rank": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "kv_lora_rank": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "qk_nope_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "qk_rope_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "v_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "n_group": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
+    "topk_group": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
 }
 
 
@@ -102,6 +114,16 @@ class Attention(_Block):
     qk_norm: bool = False
     qkv_bias: bool = False
     o_bias: bool = False
+    output_gate: bool = False
+    """Qwen3-Next gated attention: ``q_proj`` also emits a per-channel gate ``g`` (its
+    output is ``2 * num_heads * head_dim`` wide, ``[q_h | g_h]`` per head) and the attention
+    output is multiplied by ``sigmoid(g)`` before ``o_proj``."""
+    rope_dim: PositiveInt | None = None
+    """Partial rotary embedding: only the first ``rope_dim`` channels of each head are
+    rotated (``partial_rotary_factor * head_dim``); ``None`` rotates all of them."""
+    sinks: bool = False
+    """gpt-oss learned attention sinks: one logit per query head joins every softmax
+    denominator (``num_heads`` parameters; nothing in the KV cache)."""
 
     @model_validator(mode="after")
     def _check(self) -> Attention:
@@ -110,6 +132,9 @@ class Attention(_Block):
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                 f"({self.num_kv_heads})"
             )
+        if self.rope_dim is not None and (self.rope_dim > self.head_dim or self.rope_dim % 2):
+            raise ValueError(f"rope_dim ({self.rope_dim}) must be even and at most head_dim "
+                             f"({self.head_dim})")
         return self
 
     def describe(self) -> str:
@@ -141,6 +166,37 @@ class Mamba(_Block):
         return f"mamba h{self.num_heads}x{self.head_dim} state{self.state_size}"
 
 
+class DeltaNet(_Block):
+    """Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5 layout, arXiv 2412.06464).
+
+    ``num_k_heads`` query/key heads of ``head_k_dim`` and ``num_v_heads`` value heads of
+    ``head_v_dim`` (a multiple: each query/key head serves ``num_v_heads / num_k_heads``
+    consecutive value heads). Per value head a ``head_k_dim x head_v_dim`` state ``S`` is
+    decayed by ``exp(g_t)`` and corrected by the delta rule, ``S += beta_t k_t (v_t - S^T
+    k_t)^T``; the output ``S^T q_t`` goes through a gated RMSNorm (``silu(z)``) and
+    ``out_proj``. A causal depthwise conv (no bias) of ``conv_kernel`` taps runs over
+    ``[q | k | v]``. The state is fixed-size: no KV cache.
+    """
+
+    kind: Literal["deltanet"] = "deltanet"
+    num_k_heads: PositiveInt
+    num_v_heads: PositiveInt
+    head_k_dim: PositiveInt
+    head_v_dim: PositiveInt
+    conv_kernel: PositiveInt = 4
+
+    @model_validator(mode="after")
+    def _check(self) -> DeltaNet:
+        if self.num_v_heads % self.num_k_heads:
+            raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of "
+                             f"num_k_heads ({self.num_k_heads})")
+        return self
+
+    def describe(self) -> str:
+        return (f"deltanet k{self.num_k_heads}x{self.head_k_dim} "
+                f"v{self.num_v_heads}x{self.head_v_dim}")
+
+
 class MoE(_Block):
     """Routed mixture of experts, optional latent projections and shared expert."""
 
@@ -157,6 +213,20 @@ class MoE(_Block):
     norm_topk: bool = True
     routed_scaling: float = 1.0
     shared_gate: bool = False
+    n_group: PositiveInt = 1
+    """Group-limited routing (DeepSeek-V3 ``noaux_tc``): the experts form ``n_group`` equal
+    groups, each scored by the sum of its two best selection scores; only the experts of the
+    ``topk_group`` best groups can be chosen. 1 = no grouping."""
+    topk_group: PositiveInt = 1
+    router_linear_bias: bool = False
+    """gpt-oss: the router is a linear layer with a bias (``num_experts`` parameters)."""
+    expert_bias: bool = False
+    """gpt-oss: every routed expert has biases on its up/gate (``2 * width``) and down
+    (``hidden``) projections."""
+    swiglu_limit: float | None = None
+    """gpt-oss clamped SwiGLU: with a limit ``L`` and ``swiglu_alpha`` ``a`` an expert
+    computes ``(clamp(up, -L, L) + 1) * g * sigmoid(a * g)``, ``g = min(gate, L)``."""
+    swiglu_alpha: float | None = None
 
     @model_validator(mode="after")
     def _check(self) -> MoE:
@@ -164,6 +234,24 @@ class MoE(_Block):
             raise ValueError(
                 f"top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})"
             )
+        if self.n_group > 1 or self.topk_group > 1:
+            if self.num_experts % self.n_group or self.num_experts // self.n_group < 2:
+                raise ValueError(f"num_experts ({self.num_experts}) must split into n_group "
+                                 f"({self.n_group}) equal groups of at least 2")
+            if self.topk_group > self.n_group:
+                raise ValueError(f"topk_group ({self.topk_group}) must not exceed n_group "
+                                 f"({self.n_group})")
+            if self.top_k > self.topk_group * (self.num_experts // self.n_group):
+                raise ValueError(f"top_k ({self.top_k}) exceeds the experts of the "
+                                 f"{self.topk_group} groups routing may pick")
+        if (self.swiglu_limit is None) != (self.swiglu_alpha is None):
+            raise ValueError("swiglu_limit and swiglu_alpha go together (gpt-oss clamped "
+                             "SwiGLU)")
+        if self.swiglu_limit is not None and (not self.gated or not (
+                math.isfinite(self.swiglu_limit) and self.swiglu_limit > 0
+                and math.isfinite(self.swiglu_alpha or 0.0))):  # type: ignore[arg-type]
+            raise ValueError("the clamped SwiGLU needs gated experts, a finite swiglu_limit > 0 "
+                             "and a finite swiglu_alpha")
         return self
 
     def describe(self) -> str:
@@ -171,6 +259,39 @@ class MoE(_Block):
         if self.shared_width:
             s += f" shared{self.shared_width}"
         return s + (f" latent{self.latent_size}" if self.latent_size else "")
+
+
+class MLA(_Block):
+    """Multi-head latent attention (DeepSeek-V2/V3, arXiv 2405.04434), HF ``deepseek_v3``
+    layout.
+
+    Queries: ``q_b_proj(norm(q_a_proj(x)))`` through a ``q_lora_rank`` bottleneck (or one
+    ``q_proj`` when it is ``None``), ``qk_nope_head_dim + qk_rope_head_dim`` per head. Keys
+    and values: ``kv_a_proj_with_mqa`` gives a ``kv_lora_rank`` latent (normed) plus one
+    shared ``qk_rope_head_dim`` RoPE key; ``kv_b_proj`` up-projects the latent to each head's
+    no-RoPE key and ``v_head_dim`` value. The KV cache holds the latent and the RoPE key:
+    ``kv_lora_rank + qk_rope_head_dim`` elements per token, whatever the head count.
+    ``rope_interleave``: RoPE pairs adjacent channels (DeepSeek's layout) instead of halves.
+    """
+
+    kind: Literal["mla"] = "mla"
+    num_heads: PositiveInt
+    q_lora_rank: PositiveInt | None = None
+    kv_lora_rank: PositiveInt
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
+    rope_interleave: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> MLA:
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be even (RoPE)")
+        return self
+
+    def describe(self) -> str:
+        q = f" qlora{self.q_lora_rank}" if self.q_lora_rank else ""
+        return f"mla q{self.num_heads} kvlora{self.kv_lora_rank}{q}"
 
 
 class FFN(_Block):
@@ -198,12 +319,15 @@ class NoOp(_Block):
     kind: Literal["noop"] = "noop"
 
 
-Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp, Field(discriminator="kind")]
+Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | DeltaNet | MLA,
+                  Field(discriminator="kind")]
 BLOCK_TYPES: dict[str, type[_Block]] = {
     "attention": Attention, "mamba": Mamba, "moe": MoE, "ffn": FFN, "linear": Linear, "noop": NoOp,
+    "deltanet": DeltaNet, "mla": MLA,
 }
 _KIND_CODE = {"attention": Kind.ATTENTION, "mamba": Kind.MAMBA, "moe": Kind.MOE,
-              "ffn": Kind.FFN, "linear": Kind.LINEAR, "noop": Kind.NOOP}
+              "ffn": Kind.FFN, "linear": Kind.LINEAR, "noop": Kind.NOOP,
+              "deltanet": Kind.DELTANET, "mla": Kind.MLA}
 
 
 def block_row(block: _Block, hidden: int) -> dict[str, int]:
@@ -213,7 +337,15 @@ def block_row(block: _Block, hidden: int) -> dict[str, int]:
         row.update(n_heads=block.num_heads, n_kv_heads=block.num_kv_heads,
                    head_dim=block.head_dim, window=block.sliding_window or 0,
                    qkv_bias=int(block.qkv_bias), o_bias=int(block.o_bias),
-                   qk_norm=int(block.qk_norm))
+                   qk_norm=int(block.qk_norm), attn_gate=int(block.output_gate))
+    elif isinstance(block, MLA):
+        row.update(n_heads=block.num_heads, q_lora=block.q_lora_rank or 0,
+                   kv_lora=block.kv_lora_rank, qk_nope=block.qk_nope_head_dim,
+                   qk_rope=block.qk_rope_head_dim, v_head=block.v_head_dim)
+    elif isinstance(block, DeltaNet):
+        row.update(dn_k_heads=block.num_k_heads, dn_v_heads=block.num_v_heads,
+                   dn_k_dim=block.head_k_dim, dn_v_dim=block.head_v_dim,
+                   conv_kernel=block.conv_kernel)
     elif isinstance(block, Mamba):
         row.update(m_heads=block.num_heads, m_head_dim=block.head_dim, state=block.state_size,
                    groups=block.n_groups, conv_kernel=block.conv_kernel,
@@ -225,6 +357,11 @@ def block_row(block: _Block, hidden: int) -> dict[str, int]:
                    shared_gate=int(block.shared_gate), gated=int(block.gated))
     elif isinstance(block, FFN):
         row.update(ffn_width=block.width, gated=int(block.gated), ffn_bias=int(block.bias))
+    if isinstance(block, Attention) and block.sinks:
+        row["sinks"] = 1
+    if isinstance(block, MoE):
+        row.update(router_lbias=int(block.router_linear_bias),
+                   expert_bias=int(block.expert_bias))
     return row
 
 
@@ -280,6 +417,10 @@ class ModelArch(BaseModel):
     rope_theta: float = 10000.0
     model_type: str = ""
     hf_extra_json: str = "{}"
+    norm_unit_offset: bool = False
+    """Zero-centred RMSNorm weights (Qwen3-Next, Gemma): every block pre-norm, the final norm
+    and attention's q/k norms scale by ``1 + weight`` (stored weights start at 0). The
+    DeltaNet gated norm is not affected (plain ``weight``, as in transformers)."""
 
     @model_validator(mode="after")
     def _check(self) -> ModelArch:
@@ -315,6 +456,12 @@ class ModelArch(BaseModel):
             elif isinstance(b, Mamba) and b.num_heads % tp:
                 raise InputError(f"{tp} does not divide block {i}'s {b.num_heads} Mamba heads",
                                  field=field)
+            elif isinstance(b, MLA) and attention and b.num_heads % tp:
+                raise InputError(f"{tp} does not divide block {i}'s {b.num_heads} MLA query "
+                                 "heads", field=field)
+            elif isinstance(b, DeltaNet) and b.num_k_heads % tp:
+                raise InputError(f"{tp} does not divide block {i}'s {b.num_k_heads} DeltaNet "
+                                 "key heads", field=field)
 
     @property
     def hf_extra(self) -> dict[str, Any]:
@@ -416,7 +563,8 @@ class ModelArch(BaseModel):
         return float(shapes.kv_bytes(self.table, get_recipe(recipe), context).sum())
 
     def state_bytes_per_sequence(self, recipe: PrecisionRecipe | str = "bf16") -> float:
-        """Mamba conv state + SSM state bytes per sequence (each in its own dtype)."""
+        """Mamba and DeltaNet conv state + recurrent state bytes per sequence (each in its
+        own dtype)."""
         return float(shapes.state_bytes_per_sequence(self.table, get_recipe(recipe)).sum())
 
     def summary(self, recipe: PrecisionRecipe | str = "bf16") -> dict[str, Any]:
