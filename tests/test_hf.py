@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from conftest import LLAMA, NANO, SUPER
+from conftest import CONFIGS, LLAMA, NANO, REPO, SUPER
 
 from hwprofiles.errors import InputError
 from nas.arch import FFN, Attention, Linear, NoOp
@@ -174,8 +174,32 @@ def test_pruned_llama_exports_as_decilm():
 
 def test_explicit_type_that_cannot_hold_the_arch():
     a = load_config(NANO)
-    with pytest.raises(ExportError):
+    with pytest.raises(ExportError, match="llama"):
         to_hf(a, "llama")
+    # bad user input like any other: the CLI prints it as one line and exits 2
+    with pytest.raises(InputError, match="model_type.*unknown export model_type 'gpt9'"):
+        to_hf(a, "gpt9")
+
+
+def test_every_dialect_registers_once_and_round_trips_its_own_example():
+    """Each dialect module registers its types (a second registration is refused), and
+    every registered type is both importable and the export a model of that type gets."""
+    from nas.hf import DIALECTS
+    from nas.hf.registry import register
+
+    assert set(DIALECTS) == set(SUPPORTED_TYPES)
+    with pytest.raises(ValueError, match="registered twice"):
+        register(DIALECTS["llama"])
+    for mt, d in DIALECTS.items():
+        assert d.model_type == mt and d.architecture.endswith("ForCausalLM")
+    paths = sorted(CONFIGS.glob("*.json")) + sorted((REPO / "tests/data/configs").glob("*.json"))
+    assert len(paths) >= 9
+    for path in paths:
+        a = load_config(path)
+        cfg = to_hf(a)
+        assert cfg["model_type"] == a.model_type
+        assert cfg["architectures"] == [DIALECTS[a.model_type].architecture]
+        assert from_hf(json.loads(json.dumps(cfg))).blocks == a.blocks
 
 
 def test_sliding_layers_qwen2():

@@ -1,0 +1,110 @@
+"""Import and export of Hugging Face ``config.json`` files, one module per config dialect.
+
+Imported types: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``, ``qwen2_moe``,
+``qwen3_moe`` (:mod:`nas.hf.llama`), ``nemotron_h``, ``nemotron_h_puzzle``
+(:mod:`nas.hf.nemotron_h`) and ``nemotron-nas`` (DeciLM, :mod:`nas.hf.decilm`);
+:data:`SUPPORTED_TYPES` lists every registered one. A dialect is a
+:class:`~nas.hf.registry.Dialect` registered by its module; :data:`FAMILIES` lists the
+modules imported here.
+
+Both spellings of every field that changes numerics are read: transformers 4.x
+(``rope_theta`` + ``rope_scaling``, ``num_experts``, ``hybrid_override_pattern``,
+``mamba_dt_*``) and 5.x (``rope_parameters``, ``num_local_experts``, ``qkv_bias``,
+``layers_block_type``, ``sliding_window: 0`` = off, ``{"__float__": "Infinity"}``), with
+transformers' per-type defaults. A numerics-changing field this library does not compute
+(dynamic / LongRoPE scaling, unknown RoPE keys, partial rotary, soft-capping, group-limited
+routing, biased MoE projections, ...) is an :class:`InputError` naming it, never a silent
+default. Exports use the 4.x spelling, which transformers 5.x reads too.
+
+Exported types: the plain type a model came from when it still fits it; otherwise that
+dialect's fallbacks (``nemotron_h`` -> ``nemotron_h_puzzle``), then ``nemotron-nas`` when the
+blocks alternate (attention | linear | no-op) and (gated FFN | linear | no-op) as DeciLM
+requires, and ``nemotron_h_puzzle`` for anything else (any sequence of block kinds).
+Each dialect module documents the extensions it writes beyond the published format.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from hwprofiles.errors import InputError, first_error, read_json
+from nas.arch import ModelArch
+from nas.hf.common import Reader
+from nas.hf.registry import DIALECTS, Dialect, ExportError, register
+
+FAMILIES: tuple[str, ...] = ("llama", "decilm", "nemotron_h")
+"""Dialect modules under ``nas.hf``, imported (and so registered) in this order."""
+for _fam in FAMILIES:
+    importlib.import_module(f"nas.hf.{_fam}")
+
+from nas.hf.llama import LLAMA_LIKE, MOE_LIKE  # noqa: E402
+from nas.hf.nemotron_h import NEMOTRON_H  # noqa: E402
+
+SUPPORTED_TYPES: tuple[str, ...] = tuple(DIALECTS)
+"""Every ``model_type`` that imports and exports."""
+GENERIC_EXPORTS: tuple[str, ...] = ("nemotron-nas", "nemotron_h_puzzle")
+"""Tried in this order when a model no longer fits its own type (nor its fallbacks)."""
+
+__all__ = ["DIALECTS", "Dialect", "ExportError", "FAMILIES", "GENERIC_EXPORTS", "LLAMA_LIKE",
+           "MOE_LIKE", "NEMOTRON_H", "SUPPORTED_TYPES", "from_hf", "load_config", "register",
+           "to_hf"]
+
+
+def load_config(path: str | Path) -> ModelArch:
+    """Read an HF ``config.json`` (or a folder holding one) as a :class:`ModelArch`."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    return from_hf(read_json(path), source=str(path))
+
+
+def from_hf(cfg: Any, source: str = "config") -> ModelArch:
+    """Turn an HF config dict into a :class:`ModelArch` (``source`` names it in errors)."""
+    if not isinstance(cfg, dict):
+        raise InputError("expected a JSON object", path=source)
+    mt = cfg.get("model_type")
+    if not isinstance(mt, str) or mt not in DIALECTS:
+        raise InputError(f"unsupported model_type {mt!r}; expected one of "
+                         f"{', '.join(DIALECTS)}", path=source, field="model_type")
+    r = Reader(cfg, source)
+    r.used.update({"model_type", "architectures", "torch_dtype", "dtype",
+                   "transformers_version"})
+    blocks, mtp, kw = DIALECTS[mt].read(r, mt)
+    extra = {k: v for k, v in cfg.items() if k not in r.used}
+    extra.update(kw.pop("_extra", {}))
+    try:
+        return ModelArch(blocks=tuple(blocks), mtp_blocks=tuple(mtp), model_type=mt,
+                         hf_extra_json=json.dumps(extra, sort_keys=True), **kw)
+    except ValidationError as exc:
+        loc, msg = first_error(exc)
+        raise InputError(msg, path=source, field=loc) from None
+
+
+def to_hf(arch: ModelArch, model_type: str | None = None) -> dict[str, Any]:
+    """Export as an HF config dict.
+
+    With ``model_type=None`` the type is chosen as the module docstring says. Raises
+    :class:`ExportError` when an explicitly requested type cannot hold the architecture.
+    """
+    if model_type is not None:
+        if model_type not in DIALECTS:
+            raise ExportError(f"unknown export model_type {model_type!r}; expected one of "
+                              f"{', '.join(DIALECTS)}", field="model_type")
+        return DIALECTS[model_type].write(arch, model_type)
+    order: list[str] = []
+    own = DIALECTS.get(arch.model_type)
+    if own is not None:
+        order += [own.model_type, *own.fallbacks]
+    order += [mt for mt in GENERIC_EXPORTS if mt not in order]
+    last: ExportError | None = None
+    for mt in order:
+        try:
+            return DIALECTS[mt].write(arch, mt)
+        except ExportError as exc:
+            last = exc
+    raise last  # type: ignore[misc]  # pragma: no cover (nemotron_h_puzzle takes anything)

@@ -1,0 +1,269 @@
+"""What every HF config dialect shares: a typed reader whose errors name the file and the
+field, the common top-level fields (hidden size, vocabulary, norm epsilon, RoPE), the refusal
+of numerics-changing fields no dialect computes, and the common head of an exported config.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import ValidationError
+
+from hwprofiles.errors import InputError, first_error
+from nas.arch import MAX_BLOCKS, MAX_CONTEXT, ModelArch, _Block, cap_of
+from nas.hf.registry import ExportError, dialect
+
+MISSING = object()
+"""The default of a required field (``None`` means optional)."""
+MAX_CONFIG_INT = 2**53
+"""Any integer field: the largest every JSON reader and float64 hold exactly."""
+_INT_CAPS: dict[str, tuple[int, str]] = {
+    "num_hidden_layers": (MAX_BLOCKS, "MAX_BLOCKS: 16x the deepest published LLM"),
+    "num_nextn_predict_layers": (MAX_BLOCKS, "MAX_BLOCKS: 16x the deepest published LLM"),
+    "max_position_embeddings": (MAX_CONTEXT, "MAX_CONTEXT: the largest int32 position"),
+    "num_attention_heads": cap_of("num_heads"),  # type: ignore[dict-item]
+    "hidden_size": cap_of("hidden_size"),  # type: ignore[dict-item]
+    "vocab_size": cap_of("vocab_size"),  # type: ignore[dict-item]
+}
+
+
+def show_value(v: Any) -> str:
+    """A value for a message: huge integers by their size, not their 400 digits."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**15:
+        return f"a {len(str(abs(v)))}-digit integer"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return repr(v)
+
+
+def head_dim_of(r: Reader, hidden: int, heads: int) -> int:
+    """``head_dim``, or hidden / heads when the config leaves it out (then it must divide)."""
+    d = r.int("head_dim", None)
+    if d:
+        return int(d)
+    if hidden % heads:
+        raise r.err("num_attention_heads", f"{heads} does not divide hidden_size {hidden} "
+                    "and no head_dim is given (expected hidden_size = heads x head size)")
+    return hidden // heads
+
+
+class Reader:
+    """Typed access to a config dict; errors name the file and the field; tracks used keys."""
+
+    def __init__(self, cfg: dict[str, Any], source: str, prefix: str = ""):
+        self.cfg, self.source, self.prefix = cfg, source, prefix
+        self.used: set[str] = set()
+
+    def err(self, key: str, msg: str) -> InputError:
+        return InputError(msg, path=self.source, field=f"{self.prefix}{key}")
+
+    def raw(self, key: str, default: Any = MISSING) -> Any:
+        self.used.add(key)
+        if key not in self.cfg or self.cfg[key] is None:
+            if default is MISSING:
+                raise self.err(key, "missing required field")
+            return default
+        return self.cfg[key]
+
+    def int(self, key: str, default: Any = MISSING, minimum: int = 1) -> Any:
+        v = self.raw(key, default)
+        if v is None or (v is default and default is not MISSING):
+            return v
+        if isinstance(v, bool) or not isinstance(v, int | float) or \
+                (isinstance(v, float) and not math.isfinite(v)) or v != int(v):
+            raise self.err(key, f"expected an integer, got {v!r}")
+        if v < minimum:
+            raise self.err(key, f"expected an integer >= {minimum}, got {v!r}")
+        cap = _INT_CAPS.get(key, (MAX_CONFIG_INT, "exact in float64 and in JSON readers"))
+        if v > cap[0]:
+            raise self.err(key, f"expected at most {cap[0]:,} ({cap[1]}), got {show_value(v)}")
+        return int(v)
+
+    def float(self, key: str, default: Any = MISSING) -> Any:
+        v = self.raw(key, default)
+        if v is None and default is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or \
+                (isinstance(v, int) and abs(v) > MAX_CONFIG_INT) or not math.isfinite(v):
+            raise self.err(key, f"expected a finite number, got {show_value(v)}")
+        return float(v)
+
+    def bool(self, key: str, default: Any = MISSING) -> bool:
+        v = self.raw(key, default)
+        if not isinstance(v, bool):
+            raise self.err(key, f"expected true or false, got {v!r}")
+        return v
+
+    def str(self, key: str, default: Any = MISSING) -> str:
+        v = self.raw(key, default)
+        if not isinstance(v, str):
+            raise self.err(key, f"expected a string, got {v!r}")
+        return v
+
+
+def make_block(cls: type[_Block], r: Reader, **kw: Any) -> _Block:
+    try:
+        return cls(**kw)
+    except ValidationError as exc:
+        raise InputError(f"invalid {cls.__name__.lower()} block: {first_error(exc)[1]}",
+                         path=r.source,
+                         field=r.prefix.rstrip(".") or None) from None
+
+
+def common_fields(r: Reader, eps_key: str, eps_default: float, mt: str) -> dict[str, Any]:
+    refuse_unsupported(r)
+    theta, scaling = read_rope(r, mt)
+    kw: dict[str, Any] = dict(
+        hidden_size=r.int("hidden_size"),
+        vocab_size=r.int("vocab_size"),
+        tie_embeddings=r.bool("tie_word_embeddings", False),
+        norm_eps=r.float(eps_key, eps_default),
+        rope_theta=theta,
+    )
+    if scaling is not None:
+        kw["_extra"] = {"rope_scaling": scaling}
+    return kw
+
+
+# Fields of other families that change numerics and that no supported type computes: present
+# with any value other than the neutral one(s), they are an error naming the field.
+_UNSUPPORTED_NUMERIC: dict[str, tuple[Any, ...]] = {
+    "partial_rotary_factor": (None, 1, 1.0),
+    "attn_logit_softcapping": (None,), "final_logit_softcapping": (None,),
+    "logit_scale": (None, 1, 1.0), "logits_scaling": (None, 1, 1.0),
+    "attention_multiplier": (None,), "embedding_multiplier": (None, 1, 1.0),
+    "residual_multiplier": (None, 1, 1.0), "query_pre_attn_scalar": (None,),
+    "rope_interleave": (None, False), "use_qk_norm": (None, False),
+    "mrope_section": (None,), "moe_layer_freq": (None, 1),
+}
+
+# RoPE types: the keys each one reads (beyond rope_type / rope_theta); anything else in the
+# dict is an error naming it. Types not listed are refused.
+_ROPE_KEYS: dict[str, frozenset[str]] = {
+    "default": frozenset(),
+    "linear": frozenset({"factor"}),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings"}),
+    "yarn": frozenset({"factor", "original_max_position_embeddings", "attention_factor",
+                       "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}),
+}
+_ROPE_REFUSED = {
+    "dynamic": "dynamic NTK scaling changes the frequencies with the sequence length at run "
+               "time and is not implemented",
+    "longrope": "LongRoPE (per-dimension factors) is not implemented",
+    "su": "LongRoPE (per-dimension factors) is not implemented",
+    "mrope": "multimodal RoPE is not implemented",
+}
+
+
+def refuse_unsupported(r: Reader) -> None:
+    for key, neutral in _UNSUPPORTED_NUMERIC.items():
+        if key in r.cfg:
+            r.used.add(key)
+            if r.cfg[key] not in neutral:
+                raise r.err(key, f"{r.cfg[key]!r} changes the numerics in a way this library "
+                            "does not compute (supported: absent"
+                            + "".join(f" or {v!r}" for v in neutral if v is not None) + ")")
+
+
+def read_rope(r: Reader, mt: str) -> tuple[float, dict[str, Any] | None]:
+    """``(rope_theta, scaling)`` from either spelling: transformers 5.x ``rope_parameters``
+    (``{rope_theta, rope_type, ...}``) or 4.x top-level ``rope_theta`` + ``rope_scaling``.
+
+    As transformers does: ``rope_scaling`` wins over ``rope_parameters``; the theta inside
+    the dict wins over the top-level one, which wins over the type's default (10,000;
+    1,000,000 for mixtral); ``original_max_position_embeddings`` of llama3 / YaRN defaults to
+    ``max_position_embeddings``. ``scaling`` is ``None`` for plain RoPE, else a dict with
+    ``rope_type`` and that type's parameters.
+    """
+    default_theta = 1e6 if mt == "mixtral" else 10000.0
+    top = r.float("rope_theta", None)
+    params, key = r.raw("rope_scaling", None), "rope_scaling"
+    if params is None:
+        params, key = r.raw("rope_parameters", None), "rope_parameters"
+    else:
+        r.used.add("rope_parameters")
+    if params is None:
+        return (default_theta if top is None else top), None
+    if not isinstance(params, dict):
+        raise r.err(key, f"expected an object, got {params!r}")
+    if params and all(isinstance(v, dict) or v is None for v in params.values()):
+        raise r.err(key, "per-layer-type RoPE parameters are not supported")
+    sub = Reader(params, r.source, prefix=f"{key}.")
+    theta = sub.float("rope_theta", None)
+    theta = theta if theta is not None else (default_theta if top is None else top)
+    if theta <= 0:
+        raise sub.err("rope_theta", f"expected a positive number, got {theta}")
+    sub.float("partial_rotary_factor", None)
+    if params.get("partial_rotary_factor") not in (None, 1, 1.0):
+        raise sub.err("partial_rotary_factor", "partial rotary embeddings are not supported")
+    kind = params.get("rope_type", params.get("type", "default"))
+    sub.used.update({"rope_type", "type"})
+    if not isinstance(kind, str):
+        raise sub.err("rope_type", f"expected a string, got {kind!r}")
+    if kind in _ROPE_REFUSED:
+        raise sub.err("rope_type", f"{kind!r}: {_ROPE_REFUSED[kind]}")
+    if kind not in _ROPE_KEYS:
+        raise sub.err("rope_type", f"unknown RoPE type {kind!r}; supported: "
+                      + ", ".join(_ROPE_KEYS))
+    unknown = sorted(set(params) - _ROPE_KEYS[kind] - sub.used)
+    if unknown:
+        raise sub.err(unknown[0], f"not a parameter of RoPE type {kind!r} (it would change "
+                      "the numerics in a way this library does not compute)")
+    if kind == "default":
+        return theta, None
+    out: dict[str, Any] = {"rope_type": kind}
+    if kind in ("llama3", "yarn"):
+        orig = params.get("original_max_position_embeddings")
+        if orig is None:
+            orig = r.cfg.get("original_max_position_embeddings")
+        if orig is None:
+            orig = Reader(r.cfg, r.source).int("max_position_embeddings")
+        out["original_max_position_embeddings"] = Reader(
+            {"original_max_position_embeddings": orig}, r.source, f"{key}.").int(
+            "original_max_position_embeddings")
+    if kind == "yarn":
+        factor = sub.float("factor", None)
+        if factor is None:
+            factor = Reader(r.cfg, r.source).int("max_position_embeddings") / out["original_max_position_embeddings"]
+        out["factor"] = factor
+        for k in ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+            v = sub.float(k, None)
+            if v is not None:
+                out[k] = v
+        out["truncate"] = sub.bool("truncate", True)
+    else:
+        out["factor"] = sub.float("factor")
+    if kind == "llama3":
+        out["low_freq_factor"] = sub.float("low_freq_factor")
+        out["high_freq_factor"] = sub.float("high_freq_factor")
+        if out["high_freq_factor"] <= out["low_freq_factor"]:
+            raise sub.err("high_freq_factor", "must exceed low_freq_factor")
+    if out["factor"] <= 0:
+        raise sub.err("factor", f"expected a positive number, got {out['factor']}")
+    return theta, out
+
+
+def base_config(arch: ModelArch, mt: str, eps_key: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"architectures": [dialect(mt).architecture], "model_type": mt}
+    out.update(arch.hf_extra)
+    lim = out.get("time_step_limit")
+    if isinstance(lim, list) and lim and lim[-1] == math.inf:
+        if lim == [0.0, math.inf]:
+            del out["time_step_limit"]  # the default; keeps the file strict JSON
+        else:
+            out["time_step_limit"] = [lim[0], {"__float__": "Infinity"}]  # transformers' spelling
+    out.update(hidden_size=arch.hidden_size, vocab_size=arch.vocab_size,
+               tie_word_embeddings=arch.tie_embeddings, rope_theta=arch.rope_theta)
+    out[eps_key] = arch.norm_eps
+    return out
+
+
+def layer_pairs(arch: ModelArch, mt: str) -> list[tuple[_Block, _Block]]:
+    b = arch.blocks
+    if len(b) % 2:
+        raise ExportError(f"{mt} needs (attention, mlp) pairs; got an odd number of blocks")
+    return [(b[i], b[i + 1]) for i in range(0, len(b), 2)]
