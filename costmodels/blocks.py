@@ -61,6 +61,9 @@ K_EXPERTS = 5  # routed experts: expert offsets (sort tokens by expert), grouped
 #                (and gate), activation, grouped GEMM down, top-k weighted finalize
 K_SHARED = 3  # shared expert: up (and gate) GEMM, activation, down GEMM
 K_PERMUTE = 2  # permute tokens into expert order, and un-permute (weighted scatter)
+K_MLA_PROJ = 4  # MLA: fused q_a + kv_a GEMM, q_b (or q) GEMM, latent norms, o GEMM
+K_MLA_ABSORB = 2  # MLA decode: the batched W_UK (before) and W_UV (after attention) GEMMs
+K_MLA_UP = 1  # MLA prefill: the kv_b up-projection GEMM of the chunk's (and context's) latents
 
 
 @dataclass
@@ -377,10 +380,50 @@ def _price_linear(c: _Pricing, r: _Rows) -> None:
                             c.cd[TensorRole.OTHER], 1))
 
 
+def _price_mla(c: _Pricing, r: _Rows) -> None:
+    """Multi-head latent attention, as MLA serving engines run it (vLLM / SGLang / TRT-LLM):
+
+    * every token: the fused ``q_a + kv_a`` projection (``h -> q_lora + kv_lora + rope``), the
+      latent norms, ``q_b`` (or ``q_proj``) and ``o_proj``;
+    * prompt tokens (prefill, mixed step): ``kv_b`` up-projects the chunk's latents (and the
+      earlier chunks' cached latents it attends to) to per-head keys and values, then flash
+      attention over them (:func:`costmodels.ops.mla_prefill`); the latent is cached;
+    * decoding tokens: the absorbed form, no up-projection of the cache: ``W_UK`` folds into
+      the query and ``W_UV`` into the output (:func:`costmodels.ops.mla_absorb`), and
+      attention reads the latent cache once as one shared head for all query heads
+      (:func:`costmodels.ops.mla_decode`).
+
+    Under TP the query heads split over the GPUs; the latent cache and the ``q_a / kv_a``
+    projections are replicated (every GPU attends over the whole latent).
+    """
+    h, q1, a, kvb = r.h, r.q1, c.a, c.kvb
+    nq, Q, R, nope, P, V = (r.col(n) for n in ("n_heads", "q_lora", "kv_lora", "qk_nope",
+                                               "qk_rope", "v_head"))
+    w, dt, wo = c.wb[TensorRole.ATTENTION], c.cd[TensorRole.ATTENTION], c.wb[TensorRole.OTHER]
+    q_in = np.where(Q > 0, Q, h)
+    for _, dseq, T, out in r.steps:
+        proj = _add(_add(ops.gemm(T, h, Q + R + P, w, a), ops.gemm(T, q_in, nq * (nope + P), w, a)),
+                    ops.gemm(T, nq * V, h, w, a))
+        out.append(c.gemm_t(proj, dt, K_MLA_PROJ))
+        out.append(c.elem_t(ops.rms_norm(T, Q + R, a, wo), 0.0))  # fused in K_MLA_PROJ
+        on = (dseq > 0) * 1.0
+        out.append(c.gemm_t(_scale(ops.mla_absorb(dseq * q1, nq, nope, R, V, w, a), on), dt,
+                            K_MLA_ABSORB * on))
+        fa, ba = ops.mla_decode(dseq, c.C, nq, P, R, a, kvb)
+        # a verification step: 1 + d query tokens per sequence over one read of the cache
+        out.append(c.attn_t((fa * q1, ba + dseq * (q1 - 1.0) * nq * (2.0 * R + P) * a),
+                            K_ATTN * on, kv_read=True))
+    up = ops.gemm(c.Tc + c.reread, R, nq * (nope + V), w, a)
+    r.out_m.append(c.gemm_t(up, dt, K_MLA_UP))
+    r.out_m.append(c.attn_t(ops.mla_prefill(c.Bp, c.S, nq, nope, P, V, R, a, kvb), K_ATTN))
+    rr = c.reread * (R + P) * kvb
+    r.out_m.append(c.attn_t((0.0 * rr, rr), 0.0, kv_read=True))
+
+
 # each block kind's ops (beyond the norm every kind has and the TP all-reduce)
 _PRICE_KIND = {Kind.ATTENTION: _price_attention, Kind.MAMBA: _price_mamba,
                Kind.MOE: _price_moe, Kind.FFN: _price_ffn, Kind.LINEAR: _price_linear,
-               Kind.DELTANET: _price_deltanet}
+               Kind.DELTANET: _price_deltanet, Kind.MLA: _price_mla}
 
 
 def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe,
@@ -482,11 +525,13 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     mats = 2 + st.gated
     widest = np.select(
         [kind == int(Kind.ATTENTION), kind == int(Kind.MAMBA), kind == int(Kind.MOE),
-         kind == int(Kind.FFN), kind == int(Kind.LINEAR), kind == int(Kind.DELTANET)],
+         kind == int(Kind.FFN), kind == int(Kind.LINEAR), kind == int(Kind.DELTANET),
+         kind == int(Kind.MLA)],
         [(st.n_heads * (1 + st.attn_gate) + 2 * st.n_kv_heads) * st.head_dim, in_w,
          st.experts + np.maximum(-(-st.top_k // ep) * (mats - 1) * st.expert_width,
                                  (mats - 1) * st.shared_width),
-         (mats - 1) * st.ffn_width, st.hidden, dn_in_w],
+         (mats - 1) * st.ffn_width, st.hidden, dn_in_w,
+         st.n_heads * (2 * st.qk_nope + st.qk_rope + st.v_head)],
         0,
     ).astype(np.float64)
     workspace = np.where(kind == int(Kind.NOOP), 0.0, (2.0 * table.hidden + widest) * a)

@@ -137,6 +137,14 @@ _NVFP4_SOURCE = (
 _LINEARS = (TensorRole.ROUTED_EXPERTS, TensorRole.SHARED_EXPERTS, TensorRole.ATTENTION,
             TensorRole.MAMBA, TensorRole.FFN)
 
+_MXFP4_SOURCE = (
+    "OpenAI's gpt-oss checkpoints (gpt-oss model card, arXiv 2508.10925, Sec. 2: 'we quantize "
+    "the MoE weights to MXFP4'; config.json quantization_config.modules_to_not_convert: "
+    "attention, router, embeddings, LM head): routed-expert weights MXFP4 (OCP MX: 4-bit E2M1 "
+    "values in 32-element blocks sharing one 8-bit E8M0 scale = 4.25 bits per weight), "
+    "everything else and the KV cache BF16, SSM state FP32"
+)
+
 RECIPES: dict[str, PrecisionRecipe] = {
     "bf16": PrecisionRecipe(
         name="bf16",
@@ -177,11 +185,20 @@ RECIPES: dict[str, PrecisionRecipe] = {
         ssm_state=DType.FP32,
         source=_NVFP4_SUPER_SOURCE,
     ),
+    "mxfp4": PrecisionRecipe(
+        name="mxfp4",
+        default=DType.BF16,
+        weights={TensorRole.ROUTED_EXPERTS: DType.MXFP4},
+        kv_cache=DType.BF16,
+        ssm_state=DType.FP32,
+        source=_MXFP4_SOURCE,
+    ),
 }
 
 
 def get_recipe(name_or_path: str | Path | PrecisionRecipe) -> PrecisionRecipe:
-    """A named preset (``bf16``, ``fp8``, ``nvfp4``, ``nvfp4-super``) or a recipe JSON file."""
+    """A named preset (``bf16``, ``fp8``, ``nvfp4``, ``nvfp4-super``, ``mxfp4``) or a recipe
+    JSON file."""
     if isinstance(name_or_path, PrecisionRecipe):
         return name_or_path
     key = str(name_or_path)

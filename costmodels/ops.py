@@ -252,3 +252,56 @@ def allreduce_time(nbytes: Arr, gpus: int, bandwidth: float, efficiency: float,
         return 0.0 * np.asarray(nbytes, dtype=np.float64)
     return latency + 2.0 * (gpus - 1) / gpus * np.asarray(nbytes, dtype=np.float64) / (
         bandwidth * efficiency)
+
+
+# ---- multi-head latent attention (DeepSeek-V2/V3) -----------------------------------------
+def rms_norm(tokens: Arr, width: Arr, a: Arr, w: Arr) -> tuple[Arr, Arr]:
+    """A plain RMSNorm over ``width`` channels (MLA's latent norms): FLOPs ``4*T*width``
+    (square, accumulate, scale, weight); bytes ``2*T*width*a + width*w``."""
+    return (4.0 * width) * tokens, (2.0 * width * a) * tokens + width * w
+
+
+def mla_prefill(seqs: Arr, length: Arr, nq: Arr, nope: Arr, rope: Arr, v: Arr, latent: Arr,
+                a: Arr, kv: Arr) -> tuple[Arr, Arr]:
+    """MLA prefill: flash attention over the up-projected keys (``nope + rope`` per head) and
+    values (``v`` per head) of ``seqs`` prompts of ``length`` tokens.
+
+    FLOPs: ``2*nq*pairs*(nope + rope + v)*seqs`` (QK^T over ``nope + rope``, PV over ``v``).
+    Bytes: per sequence ``2*S*nq*(nope + rope + v)*a`` (read Q and the up-projected K, V;
+    write O, each once) + ``S*(latent + rope)*kv`` (write the latent cache).
+    """
+    pairs = causal_pairs(length, 0.0)
+    per_head = nope + rope + v
+    flops = 2.0 * nq * per_head * pairs * seqs
+    byts = seqs * length * (2.0 * nq * per_head * a + (latent + rope) * kv)
+    return flops, byts
+
+
+def mla_decode(seqs: Arr, context: Arr, nq: Arr, rope: Arr, latent: Arr, a: Arr, kv: Arr
+               ) -> tuple[Arr, Arr]:
+    """One MLA decode step in the absorbed form (FlashMLA, vLLM / SGLang MLA decode): multi-
+    query attention of ``nq`` heads over the single cached latent head, keys ``latent +
+    rope`` wide, values the ``latent`` part of the same rows.
+
+    FLOPs: ``2*nq*L*(2*latent + rope)*seqs`` (L = context). Bytes: per sequence
+    ``(L + 1)*(latent + rope)*kv`` (read the cache once, append this token) +
+    ``nq*(2*latent + rope)*a`` (read the absorbed query, write the latent-space output).
+    """
+    L = np.asarray(context, dtype=np.float64)
+    flops = 2.0 * nq * (2.0 * latent + rope) * L * seqs
+    byts = seqs * ((L + 1.0) * (latent + rope) * kv + nq * (2.0 * latent + rope) * a)
+    return flops, byts
+
+
+def mla_absorb(tokens: Arr, nq: Arr, nope: Arr, latent: Arr, v: Arr, w: Arr, a: Arr
+               ) -> tuple[Arr, Arr]:
+    """The decode-time absorbed projections, batched over heads: ``q_nope @ W_UK`` (``nope ->
+    latent``) before attention and ``o_latent @ W_UV`` (``latent -> v``) after it; together
+    they read all of ``kv_b_proj`` once.
+
+    FLOPs: ``2*T*nq*latent*(nope + v)``. Bytes: ``nq*latent*(nope + v)*w`` +
+    ``T*nq*(nope + 2*latent + v)*a``.
+    """
+    flops = (2.0 * nq * latent * (nope + v)) * tokens
+    byts = nq * latent * (nope + v) * w + (nq * (nope + 2.0 * latent + v) * a) * tokens
+    return flops, byts

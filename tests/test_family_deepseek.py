@@ -127,3 +127,72 @@ def test_mla_latent_kv_bytes_per_token():
     assert mha / a.kv_bytes_per_token("bf16") == pytest.approx(71.11, abs=0.01)
     assert a.kv_bytes(131072, "bf16") == 70_272 * 131072
     assert np.isfinite(a.weight_bytes("fp8"))
+
+
+# ---- cost model ---------------------------------------------------------------------------
+def _price(arch: ModelArch, rows: list[int], wls: list[str], tp: int = 1, recipe: str = "bf16"):
+    import hwprofiles
+    from costmodels.blocks import price_blocks
+    from costmodels.dtypes import get_recipe
+
+    return price_blocks(arch.table.take(rows), hwprofiles.get("h200-sxm"), get_recipe(recipe),
+                        wls, tp=tp)
+
+
+def test_mla_ops_closed_forms():
+    from costmodels import ops
+
+    # absorbed decode: one latent head of R + rope for all nq heads; no up-projection
+    f, b = ops.mla_decode(2.0, 1000.0, 128, 64, 512, 2.0, 1.0)
+    assert f == 2 * 2 * 128 * (2 * 512 + 64) * 1000
+    assert b == 2 * (1001 * 576 * 1 + 128 * (2 * 512 + 64) * 2)
+    # the absorbed W_UK / W_UV GEMMs read all of kv_b once
+    f, b = ops.mla_absorb(4.0, 128, 128, 512, 128, 1.0, 2.0)
+    assert f == 2 * 4 * 128 * 512 * 256
+    assert b == 128 * 512 * 256 + 4 * 128 * (128 + 1024 + 128) * 2
+    # prefill attends over up-projected heads: QK over nope + rope, PV over v
+    f, b = ops.mla_prefill(1.0, 10.0, 128, 128, 64, 128, 512, 2.0, 1.0)
+    assert f == 2 * 128 * 320 * 55
+    assert b == 10 * (2 * 128 * 320 * 2 + 576)
+
+
+def test_mla_decode_reads_the_latent_cache_only():
+    """Decode time grows with context by the latent cache read, (R + rope) bytes per token,
+    whatever the head count; an MHA layer of the same heads reads 71x more."""
+    a = _v3()
+    short, long_ = "isl=1024,osl=2,batch=64", "isl=65536,osl=2,batch=64"
+    mla = _price(a, [0], [short, long_])
+    heads64 = a.replace_blocks([a.blocks[0].model_copy(update={"num_heads": 64})])
+    mla64 = _price(heads64, [0], [short, long_])
+    from nas.arch import Attention
+
+    mha = ModelArch(hidden_size=7168, vocab_size=129280,
+                    blocks=(Attention(num_heads=128, num_kv_heads=128, head_dim=160),))
+    gqa = _price(mha, [0], [short, long_])
+    d_mla = mla.decode_s[0, 1] - mla.decode_s[0, 0]
+    d_mha = gqa.decode_s[0, 1] - gqa.decode_s[0, 0]
+    assert d_mha / d_mla > 20
+    assert mla.kv_bytes_per_token[0] == 576 * 2
+    # fewer query heads: less compute, the same cache read
+    assert mla64.decode_s[0, 1] < mla.decode_s[0, 1]
+    assert mla64.kv_bytes_per_token[0] == mla.kv_bytes_per_token[0]
+
+
+def test_mla_tensor_parallel_replicates_the_latent():
+    a = _v3()
+    one = _price(a, [0], ["isl=4096,osl=512,batch=32"], tp=1)
+    eight = _price(a, [0], ["isl=4096,osl=512,batch=32"], tp=8)
+    assert eight.kv_bytes_per_token[0] == one.kv_bytes_per_token[0]
+    assert eight.weight_bytes[0] < one.weight_bytes[0] / 4  # q_b, kv_b, o split by heads
+    assert eight.prefill_s[0, 0] < one.prefill_s[0, 0]
+
+
+def test_smaller_kv_lora_rank_is_cheaper_and_smaller():
+    a = _v3()
+    small = a.replace_blocks([a.blocks[0].model_copy(update={"kv_lora_rank": 256})])
+    wl = ["isl=32768,osl=1024,batch=32"]
+    big_c, small_c = _price(a, [0], wl), _price(small, [0], wl)
+    assert small_c.kv_bytes_per_token[0] == (256 + 64) * 2
+    assert small_c.decode_s[0, 0] < big_c.decode_s[0, 0]
+    assert small_c.memory_bytes[0, 0] < big_c.memory_bytes[0, 0]
+    assert small.param_counts().total < a.param_counts().total

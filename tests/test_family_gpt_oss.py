@@ -114,3 +114,32 @@ def test_kv_memory_sinks_and_alternating_windows():
                                  if isinstance(b, Attention) else b for b in a.blocks])
     assert no_sinks.kv_bytes(ctx) == a.kv_bytes(ctx)
     assert a.param_counts().total - no_sinks.param_counts().total == 36 * 64
+
+
+# ---- MXFP4 and memory ---------------------------------------------------------------------
+def test_mxfp4_recipe_matches_the_published_checkpoint_sizes():
+    """MXFP4: 32 E2M1 values (4 bits) share one E8M0 scale (8 bits): 4.25 bits per weight.
+    The gpt-oss model card (Table 1) gives the checkpoint sizes: 60.8 GiB (120b), 12.8 GiB
+    (20b) with the MoE weights in MXFP4 and the rest in BF16."""
+    from costmodels.dtypes import DType, get_recipe
+
+    assert DType.MXFP4.bytes * 8 == (32 * 4 + 8) / 32 == 4.25
+    r = get_recipe("mxfp4")
+    assert r.weight_dtype("routed_experts") == DType.MXFP4
+    assert r.weight_dtype("attention") == DType.BF16 and r.kv_cache == DType.BF16
+    assert round(load_config(G120).weight_bytes(r) / 2**30, 1) == 60.8
+    assert round(load_config(G20).weight_bytes(r) / 2**30, 1) == 12.8
+
+
+def test_priced_memory_caps_sliding_layers():
+    import hwprofiles
+    from costmodels.blocks import price_blocks
+    from costmodels.dtypes import get_recipe
+
+    a = load_config(G120)
+    bc = price_blocks(a.table, hwprofiles.get("h200-sxm"), get_recipe("mxfp4"),
+                      ["isl=131072,osl=1,batch=1"])
+    kv = bc.memory_bytes[:, 0] - bc.weight_bytes
+    per_tok = 2 * 8 * 64 * 2
+    assert kv[0] == 128 * per_tok and kv[2] == (131072 + 1) * per_tok
+    assert kv.sum() == a.kv_bytes(131073, "mxfp4")
