@@ -38,8 +38,8 @@ class SolveOptions:
     ``fixing`` turns on LP reduced-cost fixing before the MIP (see :meth:`MipModel.solve`);
     ``shift`` rewrites each budget row by shortest-path potentials (nonnegative
     coefficients, same feasible set); ``restarts`` allows HiGHS' restarts (re-presolving
-    after root fixings); ``warm_start`` passes earlier children to HiGHS as MIP starts
-    (off: see :meth:`MipModel.warm_start`)."""
+    after root fixings). A known child is given per solve, checked, as
+    :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
 
     time_limit: float | None = None
     mip_rel_gap: float = 1e-4
@@ -51,7 +51,6 @@ class SolveOptions:
     fixing: bool = True
     shift: bool = False
     restarts: bool = False
-    warm_start: bool = False
 
     def __post_init__(self) -> None:
         for name in ("mip_rel_gap", "mip_abs_gap"):
@@ -323,8 +322,6 @@ class MipModel:
         if o.threads is not None:
             self._set("threads", int(o.threads))
         _sync_scheduler(self.h, o.threads)
-        self._incumbent: np.ndarray | None = None
-        self._pending_start = False
 
     # ---------------------------------------------------------------- helpers
     def _index(self, i: int, what: str) -> int:
@@ -391,22 +388,6 @@ class MipModel:
         self.row_hi = np.append(self.row_hi, rhs)
         self.num_rows += 1
 
-    def warm_start(self, chosen: np.ndarray) -> None:
-        """Offer ``chosen`` as a starting incumbent (HiGHS ignores it if infeasible).
-
-        Only with ``SolveOptions.warm_start``: the brute-force property test caught HiGHS
-        1.16 returning a MIP start as "optimal" when it was not (the start's objective was
-        mis-mapped through presolve), so starts are off by default.
-        """
-        if not self.opts.warm_start:
-            return
-        x = np.zeros(self.lib.num_replacements)
-        x[np.asarray(chosen, dtype=np.int64)] = 1.0
-        idx = np.arange(x.size, dtype=np.int32)
-        self.h.clearSolver()
-        self.h.setSolution(x.size, idx, x)
-        self._pending_start = True
-
     # ---------------------------------------------------------------- solve
     def _run(self, time_limit: float | None, cutoff: float | None = None
              ) -> tuple[str, np.ndarray | None, float, int, str]:
@@ -418,12 +399,10 @@ class MipModel:
 
         self._set("time_limit", float(time_limit) if time_limit is not None else math.inf)
         self._set("objective_bound", math.inf if cutoff is None else float(cutoff))
-        if not self._pending_start:
-            # HiGHS 1.16 reuses the previous run's solution as a MIP start, and the property
-            # test caught it mis-valuing such a start after presolve (returning it as
-            # "optimal" when it was not): clear it unless a start was asked for.
-            self.h.clearSolver()
-        self._pending_start = False
+        # HiGHS 1.16 reuses the previous run's solution as a MIP start, and the property
+        # test caught it mis-valuing such a start after presolve (returning it as "optimal"
+        # when it was not): every run starts clean, a known child is only a cutoff.
+        self.h.clearSolver()
         with _fd1_redirected(self.opts.verbose):
             run_status = self.h.run()
         ms = self.h.getModelStatus()
@@ -567,7 +546,8 @@ class MipModel:
                 nodes += n
                 if _DEBUG:
                     print(f"tau={tau:.3g} free={int(free.sum() - fix0.sum() - fix1.sum())} "
-                          f"st={st} n={n} feastol={self.feastol:.3g} "
+                          f"st={st} n={n} feastol={self.feastol:.3g} lb0={lb0:.6g} "
+                          f"bnd={bnd:.6g} u={u:.6g} "
                           f"t={time.perf_counter() - t0:.3f}", file=sys.stderr)
                 if st == "cutoff":
                     # no child below the cutoff among the free columns, and a child using

@@ -41,12 +41,19 @@ def solve(
 
     Returns a verified :class:`Result`; an infeasible model gives ``status="infeasible"``
     with the explanation in ``message`` (call ``.raise_if_infeasible()`` to raise).
+
+    ``warm_start``: replacement indices of a known child (an earlier solution). It is
+    checked against every row and ignored when it breaks one; otherwise it is the
+    incumbent from the start (HiGHS looks only for better children, the LP fixing starts
+    from its value) and is returned, ``feasible``, when the time limit stops the search
+    before anything better is found. The answer is the same as without it (see
+    :meth:`MipModel.solve`).
     """
     m = MipModel(library, objective, budgets, counts=counts, pin=pin, forbid=forbid,
                  options=options)
-    if warm_start is not None:
-        m.warm_start(np.asarray(warm_start))
-    return explained(m, m.solve())
+    inc = None if warm_start is None else np.asarray(
+        [m._index(i, "warm_start") for i in warm_start], dtype=np.int64)
+    return explained(m, m.solve(incumbent=inc))
 
 
 def diverse_pool(
