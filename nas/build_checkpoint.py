@@ -61,7 +61,7 @@ def _mixer_name(sub: str, mt: str, attn_slot: bool) -> str:
     """HF name of a mixer parameter (internal name ``sub``) for type ``mt``."""
     if mt == "nemotron-nas" and sub == "linear.weight":
         return "linear_attn.weight" if attn_slot else "linear_mlp.weight"
-    if mt == "qwen2_moe" and sub.startswith("shared_experts."):
+    if mt in ("qwen2_moe", "qwen3_next") and sub.startswith("shared_experts."):
         return "shared_expert." + sub[len("shared_experts."):]
     return sub
 
@@ -92,6 +92,8 @@ def hf_layout(model: CausalLM, model_type: str) -> list[tuple[str, str, int | No
             sub = "block_sparse_moe." if model_type == "mixtral" and \
                 model.arch.blocks[i].kind == "moe" else "mlp."
             mixer = prefix + ("self_attn." if attn_slot else sub)
+            if model.arch.blocks[i].kind == "deltanet":  # qwen3_next's linear attention
+                mixer = prefix + "linear_attn."
         if part == "norm":
             rows.append((key, norm_name, None))
         elif rest in _EXPERT_PARAMS:

@@ -48,7 +48,8 @@ class Materializer:
             nn.init.normal_(head.weight, std=self.std)
             m.lm_head = head.to(self.dtype)
         if m.norm is not None:
-            m.norm = _real(lambda: RMSNorm(h, arch.norm_eps)).to(self.dtype)
+            m.norm = _real(lambda: RMSNorm(h, arch.norm_eps, arch.norm_unit_offset)
+                           ).to(self.dtype)
 
     def block(self, i: int, dtype: torch.dtype | None = None) -> Block:
         """Block ``i`` randomly initialized (in float32, then cast to ``dtype``, default the

@@ -102,6 +102,9 @@ SAMPLES = {
             {"kind": "moe", "num_experts": 4, "top_k": 2, "expert_width": 16,
              "router_linear_bias": True, "expert_bias": True, "swiglu_limit": 7.0,
              "swiglu_alpha": 1.702}]},
+    # issue 18 part B (tests/test_family_qwen3_next.py)
+    "qwen3_next": json.loads(
+        (REPO / "tests/data/configs/qwen3-next-80b-a3b-instruct.json").read_text()),
 }
 
 

@@ -247,7 +247,28 @@ def read_rope(r: Reader, mt: str) -> tuple[float, dict[str, Any] | None]:
     return theta, out
 
 
+HYBRID_ATTENTION_TYPES: set[str] = {"qwen3_next"}
+"""Dialects whose writer holds zero-centred norms, gated attention, partial rotary and
+Gated DeltaNet blocks; :func:`base_config` refuses those features for every other type
+(they would be silently dropped)."""
+
+
+def _refuse_hybrid_features(arch: ModelArch, mt: str) -> None:
+    from nas.arch import Attention, DeltaNet
+
+    if mt in HYBRID_ATTENTION_TYPES:
+        return
+    if arch.norm_unit_offset:
+        raise ExportError(f"{mt} has no zero-centred (1 + weight) norms")
+    for i, b in enumerate((*arch.blocks, *arch.mtp_blocks)):
+        if isinstance(b, DeltaNet):
+            raise ExportError(f"{mt} has no Gated DeltaNet blocks (block {i})")
+        if isinstance(b, Attention) and (b.output_gate or b.rope_dim is not None):
+            raise ExportError(f"{mt} has no gated / partial-rotary attention (block {i})")
+
+
 def base_config(arch: ModelArch, mt: str, eps_key: str) -> dict[str, Any]:
+    _refuse_hybrid_features(arch, mt)
     out: dict[str, Any] = {"architectures": [dialect(mt).architecture], "model_type": mt}
     out.update(arch.hf_extra)
     lim = out.get("time_step_limit")

@@ -3,12 +3,14 @@
 Importing this package needs torch (an optional extra of puzzle-nas).
 """
 
+from nas.modules.deltanet import DeltaNetMixer, gated_delta_chunked, gated_delta_step
 from nas.modules.layers import AttentionMixer, FFNMixer, LinearMixer, RMSNorm, activation
 from nas.modules.mamba import MambaMixer, ssd_chunked, ssd_step
 from nas.modules.model import Block, Cache, CausalLM, make_mixer
 from nas.modules.moe import MoEMixer
 
 __all__ = [
-    "AttentionMixer", "Block", "Cache", "CausalLM", "FFNMixer", "LinearMixer", "MambaMixer",
-    "MoEMixer", "RMSNorm", "activation", "make_mixer", "ssd_chunked", "ssd_step",
+    "AttentionMixer", "Block", "Cache", "CausalLM", "DeltaNetMixer", "FFNMixer", "LinearMixer",
+    "MambaMixer", "MoEMixer", "RMSNorm", "activation", "gated_delta_chunked", "gated_delta_step",
+    "make_mixer", "ssd_chunked", "ssd_step",
 ]

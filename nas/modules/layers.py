@@ -57,16 +57,30 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 class RMSNorm(nn.Module):
-    """RMS norm with a learned scale, computed in float32."""
+    """RMS norm with a learned scale, computed in float32.
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    ``unit_offset`` (zero-centred weights, Qwen3-Next / Gemma): the scale is ``1 + weight``
+    and the weight starts at 0; the normalized input is scaled in float32 before the cast
+    back, as transformers' ``Qwen3NextRMSNorm`` does.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, unit_offset: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.unit_offset = unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
         self.eps = eps
+
+    def reset_parameters(self) -> None:
+        """The identity scale: weight 1 (0 with ``unit_offset``)."""
+        with torch.no_grad():
+            self.weight.fill_(0.0 if self.unit_offset else 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.float()
+        if self.unit_offset:
+            x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps)
+            return (x32 * (1.0 + self.weight.float())).to(dtype)
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
             return self.weight * x32.to(dtype)
@@ -201,8 +215,10 @@ class AttentionMixer(nn.Module):
     """
 
     def __init__(self, cfg: Attention, hidden: int, rope_theta: float = 10000.0,
-                 eps: float = 1e-5, rope_scaling: dict[str, Any] | None = None):
+                 eps: float = 1e-5, rope_scaling: dict[str, Any] | None = None,
+                 norm_unit_offset: bool = False):
         super().__init__()
+        self.rope_dim = cfg.rope_dim or cfg.head_dim  # channels rotated per head
         if cfg.rope and cfg.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {cfg.head_dim}")
         kind = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type"))
@@ -214,13 +230,14 @@ class AttentionMixer(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.rope_theta = rope_theta
         qd, kvd = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.q_proj = nn.Linear(hidden, qd, bias=cfg.qkv_bias)
+        # with an output gate, q_proj emits [q_h | gate_h] per head (Qwen3-Next layout)
+        self.q_proj = nn.Linear(hidden, qd * (2 if cfg.output_gate else 1), bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(hidden, kvd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(hidden, kvd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(qd, hidden, bias=cfg.o_bias)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, eps)
-            self.k_norm = RMSNorm(cfg.head_dim, eps)
+            self.q_norm = RMSNorm(cfg.head_dim, eps, norm_unit_offset)
+            self.k_norm = RMSNorm(cfg.head_dim, eps, norm_unit_offset)
 
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
                 offset: int = 0) -> torch.Tensor:
@@ -228,7 +245,12 @@ class AttentionMixer(nn.Module):
         d = self.head_dim
         # (b, n, heads, d) until RoPE is applied, then viewed as (b, heads, n, d): SDPA's
         # output then already has the (b, n, heads, d) layout o_proj reads (no copy)
-        q = self.q_proj(x).view(b, n, self.n_heads, d)
+        gate = None
+        if self.cfg.output_gate:
+            q, gate = self.q_proj(x).view(b, n, self.n_heads, 2 * d).split(d, dim=-1)
+            gate = gate.reshape(b, n, self.n_heads * d)
+        else:
+            q = self.q_proj(x).view(b, n, self.n_heads, d)
         k = self.k_proj(x).view(b, n, self.n_kv, d)
         v = self.v_proj(x).view(b, n, self.n_kv, d).transpose(1, 2)
         if self.cfg.qk_norm:
@@ -236,7 +258,12 @@ class AttentionMixer(nn.Module):
         if self.cfg.rope:
             cos, sin = self._rope(offset, n, x.device, q.dtype)
             cos, sin = cos[:, None], sin[:, None]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if self.rope_dim < d:  # partial rotary: the tail channels pass unrotated
+                rd = self.rope_dim
+                q = torch.cat([apply_rope(q[..., :rd], cos, sin), q[..., rd:]], dim=-1)
+                k = torch.cat([apply_rope(k[..., :rd], cos, sin), k[..., rd:]], dim=-1)
+            else:
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         window = self.cfg.sliding_window
         if cache is None:
@@ -245,7 +272,10 @@ class AttentionMixer(nn.Module):
             out = self._attend(q, *self._append(cache, k, v), cache["len"] - n)
         else:
             out = self._attend_ring(q, k, v, cache, window)
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.n_heads * d))
+        out = out.transpose(1, 2).reshape(b, n, self.n_heads * d)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
 
     # ---- RoPE tables, computed once per device and dtype and extended on demand -----------
     def _rope(self, offset: int, n: int, device: torch.device, dtype: torch.dtype
@@ -255,7 +285,7 @@ class AttentionMixer(nn.Module):
         tabs = cache.get(key)
         if tabs is None or tabs[0].shape[0] < offset + n:
             size = max(offset + n, 2 * (tabs[0].shape[0] if tabs is not None else 0), 256)
-            tabs = rope_tables(torch.arange(size, device=device), self.head_dim,
+            tabs = rope_tables(torch.arange(size, device=device), self.rope_dim,
                                self.rope_theta, dtype, self.rope_scaling)
             cache[key] = tabs
         return tabs[0][offset:offset + n], tabs[1][offset:offset + n]
@@ -352,8 +382,8 @@ class AttentionMixer(nn.Module):
             if lin.bias is not None:
                 nn.init.zeros_(lin.bias)
         if self.cfg.qk_norm:
-            nn.init.ones_(self.q_norm.weight)
-            nn.init.ones_(self.k_norm.weight)
+            self.q_norm.reset_parameters()
+            self.k_norm.reset_parameters()
 
 
 class FFNMixer(nn.Module):

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.arch import FFN, MLA, Attention, DeltaNet, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.modules.deltanet import DeltaNetMixer
+from nas.modules.gpt_oss import GptOssMoEMixer, SinkAttentionMixer, is_gpt_oss_moe
 from nas.modules.layers import (
     AttentionMixer,
     FFNMixer,
@@ -25,15 +27,25 @@ from nas.modules.layers import (
     default_out_std,
 )
 from nas.modules.mamba import MambaMixer
+from nas.modules.mla import MLAMixer
 from nas.modules.moe import MoEMixer
 
 
 def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
     """The mixer module for one block config (``None`` for a no-op)."""
     h = arch.hidden_size
+    if isinstance(cfg, MLA):
+        return MLAMixer(cfg, h, arch.rope_theta, arch.hf_extra.get("rope_scaling"))
+    if isinstance(cfg, Attention) and cfg.sinks:
+        return SinkAttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps,
+                                  arch.hf_extra.get("rope_scaling"), arch.norm_unit_offset)
+    if isinstance(cfg, MoE) and is_gpt_oss_moe(cfg):
+        return GptOssMoEMixer(cfg, h)
     if isinstance(cfg, Attention):
         return AttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps,
-                              arch.hf_extra.get("rope_scaling"))
+                              arch.hf_extra.get("rope_scaling"), arch.norm_unit_offset)
+    if isinstance(cfg, DeltaNet):
+        return DeltaNetMixer(cfg, h, arch.norm_eps)
     if isinstance(cfg, Mamba):
         extra = arch.hf_extra
         lim = extra.get("time_step_limit") or [0.0, math.inf]
@@ -57,7 +69,8 @@ class Block(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.mixer = make_mixer(cfg, arch)
-        self.norm = RMSNorm(arch.hidden_size, arch.norm_eps) if self.mixer is not None else None
+        self.norm = RMSNorm(arch.hidden_size, arch.norm_eps, arch.norm_unit_offset) \
+            if self.mixer is not None else None
 
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
                 offset: int = 0) -> torch.Tensor:
@@ -70,7 +83,7 @@ class Block(nn.Module):
         """Random init of the mixer (normal ``std``, output projections ``out_std``)."""
         if self.mixer is not None:
             self.mixer.reset_parameters(std, out_std)  # type: ignore[operator]
-            nn.init.ones_(self.norm.weight)  # type: ignore[union-attr]
+            self.norm.reset_parameters()  # type: ignore[union-attr]
 
 
 class Cache:
@@ -93,7 +106,8 @@ class CausalLM(nn.Module):
         h, v = arch.hidden_size, arch.vocab_size
         self.embed = nn.Embedding(v, h)
         self.blocks = nn.ModuleList(Block(b, arch) for b in arch.blocks)
-        self.norm = RMSNorm(h, arch.norm_eps) if arch.final_norm else None
+        self.norm = RMSNorm(h, arch.norm_eps, arch.norm_unit_offset) if arch.final_norm \
+            else None
         self.lm_head = None if arch.tie_embeddings else nn.Linear(h, v, bias=False)
 
     def new_cache(self, capacity: int | None = None) -> Cache:
@@ -143,7 +157,7 @@ class CausalLM(nn.Module):
         if self.lm_head is not None:
             nn.init.normal_(self.lm_head.weight, std=std)
         if self.norm is not None:
-            nn.init.ones_(self.norm.weight)
+            self.norm.reset_parameters()
         for blk in self.blocks:
             blk.reset_parameters(std, out_std)
 

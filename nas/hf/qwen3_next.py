@@ -1,0 +1,226 @@
+"""The ``qwen3_next`` dialect (Qwen3-Next-80B-A3B): Gated DeltaNet / gated attention hybrids
+with high-sparsity MoE.
+
+Layer ``i`` is two blocks: a token mixer, :class:`~nas.arch.DeltaNet` where ``layer_types``
+says ``linear_attention`` and gated attention (:class:`~nas.arch.Attention` with
+``output_gate``, q/k norm, partial rotary ``rope_dim = head_dim * partial_rotary_factor``)
+where it says ``full_attention``, then a Qwen2-MoE-style MoE (softmax top-k, a shared expert
+behind a sigmoid gate) or a dense SwiGLU MLP (``mlp_only_layers``, ``decoder_sparse_step``).
+Every RMSNorm but DeltaNet's gated one is zero-centred (``ModelArch.norm_unit_offset``).
+
+Defaults are transformers' ``Qwen3NextConfig`` ones where a key is absent
+(``full_attention_interval`` 4, ``partial_rotary_factor`` 0.25, ``head_dim`` 256, the
+``linear_*`` sizes of the 80B model, 512 experts top-10, ...).
+
+Extension (written only when a searched child no longer has one shape per kind; stock
+transformers cannot load such a file, this library reads it back exactly):
+``puzzle_layers``: one ``{"mixer": <block>, "mlp": <block>}`` per layer, each block the JSON
+of its :mod:`nas.arch` config (``{"kind": "deltanet", ...}``, ``{"kind": "noop"}`` ...);
+the stock keys then describe the first block of each kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from hwprofiles.errors import first_error
+from nas.arch import FFN, Attention, Block, DeltaNet, ModelArch, MoE, _Block
+from nas.hf.common import Reader, base_config, common_fields, make_block
+from nas.hf.registry import Dialect, ExportError, register
+
+MODEL_TYPE = "qwen3_next"
+_BLOCK = TypeAdapter(Block)
+_LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+def _partial_rotary(r: Reader) -> tuple[float, dict[str, Any]]:
+    """``partial_rotary_factor`` from the top level or ``rope_parameters`` (transformers
+    default 0.25), and the config without it (so that the shared RoPE reader, which refuses
+    partial rotary for every other type, reads the rest)."""
+    cfg = dict(r.cfg)
+    factors = []
+    if "partial_rotary_factor" in cfg:
+        factors.append(("partial_rotary_factor", cfg.pop("partial_rotary_factor")))
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and "partial_rotary_factor" in rp:
+        rp = dict(rp)
+        factors.append(("rope_parameters.partial_rotary_factor",
+                        rp.pop("partial_rotary_factor")))
+        cfg["rope_parameters"] = rp
+    r.used.add("partial_rotary_factor")
+    if not factors:
+        return 0.25, cfg
+    vals = {v for _, v in factors}
+    key, v = factors[0]
+    if len(vals) > 1:
+        raise r.err(key, f"is {v!r} but {factors[1][0]} is {factors[1][1]!r}")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+        raise r.err(key, f"expected a number in (0, 1], got {v!r}")
+    return float(v), cfg
+
+
+def _layer_types(r: Reader, n: int) -> list[str]:
+    types = r.raw("layer_types", None)
+    if types is None:
+        every = r.int("full_attention_interval", 4)
+        return ["full_attention" if (i + 1) % every == 0 else "linear_attention"
+                for i in range(n)]
+    r.used.add("full_attention_interval")
+    if not isinstance(types, list) or len(types) != n or \
+            not all(t in _LAYER_TYPES for t in types):
+        raise r.err("layer_types", f"expected a list of {n} layer types (linear_attention or "
+                    "full_attention)")
+    return types
+
+
+def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+    factor, cfg = _partial_rotary(r0)
+    r = Reader(cfg, r0.source)
+    try:
+        return _read_rest(r, mt, factor)
+    finally:
+        r0.used |= r.used
+
+
+def _read_rest(r: Reader, mt: str, factor: float
+               ) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+    kw = common_fields(r, "rms_norm_eps", 1e-6, mt)
+    kw["norm_unit_offset"] = True
+    n = r.int("num_hidden_layers", 48)
+    heads = r.int("num_attention_heads", 16)
+    head_dim = r.int("head_dim", 256)
+    rope_dim = int(head_dim * factor)
+    if rope_dim < 2 or rope_dim % 2:
+        raise r.err("partial_rotary_factor", f"{factor} x head_dim {head_dim} = {rope_dim} "
+                    "rotated channels; expected an even number >= 2")
+    act = r.str("hidden_act", "silu")
+    if act != "silu":
+        raise r.err("hidden_act", f"Qwen3-Next's DeltaNet conv and experts use silu; got "
+                    f"{act!r}")
+    bias = r.bool("attention_bias", False)
+    att = make_block(Attention, r, num_heads=heads,
+                     num_kv_heads=r.int("num_key_value_heads", 2), head_dim=head_dim,
+                     rope=True, qk_norm=True, qkv_bias=bias, o_bias=bias, output_gate=True,
+                     rope_dim=None if rope_dim == head_dim else rope_dim)
+    dn = make_block(DeltaNet, r, num_k_heads=r.int("linear_num_key_heads", 16),
+                    num_v_heads=r.int("linear_num_value_heads", 32),
+                    head_k_dim=r.int("linear_key_head_dim", 128),
+                    head_v_dim=r.int("linear_value_head_dim", 128),
+                    conv_kernel=r.int("linear_conv_kernel_dim", 4))
+    types = _layer_types(r, n)
+    n_exp = r.int("num_experts", 512, minimum=0)
+    step = r.int("decoder_sparse_step", 1)
+    mlp_only = r.raw("mlp_only_layers", [])
+    if not isinstance(mlp_only, list) or not all(isinstance(i, int) for i in mlp_only):
+        raise r.err("mlp_only_layers", "expected a list of layer indices")
+    moe_layers = {i for i in range(n) if n_exp > 0 and i not in mlp_only and (i + 1) % step == 0}
+    moe = None
+    if moe_layers:
+        shared = r.int("shared_expert_intermediate_size", 512)
+        moe = make_block(MoE, r, num_experts=n_exp, top_k=r.int("num_experts_per_tok", 10),
+                         expert_width=r.int("moe_intermediate_size", 512), shared_width=shared,
+                         shared_gate=True, activation=act,
+                         norm_topk=r.bool("norm_topk_prob", True))
+    ffn = make_block(FFN, r, width=r.int("intermediate_size", 5632), gated=True,
+                     activation=act) if len(moe_layers) < n else None
+    layers = r.raw("puzzle_layers", None)
+    if layers is not None:
+        return _read_layers(r, layers, n), [], kw
+    blocks: list[_Block] = []
+    for i in range(n):
+        blocks.append(dn if types[i] == "linear_attention" else att)
+        blocks.append(moe if i in moe_layers else ffn)  # type: ignore[arg-type]
+    return blocks, [], kw
+
+
+def _read_layers(r: Reader, layers: Any, n: int) -> list[_Block]:
+    """The ``puzzle_layers`` extension: the blocks of a heterogeneous child."""
+    if not isinstance(layers, list) or len(layers) != n:
+        raise r.err("puzzle_layers", f"expected a list of {n} layers (num_hidden_layers)")
+    out: list[_Block] = []
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict) or set(layer) != {"mixer", "mlp"}:
+            raise r.err(f"puzzle_layers[{i}]", "expected an object with keys mixer and mlp")
+        for part in ("mixer", "mlp"):
+            try:
+                out.append(_BLOCK.validate_python(layer[part]))
+            except ValidationError as exc:
+                loc, msg = first_error(exc)
+                raise r.err(f"puzzle_layers[{i}].{part}" + (f".{loc}" if loc else ""),
+                            msg) from None
+    return out
+
+
+def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
+    if not arch.norm_unit_offset:
+        raise ExportError("qwen3_next has zero-centred norms (norm_unit_offset)")
+    b = arch.blocks
+    if len(b) % 2 or not b:
+        raise ExportError("qwen3_next needs (token mixer, mlp) pairs")
+    mixers, mlps = b[0::2], b[1::2]
+    ok_mixer = (DeltaNet, Attention)
+    for m in mixers:
+        if isinstance(m, Attention) and not (m.output_gate and m.qk_norm and m.rope
+                                             and m.qkv_bias == m.o_bias
+                                             and m.sliding_window is None):
+            raise ExportError("qwen3_next attention is gated, q/k-normed, RoPE, full, with "
+                              "one attention_bias flag")
+        if isinstance(m, MoE | FFN):
+            raise ExportError("qwen3_next has a token mixer at every even position")
+    for m in mlps:
+        if isinstance(m, MoE) and not (m.gated and m.router == "softmax" and not m.router_bias
+                                       and not m.latent_size and m.routed_scaling == 1.0
+                                       and m.shared_gate and m.shared_width
+                                       and m.activation == "silu"):
+            raise ExportError("qwen3_next experts are SwiGLU with a softmax router and a gated "
+                              "shared expert")
+        if isinstance(m, FFN) and not (m.gated and not m.bias and m.activation == "silu"):
+            raise ExportError("qwen3_next dense MLPs are SwiGLU without bias")
+        if isinstance(m, Attention | DeltaNet):
+            raise ExportError("qwen3_next has an MLP at every odd position")
+    dns = [m for m in mixers if isinstance(m, DeltaNet)]
+    atts = [m for m in mixers if isinstance(m, Attention)]
+    moes = [m for m in mlps if isinstance(m, MoE)]
+    ffns = [m for m in mlps if isinstance(m, FFN)]
+    stock = (all(isinstance(m, ok_mixer) for m in mixers)
+             and all(isinstance(m, MoE | FFN) for m in mlps)
+             and len(set(dns)) <= 1 and len(set(atts)) <= 1 and len(set(moes)) <= 1
+             and len(set(ffns)) <= 1)
+    out = base_config(arch, mt, "rms_norm_eps")
+    out.pop("puzzle_layers", None)
+    out["num_hidden_layers"] = len(mixers)
+    out["hidden_act"] = "silu"
+    if atts:
+        a0 = atts[0]
+        out.update(num_attention_heads=a0.num_heads, num_key_value_heads=a0.num_kv_heads,
+                   head_dim=a0.head_dim, attention_bias=a0.qkv_bias,
+                   partial_rotary_factor=(a0.rope_dim or a0.head_dim) / a0.head_dim)
+    if dns:
+        d0 = dns[0]
+        out.update(linear_num_key_heads=d0.num_k_heads, linear_num_value_heads=d0.num_v_heads,
+                   linear_key_head_dim=d0.head_k_dim, linear_value_head_dim=d0.head_v_dim,
+                   linear_conv_kernel_dim=d0.conv_kernel)
+    out["layer_types"] = ["linear_attention" if isinstance(m, DeltaNet) else "full_attention"
+                          for m in mixers]
+    out.pop("full_attention_interval", None)
+    if moes:
+        m0 = moes[0]
+        out.update(num_experts=m0.num_experts, num_experts_per_tok=m0.top_k,
+                   moe_intermediate_size=m0.expert_width,
+                   shared_expert_intermediate_size=m0.shared_width, norm_topk_prob=m0.norm_topk,
+                   decoder_sparse_step=1,
+                   mlp_only_layers=[i for i, m in enumerate(mlps) if isinstance(m, FFN)])
+    else:
+        out.update(num_experts=0, mlp_only_layers=[])
+    if ffns:
+        out["intermediate_size"] = ffns[0].width
+    if not stock:
+        out["puzzle_layers"] = [{"mixer": x.model_dump(), "mlp": y.model_dump()}
+                                for x, y in zip(mixers, mlps)]
+    return out
+
+
+register(Dialect(model_type=MODEL_TYPE, architecture="Qwen3NextForCausalLM", read=_read,
+                 write=_write))

@@ -1,0 +1,232 @@
+"""Qwen3-Next (``qwen3_next``): Gated DeltaNet / gated attention hybrid with high-sparsity MoE.
+
+Published figures (model card, https://huggingface.co/Qwen/Qwen3-Next-80B-A3B-Instruct:
+"Number of Parameters: 80B in total and 3B activated; Number of Parameters
+(Non-Embedding): 79B"; the Qwen blog https://qwen.ai/blog?id=4074cca80393150c248e508aa62983f9cb7d27cd
+"80B total parameters, only 3B active"). Computed here from the Hub config
+(``tests/data/configs/qwen3-next-80b-a3b-instruct.json``, MTP not counted):
+
+* total 79,674,391,296 = 80B rounded; without the input embedding and LM head
+  (2 x 151,936 x 2,048 = 622,329,856) 79,052,061,440 = the card's "79B non-embedding";
+* active 3,874,929,408 with embedding and LM head; without both 3,252,599,552 = the
+  card's "3B activated" (10 routed + 1 shared expert of 3 x 2,048 x 512 per layer,
+  48 layers, plus all mixers, routers and norms).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from costmodels import ops
+from costmodels.blocks import price_blocks
+from costmodels.dtypes import get_recipe
+from nas.arch import Attention, DeltaNet, MoE, NoOp, blocks_table
+from nas.hf import from_hf, load_config, to_hf
+
+CONFIG = Path(__file__).parent / "data" / "configs" / "qwen3-next-80b-a3b-instruct.json"
+
+
+def test_config_round_trip_and_exact_counts():
+    arch = load_config(CONFIG)
+    assert arch.kind_counts() == {"deltanet": 36, "attention": 12, "moe": 48}
+    assert arch.norm_unit_offset
+    att = arch.blocks[6]
+    assert isinstance(att, Attention) and att.output_gate and att.qk_norm
+    assert att.rope_dim == 64  # partial_rotary_factor 0.25 of head_dim 256
+    pc = arch.param_counts()
+    assert pc.total == 79_674_391_296
+    assert pc.active == 3_874_929_408
+    assert pc.total_without_embeddings == 79_052_061_440  # "79B non-embedding"
+    assert pc.active - pc.embeddings - pc.lm_head == 3_252_599_552  # "3B activated"
+    assert round(pc.total / 1e9) == 80 and round((pc.active - 2 * pc.embeddings) / 1e9) == 3
+    cfg = to_hf(arch)
+    assert cfg["model_type"] == "qwen3_next" and "puzzle_layers" not in cfg
+    assert from_hf(cfg) == arch
+    orig = json.loads(CONFIG.read_text())
+    for k in ("linear_num_value_heads", "partial_rotary_factor", "num_experts",
+              "shared_expert_intermediate_size", "rope_theta", "head_dim"):
+        assert cfg[k] == orig[k], k
+
+
+def test_state_and_kv_memory():
+    """DeltaNet layers hold a fixed state: 32 x 128 x 128 float32 plus the conv's last 3
+    inputs of 2*16*128 + 32*128 channels in bf16 per layer; only the 12 attention layers
+    hold KV (2 x 2 heads x 256 per token each)."""
+    arch = load_config(CONFIG)
+    per_layer = 32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2
+    assert arch.state_bytes_per_sequence("bf16") == 36 * per_layer
+    assert arch.kv_bytes_per_token("bf16") == 12 * 2 * 2 * 256 * 2
+
+
+def test_deltanet_pricing_follows_the_formulas():
+    import hwprofiles
+
+    dn = DeltaNet(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)
+    f, b = ops.deltanet_prefill(1.0, 4096.0, 16, 32, 128, 128, 64, 2.0, 4.0)
+    per_tok = 4 * 64 * 128 + 64 * 64 / 3 + 2 * 64 * 256 + 2 * 64 * 128 + 6 * 128 * 128
+    assert f == pytest.approx(4096 * 32 * per_tok)
+    assert b == pytest.approx(4096 * (2 * 2048 + 2 * 4096 + 64) * 2 + 32 * 128 * 128 * 4)
+    f1, b1 = ops.deltanet_decode(8.0, 16, 32, 128, 128, 2.0, 4.0)
+    assert f1 == 8 * 7 * 32 * 128 * 128
+    # decode does not grow with the context for DeltaNet; it does for attention
+    att = Attention(num_heads=16, num_kv_heads=2, head_dim=256, output_gate=True, rope_dim=64)
+    t = blocks_table([dn, att], 2048)
+    c = price_blocks(t, hwprofiles.get("h100-sxm"), get_recipe("bf16"),
+                     ["isl=4096,osl=256,batch=8", "isl=262144,osl=256,batch=8"])
+    assert c.decode_s[0, 1] == pytest.approx(c.decode_s[0, 0])
+    assert c.decode_s[1, 1] > 10 * c.decode_s[1, 0]
+    assert c.kv_bytes_per_token[0] == 0 and c.state_bytes_per_sequence[0] > 0
+    # the gated q projection is priced: a gate costs more than the same attention without
+    t2 = blocks_table([att, att.model_copy(update={"output_gate": False})], 2048)
+    c2 = price_blocks(t2, hwprofiles.get("h100-sxm"), get_recipe("bf16"),
+                      ["isl=4096,osl=256,batch=8"])
+    assert c2.prefill_s[0, 0] > c2.prefill_s[1, 0]
+    assert c2.weight_bytes[0] - c2.weight_bytes[1] == 2048 * 16 * 256 * 2
+
+
+def test_heterogeneous_child_round_trip_and_refused_elsewhere():
+    from nas.hf import ExportError
+
+    arch = load_config(CONFIG)
+    blocks = list(arch.blocks)
+    blocks[6] = DeltaNet(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)
+    blocks[1] = blocks[1].model_copy(update={"num_experts": 256, "top_k": 6})
+    blocks[2] = blocks[2].model_copy(update={"num_v_heads": 16})
+    blocks[5] = NoOp()
+    child = arch.replace_blocks(blocks)
+    cfg = to_hf(child)
+    assert cfg["model_type"] == "qwen3_next" and len(cfg["puzzle_layers"]) == 48
+    assert from_hf(json.loads(json.dumps(cfg))) == child
+    for mt in ("nemotron_h_puzzle", "qwen3_moe"):
+        with pytest.raises(ExportError):
+            to_hf(child, mt)
+    bad = dict(cfg, puzzle_layers=cfg["puzzle_layers"][:3])
+    with pytest.raises(Exception, match="puzzle_layers"):
+        from_hf(bad)
+
+
+def test_bad_partial_rotary_is_named():
+    from hwprofiles.errors import InputError
+
+    cfg = json.loads(CONFIG.read_text())
+    cfg["partial_rotary_factor"] = 1.5
+    with pytest.raises(InputError, match="partial_rotary_factor"):
+        from_hf(cfg)
+
+
+# ---- torch: modules and parity with transformers ------------------------------------
+torch = pytest.importorskip("torch")
+
+
+def test_chunked_equals_recurrent_and_cached_decode():
+    from nas.build import build_model
+    from nas.modules.deltanet import gated_delta_chunked, gated_delta_step
+
+    g = torch.Generator().manual_seed(0)
+    b, n, nk, nv, dk, dv = 2, 45, 2, 4, 8, 6
+    q, k = torch.randn(b, n, nk, dk, generator=g), torch.randn(b, n, nk, dk, generator=g)
+    v = torch.randn(b, n, nv, dv, generator=g)
+    gl, beta = -torch.rand(b, n, nv, generator=g), torch.rand(b, n, nv, generator=g)
+    s0 = torch.randn(b, nv, dk, dv, generator=g)
+    o1, s1 = gated_delta_chunked(q, k, v, gl, beta, s0, chunk=16)
+    o2, s2 = gated_delta_step(q, k, v, gl, beta, s0)
+    assert float((o1 - o2).abs().max()) < 1e-5 and float((s1 - s2).abs().max()) < 1e-5
+
+    arch = load_config(CONFIG)
+    tiny = arch.model_copy(update={"hidden_size": 32, "vocab_size": 64, "blocks": (
+        DeltaNet(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8),
+        MoE(num_experts=4, top_k=2, expert_width=16, shared_width=16, shared_gate=True),
+        arch.blocks[6].model_copy(update={"num_heads": 4, "num_kv_heads": 2, "head_dim": 8,
+                                          "rope_dim": 4}),
+        MoE(num_experts=4, top_k=2, expert_width=16, shared_width=16, shared_gate=True))})
+    model = build_model(tiny, seed=0).eval()
+    toks = torch.randint(0, 64, (2, 11), generator=g)
+    with torch.no_grad():
+        full = model(toks)
+        cache = model.new_cache()
+        parts = [model(toks[:, :7], cache)] + [model(toks[:, i:i + 1], cache)
+                                               for i in range(7, 11)]
+    assert float((torch.cat(parts, 1) - full).abs().max()) < 1e-5
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def _hf_config():
+    return transformers.Qwen3NextConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=48, max_position_embeddings=256,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=6, linear_conv_kernel_dim=4, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        mlp_only_layers=[2],
+        layer_types=["linear_attention", "full_attention", "linear_attention",
+                     "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                         "partial_rotary_factor": 0.5})
+
+
+def _hf_model(seed: int = 0):
+    from test_hf_parity import randomize
+
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(_hf_config(), dtype=torch.float32)
+    randomize(m, seed)
+    return m.eval()
+
+
+def test_parity_theirs_to_ours(tmp_path):
+    from test_hf_parity import _check, _prompt
+
+    from nas.build import load_pretrained
+
+    theirs = _hf_model()
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf").eval()
+    assert ours.arch.model_type == "qwen3_next" and ours.arch.blocks[2].rope_dim == 8
+    diff = _check(ours, theirs, _prompt())
+    assert diff <= 1e-4
+    # the 4.x spelling (top-level rope_theta and partial_rotary_factor) reads the same
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    rp = cfg.pop("rope_parameters")
+    cfg.update(rope_theta=rp["rope_theta"], partial_rotary_factor=rp["partial_rotary_factor"])
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    assert load_pretrained(tmp_path / "hf").arch == ours.arch
+
+
+def test_parity_ours_to_theirs(tmp_path):
+    from test_hf_parity import _check, _prompt, randomize
+
+    from nas.build import build_model, save_pretrained, to_transformers
+
+    _hf_model().save_pretrained(tmp_path / "ref")
+    ours = build_model(load_config(tmp_path / "ref"), seed=3).eval()
+    randomize(ours, 7)
+    save_pretrained(ours, tmp_path / "ours")
+    theirs, info = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    _check(ours, theirs.eval(), _prompt(3))
+    _check(ours, to_transformers(ours).eval(), _prompt(4))
+
+
+def test_zero_centred_norm_matters():
+    """The (1 + weight) norms are not a no-op on these weights."""
+    from test_hf_parity import _prompt
+
+    from nas.build import from_transformers
+
+    ours = from_transformers(_hf_model()).eval()
+    with torch.no_grad():
+        a = ours(_prompt())
+        for m in ours.modules():
+            if hasattr(m, "unit_offset"):
+                m.unit_offset = False
+        b = ours(_prompt())
+    assert float((a - b).abs().max()) > 1e-2
+    assert np.isfinite(float(a.abs().max()))
