@@ -5,6 +5,9 @@
   with highspy gets.
 - ``pulp_cbc``: the same plain formulation through PuLP and its bundled CBC, as
   NVIDIA's Puzzletron and NVlabs/puzzle (python-mip/CBC) solve it.
+- ``cbc_fixed``: CBC after the same LP reduced-cost fixing as nas.mip (nas.mip's LP bound,
+  reduced costs, first threshold and re-solve rule; CBC solves each restricted plain
+  model): how much of nas.mip's lead is the fixing, how much HiGHS.
 - ``scipy_exact``: scipy.milp (its own HiGHS build) on the plain formulation at gap 0, the
   independent reference the answers are checked against.
 
@@ -19,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from nas.library import BlockLibrary
-from nas.mip import Budget
+from nas.mip import Budget, MipModel, SolveOptions
 
 
 def plain_model(lib: BlockLibrary, objective: str, budgets: list[Budget]
@@ -87,20 +90,27 @@ def highs_default(lib: BlockLibrary, objective: str, budgets: list[Budget], gap:
     return dt, _value(lib, objective, chosen), violation(lib, budgets, chosen)
 
 
-def pulp_cbc(lib: BlockLibrary, objective: str, budgets: list[Budget], gap: float,
-             threads: int = 1) -> tuple[float, float, float]:
-    """(seconds, objective, budget violation) of PuLP + CBC on the plain model."""
+def _cbc(c: np.ndarray, A: sp.csr_matrix, lo: np.ndarray, hi: np.ndarray, gap: float,
+         threads: int, free: np.ndarray | None = None, ones: np.ndarray | None = None
+         ) -> list[int] | None:
+    """PuLP + CBC on ``min c x, lo <= A x <= hi``, x binary; columns outside ``free`` fixed
+    at 0 (left out of the model), columns in ``ones`` fixed at 1. Returns the chosen
+    columns, None when CBC proves the model infeasible; asserts CBC reports optimal
+    otherwise."""
     import pulp
 
-    t = time.perf_counter()
-    c, A, lo, hi = plain_model(lib, objective, budgets)
     R = c.size
+    keep = np.ones(R, dtype=bool) if free is None else free.copy()
+    one = np.zeros(R, dtype=bool) if ones is None else ones
+    keep |= one
     prob = pulp.LpProblem("puzzle", pulp.LpMinimize)
-    x = [pulp.LpVariable(f"x{r}", cat="Binary") for r in range(R)]
-    prob += pulp.lpSum(float(c[r]) * x[r] for r in range(R) if c[r])
+    x = {r: pulp.LpVariable(f"x{r}", lowBound=1 if one[r] else 0, upBound=1, cat="Integer")
+         for r in np.flatnonzero(keep).tolist()}
+    prob += pulp.lpSum(float(c[r]) * v for r, v in x.items() if c[r])
     for i in range(A.shape[0]):
         s, e = A.indptr[i], A.indptr[i + 1]
-        expr = pulp.lpSum(float(v) * x[j] for j, v in zip(A.indices[s:e], A.data[s:e]) if v)
+        expr = pulp.lpSum(float(v) * x[j] for j, v in zip(A.indices[s:e].tolist(), A.data[s:e])
+                          if v and j in x)
         if lo[i] == hi[i]:
             prob += expr == float(hi[i])
         else:
@@ -109,9 +119,53 @@ def pulp_cbc(lib: BlockLibrary, objective: str, budgets: list[Budget], gap: floa
             if np.isfinite(lo[i]):
                 prob += expr >= float(lo[i])
     prob.solve(pulp.PULP_CBC_CMD(msg=0, gapRel=gap, threads=threads))
-    dt = time.perf_counter() - t
+    if pulp.LpStatus[prob.status] == "Infeasible":
+        return None
     assert pulp.LpStatus[prob.status] == "Optimal", pulp.LpStatus[prob.status]
-    chosen = [r for r in range(R) if (x[r].value() or 0) > 0.5]
+    return [r for r, v in x.items() if (v.value() or 0) > 0.5]
+
+
+def pulp_cbc(lib: BlockLibrary, objective: str, budgets: list[Budget], gap: float,
+             threads: int = 1) -> tuple[float, float, float]:
+    """(seconds, objective, budget violation) of PuLP + CBC on the plain model."""
+    t = time.perf_counter()
+    c, A, lo, hi = plain_model(lib, objective, budgets)
+    chosen = _cbc(c, A, lo, hi, gap, threads)
+    dt = time.perf_counter() - t
+    assert chosen is not None, "infeasible instance"
+    return dt, _value(lib, objective, chosen), violation(lib, budgets, chosen)
+
+
+def cbc_fixed(lib: BlockLibrary, objective: str, budgets: list[Budget], gap: float,
+              threads: int = 1) -> tuple[float, float, float]:
+    """(seconds, objective, budget violation) of CBC after nas.mip's LP fixing.
+
+    nas.mip's LP relaxation gives a bound ``LB`` and reduced costs ``d`` (HiGHS units);
+    columns with ``d > tau`` are left out and CBC solves the restricted plain model to
+    ``gap``; a child using a left-out column costs at least ``LB + tau``, so the restricted
+    optimum ``U`` is global once ``LB + tau >= U - allowed gap``, else ``tau`` rises to
+    ``U - LB`` and CBC solves again (nas.mip's rule, without its HiGHS cutoffs). Model and
+    LP building are timed."""
+    t = time.perf_counter()
+    m = MipModel(lib, objective, budgets, options=SolveOptions(mip_rel_gap=gap, threads=1))
+    status, lb0, d = m.lp_bound()
+    assert status == "optimal", status
+    c, A, lo, hi = plain_model(lib, objective, budgets)
+    free0 = (m.col_lo == 0) & (m.col_hi == 1)
+    tau, span = m.first_threshold(lb0, d)
+    while True:
+        out = free0 & (d > tau)  # fixed at 0
+        ones = (free0 & (-d > tau)) | (m.col_lo == 1)  # fixed at 1 (and pins)
+        chosen = _cbc(c, A, lo, hi, gap, threads, free0 & ~out, ones)
+        if chosen is None:  # every child uses a left-out column
+            assert out.any(), "infeasible instance"
+            tau = max(4 * tau, 1e-2 * span)
+            continue
+        u = float(m.c_min[chosen].sum())
+        if lb0 + tau >= u - m.allowed_gap(u) or not out.any():
+            break
+        tau = (u - 0.5 * m.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
+    dt = time.perf_counter() - t
     return dt, _value(lib, objective, chosen), violation(lib, budgets, chosen)
 
 

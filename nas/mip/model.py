@@ -435,10 +435,11 @@ class MipModel:
         u = float(self.c_min @ np.round(x))
         return status, x, min(bound, u - self.feastol), nodes, ""
 
-    def _lp_bound(self, time_limit: float | None = None) -> tuple[str, float, np.ndarray]:
-        """Solve the LP relaxation; return (status, a valid lower bound on the min-form scaled
-        objective, reduced costs) from weak duality with the row duals (sign-clipped, so the
-        bound holds for any duals HiGHS returns)."""
+    def lp_bound(self, time_limit: float | None = None) -> tuple[str, float, np.ndarray]:
+        """Solve the LP relaxation (within ``time_limit`` seconds); return (status, a valid
+        lower bound on the min-form scaled objective ``c_min``, reduced costs) from weak
+        duality with the row duals (sign-clipped, so the bound holds for any duals HiGHS
+        returns). Status is optimal, infeasible, or error (stopped, e.g. by the limit)."""
         self._set("solve_relaxation", True)
         try:
             self._set("time_limit", math.inf if time_limit is None else float(time_limit))
@@ -468,6 +469,15 @@ class MipModel:
             if lb > best[0]:
                 best = (lb, d)
         return "optimal", best[0], best[1]
+
+    def first_threshold(self, lb0: float, d: np.ndarray) -> tuple[float, float]:
+        """``(tau, span)``: the first reduced-cost fixing threshold after an LP bound
+        ``lb0`` with reduced costs ``d`` (HiGHS units; a few allowed gaps, or 1e-3 of the
+        bound), and ``span``, the largest reduced cost of a free column."""
+        free = (self.col_lo == 0) & (self.col_hi == 1)
+        g, a = self.rel_gap, self.abs_gap
+        span = float(np.max(np.abs(d[free]))) if free.any() else 0.0
+        return max(4 * g * abs(lb0), 2 * a, 2 * g, 1e-3 * max(abs(lb0), 1e-3 * span)), span
 
     def solve(self, incumbent: np.ndarray | None = None) -> Result:
         """Solve to the requested gap and verify. An infeasible model gives status
@@ -499,20 +509,18 @@ class MipModel:
         nodes = 0
         lp_status, lb0, d = "skipped", -math.inf, np.zeros(0)
         if o.fixing:
-            lp_status, lb0, d = self._lp_bound(left())
+            lp_status, lb0, d = self.lp_bound(left())
             if lp_status == "infeasible":
                 return self._result("infeasible", None, -math.inf, nodes, t0, "")
         est = max(abs(lb0) if math.isfinite(lb0) else 0.0, abs(self._unconstrained_min()))
         self._set_feastol(self._tolerance_for(est))
         free = (self.col_lo == 0) & (self.col_hi == 1)
-        g, a = self.rel_gap, self.abs_gap
         if lp_status != "optimal" or not math.isfinite(lb0):
             # no LP bound (fixing off, or the LP stopped): nothing is ever fixed, and the
             # loop below is one run of the full model (plus the tightening re-run)
             lb0, d, tau, span = -math.inf, np.zeros(self.lib.num_replacements), math.inf, 0.0
         else:
-            span = float(np.max(np.abs(d[free]))) if free.any() else 0.0
-            tau = max(4 * g * abs(lb0), 2 * a, 2 * g, 1e-3 * max(abs(lb0), 1e-3 * span))
+            tau, span = self.first_threshold(lb0, d)
         inc: np.ndarray | None = None
         u = math.inf
         if incumbent is not None:
