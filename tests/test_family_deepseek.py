@@ -196,3 +196,91 @@ def test_smaller_kv_lora_rank_is_cheaper_and_smaller():
     assert small_c.decode_s[0, 0] < big_c.decode_s[0, 0]
     assert small_c.memory_bytes[0, 0] < big_c.memory_bytes[0, 0]
     assert small.param_counts().total < a.param_counts().total
+
+
+# ---- torch modules: parity with transformers ------------------------------------------------
+def _tiny_hf_config():
+    transformers = pytest.importorskip("transformers")
+    return transformers.DeepseekV3Config(
+        vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=48, moe_intermediate_size=16,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
+        first_k_dense_replace=1, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=12, max_position_embeddings=256,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0,
+        routed_scaling_factor=2.5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "mscale": 0.8,
+                         "mscale_all_dim": 0.7})
+
+
+def _hf_tiny(seed: int = 0, **overrides):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_hf_parity import randomize
+
+    cfg = _tiny_hf_config()
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize(m, seed)
+    return m.eval()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"q_lora_rank": None, "rope_interleave": False}])
+def test_parity_theirs_to_ours(tmp_path, overrides):
+    from test_hf_parity import _check, _prompt
+
+    from nas.build import load_pretrained
+
+    theirs = _hf_tiny(**overrides)
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf").eval()
+    assert ours.arch.model_type == "deepseek_v3"
+    assert [b.kind for b in ours.arch.blocks] == ["mla", "ffn", "mla", "moe", "mla", "moe"]
+    _check(ours, theirs, _prompt())
+
+
+def test_parity_ours_to_theirs(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from test_hf_parity import _check, _prompt, randomize
+
+    from nas.build import build_model, save_pretrained, to_transformers
+
+    ref = _hf_tiny()
+    ref.save_pretrained(tmp_path / "ref")
+    ours = build_model(load_config(tmp_path / "ref"), seed=3).eval()
+    randomize(ours, 7)
+    save_pretrained(ours, tmp_path / "ours")
+    theirs, info = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    _check(ours, theirs.eval(), _prompt(3))
+    _check(ours, to_transformers(ours).eval(), _prompt(4))
+
+
+def test_group_routing_and_latent_cache_matter():
+    """Group-limited routing changes which experts run (the parity above would not see a
+    routing that ignored it only if every token's best experts sat in the best groups), and
+    decoding through the latent cache equals the full forward."""
+    torch = pytest.importorskip("torch")
+    from nas.build import from_transformers
+
+    ours = from_transformers(_hf_tiny()).eval()
+    moe = ours.blocks[3].mixer
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    grouped, _ = moe.route(x)
+    moe.cfg = moe.cfg.model_copy(update={"n_group": 1, "topk_group": 1})
+    free, _ = moe.route(x)
+    assert not torch.equal(grouped.sort(-1).values, free.sort(-1).values)
+    moe.cfg = moe.cfg.model_copy(update={"n_group": 4, "topk_group": 2})
+    prompt = torch.randint(2, 96, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = ours(prompt)
+        cache = ours.new_cache()
+        steps = [ours(prompt[:, :5], cache)] + [ours(prompt[:, i:i + 1], cache)
+                                                for i in range(5, 9)]
+    assert float((torch.cat(steps, 1) - full).abs().max()) < 1e-5
+    assert cache.layers[0]["latent"].shape == (2, 9, 16)  # kv_lora_rank per token
+    assert cache.layers[0]["k_rot"].shape == (2, 9, 4)  # the shared RoPE key

@@ -143,3 +143,81 @@ def test_priced_memory_caps_sliding_layers():
     per_tok = 2 * 8 * 64 * 2
     assert kv[0] == 128 * per_tok and kv[2] == (131072 + 1) * per_tok
     assert kv.sum() == a.kv_bytes(131073, "mxfp4")
+
+
+# ---- torch modules: parity with transformers ------------------------------------------------
+def _hf_tiny(seed: int = 0):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_hf_parity import randomize
+
+    cfg = transformers.GptOssConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, intermediate_size=16, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=4, max_position_embeddings=256,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0,
+        swiglu_limit=1.5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1.5e5, "factor": 8.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 64})
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize(m, seed)
+    return m.eval()
+
+
+def test_parity_theirs_to_ours(tmp_path):
+    from test_hf_parity import _check, _prompt
+
+    from nas.build import load_pretrained
+
+    theirs = _hf_tiny()
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf").eval()
+    assert ours.arch.model_type == "gpt_oss"
+    assert [getattr(b, "sliding_window", 0) for b in ours.arch.blocks[::2]] == [4, None, 4]
+    _check(ours, theirs, _prompt())
+
+
+def test_parity_ours_to_theirs(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from test_hf_parity import _check, _prompt, randomize
+
+    from nas.build import build_model, save_pretrained, to_transformers
+
+    ref = _hf_tiny()
+    ref.save_pretrained(tmp_path / "ref")
+    ours = build_model(load_config(tmp_path / "ref"), seed=3).eval()
+    randomize(ours, 7)
+    save_pretrained(ours, tmp_path / "ours")
+    theirs, info = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    _check(ours, theirs.eval(), _prompt(3))
+    _check(ours, to_transformers(ours).eval(), _prompt(4))
+
+
+def test_sinks_and_clamp_matter():
+    """On these weights the sinks and the SwiGLU clamp both move the logits (the parity above
+    is not blind to them), and decoding through the (ring) caches equals the full forward."""
+    torch = pytest.importorskip("torch")
+    from nas.build import from_transformers
+
+    ours = from_transformers(_hf_tiny()).eval()
+    prompt = torch.randint(2, 96, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        base = ours(prompt)
+        cache = ours.new_cache()
+        steps = [ours(prompt[:, :6], cache)] + [ours(prompt[:, i:i + 1], cache)
+                                                for i in range(6, 11)]
+        assert float((torch.cat(steps, 1) - base).abs().max()) < 1e-5
+        sinks = [b.mixer.sinks for b in ours.blocks[::2]]
+        saved = [s.clone() for s in sinks]
+        for s in sinks:
+            s.fill_(-1e9)
+        assert float((ours(prompt) - base).abs().max()) > 1e-2
+        for s, v in zip(sinks, saved):
+            s.copy_(v)
+        moe = ours.blocks[1].mixer
+        moe.cfg = moe.cfg.model_copy(update={"swiglu_limit": 1e9})
+        assert float((ours(prompt) - base).abs().max()) > 1e-2

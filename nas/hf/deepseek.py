@@ -122,6 +122,15 @@ def _read_stock(r: Reader) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
         raise r.err("moe_layer_freq", "only 1 (every layer after the dense ones) is supported")
     _check_choice(r, "scoring_func", "sigmoid", "DeepSeek-V3's router")
     _check_choice(r, "topk_method", "noaux_tc", "group-limited top-k with a correction bias")
+    # transformers 5.x writes the derived head_dim (= rope dim) and qk_head_dim; it derives
+    # them again on load, so they are checked here and not written back
+    for key, want in (("head_dim", "qk_rope_head_dim"), ("qk_head_dim", None)):
+        v = r.raw(key, None)
+        if v is not None:
+            exp = r.cfg.get("qk_rope_head_dim") if want else \
+                (r.cfg.get("qk_nope_head_dim") or 0) + (r.cfg.get("qk_rope_head_dim") or 0)
+            if v != exp:
+                raise r.err(key, f"is {v!r} but the MLA head sizes give {exp!r}")
     mla = make_block(MLA, r, num_heads=heads, q_lora_rank=r.int("q_lora_rank", None),
                      kv_lora_rank=r.int("kv_lora_rank"),
                      qk_nope_head_dim=r.int("qk_nope_head_dim"),

@@ -1,7 +1,8 @@
 """Routed mixture of experts: router, top-k, optional latent projections, shared expert.
 
 Routing: ``scores = softmax(logits)`` or ``sigmoid(logits)``; the top-k experts are chosen
-by ``scores + e_score_correction_bias`` (the bias only selects, as in Nemotron-H / DeepSeek-V3);
+by ``scores + e_score_correction_bias`` (the bias only selects, as in Nemotron-H / DeepSeek-V3),
+among the ``topk_group`` best of ``n_group`` expert groups when grouped (DeepSeek-V3);
 the weights are the chosen ``scores``, divided by their sum when ``norm_topk`` and times
 ``routed_scaling``. With a latent size the routed experts see ``fc1_latent_proj(x)`` and
 their sum goes through ``fc2_latent_proj``; the shared expert works in the full hidden size
@@ -68,6 +69,13 @@ class MoEMixer(nn.Module):
             sel = scores + self.gate.e_score_correction_bias.float()
         if expert_mask is not None:
             sel = sel.masked_fill(expert_mask, float("-inf"))
+        if cfg.n_group > 1:  # group-limited routing (DeepSeek-V3): keep the topk_group best
+            # groups, each scored by the sum of its two best selection scores
+            per = cfg.num_experts // cfg.n_group
+            grp = sel.view(-1, cfg.n_group, per).topk(2, dim=-1).values.sum(-1)
+            best = torch.topk(grp, cfg.topk_group, dim=-1).indices
+            keep = torch.zeros_like(grp, dtype=torch.bool).scatter_(1, best, True)
+            sel = sel.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
         idx = torch.topk(sel, k, dim=-1).indices
         w = scores.gather(-1, idx)
         if cfg.norm_topk:
