@@ -284,3 +284,14 @@ def test_group_routing_and_latent_cache_matter():
     assert float((torch.cat(steps, 1) - full).abs().max()) < 1e-5
     assert cache.layers[0]["latent"].shape == (2, 9, 16)  # kv_lora_rank per token
     assert cache.layers[0]["k_rot"].shape == (2, 9, 4)  # the shared RoPE key
+
+
+@pytest.mark.parametrize("mt", ["nemotron_h_puzzle", "nemotron-nas", "qwen3_moe",
+                                "gpt_oss_puzzle"])
+def test_other_types_refuse_mla_instead_of_dropping_it(mt):
+    a = _v3().model_copy(update={"mtp_blocks": ()})
+    if mt == "gpt_oss_puzzle":  # the puzzle types hold any block
+        assert from_hf(to_hf(a, mt)).blocks == a.blocks
+        return
+    with pytest.raises(InputError, match="latent attention|group-limited|MLA|needs"):
+        to_hf(a, mt)

@@ -221,3 +221,10 @@ def test_sinks_and_clamp_matter():
         moe = ours.blocks[1].mixer
         moe.cfg = moe.cfg.model_copy(update={"swiglu_limit": 1e9})
         assert float((ours(prompt) - base).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("mt", ["nemotron_h_puzzle", "qwen3_moe", "mixtral", "deepseek_v3"])
+def test_other_types_refuse_sinks_and_biased_experts(mt):
+    a = load_config(G20)
+    with pytest.raises(InputError):  # by the writer or by the refusal in base_config
+        to_hf(a, mt)

@@ -267,8 +267,32 @@ def _refuse_hybrid_features(arch: ModelArch, mt: str) -> None:
             raise ExportError(f"{mt} has no gated / partial-rotary attention (block {i})")
 
 
+MLA_GPT_OSS_TYPES: set[str] = {"deepseek_v3", "deepseek_v3_puzzle", "gpt_oss",
+                                "gpt_oss_puzzle"}
+"""Dialects whose writers hold (or check) multi-head latent attention, attention sinks,
+group-limited routing and gpt-oss's biased MoE with clamped SwiGLU; :func:`base_config`
+refuses those features for every other type (they would be silently dropped)."""
+
+
+def _refuse_mla_gpt_oss_features(arch: ModelArch, mt: str) -> None:
+    from nas.arch import MLA, Attention, MoE
+
+    if mt in MLA_GPT_OSS_TYPES:
+        return
+    for i, b in enumerate((*arch.blocks, *arch.mtp_blocks)):
+        if isinstance(b, MLA):
+            raise ExportError(f"{mt} has no multi-head latent attention (block {i})")
+        if isinstance(b, Attention) and b.sinks:
+            raise ExportError(f"{mt} has no attention sinks (block {i})")
+        if isinstance(b, MoE) and (b.n_group > 1 or b.router_linear_bias or b.expert_bias
+                                   or b.swiglu_limit is not None):
+            raise ExportError(f"{mt} has no group-limited routing, biased router or experts, "
+                              f"or clamped SwiGLU (block {i})")
+
+
 def base_config(arch: ModelArch, mt: str, eps_key: str) -> dict[str, Any]:
     _refuse_hybrid_features(arch, mt)
+    _refuse_mla_gpt_oss_features(arch, mt)
     out: dict[str, Any] = {"architectures": [dialect(mt).architecture], "model_type": mt}
     out.update(arch.hf_extra)
     lim = out.get("time_step_limit")
