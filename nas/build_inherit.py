@@ -27,7 +27,22 @@ Mamba, fewer heads           heads ranked per group by the channel contribution 
                              norm output into ``out_proj``
 Mamba, smaller state         state channels ranked per group by the energy of the SSM output
                              that flows through each channel on the calibration data
+DeltaNet, fewer heads        value heads ranked by the channel contribution of the gated-norm
+                             output into ``out_proj``; fewer query/key heads keep the key
+                             groups with the largest summed value-head scores, then the top
+                             value heads within each kept group (a child's value heads per
+                             key head must not exceed the parent's)
+attention <-> DeltaNet       the swapped-in block is a copy of the nearest parent block of
+                             that exact config (norm and mixer), its output projection scaled
+                             by the least-squares scalar onto the replaced block's output on
+                             the calibration activations; else random
 mamba / MoE -> linear        least-squares fit of the block output on its input
+MLA, fewer query heads       heads ranked by channel contribution into ``o_proj``; kept
+                             heads' q_b / kv_b rows and o_proj columns copied
+MLA, smaller kv / q rank     SVD of the (norm-folded) up-projection: top-r directions, the
+                             down-projection rotated onto them (:mod:`nas.build_inherit_mla`)
+gpt-oss sinks, biases        sinks copied; router / expert biases follow kept experts and
+                             channels
 anything else                random init (reported)
 ===========================  ===============================================================
 
@@ -43,9 +58,22 @@ from pathlib import Path
 import torch
 
 from hwprofiles.errors import InputError
-from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.arch import (
+    FFN,
+    MLA,
+    Attention,
+    DeltaNet,
+    Linear,
+    Mamba,
+    ModelArch,
+    MoE,
+    NoOp,
+    _Block,
+)
 from nas.build_checkpoint import CheckpointReader
+from nas.build_inherit_mla import copy_expert_biases, copy_router_bias, inherit_mla
 from nas.build_random import Materializer
+from nas.modules.deltanet import DeltaNetMixer
 from nas.modules.layers import AttentionMixer, FFNMixer, LinearMixer
 from nas.modules.mamba import MambaMixer, ssd_chunked
 from nas.modules.model import CausalLM
@@ -88,6 +116,8 @@ def _attention(p: AttentionMixer, c: AttentionMixer, pc: Attention, cc: Attentio
     if pc.qk_norm and cc.qk_norm:
         _copy(c.q_norm.weight, p.q_norm.weight)
         _copy(c.k_norm.weight, p.k_norm.weight)
+    if pc.sinks and cc.sinks:  # gpt-oss: one sink logit per query head
+        _copy(c.sinks, p.sinks)
     # pooling matrix: child kv head j = mean over its query heads q of parent kv head(q)
     kp, kc = pc.num_kv_heads, cc.num_kv_heads
     pool = torch.zeros(kc, kp, dtype=torch.float64)
@@ -187,6 +217,8 @@ def _moe(p: MoEMixer, c: MoEMixer, pc: MoE, cc: MoE, xin: torch.Tensor) -> str:
     _copy(c.gate.weight[:n], p.gate.weight[keep])
     if pc.router_bias and cc.router_bias:
         _copy(c.gate.e_score_correction_bias[:n], p.gate.e_score_correction_bias[keep])
+    if pc.router_linear_bias and cc.router_linear_bias:
+        copy_router_bias(p, c, keep)
     if pc.latent_size:
         _copy(c.fc1_latent_proj.weight, p.fc1_latent_proj.weight)
         _copy(c.fc2_latent_proj.weight, p.fc2_latent_proj.weight)
@@ -211,6 +243,8 @@ def _moe(p: MoEMixer, c: MoEMixer, pc: MoE, cc: MoE, xin: torch.Tensor) -> str:
             _copy(getattr(c, name)[j, :k], getattr(p, name)[e, ch])
         _copy(c.experts_down[j, :, :k], p.experts_down[e][:, ch])
         c.experts_down[j, :, k:] = 0
+        if pc.expert_bias and cc.expert_bias:
+            copy_expert_biases(p, c, j, e, ch)
     if wc != wp:
         how = "channel contribution" if wc < wp else "zero-grown"
         notes.append(f"expert width {wp} -> {wc} by {how}")
@@ -279,6 +313,75 @@ def _mamba(p: MambaMixer, c: MambaMixer, pc: Mamba, cc: Mamba, xin: torch.Tensor
     return "; ".join(notes) or "copied (mamba flags changed)"
 
 
+def _deltanet(p: DeltaNetMixer, c: DeltaNetMixer, pc: DeltaNet, cc: DeltaNet,
+              xin: torch.Tensor) -> str:
+    if (pc.head_k_dim, pc.head_v_dim, pc.conv_kernel) != \
+            (cc.head_k_dim, cc.head_v_dim, cc.conv_kernel):
+        return "random (head sizes or conv kernel differ)"
+    kp, vp, kc, vc = pc.num_k_heads, pc.num_v_heads, cc.num_k_heads, cc.num_v_heads
+    rp, rc = vp // kp, vc // kc
+    if kc > kp or vc > vp or rc > rp:
+        return "random (more heads, or more value heads per key head, than the parent)"
+    dk, dv = pc.head_k_dim, pc.head_v_dim
+    dev = xin.device
+    y = p.gated_output(xin)  # b n vp dv
+    w_out = p.out_proj.weight.float().view(-1, vp, dv)
+    score = (y.abs().float().mean(dim=(0, 1)) * w_out.norm(dim=0)).sum(-1)  # vp
+    groups = _top(score.view(kp, rp).sum(-1), kc)
+    local = [_top(score.view(kp, rp)[g], rc) for g in groups.tolist()]
+    ar_k, ar_v = torch.arange(dk, device=dev), torch.arange(dv, device=dev)
+    stride = 2 * dk + 2 * rp * dv
+    rows, ba_b, ba_a, vheads = [], [], [], []
+    for g, loc in zip(groups.tolist(), local):
+        base = g * stride
+        vch = (loc[:, None] * dv + ar_v).reshape(-1).to(dev)
+        rows += [base + ar_k, base + dk + ar_k, base + 2 * dk + vch,
+                 base + 2 * dk + rp * dv + vch]
+        ba_b.append(g * 2 * rp + loc.to(dev))
+        ba_a.append(g * 2 * rp + rp + loc.to(dev))
+        vheads.append(g * rp + loc.to(dev))
+    heads = torch.cat(vheads)
+    _copy(c.in_proj_qkvz.weight, p.in_proj_qkvz.weight[torch.cat(rows)])
+    # in_proj rows are grouped per key head; the conv's channels are [q | k | v] by kind
+    _copy(c.in_proj_ba.weight, p.in_proj_ba.weight[torch.cat(
+        [torch.cat([b, a]) for b, a in zip(ba_b, ba_a)])])
+    kch = (groups.to(dev)[:, None] * dk + ar_k).reshape(-1)
+    vch_all = (heads[:, None] * dv + ar_v).reshape(-1)
+    conv_idx = torch.cat([kch, kp * dk + kch, 2 * kp * dk + vch_all])
+    _copy(c.conv1d.weight, p.conv1d.weight[conv_idx])
+    for name in ("dt_bias", "A_log"):
+        _copy(getattr(c, name), getattr(p, name)[heads])
+    _copy(c.norm.weight, p.norm.weight)
+    _copy(c.out_proj.weight, p.out_proj.weight[:, vch_all])
+    notes = []
+    if kc < kp:
+        notes.append(f"key heads {kp} -> {kc} by summed value-head contribution")
+    if vc < vp:
+        notes.append(f"value heads {vp} -> {vc} by channel contribution")
+    return "; ".join(notes) or "copied"
+
+
+def _swap_scale(pb: torch.nn.Module, cb: torch.nn.Module, x: torch.Tensor) -> float:
+    """Scale the copied block's output projection by the least-squares scalar ``s`` that best
+    maps its output onto the replaced parent block's on the calibration activations ``x``
+    (so the swapped block is never worse than a no-op there: ``s = 0`` is one choice)."""
+    y = pb.mixer(pb.norm(x))
+    yc = cb.mixer(cb.norm(x))
+    s = _lsq_scale(_flat(y), _flat(yc))
+    out = cb.mixer.o_proj if hasattr(cb.mixer, "o_proj") else cb.mixer.out_proj
+    out.weight.mul_(s)
+    if out.bias is not None:
+        out.bias.mul_(s)
+    return s
+
+
+def swap_source(parent: ModelArch, i: int, cc: _Block) -> int | None:
+    """For an attention <-> DeltaNet swap at block ``i``: the nearest parent block whose
+    config equals the child's (ties to the earlier one), or None."""
+    same = [j for j, b in enumerate(parent.blocks) if b == cc]
+    return min(same, key=lambda j: (abs(j - i), j)) if same else None
+
+
 def inherit_block(pc: _Block, p: torch.nn.Module | None, cc: _Block, c: torch.nn.Module | None,
                   xin: torch.Tensor) -> str:
     """Initialize child mixer ``c`` (config ``cc``) from parent mixer ``p`` (config ``pc``)
@@ -303,6 +406,10 @@ def inherit_block(pc: _Block, p: torch.nn.Module | None, cc: _Block, c: torch.nn
         return _moe(p, c, pc, cc, xin)  # type: ignore[arg-type]
     if isinstance(cc, Mamba):
         return _mamba(p, c, pc, cc, xin)  # type: ignore[arg-type]
+    if isinstance(cc, DeltaNet):
+        return _deltanet(p, c, pc, cc, xin)  # type: ignore[arg-type]
+    if isinstance(cc, MLA):
+        return inherit_mla(p, c, pc, cc, xin)  # type: ignore[arg-type]
     return f"random (no rule for {cc.kind})"  # type: ignore[attr-defined]
 
 
@@ -408,6 +515,19 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
                                                   pb.state_dict(keep_vars=True).items()):
                         _copy(dst, src)
                     what = "copied"
+                elif {pc.kind, cc.kind} == {"attention", "deltanet"}:  # type: ignore[attr-defined]
+                    j = swap_source(pa, i, cc)
+                    if j is None:
+                        what = f"random (no parent {cc.kind} block of this config)"  # type: ignore[attr-defined]
+                    else:
+                        src = part(f"blocks.{j}")
+                        for (_, dst), (_, sv) in zip(cb.state_dict(keep_vars=True).items(),
+                                                     src.state_dict(keep_vars=True).items()):
+                            _copy(dst, sv)
+                        if j != i:
+                            done(f"blocks.{j}")
+                        sc = _swap_scale(pb, cb, x)
+                        what = f"swap: copied from parent block {j} (output scale {sc:.3g})"
                 elif cb.mixer is None or pb.mixer is None:
                     what = inherit_block(pc, pb.mixer, cc, cb.mixer, x)
                 else:

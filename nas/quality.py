@@ -23,6 +23,11 @@ is 1 - (fraction of the parent block's capacity kept), with capacity taken as:
 * MoE: ``(experts/E0)**0.3 * (width/W0)**0.6 * (top_k/K0)**0.5``, the shared expert
   counting for 20 %;
 * Mamba: ``(state/N0)**0.3 * (heads/H0)``;
+* MLA: ``(heads/H0)**0.5 * (kv_lora_rank/R0)**0.4 * (q_lora_rank/Q0)**0.2``;
+* Gated DeltaNet: ``(v_heads/V0) * (k_heads/K0)**0.3``;
+* attention -> DeltaNet swap: damage 0.4 (a fixed-size state loses exact long-range
+  recall); DeltaNet -> attention: 0.3 (more capacity, but its weights come from another
+  layer: see ``nas.build_inherit``);
 * linear replacement: damage 0.7; no-op: damage 1.
 
 ``importance`` is 1 for every kind, times ``1 + 0.5`` for the first and last 10 % of
@@ -42,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from hwprofiles.errors import InputError, read_text
-from nas.arch import FFN, Attention, Linear, Mamba, MoE, NoOp, _Block
+from nas.arch import FFN, MLA, Attention, DeltaNet, Linear, Mamba, MoE, NoOp, _Block
 from nas.space import Alternative
 
 PRIOR_LABEL = "structural prior (not measured)"
@@ -69,6 +74,19 @@ def _damage(parent: _Block, child: _Block) -> float:
                   * (child.top_k / parent.top_k) ** 0.5)
         shared = child.shared_width / parent.shared_width if parent.shared_width else 1.0
         return min(1.0 - (0.8 * routed + 0.2 * shared), 0.95)
+    if isinstance(child, DeltaNet) and isinstance(parent, DeltaNet):
+        kept = child.num_v_heads / parent.num_v_heads \
+            * (child.num_k_heads / parent.num_k_heads) ** 0.3
+        return min(1.0 - kept, 0.95)
+    if isinstance(child, DeltaNet) and isinstance(parent, Attention):
+        return 0.4
+    if isinstance(child, Attention) and isinstance(parent, DeltaNet):
+        return 0.3
+    if isinstance(child, MLA) and isinstance(parent, MLA):
+        kept = ((child.num_heads / parent.num_heads) ** 0.5
+                * (child.kv_lora_rank / parent.kv_lora_rank) ** 0.4
+                * ((child.q_lora_rank or 1) / (parent.q_lora_rank or 1)) ** 0.2)
+        return min(1.0 - kept, 0.95)
     if isinstance(child, Mamba) and isinstance(parent, Mamba):
         kept = (child.state_size / parent.state_size) ** 0.3 * child.num_heads / parent.num_heads
         return min(1.0 - kept, 0.95)

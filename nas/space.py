@@ -12,7 +12,18 @@ from dataclasses import dataclass
 from itertools import product
 
 from hwprofiles.errors import InputError
-from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.arch import (
+    FFN,
+    MLA,
+    Attention,
+    DeltaNet,
+    Linear,
+    Mamba,
+    ModelArch,
+    MoE,
+    NoOp,
+    _Block,
+)
 from nas.spec import SearchSpace, _Axis
 
 
@@ -24,6 +35,22 @@ class Alternative:
     child: _Block
     label: str
     is_parent: bool
+    end: int | None = None
+    """One past the last parent block covered (``block + 1`` when None); see nas.spans."""
+    children: tuple[_Block, ...] | None = None
+    """The child blocks replacing the span (``(child,)`` when None; ``()``: removed)."""
+    recipe: str | None = None
+    """Precision recipe of these child blocks (None: the spec's own ``precision``)."""
+
+    @property
+    def stop(self) -> int:
+        """One past the last parent block covered."""
+        return self.block + 1 if self.end is None else self.end
+
+    @property
+    def blocks(self) -> tuple[_Block, ...]:
+        """The child blocks (a single-block alternative: its child)."""
+        return (self.child,) if self.children is None else self.children
 
 
 def _in_ranges(axis: _Axis, i: int) -> bool:
@@ -39,6 +66,8 @@ def _label(parent: _Block, child: _Block) -> str:
         return "parent"
     if isinstance(child, NoOp | Linear):
         return child.kind
+    if child.kind != parent.kind:  # type: ignore[attr-defined]
+        return f"swap:{child.kind}"  # type: ignore[attr-defined]
     diffs = []
     for k, v in child.model_dump().items():
         if getattr(parent, k, None) != v:
@@ -83,12 +112,38 @@ def _moe(b: MoE, s: SearchSpace) -> list[_Block]:
     for e, w, k, sh in product(sorted(experts, reverse=True), sorted(widths, reverse=True),
                                sorted(topks, reverse=True), sorted(shared, reverse=True)):
         if k <= e and e <= b.num_experts and w <= b.expert_width and k <= b.top_k \
-                and sh <= b.shared_width:
+                and sh <= b.shared_width and _moe_valid(b, e, k):
             out.append(b.model_copy(update={"num_experts": e, "expert_width": w, "top_k": k,
                                             "shared_width": sh}))
     if m.noop:
         out.append(NoOp())
     return out
+
+
+def _mla(b: MLA, s: SearchSpace) -> list[_Block]:
+    m = s.mla
+    heads = sorted({h for h in {b.num_heads, *m.heads} if h <= b.num_heads}, reverse=True)
+    kvr = sorted({r for r in {b.kv_lora_rank, *m.kv_lora_ranks} if r <= b.kv_lora_rank},
+                 reverse=True)
+    qr: list[int | None] = [b.q_lora_rank]
+    if b.q_lora_rank:
+        qr = sorted({r for r in {b.q_lora_rank, *m.q_lora_ranks} if r <= b.q_lora_rank},
+                    reverse=True)
+    out: list[_Block] = [b.model_copy(update={"num_heads": h, "kv_lora_rank": r,
+                                              "q_lora_rank": q})
+                         for h, r, q in product(heads, kvr, qr)]
+    if m.noop:
+        out.append(NoOp())
+    return out
+
+
+def _moe_valid(b: MoE, experts: int, top_k: int) -> bool:
+    """Group-limited routing needs equal groups of at least 2 and enough experts in the
+    ``topk_group`` groups it may pick (``nas.arch.MoE``)."""
+    if b.n_group == 1:
+        return True
+    per, rem = divmod(experts, b.n_group)
+    return not rem and per >= 2 and top_k <= b.topk_group * per
 
 
 def _mamba(b: Mamba, s: SearchSpace) -> list[_Block]:
@@ -103,8 +158,32 @@ def _mamba(b: Mamba, s: SearchSpace) -> list[_Block]:
     return out
 
 
+def _deltanet(b: DeltaNet, s: SearchSpace) -> list[_Block]:
+    d = s.deltanet
+    vs = {b.num_v_heads, *d.v_heads}
+    ks = {b.num_k_heads, *d.k_heads}
+    out: list[_Block] = [b.model_copy(update={"num_v_heads": v, "num_k_heads": k})
+                         for v, k in product(sorted(vs, reverse=True), sorted(ks, reverse=True))
+                         if v <= b.num_v_heads and k <= b.num_k_heads and v % k == 0
+                         and v // k <= b.num_v_heads // b.num_k_heads]
+    if d.noop:
+        out.append(NoOp())
+    return out
+
+
+def _swaps(parent: ModelArch, b: _Block, i: int, s: SearchSpace) -> list[_Block]:
+    """Attention <-> DeltaNet at block ``i`` (``search_space.deltanet.swap``): the other
+    kind's first shape in the parent."""
+    if not s.deltanet.swap or not _in_ranges(s.deltanet, i) \
+            or not isinstance(b, Attention | DeltaNet):
+        return []
+    other = DeltaNet if isinstance(b, Attention) else Attention
+    return [x for x in parent.blocks if isinstance(x, other)][:1]
+
+
 _GEN = {"attention": ("attention", _attention), "ffn": ("ffn", _ffn), "moe": ("moe", _moe),
-        "mamba": ("mamba", _mamba)}
+        "mamba": ("mamba", _mamba), "deltanet": ("deltanet", _deltanet),
+        "mla": ("mla", _mla)}
 
 
 def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative]]:
@@ -116,6 +195,7 @@ def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative
             axis_name, gen = _GEN[b.kind]
             if _in_ranges(getattr(space, axis_name), i):
                 children += gen(b, space)  # type: ignore[operator]
+        children += _swaps(parent, b, i, space)
         seen: set[_Block] = set()
         alts = []
         for c in children:
@@ -129,6 +209,11 @@ def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative
 
 # (axis, spec field, block kind, block field, why a value can be unusable)
 _VALUE_AXES = (
+    ("mla", "heads", MLA, "num_heads", "must be <= an MLA block's num_heads ({})"),
+    ("mla", "kv_lora_ranks", MLA, "kv_lora_rank",
+     "must be <= an MLA block's kv_lora_rank ({})"),
+    ("mla", "q_lora_ranks", MLA, "q_lora_rank",
+     "must be <= an MLA block's q_lora_rank ({})"),
     ("attention", "kv_heads", Attention, "num_kv_heads",
      "must divide an attention block's num_heads ({})"),
     ("ffn", "widths", FFN, "width", "must be <= an FFN block's width ({})"),
@@ -141,6 +226,10 @@ _VALUE_AXES = (
     ("mamba", "heads", Mamba, "num_heads",
      "must be <= a Mamba block's num_heads and a multiple of its n_groups ({})"),
     ("mamba", "state_sizes", Mamba, "state_size", "must be <= a Mamba block's state_size ({})"),
+    ("deltanet", "v_heads", DeltaNet, "num_v_heads",
+     "must be <= a DeltaNet block's num_v_heads and a multiple of a k_heads tried ({})"),
+    ("deltanet", "k_heads", DeltaNet, "num_k_heads",
+     "must be <= a DeltaNet block's num_k_heads and divide a v_heads tried ({})"),
 )
 
 

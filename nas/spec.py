@@ -184,6 +184,137 @@ class MambaSpace(_Axis):
     noop: bool = False
 
 
+class DeltaNetSpace(_Axis):
+    """Gated DeltaNet (Qwen3-Next) axes: fewer value heads and / or query-key heads (every
+    pair with ``v_heads`` a multiple of ``k_heads``, both at most the parent's, and at most
+    the parent's value heads per key head, so that the child inherits whole groups), no-op,
+    and
+    ``swap``: at every block in range, attention <-> DeltaNet (an attention block may become
+    the parent's first DeltaNet shape and a DeltaNet block the parent's first attention
+    shape; the model must have both kinds)."""
+
+    v_heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
+    k_heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
+    noop: bool = False
+    swap: bool = False
+
+
+class MLASpace(_Axis):
+    """Multi-head latent attention (DeepSeek-V3) axes, each value at most the parent's:
+    query ``heads`` (the output projection shrinks with them; the latent KV cache does not),
+    ``kv_lora_ranks`` (the cached latent: KV bytes per token are ``kv_lora_rank +
+    qk_rope_head_dim``), ``q_lora_ranks`` (the query bottleneck), every combination; and
+    no-op."""
+
+    heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
+    kv_lora_ranks: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
+    q_lora_ranks: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
+    noop: bool = False
+
+
+SPAN_KINDS = ("attention", "mamba", "moe", "ffn")
+MAX_SPAN = 3
+"""Longest span a multi-block replacement covers: Puzzletron's multi-layer replacements
+replace short runs; every extra block of length multiplies the span alternatives."""
+
+
+class SpanBlock(_Model):
+    """One child block of a span replacement: a kind, and the fields that differ from the
+    span's first parent block of that kind (e.g. ``{"kind": "mamba", "num_heads": 256}``:
+    one Mamba block twice as wide)."""
+
+    kind: Literal["attention", "mamba", "moe", "ffn"]
+    fields: dict[str, int | float | bool | str | None] = Field(
+        default_factory=dict, description="overrides of the span's first parent block of "
+        "this kind (which must exist in the span)")
+
+
+class SpanReplacement(_Model):
+    """What a span becomes: exactly one of ``noop`` (the span is removed), ``block`` (one
+    child block), ``blocks`` (a shorter list) or ``drop_one`` (every way to keep all but one
+    of the span's parent blocks: k blocks become k-1)."""
+
+    noop: bool = False
+    block: SpanBlock | None = None
+    blocks: list[SpanBlock] | None = Field(default=None, min_length=1, max_length=MAX_SPAN - 1)
+    drop_one: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> SpanReplacement:
+        n = int(self.noop) + (self.block is not None) + (self.blocks is not None) \
+            + int(self.drop_one)
+        if n != 1:
+            raise ValueError("give exactly one of noop, block, blocks or drop_one")
+        return self
+
+
+class SpanRule(_Model):
+    """Which spans of consecutive parent blocks may be replaced as a whole, and by what."""
+
+    length: int | None = Field(default=None, ge=2, le=MAX_SPAN,
+                               description="blocks per span (default: len(kinds))")
+    kinds: list[Literal["attention", "mamba", "moe", "ffn"]] | None = Field(
+        default=None, min_length=2, max_length=MAX_SPAN,
+        description="the parent block kinds the span must have, in order (default: any)")
+    blocks: list[tuple[int, int]] | None = Field(
+        default=None, description="spans must lie inside one of these block ranges "
+        "[start, end)")
+    replace_with: list[SpanReplacement] = Field(min_length=1)
+    stride: int = Field(default=1, ge=1, le=MAX_BLOCKS, description="spans start every "
+                        "stride blocks from each range's start (stride = length tiles the "
+                        "range: no two spans of the rule overlap, so no child is reachable "
+                        "by two spans, which keeps the MIP small)")
+
+    @model_validator(mode="after")
+    def _len(self) -> SpanRule:
+        if self.length is None and self.kinds is None:
+            raise ValueError("give length or kinds")
+        if self.length is not None and self.kinds is not None and \
+                self.length != len(self.kinds):
+            raise ValueError(f"length {self.length} differs from len(kinds) "
+                             f"{len(self.kinds)}")
+        n = self.length or len(self.kinds or ())
+        for r in self.replace_with:
+            if r.blocks is not None and len(r.blocks) >= n:
+                raise ValueError(f"replace_with blocks must be shorter than the span ({n})")
+        return self
+
+    @property
+    def span(self) -> int:
+        """Blocks per span."""
+        return self.length or len(self.kinds or ())
+
+
+class PrecisionSpace(_Model):
+    """Precision recipes a block may take, per block kind (names of
+    ``costmodels.dtypes.RECIPES``); the spec's own ``precision`` is always one of them, so
+    the searched space contains the one-recipe child."""
+
+    attention: list[str] = Field(default_factory=list)
+    mamba: list[str] = Field(default_factory=list)
+    moe: list[str] = Field(default_factory=list)
+    ffn: list[str] = Field(default_factory=list)
+    blocks: list[tuple[int, int]] | None = Field(
+        default=None, description="restrict precision choices to block ranges [start, end)")
+    compare_fixed: bool = Field(default=False, description="also solve with the spec's one "
+                                "recipe for every block and report/plot it beside the search")
+
+    @field_validator("attention", "mamba", "moe", "ffn")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        from costmodels.dtypes import RECIPES
+
+        for name in v:
+            if name not in RECIPES:
+                raise ValueError(f"unknown precision recipe {name!r}; expected one of "
+                                 f"{sorted(RECIPES)}")
+        return v
+
+    def searched(self) -> bool:
+        """Whether any kind has a choice of recipe."""
+        return bool(self.attention or self.mamba or self.moe or self.ffn)
+
+
 class SearchSpace(_Model):
     """Per block kind, the axes to try. The parent block is always an alternative."""
 
@@ -191,10 +322,16 @@ class SearchSpace(_Model):
     ffn: FFNSpace = Field(default_factory=FFNSpace)
     moe: MoESpace = Field(default_factory=MoESpace)
     mamba: MambaSpace = Field(default_factory=MambaSpace)
+    deltanet: DeltaNetSpace = Field(default_factory=DeltaNetSpace)
+    mla: MLASpace = Field(default_factory=MLASpace)
     homogeneous: bool = Field(default=False, description="Minitron-style: every block of a "
                               "kind gets the same choice (a baseline)")
     compare_homogeneous: bool = Field(default=False, description="also solve the homogeneous "
                                       "baseline and report/plot it beside the search")
+    spans: list[SpanRule] = Field(default_factory=list, description="multi-block "
+                                  "replacements: spans of 2-3 parent blocks replaced as a whole")
+    precision: PrecisionSpace = Field(default_factory=PrecisionSpace,
+                                      description="precision recipes per block kind")
 
 
 class QualitySpec(_Model):
@@ -294,6 +431,33 @@ class SolverSpec(_Model):
     sweep: SweepSpec | None = None
 
 
+MAX_STAGES = 16
+"""Stages of an iterative search: each one is a score run, a search, a build and a
+distillation, so a handful is already hours on real models."""
+
+
+class StageSpec(_Model):
+    """One stage of an iterative search (``puzzle-nas iterate``): search with these budgets,
+    build, distill, re-score. Relative bounds (``"60%"``) resolve against the ORIGINAL
+    parent's figures (not the previous stage's child), so the last stage's budgets mean what
+    the same budgets mean in a one-shot search."""
+
+    name: str | None = None
+    budgets: list[BudgetSpec] = Field(min_length=1)
+    search_space: SearchSpace | None = Field(default=None, description="this stage's search "
+                                             "space (default: the spec's), applied to the "
+                                             "stage's parent (the previous stage's child)")
+
+
+class CostsSpec(_Model):
+    """Where block runtimes come from: the analytic model (default) or a measured block table."""
+
+    measured: str | None = Field(
+        default=None, description="BLOCKS.json from `puzzle-nas profile --blocks` (relative to "
+        "the spec): block runtimes are the measured ones (interpolated between measured "
+        "neighbours, refused where none), memory stays analytic; one device (tp = 1)")
+
+
 class SearchSpec(_Model):
     """Everything ``puzzle-nas search`` needs."""
 
@@ -308,8 +472,12 @@ class SearchSpec(_Model):
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     budgets: list[BudgetSpec] = Field(default_factory=list)
     solver: SolverSpec = Field(default_factory=SolverSpec)
+    costs: CostsSpec = Field(default_factory=CostsSpec)
     runtime_reserve: str | float = Field(default="2 GiB", description="memory held back for "
                                          "the serving runtime (CUDA context, allocator slack)")
+    stages: list[StageSpec] = Field(default_factory=list, max_length=MAX_STAGES,
+                                    description="iterative search (puzzle-nas iterate): "
+                                    "budgets per stage, tightening step by step")
 
     @field_validator("runtime_reserve")
     @classmethod
@@ -348,6 +516,11 @@ class SearchSpec(_Model):
         if sw is not None and sw.workload is not None and sw.workload not in self.workloads:
             raise ValueError(f"solver.sweep.workload {sw.workload!r} is not one of the "
                              f"workloads {sorted(self.workloads)}")
+        for k, st in enumerate(self.stages):
+            for i, b in enumerate(st.budgets):
+                if b.workload is not None and b.workload not in self.workloads:
+                    raise ValueError(f"stages[{k}].budgets[{i}].workload {b.workload!r} is "
+                                     f"not one of the workloads {sorted(self.workloads)}")
         if self.solver.sweep is not None and self.solver.sweep.budget >= len(self.budgets):
             raise ValueError(f"solver.sweep.budget {self.solver.sweep.budget} is not an index "
                              f"into budgets (there are {len(self.budgets)})")

@@ -230,3 +230,105 @@ def test_zero_centred_norm_matters():
         b = ours(_prompt())
     assert float((a - b).abs().max()) > 1e-2
     assert np.isfinite(float(a.abs().max()))
+
+
+# ---- search axes and init_from_parent -------------------------------------------------
+def test_search_axes():
+    from nas.space import alternatives, check_all_used
+    from nas.spec import SearchSpace
+
+    arch = load_config(CONFIG)
+    space = SearchSpace.model_validate({"deltanet": {"v_heads": [16, 8], "k_heads": [8],
+                                                     "swap": True, "noop": True}})
+    alts = alternatives(arch, space)
+    check_all_used(arch, space, alts)
+    labels = [a.label for a in alts[0]]
+    # (v, k) pairs with v <= 32, k <= 16, k | v and v/k <= 2 (the parent's ratio)
+    assert labels == ["parent", "num_v_heads=16", "num_k_heads=8,num_v_heads=16",
+                      "num_k_heads=8,num_v_heads=8", "noop", "swap:attention"]
+    assert [a.label for a in alts[6]] == ["parent", "swap:deltanet"]
+    assert alts[6][1].child == arch.blocks[0] and alts[0][-1].child == arch.blocks[6]
+
+
+def _tiny_parent():
+    import tempfile
+
+    from test_hf_parity import randomize
+
+    from nas.build import load_pretrained
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _hf_model(5).save_pretrained(tmp)
+        parent = load_pretrained(tmp).eval()
+    randomize(parent, 11)
+    return parent
+
+
+def test_init_fewer_heads_keeps_the_function_of_the_kept_heads():
+    """Zero the out_proj columns of value heads 1 and 3 (one per key group) of DeltaNet
+    block 0: the child with 2 of 4 value heads must pick heads 0 and 2 and compute exactly
+    the parent's function; zeroing key group 1 (heads 2, 3), the child with 1 of 2 key
+    heads and 2 value heads must keep group 0."""
+    from nas.build import init_from_parent
+
+    parent = _tiny_parent()
+    dv = 6
+    calib = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
+    for dead, update, keep in (([1, 3], {"num_v_heads": 2}, [0, 2]),
+                               ([2, 3], {"num_v_heads": 2, "num_k_heads": 1}, [0, 1])):
+        with torch.no_grad():
+            w = parent.blocks[0].mixer.out_proj.weight
+            saved = w.clone()
+            for h in dead:
+                w[:, h * dv:(h + 1) * dv] = 0.0
+        blocks = list(parent.arch.blocks)
+        blocks[0] = blocks[0].model_copy(update=update)
+        child = init_from_parent(parent.arch.replace_blocks(blocks), parent, calib)
+        assert "by channel contribution" in child.init_report[0] or "key heads" in \
+            child.init_report[0], child.init_report[0]
+        with torch.no_grad():
+            diff = float((child(calib) - parent(calib)).abs().max())
+            assert diff < 1e-4, diff
+            cm = child.blocks[0].mixer
+            assert torch.equal(cm.A_log, parent.blocks[0].mixer.A_log[keep])
+            w.copy_(saved)
+
+
+def test_init_swap_copies_the_nearest_block_scaled():
+    """The swapped-in DeltaNet is parent block 0's, its out_proj scaled by the least-squares
+    scalar onto the replaced attention's output: its block-output error on the calibration
+    activations is at most a no-op's and minimal over the scale. (Whether it beats a random
+    init needs a trained parent: on random weights the copy is uncorrelated with the
+    replaced block and the scale comes out near 0.)"""
+    from test_hf_parity import _prompt
+
+    from nas.build import init_from_parent
+
+    parent = _tiny_parent()
+    pa = parent.arch
+    blocks = list(pa.blocks)
+    blocks[2] = pa.blocks[0]  # layer 1's attention becomes the DeltaNet of layer 0
+    child_arch = pa.replace_blocks(blocks)
+    calib = _prompt(5)
+    child = init_from_parent(child_arch, parent, calib)
+    assert "swap: copied from parent block 0 (output scale" in child.init_report[2]
+    csd, psd = child.blocks[2].state_dict(), parent.blocks[0].state_dict()
+    assert all(torch.equal(csd[k], psd[k]) for k in psd if "out_proj" not in k)
+    s = float(csd["mixer.out_proj.weight"].flatten()[0] / psd["mixer.out_proj.weight"].flatten()[0])
+    assert torch.allclose(csd["mixer.out_proj.weight"], s * psd["mixer.out_proj.weight"])
+    with torch.no_grad():
+        x = parent.embed(calib)
+        for blk in parent.blocks[:2]:
+            x = blk(x)
+        want = parent.blocks[2](x) - x
+
+        def err(blk):
+            return float(((blk(x) - x) - want).square().mean())
+
+        best = err(child.blocks[2])
+        assert best <= float(want.square().mean()) + 1e-7  # no worse than a no-op
+        w = child.blocks[2].mixer.out_proj.weight
+        for f in (0.5, 2.0):  # and the least-squares scale is the best one
+            w.mul_(f)
+            assert err(child.blocks[2]) >= best - 1e-7
+            w.div_(f)

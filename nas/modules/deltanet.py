@@ -203,6 +203,12 @@ class DeltaNetMixer(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
                 offset: int = 0) -> torch.Tensor:
+        return self.out_proj(self.gated_output(x, cache).flatten(-2))
+
+    def gated_output(self, x: torch.Tensor, cache: dict[str, Any] | None = None
+                     ) -> torch.Tensor:
+        """The gated-norm output per value head ``(b, n, nv, dv)``, what ``out_proj`` reads
+        (the importance of a head for pruning)."""
         cfg = self.cfg
         bsz, n, _ = x.shape
         qkv, z, b, a = self._split(x)
@@ -220,8 +226,7 @@ class DeltaNetMixer(nn.Module):
             o, state = gated_delta_chunked(q, k, v, g, beta, state, self.chunk)
         if cache is not None:
             cache["state"] = state
-        o = self.norm(o, z).reshape(bsz, n, self.value_dim)
-        return self.out_proj(o)
+        return self.norm(o, z)
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
