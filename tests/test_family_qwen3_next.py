@@ -332,3 +332,24 @@ def test_init_swap_copies_the_nearest_block_scaled():
             w.mul_(f)
             assert err(child.blocks[2]) >= best - 1e-7
             w.div_(f)
+
+
+def test_shipped_example_search_runs(tmp_path):
+    """examples/qwen3-next-80b-h100.json (without its sweep, to stay quick): the parent does
+    not fit 16 requests of 256K tokens on one H100 in NVFP4; the child fits and meets the
+    throughput budget, and the child's config reads back as a qwen3_next model."""
+    from nas.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = json.loads((repo / "nas" / "examples" / "qwen3-next-80b-h100.json").read_text())
+    spec["parent"] = str(repo / "nas" / "examples" / spec["parent"])
+    del spec["solver"]["sweep"]
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert main(["search", str(tmp_path / "spec.json"), "-o", str(tmp_path / "out")]) == 0
+    bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
+    assert all(b["child_value"] <= b["bound"] * (1 + 1e-9) for b in bp["budgets"])
+    assert bp["params"]["parent_total"] == 79_674_391_296
+    assert len(bp["choices"]) == 96
+    child = from_hf(bp["child"])
+    assert child.model_type == "qwen3_next" and child.param_counts().total == \
+        bp["params"]["child_total"]
