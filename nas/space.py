@@ -218,7 +218,8 @@ _VALUE_AXES = (
      "must divide an attention block's num_heads ({})"),
     ("ffn", "widths", FFN, "width", "must be <= an FFN block's width ({})"),
     ("moe", "experts", MoE, "num_experts", "must be <= a MoE block's num_experts ({}) and >= "
-     "a top_k tried"),
+     "a top_k tried; with group-limited routing, a multiple of n_group with at least 2 "
+     "experts per group"),
     ("moe", "expert_widths", MoE, "expert_width", "must be <= a MoE block's expert_width ({})"),
     ("moe", "top_k", MoE, "top_k", "must be <= a MoE block's top_k ({})"),
     ("moe", "shared_widths", MoE, "shared_width",

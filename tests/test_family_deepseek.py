@@ -295,3 +295,101 @@ def test_other_types_refuse_mla_instead_of_dropping_it(mt):
         return
     with pytest.raises(InputError, match="latent attention|group-limited|MLA|needs"):
         to_hf(a, mt)
+
+
+# ---- init_from_parent for the MLA axes ------------------------------------------------------
+def _kl(parent, child, tokens) -> float:
+    torch = pytest.importorskip("torch")
+    with torch.no_grad():
+        lp = torch.log_softmax(parent(tokens).double(), -1)
+        lc = torch.log_softmax(child(tokens).double(), -1)
+    return float((lp.exp() * (lp - lc)).sum(-1).mean())
+
+
+@pytest.fixture(scope="module")
+def tiny_parent():
+    torch = pytest.importorskip("torch")
+    from nas.build import from_transformers
+
+    parent = from_transformers(_hf_tiny(seed=5)).eval()
+    g = torch.Generator().manual_seed(11)
+    calib = torch.randint(2, 96, (8, 24), generator=g)
+    held = torch.randint(2, 96, (4, 24), generator=g)
+    return parent, calib, held
+
+
+MLA_AXES = {
+    "kv-lora-16-to-6": {"kv_lora_rank": 6},
+    "q-lora-24-to-8": {"q_lora_rank": 8},
+    "heads-4-to-2": {"num_heads": 2},
+    "all-three": {"num_heads": 3, "kv_lora_rank": 8, "q_lora_rank": 12},
+}
+
+
+@pytest.mark.parametrize("axis", list(MLA_AXES))
+def test_mla_inheritance_beats_random_init(tiny_parent, axis):
+    torch = pytest.importorskip("torch")
+    from nas.build import init_from_parent
+
+    parent, calib, held = tiny_parent
+    i = 2
+    blocks = list(parent.arch.blocks)
+    blocks[i] = blocks[i].model_copy(update=MLA_AXES[axis])
+    arch = parent.arch.replace_blocks(blocks)
+    child = init_from_parent(arch, parent, calib)
+    assert "random" not in child.init_report[i], child.init_report[i]
+    rand = init_from_parent(arch, parent, calib)
+    torch.manual_seed(1)
+    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * arch.num_blocks) ** 0.5)
+    kl_init, kl_rand = _kl(parent, child, held), _kl(parent, rand, held)
+    assert kl_init < kl_rand, (axis, kl_init, kl_rand, child.init_report[i])
+    assert child.num_stored() == arch.param_counts().total
+
+
+def test_mla_svd_full_rank_is_exact_and_truncation_is_worse(tiny_parent):
+    """At r = R the SVD re-factoring reproduces the block (V is a rotation); at r < R it
+    beats keeping the first r latent channels."""
+    pytest.importorskip("torch")
+    from nas.build_inherit_mla import svd_bottleneck
+
+    parent, calib, held = tiny_parent
+    p = parent.blocks[2].mixer
+    x = parent.embed(calib).reshape(-1, 32)
+    W, g, U = p.kv_a_proj_with_mqa.weight[:16], p.kv_a_layernorm.weight, p.kv_b_proj.weight
+
+    def out(down, gw, up, r):
+        z = x.double() @ down.t()
+        c = gw * z / (z.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()
+        return c @ up.t()
+
+    ref = out(W.double(), g.double(), U.double(), 16)
+    full = out(*svd_bottleneck(W, g, U, 16, x), 16)
+    assert float((full - ref).abs().max()) < 1e-9 * float(ref.abs().max()) + 1e-9
+    svd = out(*svd_bottleneck(W, g, U, 6, x), 6)
+    cut = out(W[:6].double(), g[:6].double(), U[:, :6].double(), 6)
+    assert float((svd - ref).pow(2).mean()) < float((cut - ref).pow(2).mean())
+
+
+def test_search_axes():
+    from nas.space import alternatives, check_all_used
+    from nas.spec import SearchSpace
+
+    a = _v3()
+    s = SearchSpace.model_validate({
+        "mla": {"heads": [64], "kv_lora_ranks": [256], "q_lora_ranks": [768], "noop": True},
+        "moe": {"experts": [128, 100], "top_k": [4], "expert_widths": [1024], "noop": True},
+        "ffn": {"fractions": [0.5], "noop": True}})
+    alts = alternatives(a, s)
+    with pytest.raises(InputError, match="experts: 100 is not usable.*n_group"):
+        check_all_used(a, s, alts)
+    mla = [x.child for x in alts[0]]
+    assert len(mla) == 2 * 2 * 2 + 1  # heads x kv rank x q rank, + no-op
+    assert MLA(num_heads=64, q_lora_rank=768, kv_lora_rank=256, qk_nope_head_dim=128,
+               qk_rope_head_dim=64, v_head_dim=128) in mla
+    moes = [x.child for x in alts[7] if isinstance(x.child, MoE)]
+    # 100 experts do not split into 8 groups: never offered to a group-routed block
+    assert {m.num_experts for m in moes} == {256, 128}
+    assert all(m.num_experts % m.n_group == 0 for m in moes)
+    with pytest.raises(InputError, match="kv_lora_ranks: 1024 is not usable"):
+        bad = SearchSpace.model_validate({"mla": {"kv_lora_ranks": [1024]}})
+        check_all_used(a, bad, alternatives(a, bad))

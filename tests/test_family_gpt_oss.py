@@ -228,3 +228,83 @@ def test_other_types_refuse_sinks_and_biased_experts(mt):
     a = load_config(G20)
     with pytest.raises(InputError):  # by the writer or by the refusal in base_config
         to_hf(a, mt)
+
+
+# ---- search axes and init_from_parent -------------------------------------------------------
+def _kl(parent, child, tokens) -> float:
+    torch = pytest.importorskip("torch")
+    with torch.no_grad():
+        lp = torch.log_softmax(parent(tokens).double(), -1)
+        lc = torch.log_softmax(child(tokens).double(), -1)
+    return float((lp.exp() * (lp - lc)).sum(-1).mean())
+
+
+@pytest.fixture(scope="module")
+def tiny_parent():
+    torch = pytest.importorskip("torch")
+    from nas.build import from_transformers
+
+    parent = from_transformers(_hf_tiny(seed=5)).eval()
+    g = torch.Generator().manual_seed(11)
+    return parent, torch.randint(2, 96, (8, 24), generator=g), \
+        torch.randint(2, 96, (4, 24), generator=g)
+
+
+AXES = {
+    "experts-4-to-2": (1, {"num_experts": 2}),
+    "expert-width-16-to-6": (1, {"expert_width": 6}),
+    "top-k-2-to-1": (3, {"top_k": 1}),
+    "kv-heads-2-to-1": (2, {"num_kv_heads": 1}),
+}
+
+
+@pytest.mark.parametrize("axis", list(AXES))
+def test_inheritance_beats_random_init(tiny_parent, axis):
+    torch = pytest.importorskip("torch")
+    from nas.build import init_from_parent
+
+    parent, calib, held = tiny_parent
+    i, upd = AXES[axis]
+    blocks = list(parent.arch.blocks)
+    blocks[i] = blocks[i].model_copy(update=upd)
+    arch = parent.arch.replace_blocks(blocks)
+    child = init_from_parent(arch, parent, calib)
+    assert "random" not in child.init_report[i], child.init_report[i]
+    rand = init_from_parent(arch, parent, calib)
+    torch.manual_seed(1)
+    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * arch.num_blocks) ** 0.5)
+    kl_init, kl_rand = _kl(parent, child, held), _kl(parent, rand, held)
+    assert kl_init < kl_rand, (axis, kl_init, kl_rand, child.init_report[i])
+    assert child.num_stored() == arch.param_counts().total
+    if axis == "top-k-2-to-1":  # routing only: every tensor is the parent's
+        sd, psd = child.state_dict(), parent.state_dict()
+        assert all(torch.equal(sd[k], psd[k]) for k in psd)
+
+
+def test_child_equal_to_parent_is_bitwise_equal(tiny_parent):
+    torch = pytest.importorskip("torch")
+    from nas.build import init_from_parent
+
+    parent, calib, held = tiny_parent
+    child = init_from_parent(parent.arch, parent, calib)
+    with torch.no_grad():
+        assert torch.equal(child(held), parent(held))
+
+
+def test_search_axes_moe_and_attention():
+    from nas.space import alternatives, check_all_used
+    from nas.spec import SearchSpace
+
+    a = load_config(G120)
+    s = SearchSpace.model_validate({
+        "attention": {"kv_heads": [4], "sliding_window": [128], "noop": True},
+        "moe": {"experts": [64, 96], "top_k": [2], "expert_widths": [1440], "noop": True}})
+    alts = alternatives(a, s)
+    check_all_used(a, s, alts)
+    full = [x.child for x in alts[2]]  # a full-attention layer: may become sliding
+    assert any(isinstance(c, Attention) and c.sinks and c.sliding_window == 128 for c in full)
+    assert any(isinstance(c, NoOp) for c in full)
+    moes = [x.child for x in alts[1]]
+    assert {c.num_experts for c in moes if isinstance(c, MoE)} == {128, 96, 64}
+    assert all(c.expert_bias and c.swiglu_limit == 7.0 for c in moes if isinstance(c, MoE))
+    assert len(moes) == 3 * 2 * 2 + 1

@@ -101,6 +101,20 @@ class MLAMixer(nn.Module):
         shape = (n,) + (1,) * (t.dim() - 3) + (t.shape[-1],)
         return apply_rope(t.contiguous(), cos.view(shape), sin.view(shape))
 
+    def head_outputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Each head's attention output ``(b, heads, n, v_head_dim)`` over ``x`` alone (what
+        ``o_proj`` reads), for ranking heads."""
+        cfg = self.cfg
+        b, n, _ = x.shape
+        H, nope, V = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim
+        q_nope, q_rot = self.query(x).split([nope, cfg.qk_rope_head_dim], dim=-1)
+        q = torch.cat([q_nope, self._rot(q_rot, 0)], dim=-1).transpose(1, 2)
+        c, k_rot = self.latent(x)
+        k_nope, v = self.kv_b_proj(c).view(b, n, H, nope + V).split([nope, V], dim=-1)
+        k = torch.cat([k_nope, self._rot(k_rot, 0)[:, :, None, :].expand(b, n, H, -1)], -1)
+        return F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=n > 1, scale=self.scale)
+
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
                 offset: int = 0) -> torch.Tensor:
         cfg = self.cfg
