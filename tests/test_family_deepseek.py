@@ -90,7 +90,7 @@ def test_heterogeneous_child_exports_as_puzzle():
     from nas.arch import NoOp
 
     blocks[11] = NoOp()
-    child = a.replace_blocks(blocks).model_copy(update={"mtp_blocks": ()})
+    child = a.replace_blocks(blocks)
     with pytest.raises(InputError):
         to_hf(child, "deepseek_v3")
     cfg = to_hf(child)
@@ -393,3 +393,30 @@ def test_search_axes():
     with pytest.raises(InputError, match="kv_lora_ranks: 1024 is not usable"):
         bad = SearchSpace.model_validate({"mla": {"kv_lora_ranks": [1024]}})
         check_all_used(a, bad, alternatives(a, bad))
+
+
+def test_shipped_example_search_runs(tmp_path):
+    """examples/deepseek-v3-8xh200.json (without its sweep, to stay quick): the parent does
+    not fit 16 requests of 128K tokens on 8 H200s in FP8 (the latent cache is replicated on
+    every GPU under TP); the child fits and meets the throughput budget, and its config reads
+    back as a DeepSeek-V3 model with the MTP head."""
+    from nas.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = json.loads((repo / "nas" / "examples" / "deepseek-v3-8xh200.json").read_text())
+    spec["parent"] = str(repo / "nas" / "examples" / spec["parent"])
+    del spec["solver"]["sweep"]
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert main(["search", str(tmp_path / "spec.json"), "-o", str(tmp_path / "out")]) == 0
+    bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
+    assert all(b["child_value"] <= b["bound"] * (1 + 1e-9) for b in bp["budgets"])
+    assert bp["params"]["parent_total"] == 671_026_419_200
+    assert len(bp["choices"]) == 122
+    assert any(c["kind"] == "mla" and "kv_lora_rank" in c["change"] for c in bp["choices"])
+    child = from_hf(bp["child"])
+    assert child.model_type in DEEPSEEK_TYPES and len(child.mtp_blocks) == 2
+    assert child.param_counts().total == bp["params"]["child_total"]
+    assert child.kv_bytes_per_token() < _v3().kv_bytes_per_token()
+
+
+DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v3_puzzle")

@@ -308,3 +308,25 @@ def test_search_axes_moe_and_attention():
     assert {c.num_experts for c in moes if isinstance(c, MoE)} == {128, 96, 64}
     assert all(c.expert_bias and c.swiglu_limit == 7.0 for c in moes if isinstance(c, MoE))
     assert len(moes) == 3 * 2 * 2 + 1
+
+
+def test_shipped_example_search_runs(tmp_path):
+    """examples/gpt-oss-120b-h100.json (without its sweep): the parent in MXFP4 does not fit 4
+    requests of 128K tokens on one H100; the child fits and meets the throughput budget, and
+    its config reads back with the sinks and biased experts."""
+    from nas.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = json.loads((repo / "nas" / "examples" / "gpt-oss-120b-h100.json").read_text())
+    spec["parent"] = str(repo / "nas" / "examples" / spec["parent"])
+    del spec["solver"]["sweep"]
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert main(["search", str(tmp_path / "spec.json"), "-o", str(tmp_path / "out")]) == 0
+    bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
+    assert all(b["child_value"] <= b["bound"] * (1 + 1e-9) for b in bp["budgets"])
+    assert bp["params"]["parent_total"] == 116_829_156_672
+    child = from_hf(bp["child"])
+    assert child.model_type in ("gpt_oss", "gpt_oss_puzzle")
+    assert child.param_counts().total == bp["params"]["child_total"]
+    assert all(b.sinks for b in child.blocks if isinstance(b, Attention))
+    assert all(b.expert_bias for b in child.blocks if isinstance(b, MoE))

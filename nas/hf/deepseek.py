@@ -19,7 +19,8 @@ then), ``scoring_func`` other than ``sigmoid``, ``topk_method`` other than ``noa
 ``deepseek_v3_puzzle`` (this library's extension, for children stock ``deepseek_v3`` cannot
 hold, e.g. a no-op or narrower MoE at some layers): the model-level fields of the stock
 format plus ``block_configs``, one object per residual block (its ``kind`` and fields, as
-:class:`nas.arch.ModelArch` writes blocks). transformers has no such type and refuses to
+:class:`nas.arch.ModelArch` writes blocks), and ``mtp_block_configs`` for the MTP head's
+blocks when there is one (MTP tensors are not built, as for ``deepseek_v3``). transformers has no such type and refuses to
 load it (never silently building another model); :func:`nas.build.load_pretrained` reads
 it, with the stock tensor names.
 """
@@ -73,24 +74,26 @@ def model_fields(r: Reader, mt: str, eps_default: float, computed: set[str]
     return kw
 
 
-def read_block_configs(r: Reader) -> list[_Block]:
-    """``block_configs`` of a ``*_puzzle`` config: one block object per residual block."""
-    confs = r.raw("block_configs")
+def read_block_configs(r: Reader, key: str = "block_configs") -> list[_Block]:
+    """``block_configs`` (or ``mtp_block_configs``) of a ``*_puzzle`` config: one block
+    object per residual block."""
+    confs = r.raw(key)
     if not isinstance(confs, list) or not confs:
-        raise r.err("block_configs", "expected a non-empty list of block objects")
+        raise r.err(key, "expected a non-empty list of block objects")
     out = []
     for i, c in enumerate(confs):
         try:
             out.append(_BLOCK.validate_python(c))
         except ValidationError as exc:
             loc, msg = first_error(exc)
-            raise r.err(f"block_configs[{i}]" + (f".{loc}" if loc else ""), msg) from None
+            raise r.err(f"{key}[{i}]" + (f".{loc}" if loc else ""), msg) from None
     return out
 
 
-def block_configs(arch: ModelArch) -> list[dict[str, Any]]:
-    """The ``block_configs`` list of a ``*_puzzle`` export."""
-    return [b.model_dump(mode="json") for b in arch.blocks]
+def block_configs(arch: ModelArch, mtp: bool = False) -> list[dict[str, Any]]:
+    """The ``block_configs`` (``mtp``: ``mtp_block_configs``) list of a ``*_puzzle``
+    export."""
+    return [b.model_dump(mode="json") for b in (arch.mtp_blocks if mtp else arch.blocks)]
 
 
 def _alias(r: Reader, a: str, b: str, default: Any = MISSING) -> Any:
@@ -170,7 +173,8 @@ def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any
     if 2 * n != len(blocks):
         raise r.err("num_hidden_layers", f"is {n} but block_configs has {len(blocks)} blocks "
                     "(expected two per layer)")
-    return blocks, [], kw
+    mtp = read_block_configs(r, "mtp_block_configs") if "mtp_block_configs" in r.cfg else []
+    return blocks, mtp, kw
 
 
 def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
@@ -233,8 +237,6 @@ def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
 
 
 def _write_puzzle(arch: ModelArch, mt: str) -> dict[str, Any]:
-    if arch.mtp_blocks:
-        raise ExportError(f"{mt} does not carry MTP blocks")
     if len(arch.blocks) % 2:
         raise ExportError(f"{mt} needs (attention, mlp) pairs; got an odd number of blocks")
     out = base_config(arch, mt, "rms_norm_eps")
@@ -242,6 +244,8 @@ def _write_puzzle(arch: ModelArch, mt: str) -> dict[str, Any]:
         out.pop(key, None)
     out["num_hidden_layers"] = len(arch.blocks) // 2
     out["block_configs"] = block_configs(arch)
+    if arch.mtp_blocks:
+        out["mtp_block_configs"] = block_configs(arch, mtp=True)
     return out
 
 

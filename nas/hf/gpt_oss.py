@@ -88,7 +88,8 @@ def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any
     if 2 * n != len(blocks):
         raise r.err("num_hidden_layers", f"is {n} but block_configs has {len(blocks)} blocks "
                     "(expected two per layer)")
-    return blocks, [], kw
+    mtp = read_block_configs(r, "mtp_block_configs") if "mtp_block_configs" in r.cfg else []
+    return blocks, mtp, kw
 
 
 def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
@@ -129,8 +130,6 @@ def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
 
 
 def _write_puzzle(arch: ModelArch, mt: str) -> dict[str, Any]:
-    if arch.mtp_blocks:
-        raise ExportError(f"{mt} does not carry MTP blocks")
     if len(arch.blocks) % 2:
         raise ExportError(f"{mt} needs (attention, mlp) pairs; got an odd number of blocks")
     out = base_config(arch, mt, "rms_norm_eps")
@@ -138,6 +137,8 @@ def _write_puzzle(arch: ModelArch, mt: str) -> dict[str, Any]:
         out.pop(key, None)
     out["num_hidden_layers"] = len(arch.blocks) // 2
     out["block_configs"] = block_configs(arch)
+    if arch.mtp_blocks:
+        out["mtp_block_configs"] = block_configs(arch, mtp=True)
     return out
 
 
