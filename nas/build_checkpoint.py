@@ -45,6 +45,7 @@ import torch
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch
 from nas.hf import NEMOTRON_H, ExportError, load_config, to_hf
+from nas.hf.deepseek import is_mtp_tensor
 from nas.io import check_output_dir, swap_in_dir
 from nas.modules.model import CausalLM
 
@@ -289,7 +290,8 @@ class CheckpointReader:
             raise InputError(f"missing tensor {missing[0]}{more}: config.json ({mt}) expects "
                              "it", path=str(folder))
         extra = sorted(k for k in set(self.files) - expected
-                       if not (self.arch.mtp_blocks and k.startswith("mtp.")))
+                       if not (self.arch.mtp_blocks and k.startswith("mtp."))
+                       and not is_mtp_tensor(self.arch, k))
         if extra and strict:
             more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
             raise InputError(f"unexpected tensor {extra[0]}{more}: config.json ({mt}) has no "

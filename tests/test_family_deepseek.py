@@ -420,3 +420,24 @@ def test_shipped_example_search_runs(tmp_path):
 
 
 DEEPSEEK_TYPES = ("deepseek_v3", "deepseek_v3_puzzle")
+
+
+def test_hub_mtp_layer_tensors_are_skipped_others_refused(tmp_path):
+    """Hub DeepSeek-V3 checkpoints store the MTP layer as model.layers.{num_hidden_layers}.*;
+    they load (MTP is not built), while any other stray tensor is still refused."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    from nas.build import load_pretrained
+
+    _hf_tiny().save_pretrained(tmp_path)
+    f = tmp_path / "model.safetensors"
+    sd = load_file(str(f))
+    sd["model.layers.3.eh_proj.weight"] = torch.zeros(32, 64)  # 3 layers: index 3 is MTP
+    save_file(sd, str(f), metadata={"format": "pt"})
+    model = load_pretrained(tmp_path)
+    assert len(model.arch.mtp_blocks) == 2
+    sd["model.layers.4.eh_proj.weight"] = torch.zeros(32, 64)
+    save_file(sd, str(f), metadata={"format": "pt"})
+    with pytest.raises(InputError, match="unexpected tensor model.layers.4"):
+        load_pretrained(tmp_path)

@@ -262,6 +262,18 @@ _STOCK_SHAPE_KEYS = (
 )
 
 
+def is_mtp_tensor(arch: ModelArch, name: str) -> bool:
+    """Whether checkpoint tensor ``name`` belongs to a DeepSeek-V3 MTP layer: the Hub
+    checkpoints store MTP depth ``j`` as ``model.layers.{num_hidden_layers + j}.*`` (MTP
+    blocks are not built; transformers skips these tensors too)."""
+    if arch.model_type not in DEEPSEEK or not arch.mtp_blocks or \
+            not name.startswith("model.layers."):
+        return False
+    layer = name.split(".", 3)[2]
+    n = len(arch.blocks) // 2
+    return layer.isdigit() and n <= int(layer) < n + len(arch.mtp_blocks) // 2
+
+
 register(Dialect(model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM", read=_read,
                  write=_write_stock, fallbacks=("deepseek_v3_puzzle",)))
 register(Dialect(model_type="deepseek_v3_puzzle", architecture="DeepseekV3PuzzleForCausalLM",
