@@ -57,14 +57,23 @@ def nonblock_shape(arch: ModelArch) -> NonBlockShape:
     return NonBlockShape(arch.hidden_size, arch.vocab_size, arch.tie_embeddings, arch.final_norm)
 
 
-def predict(arch: ModelArch, problem: Any) -> dict[str, Any]:
+def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
+            ) -> dict[str, Any]:
     """Serving figures of ``arch`` for every workload of ``problem`` (a ``nas.search.Problem``):
     TTFT, TPOT, latency, throughput per GPU and node, per-user tok/s, memory, and the largest
-    concurrency that fits at the workload's context (isl + osl)."""
+    concurrency that fits at the workload's context (isl + osl). ``recipes``: a precision
+    recipe name per block (``nas.spans``; default: the problem's one recipe)."""
     wls = list(problem.workloads.values())
     adp = bool(getattr(problem, "attention_dp", False))
-    blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, tp=problem.tp,
-                          ep=problem.ep, attention_dp=adp)
+    if recipes is not None:  # a precision per block: each row under its own recipe
+        from costmodels.dtypes import get_recipe
+        from nas.spans import price_mixed
+
+        blocks = price_mixed(arch.table, [get_recipe(r) for r in recipes], problem.hw, wls,
+                             tp=problem.tp, ep=problem.ep, attention_dp=adp)
+    else:
+        blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, tp=problem.tp,
+                              ep=problem.ep, attention_dp=adp)
     nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls, tp=problem.tp,
                         attention_dp=adp)
     mc = summarize(blocks, nb, problem.hw, reserve_bytes=problem.reserve_bytes)
@@ -94,6 +103,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
     :func:`predict`, to share between the blueprints of one run)."""
     flat = [a for block in alts for a in block]
     pa = problem.parent
+    wide = any(a.end is not None or a.recipe is not None for a in flat)
     choices = []
     for r in result.chosen:
         a = flat[int(r)]
@@ -101,9 +111,25 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                         "child": a.child.describe(), "change": a.label,
                         "kind": a.child.kind,
                         "quality": float(library.scores["quality"][r])})
+        if wide:  # spans merged and the precision per block (nas.spans)
+            stop = a.block + 1 if a.end is None else a.end
+            choices[-1].update(
+                end=stop, parent=" + ".join(b.describe() for b in pa.blocks[a.block:stop]),
+                child=" + ".join(b.describe() for b in a.blocks) or "removed",
+                precision=a.recipe or problem.recipe.name)
     pp, cp = pa.param_counts(), child.param_counts()
     pred_p = parent_predicted if parent_predicted is not None else predict(pa, problem)
-    pred_c = predict(child, problem)
+    recipes = None
+    child_hf = to_hf(child)
+    if wide:
+        from nas.quant_config import quantization_config
+        from nas.spans import child_blocks
+
+        _, recipes, _ = child_blocks(pa, [flat[int(r)] for r in result.chosen], problem.recipe)
+        qc = quantization_config(child, recipes, child_hf["model_type"], __version__)
+        if qc is not None:
+            child_hf["quantization_config"] = qc
+    pred_c = predict(child, problem, recipes)
     predicted = {name: {"parent": pred_p[name], "child": pred_c[name]} for name in pred_p}
     budgets = []
     for (bi, key), row in zip(cons.origin, cons.budgets):
@@ -123,7 +149,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                         "slack": (n - rule.min) if rule.min is not None else rule.max - n})
     return Blueprint(
         name=problem.spec.name,
-        child=to_hf(child),
+        child=child_hf,
         choices=choices,
         predicted=predicted,
         params={"parent_total": pp.total, "parent_active": pp.active,
@@ -163,8 +189,10 @@ def budget_in_user_terms(bp: Blueprint, b: dict[str, Any]) -> tuple[str, str] | 
     return None
 
 
-def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
-    """A readable summary of a blueprint."""
+def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None,
+                    fixed: Blueprint | None = None) -> str:
+    """A readable summary of a blueprint (``fixed``: the best child with the spec's one
+    precision recipe for all blocks, when precision was searched per block)."""
     lines = [f"# puzzle-nas search: {bp.name}", ""]
     q = bp.quality
     lines.append(f"Quality source: **{q['source']}**" + (
@@ -216,8 +244,18 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
     changed = [c for c in bp.choices if c["change"] != "parent"]
     lines += ["", f"## Blocks ({len(changed)} of {len(bp.choices)} changed)", "",
               "| block | parent | child | change | quality |", "|---:|---|---|---|---:|"]
+    wide = any("precision" in c for c in bp.choices)
+    if wide:  # spans merged (a row per span) and the precision of every block
+        lines[-2:] = ["| blocks | parent | child | change | precision | quality |",
+                      "|---:|---|---|---|---|---:|"]
     for c in bp.choices:
         mark = "" if c["change"] == "parent" else "**"
+        if wide:
+            span = (f"{c['block']}" if c["end"] == c["block"] + 1
+                    else f"{c['block']}-{c['end'] - 1} (merged)")
+            lines.append(f"| {span} | {c['parent']} | {mark}{c['child']}{mark} | "
+                         f"{c['change']} | {c['precision']} | {c['quality']:.4g} |")
+            continue
         lines.append(f"| {c['block']} | {c['parent']} | {mark}{c['child']}{mark} | "
                      f"{c['change']} | {c['quality']:.4g} |")
     if homogeneous is not None:
@@ -225,6 +263,11 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None) -> str:
                   f"Quality {homogeneous.quality['value']:.6g} vs searched "
                   f"{bp.quality['value']:.6g} (lower is better); params "
                   f"{homogeneous.params['child_total'] / 1e9:.2f} B."]
+    if fixed is not None:
+        lines += ["", "## One recipe for all vs precision searched (same budgets)", "",
+                  f"Quality {fixed.quality['value']:.6g} with {fixed.provenance['recipe']} "
+                  f"for every block vs {bp.quality['value']:.6g} with a recipe per block "
+                  "(lower is better; the searched space contains the one-recipe child)."]
     return "\n".join(lines) + "\n"
 
 
@@ -267,8 +310,10 @@ def save_outputs(out_dir: str | Path, blueprints: list[Blueprint], report: str,
 def plot_pareto(path: str | Path, metric: str, unit: str, points: list[tuple[float, float]],
                 parent: tuple[float, float], baseline: list[tuple[float, float]] | None = None,
                 quality_label: str = "quality score (lower is better)",
-                title: str = "") -> Path:
-    """Quality vs the swept cost: the searched frontier, the parent, and a baseline."""
+                title: str = "",
+                more: dict[str, list[tuple[float, float]]] | None = None) -> Path:
+    """Quality vs the swept cost: the searched frontier, the parent, a baseline, and any
+    ``more`` frontiers by label (e.g. one precision recipe for all blocks)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -281,6 +326,10 @@ def plot_pareto(path: str | Path, metric: str, unit: str, points: list[tuple[flo
     if baseline:
         xs, ys = zip(*sorted(baseline))
         ax.plot(xs, ys, "s--", color="tab:orange", label="homogeneous baseline")
+    for (name, pts), color in zip((more or {}).items(), ("tab:green", "tab:red", "tab:purple")):
+        if pts:
+            xs, ys = zip(*sorted(pts))
+            ax.plot(xs, ys, "^:", color=color, label=name)
     ax.plot([parent[0]], [parent[1]], "*", color="black", markersize=14, label="parent")
     ax.set_xlabel(f"{metric} ({unit})")
     ax.set_ylabel(quality_label)

@@ -51,7 +51,7 @@ from costmodels.workload import Workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
 from nas import blueprint as bpm
-from nas import mip, space
+from nas import mip, space, spans
 from nas import quality as q
 from nas.arch import ModelArch, NoOp, blocks_table
 from nas.blueprint import nonblock_shape
@@ -124,7 +124,9 @@ def alternatives(problem: Problem) -> list[list[space.Alternative]]:
     take is an InputError saying why (:func:`nas.space.check_all_used`)."""
     alts = space.alternatives(problem.parent, problem.spec.search_space)
     space.check_all_used(problem.parent, problem.spec.search_space, alts)
-    return alts
+    # spans and a precision per block (nas.spans); nothing changes when the spec asks for
+    # neither
+    return spans.widen(problem.parent, problem.spec.search_space, problem.recipe, alts)
 
 
 @dataclass
@@ -149,10 +151,16 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
     flat = _flat(alts)
     h = problem.parent.hidden_size
     wl = list(problem.workloads.values())
+    wide = spans.is_wide(alts)
     with Progress(len(flat), "pricing", progress) as bar:
-        table = blocks_table([a.child for a in flat], h)
-        rows = price_blocks(table, problem.hw, problem.recipe, wl, tp=problem.tp, ep=problem.ep,
-                            attention_dp=problem.attention_dp)
+        table = None if wide else blocks_table([a.child for a in flat], h)
+        if wide:  # a span is the sum of its child blocks, each under its own recipe
+            rows, wide_params, wide_active = spans.price_alternatives(
+                flat, h, problem.hw, problem.recipe, wl, tp=problem.tp, ep=problem.ep,
+                attention_dp=problem.attention_dp)
+        else:
+            rows = price_blocks(table, problem.hw, problem.recipe, wl, tp=problem.tp,
+                                ep=problem.ep, attention_dp=problem.attention_dp)
         bar.update(len(flat))
     nb = price_nonblock(nonblock_shape(problem.parent), problem.hw, problem.recipe, wl,
                         tp=problem.tp, attention_dp=problem.attention_dp)
@@ -165,6 +173,9 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
     for j, w in enumerate(wl):
         workspace[w.name] = float(per_workload[j])
         workspace[w.name + "#conc"] = concurrency_workspace_bytes(parent_rows, nb, w.max_context)
+    if wide:
+        return Priced(rows, wide_params, wide_active, nb, workspace)
+    assert table is not None
     return Priced(rows, shapes.params(table).astype(np.float64),
                   shapes.params(table, active=True).astype(np.float64), nb, workspace)
 
@@ -177,6 +188,9 @@ def score(problem: Problem, alts: list[list[space.Alternative]]) -> tuple[np.nda
         path = path if path.is_absolute() else problem.base_dir / path
         table = q.load_scores(path, qs.metric)
         return q.scores_for(alts, table, str(path)), f"measured: {path.name} ({qs.metric})"
+    if spans.is_wide(alts):
+        return spans.prior(problem.parent, alts, problem.recipe,
+                           problem.spec.search_space.precision.searched()), q.PRIOR_LABEL
     return q.structural_prior(list(problem.parent.blocks), alts), q.PRIOR_LABEL
 
 
@@ -207,16 +221,23 @@ def build_library(problem: Problem, alts: list[list[space.Alternative]], priced:
                                           + problem.reserve_bytes)
     tags = []
     for a in flat:
-        t = [a.child.kind, f"parent:{pa.blocks[a.block].kind}"]
-        if not isinstance(a.child, NoOp):
-            t.append(f"kept:{pa.blocks[a.block].kind}")
+        if a.end is not None:  # a span: no kept:<kind> tag (count rules count whole blocks)
+            t = ["span", *sorted({c.kind for c in a.blocks} or {"noop"}),
+                 *sorted({f"parent:{b.kind}" for b in pa.blocks[a.block:a.stop]})]
+        else:
+            t = [a.child.kind, f"parent:{pa.blocks[a.block].kind}"]
+            if not isinstance(a.child, NoOp):
+                t.append(f"kept:{pa.blocks[a.block].kind}")
+        if a.recipe is not None:
+            t.append(f"precision:{a.recipe}")
         tags.append(t)
     return BlockLibrary(
         num_blocks=pa.num_blocks,
-        start=[a.block for a in flat], end=[a.block + 1 for a in flat],
+        start=[a.block for a in flat], end=[a.stop for a in flat],
         costs=costs, scores={"quality": quality},
         labels=[a.label for a in flat], tags=tags,
-        children=[[a.child.model_dump()] for a in flat],
+        children=[[{**c.model_dump(), **({"precision": a.recipe} if a.recipe else {})}
+                   for c in a.blocks] for a in flat],
         constants=constants,
         block_names=[f"{i}:{b.kind}" for i, b in enumerate(pa.blocks)],
     )
@@ -416,7 +437,8 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
     # group parent blocks by their set of alternative labels (same parent shape)
     by_block: dict[int, list[int]] = {}
     for r in range(library.num_replacements):
-        by_block.setdefault(int(library.start[r]), []).append(r)
+        if library.lengths[r] == 1:  # spans (nas.spans) are no per-block choice
+            by_block.setdefault(int(library.start[r]), []).append(r)
     groups: dict[tuple[str, ...], list[int]] = {}
     for b in range(library.num_blocks):
         labels = tuple(library.labels[r] for r in by_block[b])
@@ -502,10 +524,31 @@ def solve(problem: Problem, library: BlockLibrary, cons: Constraints,
                       options=options_of(problem)).raise_if_infeasible()]
 
 
+def fixed_recipe_forbid(library: BlockLibrary) -> np.ndarray:
+    """Indices of the replacements with their own precision recipe (tag ``precision:<name>``,
+    ``nas.spans``): forbidding them leaves the spec's one recipe for every block."""
+    return np.flatnonzero([any(t.startswith("precision:") for t in tags)
+                           for tags in library.tags])
+
+
+def fixed_recipe_solve(problem: Problem, library: BlockLibrary, cons: Constraints
+                       ) -> mip.Result:
+    """The best child with the spec's one recipe for every block, same budgets: the
+    baseline that searching precision per block is compared with (a subset of its space)."""
+    library = cons.extend(library)
+    return mip.solve(library, cons.objective, cons.budgets, counts=cons.counts,
+                     forbid=[int(i) for i in fixed_recipe_forbid(library)],
+                     options=options_of(problem))
+
+
 def child_arch(problem: Problem, library: BlockLibrary, chosen: np.ndarray,
                alts: list[list[space.Alternative]]) -> ModelArch:
     """The child ``ModelArch`` of a solution."""
     flat = _flat(alts)
+    if spans.is_wide(alts):  # spans shorten the child (nas.spans.child_blocks)
+        kids, _, _ = spans.child_blocks(problem.parent, [flat[int(r)] for r in chosen],
+                                        problem.recipe)
+        return problem.parent.replace_blocks(kids)
     blocks = [None] * problem.parent.num_blocks
     for r in chosen:
         blocks[int(library.start[r])] = flat[int(r)].child  # type: ignore[call-overload]
@@ -562,9 +605,11 @@ def _metric_value(problem: Problem, b: BudgetSpec, key: str, total: float) -> fl
 
 
 def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced: Priced,
-              homogeneous: bool = False, on_point: Any = None) -> dict[str, Any]:
+              homogeneous: bool = False, on_point: Any = None,
+              forbid: np.ndarray | list[int] = ()) -> dict[str, Any]:
     """Re-solve over the spec's sweep grid; returns points (metric value, quality).
-    ``on_point()`` is called as each point is solved (a progress bar)."""
+    ``on_point()`` is called as each point is solved (a progress bar); ``forbid``:
+    replacements no point may take (e.g. :func:`fixed_recipe_forbid`)."""
     library = cons.extend(library)
     sw = problem.spec.solver.sweep
     assert sw is not None
@@ -592,6 +637,7 @@ def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced
         hi = [r.hi if r.hi is not None else r.lo for _, r, _ in results]
         sw_res = mip.sweep(library, cons.objective, others, key=key, values=hi,
                            counts=cons.counts, options=options_of(problem),
+                           forbid=[int(i) for i in forbid],
                            progress=None if on_point is None else lambda i, r: on_point())
         results = [(v, r, res) for (v, r, _), res in zip(results, sw_res.results)]
     for v, _, res in results:
@@ -798,6 +844,9 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
     hom_res = None
     if problem.spec.search_space.compare_homogeneous and not problem.spec.search_space.homogeneous:
         hom_res = homogeneous_solve(library, cons)
+    prec = problem.spec.search_space.precision
+    compare_fixed = prec.compare_fixed and prec.searched() and slo_w is None
+    fixed_res = fixed_recipe_solve(problem, library, cons) if compare_fixed else None
     t["solve_s"] = time.perf_counter() - t2
 
     parent_pred = bpm.predict(problem.parent, problem)
@@ -808,6 +857,7 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
 
     blueprints = [blueprint(r) for r in results]
     hom_bp = blueprint(hom_res) if hom_res is not None and hom_res.ok else None
+    fixed_bp = blueprint(fixed_res) if fixed_res is not None and fixed_res.ok else None
     sweep = None
     writers: list[Any] = []  # deferred: every output is written at the end, as one set
     if problem.spec.solver.sweep is not None:
@@ -829,6 +879,10 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
                     sweep["homogeneous"] = run_sweep(problem, library, cons, priced,
                                                      homogeneous=True,
                                                      on_point=bar.update)["points"]
+                if compare_fixed:  # one recipe for all vs precision searched
+                    sweep["fixed_recipe"] = run_sweep(
+                        problem, library, cons, priced, on_point=bar.update,
+                        forbid=fixed_recipe_forbid(library))["points"]
         t["sweep_s"] = time.perf_counter() - t3
         pts = [(p["metric"], p["quality"]) for p in sweep["points"] if p["metric"] is not None]
         base = [(p["metric"], p["quality"]) for p in sweep.get("homogeneous", [])
@@ -836,12 +890,15 @@ def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: 
         par = sweep["parent"]
         unit = sweep["unit"]
         label = f"{sweep['metric']}" + (f"@{sweep['workload']}" if sweep["workload"] else "")
+        more = {f"one recipe for all ({problem.recipe.name})":
+                [(p["metric"], p["quality"]) for p in sweep["fixed_recipe"]
+                 if p["metric"] is not None]} if "fixed_recipe" in sweep else None
         writers.append(lambda folder: bpm.plot_pareto(
             folder / "pareto.png", label, unit, pts, (par["metric"], par["quality"]), base,
             quality_label=f"quality: {qsource}",
-            title=f"{problem.spec.name}: quality vs {label}"))
+            title=f"{problem.spec.name}: quality vs {label}", more=more))
     t["total_s"] = time.perf_counter() - t0
-    report = bpm.report_markdown(blueprints[0], hom_bp)
+    report = bpm.report_markdown(blueprints[0], hom_bp, fixed=fixed_bp)
     extra: dict[str, Any] = {"library.json": library_json(library)}
     if slo_sweep is not None:
         pt = slo_sweep.parent
