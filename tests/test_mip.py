@@ -325,6 +325,11 @@ def test_sweep_frontier():
     assert costs == sorted(costs) and objs == sorted(objs, reverse=True)
 
 
+def test_sweep_workers_must_be_positive():
+    with pytest.raises(InputError, match="workers"):
+        sweep(tiny(), "q", [], key="mem", values=[10, 20], workers=0)
+
+
 def test_pareto_front():
     pts = [(1, 5), (2, 4), (2, 6), (3, 4), (4, 1)]
     assert pareto_front(pts) == [0, 1, 4]

@@ -94,16 +94,23 @@ def test_regression_outlier_scaled_under_tolerance():
     check(lib, [budget], 0.0, fixing=False)
 
 
-def test_sweep_points_are_exact():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sweep_points_are_exact(workers):
+    # with 2 worker processes too: each point is still its own exact optimum
     lib = nvlabs_shaped_library(30, seed=7)
     tot = parent_totals(lib)["stats.memory_mib"]
     values = list(np.linspace(0.35, 0.95, 5) * tot)
+    seen: list[int] = []
     sw = sweep(lib, OBJ, [], key="stats.memory_mib", values=values,
-               options=SolveOptions(mip_rel_gap=0.0))
+               options=SolveOptions(mip_rel_gap=0.0), workers=workers,
+               progress=lambda i, r: seen.append(i))
+    assert sorted(seen) == list(range(5))
+    assert sum(r.seconds > 0 for r in sw.results) >= 3  # points really solved, not reused
     for v, r in zip(values, sw.results):
         ref = exact(lib, [Budget("stats.memory_mib", None, v)])
         assert ref is not None and r.status == "optimal"
         assert abs(r.objective - ref[0]) <= GAP_FLOOR * max(abs(ref[0]), 1.0)
+        assert r.totals["stats.memory_mib"] <= v * (1 + 1e-12)
 
 
 def test_time_limited_result_is_not_called_optimal():

@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --diverse: parent blocks in which solutions must differ (default 1)")
     p.add_argument("--sweep", default=None, metavar="KEY=A:B:N",
                    help="re-solve with KEY<=v for N values from A to B; prints the Pareto frontier")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="with --sweep: solve the points in N processes (default 1)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="seconds per solve")
     p.add_argument("--gap", type=float, default=1e-4,
                    help="relative MIP gap (default 1e-4); 0 means optimal within 1e-9 relative")
@@ -204,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sweep is not None:
         key, values = _parse_sweep(args.sweep)
-        sw = sweep(lib, objective, budgets, key=key, values=values, **common)
+        sw = sweep(lib, objective, budgets, key=key, values=values, workers=args.workers,
+                   **common)
         if not any(r.ok for r in sw.results):
             at = sw.results[values.index(max(values))]
             return infeasible(f"no sweep point is feasible; at {key}<={max(values):g}: "

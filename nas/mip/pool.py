@@ -127,6 +127,28 @@ def pareto_front(points: Sequence[tuple[float, float]], sense: Literal["min", "m
     return out
 
 
+# the model of a sweep worker process (built once per process by _sweep_worker_init)
+_WORKER: dict[str, Any] = {}
+
+
+def _sweep_worker_init(library: BlockLibrary, objective: Objective, budgets: list[Budget],
+                       counts: Sequence[CountRule | str], pin: Sequence[int],
+                       forbid: Sequence[int], options: SolveOptions | None, idx: int,
+                       lo: float | None) -> None:
+    _WORKER["model"] = MipModel(library, objective, budgets, counts=counts, pin=pin,
+                                forbid=forbid, options=options)
+    _WORKER["idx"], _WORKER["lo"] = idx, lo
+
+
+def _sweep_worker_solve(value: float | None, incumbent: np.ndarray | None) -> Result | None:
+    """Solve the worker's model at ``total(key) <= value`` (None: only build the model)."""
+    if value is None:
+        return None
+    m = _WORKER["model"]
+    m.set_budget(_WORKER["idx"], _WORKER["lo"], value)
+    return explained(m, m.solve(incumbent=incumbent), max_resolves=0)
+
+
 def sweep(
     library: BlockLibrary,
     objective: str | Objective,
@@ -139,22 +161,33 @@ def sweep(
     forbid: Sequence[int] = (),
     options: SolveOptions | None = None,
     progress: Callable[[int, Result], None] | None = None,
+    workers: int = 1,
 ) -> Sweep:
     """Re-solve with ``total(key) <= v`` for each ``v`` in ``values`` (replacing any upper
     bound on ``key`` in ``budgets``), on one HiGHS model (only the row bound changes).
 
     The loosest point is solved first; every point whose bound its child meets has the
     same optimum (the feasible set only shrinks), so it is reused, not re-solved. The other
-    points are solved from the tightest to the loosest, each given the previous point's
-    child as a checked incumbent (it stays feasible as the bound loosens; see
-    :meth:`MipModel.solve`). Results come back in the order of ``values``; ``progress(i,
-    result)`` is called as each point is done. Infeasible points carry their explanation in
-    ``message``."""
+    points are solved from the tightest to the loosest, each given a child of a tighter
+    point as a checked incumbent (it stays feasible as the bound loosens; see
+    :meth:`MipModel.solve`).
+
+    ``workers > 1`` solves those points in that many processes (spawned; each builds the
+    model once and takes the next point as it finishes one; the incumbent is the best
+    child of the tighter points done by then). Every point is solved to the same gap as
+    alone, so the answers are the same optimum within the gap whatever the number of
+    workers. Scripts that call it with ``workers > 1`` need the usual
+    ``if __name__ == "__main__":`` guard of process pools.
+
+    Results come back in the order of ``values``; ``progress(i, result)`` is called as each
+    point is done. Infeasible points carry their explanation in ``message``."""
     bl = [b if isinstance(b, Budget) else Budget.parse(b) for b in budgets]
     library.kind(key)
     vals = [float(v) for v in values]
     if not vals:
         raise InputError("sweep needs at least one value")
+    if int(workers) < 1:
+        raise InputError(f"sweep workers must be >= 1, got {workers!r}")
     idx = next((i for i, b in enumerate(bl) if b.key == key and b.hi is not None), None)
     if idx is None:
         bl.append(Budget(key, None, max(vals)))
@@ -173,25 +206,79 @@ def sweep(
 
     order = sorted(range(len(vals)), key=lambda j: vals[j])
     loosest = order[-1]
-    m.set_budget(idx, lo, vals[loosest])
-    top = explained(m, m.solve(), max_resolves=0)  # shortest-path explanation only
-    done_point(loosest, top)
-    prev: np.ndarray | None = None
-    for i in order[:-1]:
-        if top.status == "optimal" and top.totals[key] <= vals[i]:
-            done_point(i, replace(top, seconds=0.0, message=(
-                f"the child at {key}<={vals[loosest]:g} meets this bound: same optimum")))
-            continue
-        m.set_budget(idx, lo, vals[i])
-        res = explained(m, m.solve(incumbent=prev), max_resolves=0)
-        done_point(i, res)
-        if res.ok:
-            prev = res.chosen
+    pool = None
+    if int(workers) > 1 and len(vals) > 2:
+        # the workers start (imports, model) while this process solves the loosest point
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        n = min(int(workers), len(vals) - 1)
+        pool = ProcessPoolExecutor(
+            n, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_sweep_worker_init,
+            initargs=(library, m.objective, bl, m.counts, m.pin, m.forbid, m.opts, idx, lo))
+        for _ in range(n):
+            pool.submit(_sweep_worker_solve, None, None)
+    try:
+        m.set_budget(idx, lo, vals[loosest])
+        top = explained(m, m.solve(), max_resolves=0)  # shortest-path explanation only
+        done_point(loosest, top)
+        todo = []
+        for i in order[:-1]:
+            if top.status == "optimal" and top.totals[key] <= vals[i]:
+                done_point(i, replace(top, seconds=0.0, message=(
+                    f"the child at {key}<={vals[loosest]:g} meets this bound: same optimum")))
+            else:
+                todo.append(i)
+        if pool is not None and len(todo) > 1:
+            _sweep_parallel(pool, n, vals, todo, m.objective.sense, done_point)
+        else:
+            prev: np.ndarray | None = None
+            for i in todo:
+                m.set_budget(idx, lo, vals[i])
+                res = explained(m, m.solve(incumbent=prev), max_resolves=0)
+                done_point(i, res)
+                if res.ok:
+                    prev = res.chosen
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     done = [r for r in results if r is not None]
     pts = [(r.totals[key], r.objective) for r in done if r.ok and r.objective is not None]
     ok_idx = [i for i, r in enumerate(done) if r.ok and r.objective is not None]
     front = [ok_idx[j] for j in pareto_front(pts, m.objective.sense)]  # type: ignore[arg-type]
     return Sweep(key, vals, done, front)
+
+
+def _sweep_parallel(pool: Any, n: int, vals: list[float], todo: list[int], sense: str,
+                    done_point: Callable[[int, Result], None]) -> None:
+    """Hand the points ``todo`` (tightest first) to ``pool``'s ``n`` workers one at a time; each
+    goes with the best child found so far at a tighter bound (feasible at its own)."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    sgn = 1.0 if sense == "min" else -1.0
+    found: list[tuple[float, float, np.ndarray]] = []  # (bound, sgn * objective, chosen)
+    queue = list(todo)
+    running: dict[Any, int] = {}
+
+    def submit() -> None:
+        i = queue.pop(0)
+        tighter = [(o, c) for v, o, c in found if v <= vals[i]]
+        inc = min(tighter, key=lambda t: t[0])[1] if tighter else None
+        running[pool.submit(_sweep_worker_solve, vals[i], inc)] = i
+
+    while queue and len(running) < n:
+        submit()
+    while running:
+        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+        for f in finished:
+            i = running.pop(f)
+            res = f.result()
+            done_point(i, res)
+            if res.ok and res.objective is not None:
+                found.append((vals[i], sgn * res.objective, res.chosen))
+        while queue and len(running) < n:
+            submit()
 
 
 def best_of(
