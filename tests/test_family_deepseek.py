@@ -441,3 +441,31 @@ def test_hub_mtp_layer_tensors_are_skipped_others_refused(tmp_path):
     save_file(sd, str(f), metadata={"format": "pt"})
     with pytest.raises(InputError, match="unexpected tensor model.layers.4"):
         load_pretrained(tmp_path)
+
+
+def test_build_cli_streams_a_transformers_parent(tmp_path, capsys):
+    """``puzzle-nas build --parent`` on a folder transformers wrote (bf16, sharded): a child
+    with a smaller latent, fewer heads and fewer experts builds block by block from the
+    streamed parent, and its init report names the SVD / head / expert rules."""
+    torch = pytest.importorskip("torch")
+    from nas.build import load_pretrained
+    from nas.cli import main
+
+    theirs = _hf_tiny().to(torch.bfloat16)
+    theirs.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
+    arch = load_config(tmp_path / "hf")
+    blocks = list(arch.blocks)
+    blocks[2] = blocks[2].model_copy(update={"kv_lora_rank": 8, "num_heads": 2})
+    blocks[3] = blocks[3].model_copy(update={"num_experts": 4, "n_group": 2, "topk_group": 1})
+    child_cfg = tmp_path / "child.json"
+    child_cfg.write_text(json.dumps(to_hf(arch.replace_blocks(blocks))))
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps(torch.randint(2, 96, (2, 16)).tolist()))
+    assert main(["build", str(child_cfg), "--parent", str(tmp_path / "hf"), "--calib",
+                 str(calib), "-o", str(tmp_path / "child")]) == 0
+    out = capsys.readouterr().out
+    assert "kv_lora_rank 16 -> 8 by SVD" in out and "heads 4 -> 2" in out
+    assert "experts 8 -> 4" in out
+    child = load_pretrained(tmp_path / "child")
+    assert child.embed.weight.dtype == torch.bfloat16
+    assert child.arch.blocks == tuple(blocks)

@@ -154,7 +154,7 @@ def _hf_tiny(seed: int = 0):
     cfg = transformers.GptOssConfig(
         vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, intermediate_size=16, num_local_experts=4,
-        num_experts_per_tok=2, sliding_window=4, max_position_embeddings=256,
+        num_experts_per_tok=2, sliding_window=4, max_position_embeddings=512,
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0,
         swiglu_limit=1.5,
         rope_parameters={"rope_type": "yarn", "rope_theta": 1.5e5, "factor": 8.0,
