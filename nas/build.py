@@ -134,6 +134,10 @@ def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool =
                          "(pip install transformers)") from None
     cfg = _export_config(model, model_type)
     mt = cfg["model_type"]
+    if "puzzle_layers" in cfg:  # nas.hf.qwen3_next's extension for heterogeneous children
+        raise InputError(f"this {mt} child has per-layer shapes (the puzzle_layers "
+                         "extension), which transformers' class cannot hold; save it with "
+                         "save_pretrained and load it here")
     try:
         hcfg = transformers.AutoConfig.for_model(**cfg)
         cls = transformers.AutoModelForCausalLM._model_mapping[type(hcfg)]

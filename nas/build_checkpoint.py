@@ -62,7 +62,8 @@ def _mixer_name(sub: str, mt: str, attn_slot: bool) -> str:
     """HF name of a mixer parameter (internal name ``sub``) for type ``mt``."""
     if mt == "nemotron-nas" and sub == "linear.weight":
         return "linear_attn.weight" if attn_slot else "linear_mlp.weight"
-    if mt in ("qwen2_moe", "qwen3_next") and sub.startswith("shared_experts."):
+    if mt in ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe") \
+            and sub.startswith("shared_experts."):
         return "shared_expert." + sub[len("shared_experts."):]
     return sub
 

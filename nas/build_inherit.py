@@ -341,13 +341,20 @@ def _deltanet(p: DeltaNetMixer, c: DeltaNetMixer, pc: DeltaNet, cc: DeltaNet,
         ba_a.append(g * 2 * rp + rp + loc.to(dev))
         vheads.append(g * rp + loc.to(dev))
     heads = torch.cat(vheads)
-    _copy(c.in_proj_qkvz.weight, p.in_proj_qkvz.weight[torch.cat(rows)])
-    # in_proj rows are grouped per key head; the conv's channels are [q | k | v] by kind
-    _copy(c.in_proj_ba.weight, p.in_proj_ba.weight[torch.cat(
-        [torch.cat([b, a]) for b, a in zip(ba_b, ba_a)])])
     kch = (groups.to(dev)[:, None] * dk + ar_k).reshape(-1)
     vch_all = (heads[:, None] * dv + ar_v).reshape(-1)
     conv_idx = torch.cat([kch, kp * dk + kch, 2 * kp * dk + vch_all])
+    if p.split != c.split:
+        return "random (projection layouts differ)"
+    if p.split:  # Qwen3.5: [q | k | v] rows as in the conv, z per value channel, b / a per head
+        _copy(c.in_proj_qkv.weight, p.in_proj_qkv.weight[conv_idx])
+        _copy(c.in_proj_z.weight, p.in_proj_z.weight[vch_all])
+        _copy(c.in_proj_b.weight, p.in_proj_b.weight[heads])
+        _copy(c.in_proj_a.weight, p.in_proj_a.weight[heads])
+    else:  # Qwen3-Next: in_proj rows grouped per key head, [q | k | v | z] and [b | a]
+        _copy(c.in_proj_qkvz.weight, p.in_proj_qkvz.weight[torch.cat(rows)])
+        _copy(c.in_proj_ba.weight, p.in_proj_ba.weight[torch.cat(
+            [torch.cat([b, a]) for b, a in zip(ba_b, ba_a)])])
     _copy(c.conv1d.weight, p.conv1d.weight[conv_idx])
     for name in ("dt_bias", "A_log"):
         _copy(getattr(c, name), getattr(p, name)[heads])

@@ -353,3 +353,97 @@ def test_shipped_example_search_runs(tmp_path):
     child = from_hf(bp["child"])
     assert child.model_type == "qwen3_next" and child.param_counts().total == \
         bp["params"]["child_total"]
+
+
+# ---- Qwen3.5 MoE (qwen3_5_moe / qwen3_5_moe_text) ---------------------------------------
+CONFIG35 = Path(__file__).parent / "data" / "configs" / "qwen3.5-35b-a3b.json"
+
+
+def test_qwen35_counts_and_round_trip():
+    """Qwen3.5-35B-A3B (text_config as on the Hub; model card
+    https://huggingface.co/Qwen/Qwen3.5-35B-A3B: 35B total, 3B activated).
+
+    The language model counts 34,660,610,688 (MTP not counted); the vision tower of the
+    image-text wrapper is not modeled: by its vision_config (27 ViT blocks of width 1152,
+    MLP 4304, patch embedding, 2304 position embeddings, a 2x2 merger into 2048) it is about
+    0.45B, which brings the total to about 35.1B = the published 35B. Active: 2,946,429,568
+    without the input embedding (the LM head computes every token) = the published 3B.
+    """
+    from nas.hf import ExportError
+
+    arch = load_config(CONFIG35)
+    assert arch.model_type == "qwen3_5_moe" and arch.kind_counts() == {
+        "deltanet": 30, "attention": 10, "moe": 40}
+    pc = arch.param_counts()
+    assert pc.total == 34_660_610_688
+    assert pc.active_without_embeddings == 2_946_429_568
+    assert round(pc.active_without_embeddings / 1e9) == 3
+    assert arch.blocks[6].rope_dim == 64 and arch.blocks[1].norm_topk
+    with pytest.raises(ExportError, match="vision tower"):
+        to_hf(arch, "qwen3_5_moe")
+    cfg = to_hf(arch)
+    assert cfg["model_type"] == "qwen3_5_moe_text" and "vision_config" not in cfg
+    text = from_hf(cfg)
+    assert text.blocks == arch.blocks and text.param_counts().total == pc.total
+    with pytest.raises(ExportError, match="split"):  # the tensors are laid out differently
+        to_hf(load_config(CONFIG), "qwen3_5_moe_text")
+
+
+def _hf35_model(seed: int = 0):
+    from test_hf_parity import randomize
+
+    cfg = transformers.Qwen3_5MoeTextConfig(
+        vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=6, linear_conv_kernel_dim=4, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        layer_types=["linear_attention", "full_attention", "linear_attention",
+                     "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                         "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
+                         "mrope_interleaved": True})
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize(m, seed)
+    return m.eval()
+
+
+def test_qwen35_parity_both_ways(tmp_path):
+    from test_hf_parity import _check, _prompt, randomize
+
+    from nas.build import build_model, load_pretrained, save_pretrained, to_transformers
+
+    theirs = _hf35_model()
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf").eval()
+    assert ours.arch.model_type == "qwen3_5_moe_text" and ours.blocks[0].mixer.split
+    _check(ours, theirs, _prompt())
+    mine = build_model(ours.arch, seed=3).eval()
+    randomize(mine, 7)
+    save_pretrained(mine, tmp_path / "ours")
+    back, info = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    _check(mine, back.eval(), _prompt(3))
+    _check(mine, to_transformers(mine).eval(), _prompt(4))
+
+
+def test_qwen35_init_fewer_heads_split_layout():
+    """The head-pruning rule on the split layout: dead value heads 1 and 3 dropped exactly."""
+    from test_hf_parity import randomize
+
+    from nas.build import from_transformers, init_from_parent
+
+    parent = from_transformers(_hf35_model(2)).eval()
+    randomize(parent, 3)
+    with torch.no_grad():
+        for h in (1, 3):
+            parent.blocks[0].mixer.out_proj.weight[:, h * 6:(h + 1) * 6] = 0.0
+    blocks = list(parent.arch.blocks)
+    blocks[0] = blocks[0].model_copy(update={"num_v_heads": 2})
+    calib = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
+    child = init_from_parent(parent.arch.replace_blocks(blocks), parent, calib)
+    with torch.no_grad():
+        assert float((child(calib) - parent(calib)).abs().max()) < 1e-4

@@ -247,7 +247,7 @@ def read_rope(r: Reader, mt: str) -> tuple[float, dict[str, Any] | None]:
     return theta, out
 
 
-HYBRID_ATTENTION_TYPES: set[str] = {"qwen3_next"}
+HYBRID_ATTENTION_TYPES: set[str] = {"qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"}
 """Dialects whose writer holds zero-centred norms, gated attention, partial rotary and
 Gated DeltaNet blocks; :func:`base_config` refuses those features for every other type
 (they would be silently dropped)."""

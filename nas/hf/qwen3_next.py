@@ -12,6 +12,16 @@ Defaults are transformers' ``Qwen3NextConfig`` ones where a key is absent
 (``full_attention_interval`` 4, ``partial_rotary_factor`` 0.25, ``head_dim`` 256, the
 ``linear_*`` sizes of the 80B model, 512 experts top-10, ...).
 
+``qwen3_5_moe_text`` (Qwen3.5 MoE, e.g. Qwen3.5-35B-A3B's language model) is the same
+family with its own defaults (256 experts top-8, 40 layers, vocabulary 248,320), every layer
+MoE with normalized top-k, and the DeltaNet input projections stored split
+(``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``). Its RoPE is multimodal
+(``mrope_section``): a text token has the same position on all three axes, so it equals
+plain partial RoPE, which is what is computed. ``qwen3_5_moe`` (the image-text wrapper:
+``text_config`` + ``vision_config``) reads the language model from ``text_config``; the
+vision tower is not modeled (not counted, not searched, not built), and a child exports as
+the text-only ``qwen3_5_moe_text``.
+
 Extension (written only when a searched child no longer has one shape per kind; stock
 transformers cannot load such a file, this library reads it back exactly):
 ``puzzle_layers``: one ``{"mixer": <block>, "mlp": <block>}`` per layer, each block the JSON
@@ -75,9 +85,49 @@ def _layer_types(r: Reader, n: int) -> list[str]:
     return types
 
 
+_QWEN35 = ("qwen3_5_moe_text", "qwen3_5_moe")
+# transformers' per-type defaults where they differ between the two families
+_DEFAULTS = {
+    "qwen3_next": dict(layers=48, experts=512, top_k=10),
+    "qwen3_5_moe_text": dict(layers=40, experts=256, top_k=8),
+}
+
+
+def _strip_mrope(r: Reader, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5's M-RoPE keys: for text (equal positions on the three axes) they change
+    nothing; consumed so that the shared RoPE reader sees plain partial RoPE."""
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and ({"mrope_section", "mrope_interleaved"} & set(rp)):
+        cfg = dict(cfg, rope_parameters={k: v for k, v in rp.items()
+                                         if k not in ("mrope_section", "mrope_interleaved")})
+    for k in ("mrope_section", "mrope_interleaved"):
+        if k in cfg:
+            r.used.add(k)
+            cfg = {kk: v for kk, v in cfg.items() if kk != k}
+    return cfg
+
+
 def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+    if mt == "qwen3_5_moe":  # the image-text wrapper: its language model
+        text = r0.raw("text_config")
+        if not isinstance(text, dict):
+            raise r0.err("text_config", "expected an object (the language model's config)")
+        tmt = text.get("model_type", "qwen3_5_moe_text")
+        if tmt != "qwen3_5_moe_text":
+            raise r0.err("text_config.model_type", f"expected 'qwen3_5_moe_text', got {tmt!r}")
+        sub = Reader(dict(text), r0.source, prefix="text_config.")
+        sub.used.update({"model_type", "architectures", "torch_dtype", "dtype",
+                         "transformers_version"})
+        blocks, mtp, kw = _read(sub, "qwen3_5_moe_text")
+        r0.used.update(r0.cfg)  # vision tower and multimodal token ids: not modeled
+        kw["_extra"] = {**{k: v for k, v in text.items() if k not in sub.used},
+                        **kw.get("_extra", {})}
+        return blocks, mtp, kw
     factor, cfg = _partial_rotary(r0)
-    r = Reader(cfg, r0.source)
+    r = Reader(cfg, r0.source, r0.prefix)
+    if mt in _QWEN35:
+        cfg = _strip_mrope(r, cfg)
+        r.cfg = cfg
     try:
         return _read_rest(r, mt, factor)
     finally:
@@ -86,9 +136,14 @@ def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, An
 
 def _read_rest(r: Reader, mt: str, factor: float
                ) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+    q35 = mt in _QWEN35
+    dflt = _DEFAULTS["qwen3_5_moe_text" if q35 else "qwen3_next"]
     kw = common_fields(r, "rms_norm_eps", 1e-6, mt)
     kw["norm_unit_offset"] = True
-    n = r.int("num_hidden_layers", 48)
+    n = r.int("num_hidden_layers", dflt["layers"])
+    if q35 and not r.bool("attn_output_gate", True):
+        raise r.err("attn_output_gate", "transformers' Qwen3.5 attention is always gated; "
+                    "false is not computed")
     heads = r.int("num_attention_heads", 16)
     head_dim = r.int("head_dim", 256)
     rope_dim = int(head_dim * factor)
@@ -97,7 +152,7 @@ def _read_rest(r: Reader, mt: str, factor: float
                     "rotated channels; expected an even number >= 2")
     act = r.str("hidden_act", "silu")
     if act != "silu":
-        raise r.err("hidden_act", f"Qwen3-Next's DeltaNet conv and experts use silu; got "
+        raise r.err("hidden_act", f"{mt}'s DeltaNet conv and experts use silu; got "
                     f"{act!r}")
     bias = r.bool("attention_bias", False)
     att = make_block(Attention, r, num_heads=heads,
@@ -110,19 +165,24 @@ def _read_rest(r: Reader, mt: str, factor: float
                     head_v_dim=r.int("linear_value_head_dim", 128),
                     conv_kernel=r.int("linear_conv_kernel_dim", 4))
     types = _layer_types(r, n)
-    n_exp = r.int("num_experts", 512, minimum=0)
-    step = r.int("decoder_sparse_step", 1)
-    mlp_only = r.raw("mlp_only_layers", [])
-    if not isinstance(mlp_only, list) or not all(isinstance(i, int) for i in mlp_only):
-        raise r.err("mlp_only_layers", "expected a list of layer indices")
-    moe_layers = {i for i in range(n) if n_exp > 0 and i not in mlp_only and (i + 1) % step == 0}
+    n_exp = r.int("num_experts", dflt["experts"], minimum=0 if not q35 else 1)
+    if q35:  # every layer MoE, top-k always renormalized
+        moe_layers = set(range(n))
+    else:
+        step = r.int("decoder_sparse_step", 1)
+        mlp_only = r.raw("mlp_only_layers", [])
+        if not isinstance(mlp_only, list) or not all(isinstance(i, int) for i in mlp_only):
+            raise r.err("mlp_only_layers", "expected a list of layer indices")
+        moe_layers = {i for i in range(n)
+                      if n_exp > 0 and i not in mlp_only and (i + 1) % step == 0}
     moe = None
     if moe_layers:
         shared = r.int("shared_expert_intermediate_size", 512)
-        moe = make_block(MoE, r, num_experts=n_exp, top_k=r.int("num_experts_per_tok", 10),
+        moe = make_block(MoE, r, num_experts=n_exp,
+                         top_k=r.int("num_experts_per_tok", dflt["top_k"]),
                          expert_width=r.int("moe_intermediate_size", 512), shared_width=shared,
                          shared_gate=True, activation=act,
-                         norm_topk=r.bool("norm_topk_prob", True))
+                         norm_topk=True if q35 else r.bool("norm_topk_prob", True))
     ffn = make_block(FFN, r, width=r.int("intermediate_size", 5632), gated=True,
                      activation=act) if len(moe_layers) < n else None
     layers = r.raw("puzzle_layers", None)
@@ -154,32 +214,44 @@ def _read_layers(r: Reader, layers: Any, n: int) -> list[_Block]:
 
 
 def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
+    q35 = mt in _QWEN35
+    if mt == "qwen3_5_moe":
+        raise ExportError("qwen3_5_moe's vision tower is not modeled; the language model "
+                          "exports as qwen3_5_moe_text")
+    if q35 != arch.model_type.startswith("qwen3_5"):
+        raise ExportError(f"{mt} stores the DeltaNet projections "
+                          + ("split" if q35 else "fused") + f"; this {arch.model_type!r} "
+                          "model's tensors are laid out the other way")
     if not arch.norm_unit_offset:
-        raise ExportError("qwen3_next has zero-centred norms (norm_unit_offset)")
+        raise ExportError(f"{mt} has zero-centred norms (norm_unit_offset)")
     b = arch.blocks
     if len(b) % 2 or not b:
-        raise ExportError("qwen3_next needs (token mixer, mlp) pairs")
+        raise ExportError(f"{mt} needs (token mixer, mlp) pairs")
     mixers, mlps = b[0::2], b[1::2]
     ok_mixer = (DeltaNet, Attention)
     for m in mixers:
         if isinstance(m, Attention) and not (m.output_gate and m.qk_norm and m.rope
                                              and m.qkv_bias == m.o_bias
                                              and m.sliding_window is None):
-            raise ExportError("qwen3_next attention is gated, q/k-normed, RoPE, full, with "
+            raise ExportError(f"{mt} attention is gated, q/k-normed, RoPE, full, with "
                               "one attention_bias flag")
         if isinstance(m, MoE | FFN):
-            raise ExportError("qwen3_next has a token mixer at every even position")
+            raise ExportError(f"{mt} has a token mixer at every even position")
     for m in mlps:
         if isinstance(m, MoE) and not (m.gated and m.router == "softmax" and not m.router_bias
                                        and not m.latent_size and m.routed_scaling == 1.0
                                        and m.shared_gate and m.shared_width
                                        and m.activation == "silu"):
-            raise ExportError("qwen3_next experts are SwiGLU with a softmax router and a gated "
+            raise ExportError(f"{mt} experts are SwiGLU with a softmax router and a gated "
                               "shared expert")
-        if isinstance(m, FFN) and not (m.gated and not m.bias and m.activation == "silu"):
-            raise ExportError("qwen3_next dense MLPs are SwiGLU without bias")
+        if isinstance(m, MoE) and q35 and not m.norm_topk:
+            raise ExportError(f"{mt} always renormalizes the top-k routing weights")
+        if isinstance(m, FFN) and (q35 or not (m.gated and not m.bias
+                                              and m.activation == "silu")):
+            raise ExportError(f"{mt} dense MLPs are SwiGLU without bias"
+                              + (" (and qwen3_5_moe_text has none)" if q35 else ""))
         if isinstance(m, Attention | DeltaNet):
-            raise ExportError("qwen3_next has an MLP at every odd position")
+            raise ExportError(f"{mt} has an MLP at every odd position")
     dns = [m for m in mixers if isinstance(m, DeltaNet)]
     atts = [m for m in mixers if isinstance(m, Attention)]
     moes = [m for m in mlps if isinstance(m, MoE)]
@@ -209,11 +281,14 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
         m0 = moes[0]
         out.update(num_experts=m0.num_experts, num_experts_per_tok=m0.top_k,
                    moe_intermediate_size=m0.expert_width,
-                   shared_expert_intermediate_size=m0.shared_width, norm_topk_prob=m0.norm_topk,
-                   decoder_sparse_step=1,
-                   mlp_only_layers=[i for i, m in enumerate(mlps) if isinstance(m, FFN)])
-    else:
+                   shared_expert_intermediate_size=m0.shared_width)
+        if not q35:
+            out.update(norm_topk_prob=m0.norm_topk, decoder_sparse_step=1,
+                       mlp_only_layers=[i for i, m in enumerate(mlps) if isinstance(m, FFN)])
+    elif not q35:
         out.update(num_experts=0, mlp_only_layers=[])
+    if q35:
+        out["attn_output_gate"] = True
     if ffns:
         out["intermediate_size"] = ffns[0].width
     if not stock:
@@ -224,3 +299,9 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
 
 register(Dialect(model_type=MODEL_TYPE, architecture="Qwen3NextForCausalLM", read=_read,
                  write=_write))
+register(Dialect(model_type="qwen3_5_moe_text", architecture="Qwen3_5MoeForCausalLM",
+                 read=_read, write=_write))
+# read-only in effect: its writer refuses (the vision tower is not modeled) and a model
+# exports through the fallback as the text-only type and class
+register(Dialect(model_type="qwen3_5_moe", architecture="Qwen3_5MoeForCausalLM",
+                 read=_read, write=_write, fallbacks=("qwen3_5_moe_text",)))

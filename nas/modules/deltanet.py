@@ -19,6 +19,10 @@ Parameters, as transformers' ``Qwen3NextGatedDeltaNet`` names and lays them out:
 * ``dt_bias (nv)``, ``A_log (nv)``, ``norm.weight (dv)`` (gated RMSNorm ``w * norm(o) *
   silu(z)`` per head), ``out_proj.weight (h, V)``.
 
+``split=True`` takes the Qwen3.5 layout instead (transformers' ``Qwen3_5GatedDeltaNet``):
+``in_proj_qkv (2K + V, h)`` already in conv order, ``in_proj_z (V, h)``, ``in_proj_b (nv,
+h)``, ``in_proj_a (nv, h)``; same numerics and parameter count.
+
 Whole sequences run the chunked form (:func:`gated_delta_chunked`: within a chunk the
 delta-rule corrections are one unit-lower-triangular solve, across chunks a recurrence
 over states); one-token decode steps run :func:`gated_delta_step` on the carried state.
@@ -154,15 +158,21 @@ class DeltaNetMixer(nn.Module):
     """
 
     def __init__(self, cfg: DeltaNet, hidden: int, eps: float = 1e-6,
-                 chunk: int = DEFAULT_CHUNK):
+                 chunk: int = DEFAULT_CHUNK, split: bool = False):
         super().__init__()
-        self.cfg, self.chunk = cfg, chunk
+        self.cfg, self.chunk, self.split = cfg, chunk, split
         nk, nv, dk, dv = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
         self.key_dim, self.value_dim = nk * dk, nv * dv
         self.conv_dim = 2 * self.key_dim + self.value_dim
-        self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim,
-                                      bias=False)
-        self.in_proj_ba = nn.Linear(hidden, 2 * nv, bias=False)
+        if split:
+            self.in_proj_qkv = nn.Linear(hidden, self.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
+            self.in_proj_b = nn.Linear(hidden, nv, bias=False)
+            self.in_proj_a = nn.Linear(hidden, nv, bias=False)
+        else:
+            self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim,
+                                          bias=False)
+            self.in_proj_ba = nn.Linear(hidden, 2 * nv, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.conv_kernel, bias=False,
                                 groups=self.conv_dim, padding=cfg.conv_kernel - 1)
         self.dt_bias = nn.Parameter(torch.ones(nv))
@@ -175,6 +185,9 @@ class DeltaNetMixer(nn.Module):
         cfg = self.cfg
         bsz, n, _ = x.shape
         nk, dk, dv = cfg.num_k_heads, cfg.head_k_dim, cfg.head_v_dim
+        if self.split:
+            return (self.in_proj_qkv(x), self.in_proj_z(x).view(bsz, n, cfg.num_v_heads, dv),
+                    self.in_proj_b(x), self.in_proj_a(x))
         r = cfg.num_v_heads // nk
         qkvz = self.in_proj_qkvz(x).view(bsz, n, nk, 2 * dk + 2 * r * dv)
         q, k, v, z = torch.split(qkvz, [dk, dk, r * dv, r * dv], dim=-1)
@@ -232,7 +245,9 @@ class DeltaNetMixer(nn.Module):
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
         """Normal ``std`` projections and conv, ``out_std`` output; ``dt_bias`` 1 and ``A``
         uniform in [1, 16] (transformers' init), unit gated-norm weight."""
-        for lin in (self.in_proj_qkvz, self.in_proj_ba):
+        ins = (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a) \
+            if self.split else (self.in_proj_qkvz, self.in_proj_ba)
+        for lin in ins:
             nn.init.normal_(lin.weight, std=std)
         nn.init.normal_(self.conv1d.weight, std=std)
         nn.init.normal_(self.out_proj.weight, std=out_std)

@@ -44,8 +44,9 @@ def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
     if isinstance(cfg, Attention):
         return AttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps,
                               arch.hf_extra.get("rope_scaling"), arch.norm_unit_offset)
-    if isinstance(cfg, DeltaNet):
-        return DeltaNetMixer(cfg, h, arch.norm_eps)
+    if isinstance(cfg, DeltaNet):  # Qwen3.5 stores the input projections split
+        return DeltaNetMixer(cfg, h, arch.norm_eps,
+                             split=arch.model_type.startswith("qwen3_5"))
     if isinstance(cfg, Mamba):
         extra = arch.hf_extra
         lim = extra.get("time_step_limit") or [0.0, math.inf]
