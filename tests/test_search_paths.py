@@ -211,3 +211,45 @@ def test_constraints_leave_the_library_unchanged():
     child = search.child_arch(problem, lib, res.chosen, alts)
     assert predict(child, problem)["long"]["max_concurrency"] >= 1.5 * parent_n
     assert lib.costs.keys() == costs.keys()
+
+
+# ---- sweep by start / stop -------------------------------------------------------------------
+def _sweep_spec(sweep: dict) -> dict:
+    return llama_spec(budgets=[{"metric": "throughput", "workload": "chat", "min": "130%"}],
+                      solver={"gap": 1e-6, "sweep": {"budget": 0, **sweep}})
+
+
+def test_sweep_start_stop_grid_and_points():
+    """start/stop/num is the evenly spaced grid, relative bounds kept relative; every point
+    is the child a plain spec with that bound gets (solved on its own, not by the sweep)."""
+    spec = _sweep_spec({"start": "130%", "stop": "160%", "num": 3})
+    problem = search.resolve(parse_spec(spec), ".")
+    assert search.sweep_values(problem) == ["130%", "145%", "160%"]
+    alts = search.alternatives(problem)
+    priced = search.price(problem, alts, progress=False)
+    q, _ = search.score(problem, alts)
+    lib = search.build_library(problem, alts, priced, q)
+    cons = search.constraints(problem, lib, priced)
+    out = search.run_sweep(problem, lib, cons, priced)
+    assert [p["value"] for p in out["points"]] == ["130%", "145%", "160%"]
+    for p in out["points"]:
+        one = llama_spec(budgets=[{"metric": "throughput", "workload": "chat",
+                                   "min": p["value"]}], solver={"gap": 1e-6})
+        _, _, _, res, _ = solve_spec(one)
+        assert p["status"] == res.status == "optimal"
+        assert p["quality"] == pytest.approx(res.totals["quality"], rel=2e-6)
+    # absolute ends give numbers (tok/s), the same linspace
+    absolute = search.resolve(parse_spec(_sweep_spec(
+        {"start": "30000 tok/s", "stop": "45000 tok/s", "num": 4})), ".")
+    assert search.sweep_values(absolute) == pytest.approx([30000.0, 35000.0, 40000.0, 45000.0])
+
+
+@pytest.mark.parametrize("sweep,match", [
+    ({"start": "130%", "stop": "45000 tok/s"}, "both be absolute or both relative"),
+    ({"start": "130%"}, "give values, or start and stop"),
+])
+def test_sweep_start_stop_errors(sweep, match):
+    problem = search.resolve(parse_spec(_sweep_spec(sweep)), ".")
+    with pytest.raises(InputError, match=match) as exc:
+        search.sweep_values(problem)
+    assert "solver.sweep" in str(exc.value)
