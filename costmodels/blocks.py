@@ -221,10 +221,11 @@ class _Pricing:
                          roof.memory(b, self.eff.state_io()), k)
 
     def grouped_t(self, fb: tuple, dtype: str, k: float | np.ndarray, decode: bool,
-                  tpe: np.ndarray) -> np.ndarray:
+                  tpe: np.ndarray, kinv: float | np.ndarray = 1.0) -> np.ndarray:
         # many tokens per expert (prefill): compute at the grouped-GEMM fraction of peak and
         # plain streaming; few tokens per expert (decode): weight streaming at the grouped
-        # decode fraction of bandwidth.
+        # decode fraction of bandwidth. ``kinv``: 1 / the reduction-length factor
+        # (``grouped_matmul_k``), FLOP-weighted over the up and down GEMMs.
         f, b = fb
         roof, eff = self.roof, self.eff
         mem = roof.memory(b, eff.grouped_matmul_decode if decode else None)
@@ -232,7 +233,18 @@ class _Pricing:
             inv_c = 1.0 / (self.hw.peak(dtype) * eff.grouped_matmul_tokens.at(tpe))
         else:
             inv_c = roof.compute(dtype, eff.grouped_matmul_prefill, f)
-        return roof.time(f, b, inv_c, mem, k)
+        return roof.time(f, b, inv_c * kinv, mem, k)
+
+    def grouped_kinv(self, e_in: np.ndarray, width: np.ndarray, mats: np.ndarray
+                     ) -> float | np.ndarray:
+        """``1 / g`` of the routed experts' GEMMs under the profile's reduction-length curve
+        ``g = grouped_matmul_k`` (1 without one): the up GEMM(s) reduce over ``e_in``, the
+        down GEMM over the (per-GPU) expert width; weighted by their FLOPs,
+        ``((mats - 1) / g(e_in) + 1 / g(width)) / mats``."""
+        g = self.eff.grouped_matmul_k
+        if g is None:
+            return 1.0
+        return ((mats - 1.0) / g.at(e_in) + 1.0 / g.at(width)) / mats
 
 
 class _Rows:
@@ -337,6 +349,7 @@ def _price_moe(c: _Pricing, r: _Rows) -> None:
     has_lat = (L > 0).astype(np.float64)
     has_sh = (Sw > 0).astype(np.float64)
     link = c.link
+    kinv = c.grouped_kinv(e_in, F, mats)  # expert width enters through the down GEMM's K
     for _, _, T, out in r.steps:
         router = ops.gemm(T, h, E, wo, a)
         lat = _scale(_add(ops.gemm(T, h, L, wo, a), ops.gemm(T, L, h, wo, a)), has_lat)
@@ -347,7 +360,7 @@ def _price_moe(c: _Pricing, r: _Rows) -> None:
         imb = c.imbalance if ep > 1 else 1.0  # the busiest EP rank sets the step
         out.append(c.grouped_t((fr * imb / ep, br * imb / ep),
                                c.cd[TensorRole.ROUTED_EXPERTS], K_EXPERTS * (E > 0),
-                               decode=out is r.out_d, tpe=tpe))
+                               decode=out is r.out_d, tpe=tpe, kinv=kinv))
         # permute into expert order and un-permute (weighted scatter) per routed token
         out.append(c.elem_t(_scale(ops.moe_permute(Tx, k, e_in, a, ep), (E > 0) * 1.0),
                             K_PERMUTE * (E > 0)))

@@ -13,8 +13,11 @@ per-model or per-point factor:
 * efficiency fractions (dense GEMM per compute dtype, attention math, attention KV reads,
   Mamba state I/O, grouped GEMM prefill/decode, memory streaming, link), each inside the
   physical range of :data:`BOUNDS` (all within (0, 1]);
-* the per-kernel overhead (0-10 us), the engine's per-step (0-5 ms) and per-request
-  (0-10 ms) host overheads, and the MoE routing imbalance under expert parallelism (1-1.5).
+* the MoE grouped GEMM's compute fraction vs tokens per expert (``grouped_matmul_tokens``:
+  its peak scales, its shape, fitted to DeepGEMM's published tables, stays);
+* the per-kernel overhead (0-10 us), the interconnect's per-collective latency (2-30 us),
+  the engine's per-step (0-5 ms) and per-request (0-10 ms) host overheads, and the MoE
+  routing imbalance under expert parallelism (1-1.5).
 
 The objective is the sum of squared log errors (``log(predicted / measured)``: a relative
 error, symmetric in over- and under-prediction), minimized by ``scipy.optimize
@@ -176,17 +179,33 @@ class Param:
 
 
 BOUNDS: dict[str, tuple[float, float, str]] = {
-    "matmul": (0.40, 0.95, "dense GEMM: 40-95 % of peak (FACTS.md s4: 71-80 % measured at "
-               "large sizes; small serving GEMMs fall lower)"),
-    "attention": (0.30, 0.90, "flash attention: FA3 reaches 75 % of BF16 peak on H100"),
+    "matmul": (0.40, 0.95, "dense GEMM: 40-95 % of peak (mamf-finder measures 80 % of BF16 "
+               "peak on H100 SXM and 78 % on B200 at large sizes, Bekman's Machine Learning "
+               "Engineering MAMF table https://github.com/stas00/ml-engineering/tree/master/"
+               "compute/accelerator; small serving GEMMs fall lower)"),
+    "attention": (0.30, 0.90, "flash attention: FlashAttention-3 reaches 75 % of BF16 peak "
+                  "on H100 (Shah et al. 2024, https://arxiv.org/abs/2407.08608)"),
     "attention_decode": (0.40, 0.95, "KV-cache streaming: a fraction of HBM bandwidth"),
     "ssm_state": (0.40, 0.95, "Mamba state streaming: a fraction of HBM bandwidth"),
-    "grouped_matmul_prefill": (0.20, 0.90, "MoE grouped GEMM: 55-66 % prefill on H800"),
-    "grouped_matmul_decode": (0.20, 0.95, "MoE grouped GEMM: 41-62 % decode on H800"),
-    "memory": (0.50, 0.95, "HBM streaming: 80-90 % measured"),
-    "link": (0.40, 0.95, "NVLink: 83-88 % measured for large messages"),
+    "grouped_matmul_prefill": (0.20, 0.90, "MoE grouped GEMM: 55-66 % of FP8 peak in "
+                               "DeepGEMM's contiguous-layout table on H800 "
+                               "(https://github.com/deepseek-ai/DeepGEMM)"),
+    "grouped_matmul_decode": (0.20, 0.95, "MoE grouped GEMM weight streaming: 41-62 % of FP8 "
+                              "peak in DeepGEMM's masked-layout table on H800 "
+                              "(https://github.com/deepseek-ai/DeepGEMM)"),
+    "grouped_matmul_tokens": (0.20, 0.90, "MoE grouped GEMM at many tokens per expert: 70.5 % "
+                              "of FP8 peak, the peak of the fit M/(M+91) * K/(K+637) to "
+                              "DeepGEMM's H800 tables (https://github.com/deepseek-ai/DeepGEMM)"),
+    "memory": (0.50, 0.95, "HBM streaming: NVIDIA AIConfigurator prices memory-bound ops at "
+               "0.8x of HBM bandwidth (https://github.com/ai-dynamo/aiconfigurator)"),
+    "link": (0.40, 0.95, "NVLink: a fraction of the per-direction link rate"),
 }
 """Physical bounds per efficiency (lo, hi, why): no fit may leave them."""
+
+LINK_LATENCY_BOUNDS = (2e-6, 30e-6, "fixed seconds of one collective (all-reduce, all-to-all) "
+                       "inside a node: at least a kernel launch and one NVLink/NVSwitch round "
+                       "trip (a few us), at most a small-message ring over 8 GPUs (tens of us)")
+"""Bounds of the interconnect's per-collective latency (lo, hi, why), seconds."""
 
 
 DEFAULT_ENGINE = "trtllm"
@@ -215,7 +234,13 @@ def parameters(hw: HardwareProfile, engines: Sequence[str] = ()) -> list[Param]:
                 "grouped_matmul_decode", "memory", "link"):
         lo, hi, _ = BOUNDS[key]
         out.append(Param(key.replace("_", " "), ("efficiency", key), lo, hi, True))
+    if hw.efficiency.grouped_matmul_tokens is not None:  # its peak scales; the shape stays
+        lo, hi, _ = BOUNDS["grouped_matmul_tokens"]
+        out.append(Param("grouped matmul tokens", ("efficiency", "grouped_matmul_tokens"),
+                         lo, hi, True))
     out.append(Param("kernel overhead", ("kernel_overhead_s",), 0.0, 10e-6, False))
+    lo, hi, _ = LINK_LATENCY_BOUNDS
+    out.append(Param("link latency", ("interconnect", "latency"), lo, hi, False))
     out.append(Param("engine step overhead", ("step_overhead_s",), 0.0, 5e-3, False))
     out.append(Param("engine request overhead", ("request_overhead_s",), 0.0, 10e-3, False))
     for e in engines:
@@ -242,6 +267,9 @@ def _get(data: dict, p: Param) -> float:
     return float(node["value"])
 
 
+SHAPE_NOTE = "; curve shape (scaled to the fitted peak) from: "
+
+
 def _set(data: dict, p: Param, value: float, source: str) -> None:
     parent = data
     for k in p.path[:-1]:
@@ -254,6 +282,9 @@ def _set(data: dict, p: Param, value: float, source: str) -> None:
             return
         peak = max(f for _, f in cur["points"])
         pts = [[s, min(1.0, max(FLOOR, f * value / peak))] for s, f in cur["points"]]
+        if len(pts) > 1:  # the fit moved the peak; the shape keeps its own source
+            shape = cur["source"].split(SHAPE_NOTE, 1)[-1]
+            source = f"{source}{SHAPE_NOTE}{shape}"
         parent[key] = {"points": pts, "source": source}
     else:
         parent[key] = {"value": value, "source": source}

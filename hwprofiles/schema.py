@@ -124,6 +124,12 @@ class Efficiency(BaseModel):
     grouped_matmul_tokens: EfficiencyCurve | None = None
     """MoE grouped GEMM, fraction of peak FLOP/s vs **routed tokens per expert**
     (``tokens * top_k / experts``, not FLOPs); absent: ``grouped_matmul_prefill``."""
+    grouped_matmul_k: EfficiencyCurve | None = None
+    """MoE grouped GEMM, a factor in (0, 1] on its compute fraction vs the GEMM's
+    **reduction length K** (elements, not FLOPs): the expert input width (hidden or latent)
+    for the up projection, the **expert width** for the down projection. Each output tile
+    pays a fixed prologue/epilogue beside its ``K / BLOCK_K`` main-loop iterations, so a short
+    K reaches a smaller fraction of peak; absent: 1 (no K dependence)."""
 
     def kv_read(self) -> EfficiencyCurve:
         return self.attention_decode or self.memory
@@ -283,7 +289,8 @@ class HardwareProfile(BaseModel):
         for d, c in e.matmul.items():
             rows.append((f"matmul efficiency {d}", _curve_str(c), c.source))
         for key in ("attention", "grouped_matmul_prefill", "grouped_matmul_decode", "memory",
-                    "link", "attention_decode", "ssm_state", "grouped_matmul_tokens"):
+                    "link", "attention_decode", "ssm_state", "grouped_matmul_tokens",
+                    "grouped_matmul_k"):
             c = getattr(e, key)
             if c is None:
                 rows.append((f"{key.replace('_', ' ')} efficiency", "not given", "see schema"))

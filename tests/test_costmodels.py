@@ -104,7 +104,8 @@ def test_nvfp4_on_hopper_saves_bytes_not_math():
     rate = H100.memory_bandwidth.value * H100.efficiency.grouped_matmul_decode.peak_fraction
     assert h8.decode_s[0, 1] - h4.decode_s[0, 1] == pytest.approx(saved / rate)
     b200 = hwprofiles.get("b200")
-    b8, b4 = (price_blocks(rows, b200, r, wls) for r in (fp8, fp4))
+    routed = BlockTable.from_rows([dict(MOE, shared_width=0, latent=0)])  # the experts only
+    b8, b4 = (price_blocks(routed, b200, r, wls) for r in (fp8, fp4))
     assert b4.prefill_s[0, 0] < 0.9 * b8.prefill_s[0, 0]  # FP4 math on Blackwell
 
 
@@ -280,3 +281,54 @@ def test_measured_efficiency_curves_are_used():
     assert np.all(meas.decode_s >= flat.decode_s) and meas.decode_s.sum() > flat.decode_s.sum()
     # the big weight streams are at the top of the curve: the slowdown is modest
     assert meas.decode_s.sum() < 1.2 * flat.decode_s.sum()
+
+
+def _without(hw: HardwareProfile, *keys: str) -> HardwareProfile:
+    data = json.loads(hw.model_dump_json())
+    for k in keys:
+        data["efficiency"][k] = None
+    return HardwareProfile.model_validate(data)
+
+
+def test_expert_width_enters_grouped_gemm_efficiency():
+    """The shipped H100 profile prices the routed experts' grouped GEMMs with DeepGEMM's
+    reduction-length curve g(K): at equal routed FLOPs and equal tokens per expert, experts
+    half as wide (a down GEMM of half the K) take longer in compute-bound prefill, by
+    exactly the FLOP-weighted ``1/g`` of the up GEMM (K = hidden) and the down GEMM
+    (K = expert width)."""
+    g = H100.efficiency.grouped_matmul_k
+    assert g is not None and H100.efficiency.grouped_matmul_tokens is not None
+    narrow = dict(kind=Kind.MOE, hidden=4096, experts=128, top_k=8, expert_width=1024)
+    wide = dict(narrow, experts=64, top_k=4, expert_width=2048)  # same FLOPs, same M
+    rows = BlockTable.from_rows([narrow, wide])
+    wls = ["isl=8192,osl=2,batch=8"]  # 4096 routed tokens per expert: compute-bound
+    with_k = price_blocks(rows, H100, BF16, wls).prefill_s[:, 0]
+    no_k = price_blocks(rows, _without(H100, "grouped_matmul_k"), BF16, wls).prefill_s[:, 0]
+    kinv = [(1 / g.at(4096.0) + 1 / g.at(float(f))) / 2 for f in (1024, 2048)]  # relu2: 2 mats
+    extra = with_k - no_k  # = expert compute time * (kinv - 1), the same compute time for both
+    assert extra[0] > extra[1] > 0
+    assert extra[0] / extra[1] == pytest.approx((kinv[0] - 1) / (kinv[1] - 1), rel=1e-9)
+    assert with_k[0] > with_k[1]
+
+
+def test_grouped_gemm_tokens_curve_prices_few_tokens_per_expert_lower():
+    """Routed tokens per expert set the grouped GEMM's compute fraction (the shipped
+    curve ``0.705 * M / (M + 91)`` fitted to DeepGEMM): the same routed FLOPs spread over
+    4x more experts (4x fewer tokens each) run at that curve's lower fraction."""
+    c = H100.efficiency.grouped_matmul_tokens
+    few = dict(kind=Kind.MOE, hidden=4096, experts=512, top_k=8, expert_width=2048)
+    many = dict(few, experts=128)
+    rows = BlockTable.from_rows([few, many])
+    wls = ["isl=8192,osl=2,batch=4"]  # 512 vs 2048 routed tokens per expert
+    hw = _without(H100, "grouped_matmul_k")
+    flat = _without(hw, "grouped_matmul_tokens")
+    t = price_blocks(rows, hw, BF16, wls).prefill_s[:, 0]
+    t0 = price_blocks(rows, flat, BF16, wls).prefill_s[:, 0]
+    assert t[0] > t[1]
+    # the expert compute time scales with 1 / fraction: the difference of the two rows'
+    # extra time over a flat curve at fraction f0 is that ratio
+    f0 = H100.efficiency.grouped_matmul_prefill.peak_fraction
+    m = 32768 * 8 / np.array([512.0, 128.0])
+    extra = t - t0
+    assert extra[0] / extra[1] == pytest.approx((1 / c.at(m[0]) - 1 / f0)
+                                                / (1 / c.at(m[1]) - 1 / f0), rel=1e-6)

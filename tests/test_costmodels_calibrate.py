@@ -155,3 +155,31 @@ def test_json_report(tmp_path):
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["device"] == "h200-sxm" and {r["split"] for r in d["table"]} == {"fit", "holdout"}
+
+
+def test_fit_scales_a_curve_and_keeps_its_shape_and_source():
+    """The grouped-GEMM tokens curve is fitted by its peak: every point scales by the same
+    factor (the shape fitted to DeepGEMM's tables stays) and the source says both."""
+    from costmodels.calibrate import LINK_LATENCY_BOUNDS, SHAPE_NOTE
+
+    params = {p.label: p for p in parameters(H100)}
+    cur = H100.efficiency.grouped_matmul_tokens
+    assert cur is not None and len(cur.points) > 1
+    p = params["grouped matmul tokens"]
+    assert 0 < p.lo < p.hi <= 1.0
+    hw = with_values(H100, [p], [0.5], "fitted to 3 measurements from a test")
+    new = hw.efficiency.grouped_matmul_tokens
+    ratio = 0.5 / cur.peak_fraction
+    assert [s for s, _ in new.points] == [s for s, _ in cur.points]
+    for (_, f1), (_, f0) in zip(new.points, cur.points):
+        assert f1 == pytest.approx(max(FLOOR, f0 * ratio))
+    assert new.source.startswith("fitted to 3 measurements from a test" + SHAPE_NOTE)
+    assert new.source.endswith(cur.source.split(SHAPE_NOTE)[-1])
+    again = with_values(hw, [p], [0.6], "fitted again").efficiency.grouped_matmul_tokens
+    assert again.source.count(SHAPE_NOTE) == 1  # refits do not nest the note
+    # the link's per-collective latency is a fitted figure inside its physical bounds
+    lat = params["link latency"]
+    assert (lat.lo, lat.hi) == LINK_LATENCY_BOUNDS[:2] and 1e-6 <= lat.lo < lat.hi <= 50e-6
+    hw = with_values(H100, [lat], [12e-6], "fitted to a test")
+    assert hw.interconnect.latency.value == 12e-6
+    assert hw.interconnect.bandwidth == H100.interconnect.bandwidth

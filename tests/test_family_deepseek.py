@@ -171,7 +171,9 @@ def test_mla_decode_reads_the_latent_cache_only():
     gqa = _price(mha, [0], [short, long_])
     d_mla = mla.decode_s[0, 1] - mla.decode_s[0, 0]
     d_mha = gqa.decode_s[0, 1] - gqa.decode_s[0, 0]
-    assert d_mha / d_mla > 20
+    # MLA's absorbed decode is compute-bound at the H200's fitted attention fraction: the
+    # time ratio stays well below the 71x of bytes
+    assert d_mha / d_mla > 15
     assert mla.kv_bytes_per_token[0] == 576 * 2
     # fewer query heads: less compute, the same cache read
     assert mla64.decode_s[0, 1] < mla.decode_s[0, 1]

@@ -82,8 +82,9 @@ def test_tight_budgets_met_when_repriced(tmp_path):
         assert res.totals[f"tpot_s@{w}"] == pytest.approx(pred[w]["tpot_s"], rel=1e-9)
         # memory: the library holds the parent's workspace (an upper bound for any child)
         assert pred[w]["memory_bytes"] <= res.totals[f"memory_bytes@{w}"] * (1 + 1e-12)
-    # at least one budget binds (the search spent what it was allowed)
-    assert min(abs(b.hi - res.totals[b.key]) / b.hi for b in cons.budgets) < 1e-3
+    # at least one budget binds (the search spent what it was allowed; the library is
+    # discrete, so the tightest one sits within half a percent of its bound)
+    assert min(abs(b.hi - res.totals[b.key]) / b.hi for b in cons.budgets) < 5e-3
 
 
 def test_relative_budgets_resolve_against_parent():
