@@ -378,6 +378,49 @@ def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
                      float(np.sqrt(np.mean(r1 ** 2))))
 
 
+def fit_residuals(hw: HardwareProfile, params: Sequence[Param],
+                  residuals: Callable[[HardwareProfile], np.ndarray], n: int, label: str,
+                  max_nfev: int = 60, only: Sequence[str] | None = None) -> FitResult:
+    """Fit ``params`` of ``hw`` to any log-error residuals (``residuals(profile)`` returns
+    ``log(predicted / measured)`` per point): the same bounded least squares, sensitivity
+    probe and 4-digit rounding as :func:`fit`, for measurements that are not serving figures
+    (``costmodels.measured.fit_blocks``: timed blocks). ``n``: points; ``label``: where
+    they come from (each fitted figure's source says "fitted to <label>")."""
+    from scipy.optimize import least_squares
+
+    if only is not None:
+        unknown = sorted(set(only) - {p.label for p in params})
+        if unknown:
+            raise InputError(f"unknown figure(s) {unknown}; expected some of "
+                             f"{[p.label for p in params]}", field="only")
+    x0 = np.array([_get(hw.model_dump(mode="json"), p) for p in params])
+    r0 = residuals(hw)
+    active = []
+    for i, p in enumerate(params):
+        if only is not None and p.label not in only:
+            continue
+        v = max(p.lo, 0.9 * x0[i]) if p.curve else min(p.hi, x0[i] + 0.1 * (p.hi - p.lo))
+        if np.max(np.abs(residuals(with_values(hw, [p], [v])) - r0)) > 1e-6:
+            active.append(i)
+    rms0 = float(np.sqrt(np.mean(r0 ** 2)))
+    if not active:
+        return FitResult(hw, n, [], rms0, rms0)
+    ap = [params[i] for i in active]
+    lo = np.array([p.lo for p in ap])
+    hi = np.array([p.hi for p in ap])
+    scale = np.maximum(hi - lo, 1e-12)
+    z0 = np.clip((x0[active] - lo) / scale, 0.0, 1.0)
+    sol = least_squares(lambda z: residuals(with_values(hw, ap, lo + z * scale)), z0,
+                        bounds=(0.0, 1.0), diff_step=1e-3, max_nfev=max_nfev, x_scale=1.0)
+    xbest = x0.copy()
+    xbest[active] = [_round(v) for v in lo + sol.x * scale]
+    fitted = with_values(hw, ap, xbest[active], f"fitted to {label} (puzzle-nas calibrate)")
+    moved = [(params[i].label, float(x0[i]), float(xbest[i])) for i in active
+             if not math.isclose(xbest[i], x0[i], rel_tol=1e-6)]
+    r1 = residuals(fitted)
+    return FitResult(fitted, n, moved, rms0, float(np.sqrt(np.mean(r1 ** 2))))
+
+
 # -- the report ---------------------------------------------------------------------------
 
 @dataclass

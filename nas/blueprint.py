@@ -12,6 +12,7 @@ binds), ``solver`` (``status``, ``gap``, ``seconds``, ``objective``, ``best_boun
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from costmodels.blocks import price_blocks
+from costmodels.measured import BlockMeasurements, load_blocks, price_measured
 from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
+from hwprofiles.errors import InputError
 from hwprofiles.units import gb_gib
 from nas import __version__
 from nas.arch import ModelArch
@@ -76,6 +79,10 @@ def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
                               ep=problem.ep, attention_dp=adp)
     nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls, tp=problem.tp,
                         attention_dp=adp)
+    meas = measured_blocks(problem)
+    if meas is not None:  # block runtimes measured (nas.search prices the library the same)
+        blocks = price_measured(arch.table, problem.hw, problem.recipe, meas, wls,
+                                tp=problem.tp, ep=problem.ep, attention_dp=adp)
     mc = summarize(blocks, nb, problem.hw, reserve_bytes=problem.reserve_bytes)
     out = {}
     d = mc.to_dict()
@@ -90,6 +97,40 @@ def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
         row["context"] = w.max_context
         out[w.name] = row
     return out
+
+
+def measured_blocks(problem: Any) -> BlockMeasurements | None:
+    """The measured block table a search prices block runtimes with (the spec's ``"costs":
+    {"measured": "BLOCKS.json"}``, relative to the spec), or ``None`` (analytic)."""
+    costs = getattr(getattr(problem, "spec", None), "costs", None)
+    path = getattr(costs, "measured", None)
+    if path is None:
+        return None
+    for name, w in problem.spec.workloads.items():
+        if w.slo is not None or w.concurrency_sweep is not None:
+            raise InputError(f"workload {name!r}: SLO searches and concurrency sweeps are "
+                             "priced analytically only; drop costs.measured or the SLO",
+                             field="costs.measured")
+    p = Path(path)
+    p = p if p.is_absolute() else Path(problem.base_dir) / p
+    if not p.is_file():
+        return load_blocks(p)  # raises the one-line error
+    return _load_measured(str(p.resolve()), p.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_measured(path: str, mtime_ns: int) -> BlockMeasurements:
+    return load_blocks(path)
+
+
+def block_costs_label(problem: Any) -> str:
+    """Where block runtimes come from, for reports: ``measured on <device> (...)`` or
+    ``analytic (<profile>)``."""
+    m = measured_blocks(problem)
+    if m is None:
+        return f"analytic ({problem.hw.name})"
+    return (f"measured on {m.device} ({m.device_kind}, {m.dtype}, torch "
+            f"{m.software.get('torch', '?')}, {m.date}); memory analytic")
 
 
 def _pct(child: float, parent: float) -> str:
@@ -163,6 +204,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                 "seconds": result.seconds, "message": result.message,
                 "objective_key": str(cons.objective)},
         provenance={"spec_hash": problem.spec_hash, "profile": problem.hw.name,
+                    "block_costs": block_costs_label(problem),
                     "recipe": problem.recipe.name, "tp": problem.tp, "ep": problem.ep,
                     "package": "puzzle-nas", "version": __version__,
                     "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
@@ -205,6 +247,8 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None,
     pv = bp.provenance
     lines.append(f"Hardware: {pv['profile']} (tp={pv['tp']}, ep={pv['ep']}), precision "
                  f"{pv['recipe']}, spec {pv['spec_hash']}, puzzle-nas {pv['version']}.")
+    if pv.get("block_costs"):
+        lines.append(f"Block runtimes: {pv['block_costs']}.")
     p = bp.params
     lines += ["", "## Parameters", "",
               "| | parent | child | child / parent |", "|---|---:|---:|---:|",

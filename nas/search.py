@@ -39,6 +39,7 @@ import hwprofiles
 from costmodels import shapes
 from costmodels.blocks import BlockCosts, price_blocks
 from costmodels.dtypes import PrecisionRecipe, get_recipe, recipe_from_dict
+from costmodels.measured import price_measured
 from costmodels.model import (
     NonBlockCosts,
     concurrency_workspace_bytes,
@@ -119,6 +120,22 @@ def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -
     return Problem(spec, base, spec_hash, parent, hw, recipe, wls, reserve)
 
 
+def _measured_rows(problem: Problem, flat: list[space.Alternative], table: Any,
+                   wl: list[Workload], rows: BlockCosts) -> BlockCosts:
+    """``rows`` with measured runtimes when the spec asks for them (``"costs": {"measured":
+    "BLOCKS.json"}``; memory stays analytic; a shape the table cannot price is an
+    InputError, never priced analytically)."""
+    meas = bpm.measured_blocks(problem)
+    if meas is None:
+        return rows
+    if any(getattr(a, "end", None) is not None or getattr(a, "recipe", None) is not None
+           for a in flat):
+        raise InputError("spans and per-block precision are priced analytically only",
+                         field="costs.measured")
+    return price_measured(table, problem.hw, problem.recipe, meas, wl, tp=problem.tp,
+                          ep=problem.ep, attention_dp=problem.attention_dp)
+
+
 def alternatives(problem: Problem) -> list[list[space.Alternative]]:
     """Per parent block, its alternatives (parent block first); a spec value no block can
     take is an InputError saying why (:func:`nas.space.check_all_used`)."""
@@ -162,6 +179,7 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
             rows = price_blocks(table, problem.hw, problem.recipe, wl, tp=problem.tp,
                                 ep=problem.ep, attention_dp=problem.attention_dp)
         bar.update(len(flat))
+    rows = _measured_rows(problem, flat, table, wl, rows)
     nb = price_nonblock(nonblock_shape(problem.parent), problem.hw, problem.recipe, wl,
                         tp=problem.tp, attention_dp=problem.attention_dp)
     # activation workspace is a max over blocks, not a sum: hold the parent's (a child is no

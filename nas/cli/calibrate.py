@@ -23,7 +23,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Fit a hardware profile's efficiency fractions (bounded to (0, 1]) and "
         "engine overheads to serving measurements (a CSV with sources: published tables or "
         "`puzzle-nas profile` runs) and write the fitted profile.")
-    p.add_argument("measurements", help="measurements CSV (see costmodels.calibrate.Measurement)")
+    p.add_argument("measurements", nargs="?",
+                   help="measurements CSV (see costmodels.calibrate.Measurement); or --blocks")
+    p.add_argument("--blocks", default=None, metavar="BLOCKS.json",
+                   help="fit to timed blocks (`puzzle-nas profile --blocks`) instead: efficiency "
+                   "fractions and kernel overhead; prints the analytic-vs-measured MAPE per "
+                   "block kind before and after")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="with --blocks: predicted vs measured block times, before and after")
     p.add_argument("--hw", required=True, help="the profile to start from (name or JSON file); "
                    "rows whose gpu names it (or an alias) are fitted")
     p.add_argument("-o", "--output", help="where to write the fitted profile JSON")
@@ -74,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
     from costmodels.calibrate import fit, format_table, load_measurements, mape_table, score
     from hwprofiles.errors import InputError
 
+    if args.blocks is not None:
+        return run_blocks(args)
+    if args.measurements is None:
+        raise InputError("give a measurements CSV or --blocks BLOCKS.json", field="measurements")
     path = Path(args.measurements)
     ms = load_measurements(path)
     hw = hwprofiles.get(args.hw)
@@ -128,3 +139,65 @@ def _fmt(label: str, v: float) -> str:
     if "imbalance" in label:
         return f"{v:.3f}"
     return f"{v:.1%}"
+
+
+def run_blocks(args: argparse.Namespace) -> int:
+    """``calibrate --blocks BLOCKS.json --hw PROFILE -o PROFILE.json``."""
+    import hwprofiles
+    from costmodels.measured import (
+        fit_blocks,
+        format_mape,
+        load_blocks,
+        mape_by_kind,
+        predict_points,
+        recipe_for,
+        with_gemm_curve,
+    )
+    from hwprofiles.errors import InputError
+    from nas.io import atomic_write_json, check_output_file
+
+    if args.measurements is not None:
+        raise InputError("give a measurements CSV or --blocks, not both", field="--blocks")
+    meas = load_blocks(args.blocks)
+    hw = hwprofiles.get(args.hw)
+    recipe = recipe_for(meas)
+    before_pts = predict_points(meas, hw, recipe)
+    before = mape_by_kind(before_pts)
+    if args.report:
+        if args.json:
+            print(json.dumps({"device": meas.device, "profile": hw.name, "table": before},
+                             indent=2))
+        else:
+            print(f"{hw.name} vs {meas.device} ({meas.dtype}, {meas.date}): analytic / measured")
+            print(format_mape(before))
+        return 0
+    if not args.output:
+        raise InputError("give -o PROFILE.json (or --report)", field="--output")
+    if args.max_evals < 1:
+        raise InputError(f"must be >= 1, got {args.max_evals}", field="--max-evals")
+    out = check_output_file(args.output, "--output")
+    start, peak_note = with_gemm_curve(hw, meas)
+    res = fit_blocks(meas, start, recipe, max_nfev=args.max_evals, only=args.only)
+    after_pts = predict_points(meas, res.profile, recipe)
+    after = mape_by_kind(after_pts)
+    atomic_write_json(out, res.profile.model_dump(mode="json"))
+    if args.plot:
+        from costmodels.measured import fidelity_plot
+
+        fidelity_plot(before_pts, after_pts, args.plot, f"{hw.name} on {meas.device}")
+    if args.json:
+        print(json.dumps({"device": meas.device, "profile": hw.name, "output": str(out),
+                          "points": res.n, "before": before, "after": after,
+                          "peak": peak_note,
+                          "moved": [{"figure": k, "before": a, "after": b}
+                                    for k, a, b in res.moved]}, indent=2))
+        return 0
+    print(f"{hw.name}: fitted to {res.n} block timings on {meas.device} ({meas.dtype}) -> {out}")
+    if peak_note:
+        print(f"  {peak_note}")
+    print(f"  rms log error {res.rms_log_before:.3f} -> {res.rms_log_after:.3f}")
+    for k, a, b in sorted(res.moved, key=lambda t: -abs(t[2] - t[1]) / max(abs(t[1]), 1e-9)):
+        print(f"  {k:<28} {_fmt(k, a):>10} -> {_fmt(k, b)}")
+    print("analytic vs measured, per block kind (MAPE = mean |predicted / measured - 1|):")
+    print(format_mape(before, after))
+    return 0

@@ -44,6 +44,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--measurements", default=None, metavar="PATH",
                    help="where to write the raw timings (default: PROFILE.measurements.json)")
     p.add_argument("--no-measurements", action="store_true", help="do not write raw timings")
+    g = p.add_argument_group("block timing (--blocks)")
+    g.add_argument("--blocks", default=None, metavar="SPEC",
+                   help="time every distinct block of this search spec's space as the real "
+                   "torch block at the spec's workload shapes and write a block table "
+                   "(-o BLOCKS.json; resumable: a rerun with the same -o times only what is "
+                   "missing); on a CPU one torch thread unless --threads")
+    g.add_argument("--batches", default=None, metavar="LIST",
+                   help="extra batch sizes to time, e.g. 2,8 (default: 1, B/4 and B of each "
+                   "workload)")
+    g.add_argument("--dtype", default=None, choices=("bf16", "fp16", "fp32"),
+                   help="dtype of the timed blocks (default: the spec's precision, which "
+                   "must then be one dtype throughout)")
+    g.add_argument("--warmup", type=int, default=None,
+                   help="warm-up calls per point (default 10 on CUDA, 2 on CPU)")
+    g.add_argument("--repeats", type=int, default=None,
+                   help="timed samples per point, their median is kept (default 30 on CUDA, "
+                   "7 on CPU)")
     p.set_defaults(func=run)
 
 
@@ -62,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from nas.io import atomic_write_json, check_output_file
     from nas.progress import Progress
 
+    if args.blocks is not None:
+        return run_blocks(args)
     out = Path(args.output)
     if args.no_measurements and args.measurements:
         raise InputError("give --measurements or --no-measurements, not both")
@@ -138,3 +157,109 @@ def run(args: argparse.Namespace) -> int:
                                        if meta["quick"] else ""))
     print(f"use it: puzzle-nas cost CONFIG --hw {out} --workload isl=1024,osl=128,batch=1")
     return 0
+
+
+def _eta(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 60}:{s % 60:02d}" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}"
+
+
+def run_blocks(args: argparse.Namespace) -> int:
+    """``profile --blocks SPEC -o BLOCKS.json``: time the spec's blocks (resumable)."""
+    import time
+
+    from costmodels.measured import check_recipe, plan_points
+    from hwprofiles.errors import InputError
+    from nas.io import check_output_file
+    from nas.progress import Progress
+    from nas.search import alternatives, resolve
+    from nas.spec import load_spec
+
+    out = Path(args.output)
+    spec, base, _ = load_spec(args.blocks)
+    check_output_file(out, "--output")
+    batches: list[int] = []
+    for part in (args.batches or "").split(","):
+        if part.strip():
+            try:
+                b = int(part)
+            except ValueError:
+                raise InputError(f"expected integers like 2,8, got {part!r}",
+                                 field="--batches") from None
+            if not 1 <= b <= 1 << 20:
+                raise InputError(f"batch sizes are 1..{1 << 20}, got {b}", field="--batches")
+            batches.append(b)
+    problem = resolve(spec, base)
+    if problem.tp != 1 or problem.ep != 1 or problem.attention_dp:
+        raise InputError("block timing runs on one device: the spec's hardware must have "
+                         "tp = ep = 1 and no attention_dp", path=args.blocks, field="hardware")
+    dtype = args.dtype
+    recipe = problem.recipe
+    if dtype is None:
+        dts = {recipe.activations.value} | {recipe.weight_dtype(r).value
+                                            for r in recipe.weights} | {recipe.default.value}
+        if len(dts) != 1 or next(iter(dts)) not in ("bf16", "fp16", "fp32"):
+            raise InputError(f"precision {recipe.name!r} mixes or uses dtypes the torch blocks "
+                             f"do not run ({sorted(dts)}); give --dtype", path=args.blocks,
+                             field="precision")
+        dtype = next(iter(dts))
+    alts = alternatives(problem)
+    blocks = [a.child for blk in alts for a in blk]
+    plan = plan_points(list(problem.workloads.values()), batches)
+    try:
+        from nas.modules.timing import BlockTimer, distinct_blocks, profile_blocks
+    except ImportError:
+        raise InputError("block timing needs torch: pip install 'puzzle-nas[torch]'") from None
+    device = args.device
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    timer = BlockTimer(device, dtype, warmup=args.warmup, repeats=args.repeats,
+                       threads=args.threads)
+    shapes = distinct_blocks(blocks, problem.parent.hidden_size)
+    print(f"timing {len(shapes)} distinct blocks ({len(blocks)} alternatives) x {len(plan)} "
+          f"points on {timer.device_name} ({timer.kind}), {dtype} -> {out}")
+    bar: dict[str, Any] = {}
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int, note: str) -> None:
+        if "p" not in bar:
+            bar["p"] = Progress(total, "timing").__enter__()
+            bar["start"] = done
+        p = bar["p"]
+        ran = done - bar["start"]
+        eta = "" if ran <= 0 else \
+            f"ETA {_eta((time.perf_counter() - t0) / ran * (total - done))} "
+        p.update(done - p.done, note=f"{eta}{note:<44}")
+
+    try:
+        table = profile_blocks(blocks, problem.parent, plan, out, timer, spec=spec.name,
+                               progress=progress)
+    finally:
+        if "p" in bar:
+            bar["p"].__exit__(None, None, None)
+    if table.dtype != dtype:  # pragma: no cover - resume checks the dtype
+        raise InputError("dtype mismatch", path=str(out))
+    if dtype == recipe.activations.value:
+        try:
+            check_recipe(table, recipe)
+        except InputError as exc:
+            print(f"note: {exc}")
+    print(f"wrote {out}: {len(table.blocks)} blocks, "
+          f"{sum(len(b.timings) for b in table.blocks)} timings, "
+          f"{time.perf_counter() - t0:.1f} s")
+    print(format_blocks(table))
+    return 0
+
+
+def format_blocks(table: Any) -> str:
+    """The block table as text: one line per block and point (median, spread, peak)."""
+    lines = [f"{'block':<44} {'point':<20} {'median':>10} {'spread':>17} {'peak':>10}"]
+    for e in table.blocks:
+        for t in e.timings:
+            lines.append(f"{e.describe[:44]:<44} {t.point.label():<20} "
+                         f"{t.median_s * 1e3:>8.3f}ms "
+                         f"{t.min_s * 1e3:>7.3f}-{t.max_s * 1e3:<7.3f}ms "
+                         f"{t.peak_bytes / 2**20:>6.1f} MiB")
+    return "\n".join(lines)

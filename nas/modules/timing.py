@@ -1,0 +1,399 @@
+"""Time real torch blocks on a device: what ``puzzle-nas profile --blocks`` runs.
+
+Each distinct block shape (``costmodels.measured.row_key``: blocks of the same shape are
+timed once) is built as the real :class:`nas.modules.Block` (pre-norm, mixer, residual)
+with random weights in the run's dtype, and timed at every point of the plan
+(``costmodels.measured.Point``):
+
+* **prefill**: one pass of ``batch`` prompts of ``tokens`` tokens from an empty cache;
+* **decode**: one step of ``batch`` sequences, one token each, after the KV cache or SSM
+  state was filled by a real prefill of ``context`` tokens. Before every timed step the
+  attention cache's length is set back to ``context`` (the step writes the same slot and
+  reads ``context + 1`` keys each time); a Mamba state has a fixed size.
+
+Timing follows ``hwprofiles.probe``: warm-up calls, then ``repeats`` timed samples and
+their median, fastest and slowest kept. On CUDA each sample is one call between CUDA events,
+the L2 cache flushed (a buffer of twice its size zeroed) before it, as the probe does: in a
+model the previous blocks have evicted this block's weights. On CPU a sample is a block of
+calls timed with ``time.perf_counter`` (sized to at least ``min_time_s``), divided by the
+calls; torch's dispatch overhead is part of the time, as it is part of an eager model's.
+The CPU default is one torch thread, timed by that thread's CPU time (``time.thread_time``):
+on a shared machine wall-clock time also counts the time other processes hold the core,
+which is not the block's; with several threads the clock is ``time.perf_counter``.
+
+Peak memory per point: on CUDA ``torch.cuda.max_memory_allocated`` during the call, less
+what was allocated before the block was built (so it counts the block's weights, its cache,
+the input and every intermediate). On CPU the same quantity is counted by a dispatch mode
+that adds the bytes of every storage an op creates during the call and subtracts them when
+the storage is freed, on top of the weights, cache and input alive at the call's start
+(scratch buffers inside a kernel are not tensors and are not counted).
+
+The output file is rewritten (atomically) after every timed point; a run started again
+with the same output keeps every point already timed and times only the rest (a resumed
+run writes the same file an uninterrupted run would, save for timing noise).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+import statistics
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from costmodels.measured import (
+    BlockEntry,
+    BlockMeasurements,
+    GemmTiming,
+    Point,
+    Timing,
+    describe_row,
+    load_blocks,
+    row_key,
+)
+from hwprofiles.errors import InputError
+from nas.arch import ModelArch, _Block, block_row
+from nas.modules.model import Block
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+ProgressFn = Callable[[int, int, str], None]
+"""``progress(done, total, note)``: called after each timed point (and once at the start)."""
+
+#: block kinds that keep a cache / state between decode steps (filled before a decode)
+STATEFUL = ("attention", "mamba", "deltanet")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Counts the bytes of storages created under it while they live; keeps the peak."""
+
+    def __init__(self, start: int):
+        super().__init__()
+        self.live = start
+        self.peak = start
+        self.seen: set[int] = set()
+
+    def _free(self, ptr: int, n: int) -> None:
+        self.live -= n
+        self.seen.discard(ptr)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                ptr, n = st.data_ptr(), st.nbytes()
+                if n and ptr not in self.seen:
+                    self.seen.add(ptr)
+                    self.live += n
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(st, self._free, ptr, n)
+        return out
+
+
+def _storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _cache_tensors(cache: dict[str, Any]) -> list[torch.Tensor]:
+    return [v for v in cache.values() if isinstance(v, torch.Tensor)]
+
+
+class BlockTimer:
+    """Times blocks on one device in one dtype (see the module docstring)."""
+
+    def __init__(self, device: str = "cpu", dtype: str = "bf16", warmup: int | None = None,
+                 repeats: int | None = None, min_time_s: float = 0.01,
+                 threads: int | None = None, seed: int = 0):
+        if dtype not in DTYPES:
+            raise InputError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}",
+                             field="dtype")
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise InputError(f"device {device!r}: CUDA is not available to torch "
+                                 f"{torch.__version__} on this machine; use --device cpu",
+                                 field="device")
+            torch.cuda.set_device(dev)
+            props = torch.cuda.get_device_properties(dev)
+            self.device_name = props.name
+            l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+            self.flush: torch.Tensor | None = torch.empty(max(2 * l2, 256 * 2**20),
+                                                          dtype=torch.uint8, device=dev)
+            self.threads = None
+            self.clock = time.perf_counter
+            self.timing = ("CUDA events around each call after warm-up, L2 flushed before each "
+                           "timed call; median over repeats; peak from "
+                           "torch.cuda.max_memory_allocated")
+        elif dev.type == "cpu":
+            threads = 1 if threads is None else threads
+            if threads < 1:
+                raise InputError(f"must be >= 1, got {threads}", field="threads")
+            torch.set_num_threads(threads)
+            self.device_name = _cpu_name()
+            self.flush = None
+            self.threads = torch.get_num_threads()
+            # one thread: its CPU time is the time a dedicated core would take, whatever else
+            # runs on a shared machine; several threads: wall-clock time
+            self.clock = time.thread_time if self.threads == 1 else time.perf_counter
+            clock = ("time.thread_time (CPU time of the one torch thread: time other "
+                     "processes hold the core is not counted)" if self.threads == 1 else
+                     f"time.perf_counter (wall clock, {self.threads} torch threads)")
+            self.timing = (f"{clock} around blocks of calls (>= {min_time_s:g} s); median over "
+                           "repeats; peak from tensor storages alive during the call")
+        else:
+            raise InputError(f"expected cpu, cuda or cuda:N, got {device!r}", field="device")
+        self.dev = dev
+        self.kind = dev.type
+        self.dtype = dtype
+        self.tdtype = DTYPES[dtype]
+        self.warmup = warmup if warmup is not None else (10 if self.kind == "cuda" else 2)
+        self.repeats = repeats if repeats is not None else (30 if self.kind == "cuda" else 7)
+        if self.warmup < 0 or self.repeats < 1:
+            raise InputError(f"need warmup >= 0 and repeats >= 1, got {self.warmup}, "
+                             f"{self.repeats}", field="repeats")
+        self.min_time_s = min_time_s
+        self.seed = seed
+
+    def software(self) -> dict[str, str]:
+        from nas import __version__
+
+        sw = {"torch": torch.__version__, "python": platform.python_version(),
+              "puzzle-nas": __version__}
+        if self.kind == "cuda":
+            sw["cuda"] = str(torch.version.cuda)
+        return sw
+
+    def header(self, spec: str, hidden: int, plan: Sequence[Point]) -> BlockMeasurements:
+        """An empty table for this device, dtype and plan."""
+        return BlockMeasurements(
+            device=self.device_name, device_kind=self.kind,  # type: ignore[arg-type]
+            date=_dt.datetime.now(_dt.timezone.utc).date().isoformat(),
+            software=self.software(), dtype=self.dtype, threads=self.threads,
+            timing=self.timing, warmup=self.warmup, repeats=self.repeats, spec=spec,
+            hidden=hidden, plan=list(plan))
+
+    # -- one call --------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.kind == "cuda":
+            torch.cuda.synchronize(self.dev)
+
+    def time_fn(self, fn: Callable[[], Any]) -> tuple[float, float, float, int]:
+        """(median, min, max) seconds per call of ``fn`` over the repeats, and repeats."""
+        self._sync()
+        t0 = time.perf_counter()
+        fn()
+        self._sync()
+        first = time.perf_counter() - t0
+        for _ in range(self.warmup):
+            fn()
+        if self.kind == "cuda":
+            ev = torch.cuda.Event
+            pairs = [(ev(enable_timing=True), ev(enable_timing=True))
+                     for _ in range(self.repeats)]
+            for start, end in pairs:
+                self.flush.zero_()  # type: ignore[union-attr]
+                start.record()
+                fn()
+                end.record()
+            self._sync()
+            times = [s.elapsed_time(e) / 1e3 for s, e in pairs]
+        else:
+            inner = max(1, min(10_000, math.ceil(self.min_time_s / max(first, 1e-9))))
+            times = []
+            clock = self.clock
+            for _ in range(self.repeats):
+                t0 = clock()
+                for _ in range(inner):
+                    fn()
+                times.append((clock() - t0) / inner)
+        return float(statistics.median(times)), min(times), max(times), len(times)
+
+    def peak_bytes(self, fn: Callable[[], Any], resident: Sequence[torch.Tensor],
+                   base: int) -> int:
+        """Peak bytes alive during one call of ``fn`` (see the module docstring)."""
+        if self.kind == "cuda":
+            self._sync()
+            torch.cuda.reset_peak_memory_stats(self.dev)
+            fn()
+            self._sync()
+            return int(torch.cuda.max_memory_allocated(self.dev) - base)
+        mode = _LiveBytes(_storage_bytes(resident))
+        with mode:
+            out = fn()
+        del out
+        return int(mode.peak)
+
+    @torch.no_grad()
+    def time_gemm(self, m: int, n: int, k: int) -> GemmTiming:
+        """One GEMM in the blocks' layout, ``x[m, k] @ W[n, k]^T``."""
+        g = torch.Generator(device="cpu").manual_seed(self.seed + 2)
+        a = torch.randn(m, k, generator=g).to(device=self.dev, dtype=self.tdtype)
+        w = torch.randn(n, k, generator=g).to(device=self.dev, dtype=self.tdtype)
+        med, _, _, _ = self.time_fn(lambda: torch.nn.functional.linear(a, w))
+        return GemmTiming(m=m, n=n, k=k, median_s=med, flop_per_s=2.0 * m * n * k / med)
+
+    # -- one block ------------------------------------------------------------------------
+    def build(self, cfg: _Block, arch: ModelArch) -> Block:
+        """The real block with random weights (seeded) in the run's dtype, on the device."""
+        torch.manual_seed(self.seed)
+        blk = Block(cfg, arch)
+        blk.reset_parameters()
+        return blk.to(device=self.dev, dtype=self.tdtype).eval()
+
+    @torch.no_grad()
+    def time_point(self, blk: Block, cfg: _Block, hidden: int, p: Point, base: int) -> Timing:
+        """Time one point of one block."""
+        g = torch.Generator(device="cpu").manual_seed(self.seed + 1)
+
+        def rand(b: int, n: int) -> torch.Tensor:
+            x = torch.randn(b, n, hidden, generator=g, dtype=torch.float32)
+            return x.to(device=self.dev, dtype=self.tdtype)
+
+        cache: dict[str, Any] = {}
+        if p.mode == "prefill":
+            x = rand(p.batch, p.tokens)
+
+            def fn() -> torch.Tensor:
+                return blk(x)
+        else:
+            if cfg.kind in STATEFUL and p.context > 0:
+                cache["capacity"] = p.context + 1
+                blk(rand(p.batch, p.context), cache, 0)
+            x = rand(p.batch, 1)
+            ctx = p.context
+
+            def fn() -> torch.Tensor:
+                if "len" in cache:
+                    cache["len"] = ctx
+                return blk(x, cache, ctx)
+        med, lo, hi, n = self.time_fn(fn)
+        resident = [*blk.parameters(), *_cache_tensors(cache), x]
+        peak = self.peak_bytes(fn, resident, base)
+        return Timing(mode=p.mode, batch=p.batch, tokens=p.tokens, context=p.context,
+                      median_s=med, min_s=lo, max_s=hi, repeats=n, peak_bytes=peak)
+
+
+def distinct_blocks(blocks: Sequence[_Block], hidden: int) -> list[tuple[str, _Block]]:
+    """``(row_key, block)`` of each distinct shape (first occurrence; no-ops left out:
+    nothing runs)."""
+    out: dict[str, _Block] = {}
+    for b in blocks:
+        if b.kind == "noop":
+            continue
+        out.setdefault(row_key(block_row(b, hidden)), b)
+    return list(out.items())
+
+
+def gemm_shapes(blocks: Sequence[_Block], hidden: int) -> list[tuple[int, int]]:
+    """``(n, k)`` of the blocks' linear layers timed as plain GEMMs: ``(hidden, hidden)``
+    and, with FFN blocks, ``(width, hidden)`` of the widest FFN."""
+    out = [(hidden, hidden)]
+    widths = [int(getattr(b, "width", 0)) for b in blocks if b.kind == "ffn"]
+    if widths:
+        out.append((max(widths), hidden))
+    return out
+
+
+def gemm_tokens(plan: Sequence[Point], most: int = 5) -> list[int]:
+    """Token counts (GEMM ``m``) the plan's passes run, at most ``most`` of them spread
+    evenly in log scale from the smallest to the largest."""
+    ms = sorted({p.batch * p.tokens for p in plan})
+    if len(ms) <= most:
+        return ms
+    want = [math.exp(math.log(ms[0]) + i * (math.log(ms[-1]) - math.log(ms[0])) / (most - 1))
+            for i in range(most)]
+    return sorted({min(ms, key=lambda m: abs(math.log(m) - math.log(w))) for w in want})
+
+
+_SAME = ("device", "device_kind", "software", "dtype", "threads", "timing", "warmup",
+         "repeats", "hidden", "plan")
+
+
+def _check_resume(old: BlockMeasurements, new: BlockMeasurements, path: Path) -> None:
+    for f in _SAME:
+        a, b = getattr(old, f), getattr(new, f)
+        if f == "plan":
+            a, b = sorted(a, key=repr), sorted(b, key=repr)
+        if a != b:
+            raise InputError(
+                f"exists and was written by another run ({f}: {getattr(old, f)!r} here, "
+                f"{getattr(new, f)!r} now); give a new -o to start afresh, or the same "
+                "settings to resume", path=str(path), field=f)
+
+
+def profile_blocks(blocks: Sequence[_Block], arch: ModelArch, plan: Sequence[Point],
+                   out: str | Path, timer: BlockTimer, spec: str = "",
+                   progress: ProgressFn | None = None) -> BlockMeasurements:
+    """Time every distinct block shape of ``blocks`` at every point of ``plan`` and write
+    the table to ``out`` after each point (resuming from ``out`` when it exists)."""
+    from nas.io import atomic_write_json
+
+    out = Path(out)
+    hidden = arch.hidden_size
+    table = timer.header(spec, hidden, plan)
+    if out.exists():
+        old = load_blocks(out)
+        _check_resume(old, table, out)
+        table = old
+    shapes = distinct_blocks(blocks, hidden)
+    if not table.gemm:  # the device's GEMMs in the blocks' layout, once per file
+        table.gemm = [timer.time_gemm(m, n, kk) for m in gemm_tokens(table.plan)
+                      for n, kk in gemm_shapes(blocks, hidden)]
+        atomic_write_json(out, table.model_dump(mode="json"))
+    todo = [(k, b, p) for k, b in shapes for p in table.plan
+            if not any(t.point == p for t in (table.entry(k).timings if table.entry(k)
+                                               else []))]
+    total = len(shapes) * len(table.plan)
+    done = total - len(todo)
+    if progress:
+        progress(done, total, "")
+    if not todo:
+        return table
+    base = 0
+    if timer.kind == "cuda":
+        torch.cuda.synchronize(timer.dev)
+        base = int(torch.cuda.memory_allocated(timer.dev))
+    built: dict[str, Block] = {}
+    for k, cfg, p in todo:
+        blk = built.get(k)
+        if blk is None:
+            built.clear()  # one block on the device at a time
+            blk = built[k] = timer.build(cfg, arch)
+        e = table.entry(k)
+        if e is None:
+            row = block_row(cfg, hidden)
+            e = BlockEntry(key=k, kind=cfg.kind, describe=cfg.describe(), row={
+                c: int(v) for c, v in row.items() if int(v) != 0},
+                config=cfg.model_dump(mode="json"),
+                weight_bytes=_storage_bytes(list(blk.parameters())))
+            table.blocks.append(e)
+        e.timings.append(timer.time_point(blk, cfg, hidden, p, base))
+        atomic_write_json(out, table.model_dump(mode="json"))
+        done += 1
+        if progress:
+            progress(done, total, f"{describe_row(e.row)[:28]} {p.label()}")
+    return table

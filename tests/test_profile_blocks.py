@@ -1,0 +1,194 @@
+"""``puzzle-nas profile --blocks``: real torch blocks timed on the CPU into a block table,
+resumable (a resumed run writes what an uninterrupted one writes, save for timing noise).
+
+The timed blocks are tiny (hidden 64) and timed with few repeats: these tests check what is
+written, never how fast anything ran."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from costmodels.measured import BlockMeasurements, load_blocks, plan_points  # noqa: E402
+from hwprofiles.errors import InputError  # noqa: E402
+from nas.search import alternatives, resolve  # noqa: E402
+from nas.spec import parse_spec  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_PARENT = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "num_hidden_layers": 4, "vocab_size": 256, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+}
+
+
+def tiny_spec(**over) -> dict:
+    spec = {
+        "name": "tiny-measured",
+        "parent": TINY_PARENT,
+        "hardware": "h100-sxm",
+        "precision": "bf16",
+        "workloads": {"w": {"isl": 8, "osl": 8, "batch": 2}},
+        "search_space": {"attention": {"kv_heads": [2, 1], "noop": True},
+                         "ffn": {"fractions": [1.0, 0.5], "round_to": 32, "noop": True,
+                                 "linear": True}},
+        "budgets": [{"metric": "throughput", "workload": "w", "min": "110%"}],
+        "solver": {"time_limit": 10},
+    }
+    spec.update(over)
+    return spec
+
+
+def tiny_blocks(spec: dict | None = None):
+    """(blocks, parent arch, plan) of the tiny spec's space."""
+    problem = resolve(parse_spec(spec or tiny_spec()), ".")
+    blocks = [a.child for blk in alternatives(problem) for a in blk]
+    return blocks, problem.parent, plan_points(list(problem.workloads.values()))
+
+
+def run_profile(out: Path, progress=None) -> BlockMeasurements:
+    from nas.modules.timing import BlockTimer, profile_blocks
+
+    blocks, arch, plan = tiny_blocks()
+    timer = BlockTimer("cpu", "bf16", warmup=0, repeats=2, min_time_s=0.0)
+    return profile_blocks(blocks, arch, plan, out, timer, spec="tiny", progress=progress)
+
+
+def _without_times(t: BlockMeasurements) -> dict:
+    """The table with the timing numbers (and only them) taken out."""
+    d = t.model_dump(mode="json")
+    for b in d["blocks"]:
+        b["timings"] = sorted(({k: v for k, v in x.items()
+                                if k not in ("median_s", "min_s", "max_s")}
+                               for x in b["timings"]), key=json.dumps)
+    d["blocks"].sort(key=lambda b: b["key"])
+    d["gemm"] = [{k: v for k, v in g.items() if k not in ("median_s", "flop_per_s")}
+                 for g in d["gemm"]]
+    return d
+
+
+def test_block_table_times_each_distinct_shape_once(tmp_path):
+    out = tmp_path / "BLOCKS.json"
+    table = run_profile(out)
+    assert load_blocks(out) == table  # what was returned is what was written
+    blocks, arch, plan = tiny_blocks()
+    kinds = sorted(b.kind for b in table.blocks)
+    # attention kv2, kv1; ffn 128, 64; the linear replacement of attention and of FFN is one
+    # shape (timed once); no-ops are not timed
+    assert kinds == ["attention", "attention", "ffn", "ffn", "linear"]
+    assert len({b.key for b in table.blocks}) == len(table.blocks)
+    assert table.device_kind == "cpu" and table.dtype == "bf16" and table.hidden == 64
+    assert table.software["torch"] == torch.__version__
+    for b in table.blocks:
+        assert table.complete(b)
+        assert {t.point for t in b.timings} == set(plan)
+        for t in b.timings:
+            assert 0 < t.min_s <= t.median_s <= t.max_s
+            # the peak holds at least the weights and the input (bf16 = 2 bytes)
+            assert t.peak_bytes >= b.weight_bytes + 2 * t.batch * t.tokens * 64
+    # decode points hold a cache of the context: attention's peak grows with it
+    att = next(b for b in table.blocks if b.kind == "attention")
+    dec = {t.batch: t.peak_bytes for t in att.timings if t.mode == "decode"}
+    assert dec[2] > dec[1]
+    assert table.gemm and all(g.flop_per_s > 0 for g in table.gemm)
+
+
+def test_resumed_profile_equals_uninterrupted(tmp_path):
+    full = run_profile(tmp_path / "full.json")
+
+    class Stop(Exception):
+        pass
+
+    def stop_after(k: int):
+        def progress(done: int, total: int, note: str) -> None:
+            if note and done >= k:
+                raise Stop
+
+        return progress
+
+    part = tmp_path / "part.json"
+    with pytest.raises(Stop):
+        run_profile(part, progress=stop_after(7))
+    kept = load_blocks(part)  # the file holds every point timed before the interruption
+    assert sum(len(b.timings) for b in kept.blocks) == 7
+    assert not (kept.blocks and all(kept.complete(b) for b in kept.blocks)
+                and len(kept.blocks) == len(full.blocks))
+    seen: list[int] = []
+    resumed = run_profile(part, progress=lambda d, t, n: seen.append(d))
+    assert seen[0] == 7  # the resumed run starts from the points already timed
+    assert _without_times(resumed) == _without_times(full)
+    assert load_blocks(part) == resumed
+    # the points timed before the interruption are kept as they were, not timed again
+    again = {b.key: b.timings for b in resumed.blocks}
+    for b in kept.blocks:
+        assert again[b.key][:len(b.timings)] == b.timings
+    # a finished table resumes to itself without timing anything
+    assert run_profile(part) == resumed
+
+
+def test_resume_refuses_another_runs_file(tmp_path):
+    from nas.modules.timing import BlockTimer, profile_blocks
+
+    out = tmp_path / "b.json"
+    run_profile(out)
+    blocks, arch, plan = tiny_blocks()
+    other = BlockTimer("cpu", "bf16", warmup=0, repeats=3, min_time_s=0.0)
+    with pytest.raises(InputError, match="repeats.*another run|another run"):
+        profile_blocks(blocks, arch, plan, out, other)
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nas", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_cli_profile_blocks_then_calibrate_and_search(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(tiny_spec()))
+    p = _cli("profile", "--blocks", str(spec), "-o", str(tmp_path / "BLOCKS.json"),
+             "--warmup", "0", "--repeats", "2", "--threads", "1", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "wrote" in p.stdout and "decode b2@12" in p.stdout
+    table = load_blocks(tmp_path / "BLOCKS.json")
+    assert table.threads == 1
+    # calibrate to the blocks: the per-kind table before and after, and a valid profile
+    p = _cli("calibrate", "--blocks", "BLOCKS.json", "--hw", "h100-sxm", "-o", "cal.json",
+             "--max-evals", "5", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "MAPE after" in p.stdout and "attention" in p.stdout and "ffn" in p.stdout
+    import hwprofiles
+
+    cal = hwprofiles.load(tmp_path / "cal.json")
+    assert "block timings" in json.dumps(cal.model_dump(mode="json"))
+    # a search priced by the measurements says so in its report
+    mspec = tmp_path / "measured.json"
+    mspec.write_text(json.dumps(tiny_spec(costs={"measured": "BLOCKS.json"})))
+    p = _cli("search", str(mspec), "-o", str(tmp_path / "out"), "--quiet", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"measured on {table.device}" in report
+    bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
+    assert bp["provenance"]["block_costs"].startswith(f"measured on {table.device}")
+
+
+def test_cli_refuses_bad_block_inputs(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(tiny_spec(hardware={"profile": "h100-sxm", "tp": 2})))
+    p = _cli("profile", "--blocks", str(spec), "-o", str(tmp_path / "B.json"), cwd=tmp_path)
+    assert p.returncode == 2 and "tp = ep = 1" in p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "B.json").exists()
+    p = _cli("calibrate", "--blocks", "missing.json", "--hw", "h100-sxm", "-o", "x.json",
+             cwd=tmp_path)
+    assert p.returncode == 2 and "missing.json: file not found" in p.stderr
+    (tmp_path / "notblocks.json").write_text("{}")
+    p = _cli("calibrate", "--blocks", "notblocks.json", "--hw", "h100-sxm", "--report",
+             cwd=tmp_path)
+    assert p.returncode == 2 and "format" in p.stderr and "Traceback" not in p.stderr
