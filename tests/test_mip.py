@@ -365,6 +365,14 @@ def test_time_limit_before_any_child_is_an_error(fixing):
         res.raise_if_infeasible()
 
 
+def test_lp_relaxation_honours_the_time_limit():
+    lib, budgets = _super88()
+    m = MipModel(lib, "kl_div", budgets)
+    assert m.lp_bound(1e-6)[:2] == ("error", -math.inf)  # stopped: no bound claimed
+    status, lb, d = m.lp_bound(None)
+    assert status == "optimal" and math.isfinite(lb) and d.size == lib.num_replacements
+
+
 @pytest.mark.parametrize("fixing", [True, False])
 def test_time_limit_keeps_the_warm_start_as_feasible(fixing):
     # the "feasible" path: the time limit stops the search holding a child (here the
