@@ -108,6 +108,8 @@ SAMPLES = {
     "qwen3_5_moe": json.loads((REPO / "tests/data/configs/qwen3.5-35b-a3b.json").read_text()),
     "qwen3_5_moe_text": json.loads(
         (REPO / "tests/data/configs/qwen3.5-35b-a3b.json").read_text())["text_config"],
+    "granitemoehybrid": json.loads(
+        (REPO / "tests/data/configs/granite-4.0-h-small.json").read_text()),
 }
 EXPORTS_AS = {"qwen3_5_moe": "qwen3_5_moe_text"}
 """Types whose models export as another one (the image-text wrapper's language model)."""

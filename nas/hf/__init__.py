@@ -38,7 +38,7 @@ from nas.hf.common import Reader
 from nas.hf.registry import DIALECTS, Dialect, ExportError, register
 
 FAMILIES: tuple[str, ...] = ("llama", "decilm", "nemotron_h", "deepseek", "gpt_oss",
-                             "qwen3_next")
+                             "qwen3_next", "hybrids")
 """Dialect modules under ``nas.hf``, imported (and so registered) in this order."""
 for _fam in FAMILIES:
     importlib.import_module(f"nas.hf.{_fam}")
@@ -69,6 +69,10 @@ def from_hf(cfg: Any, source: str = "config") -> ModelArch:
     if not isinstance(cfg, dict):
         raise InputError("expected a JSON object", path=source)
     mt = cfg.get("model_type")
+    from nas.hf.hybrids import REFUSED_TYPES
+
+    if mt in REFUSED_TYPES:  # known families this library does not model, and why
+        raise InputError(REFUSED_TYPES[mt], path=source, field="model_type")
     if not isinstance(mt, str) or mt not in DIALECTS:
         raise InputError(f"unsupported model_type {mt!r}; expected one of "
                          f"{', '.join(DIALECTS)}", path=source, field="model_type")

@@ -103,6 +103,12 @@ class CausalLM(nn.Module):
 
     def __init__(self, arch: ModelArch):
         super().__init__()
+        from nas.hf.hybrids import NO_TORCH_TYPES
+
+        if arch.model_type in NO_TORCH_TYPES:  # numerics nas.modules does not compute
+            from hwprofiles.errors import InputError
+
+            raise InputError(NO_TORCH_TYPES[arch.model_type], field="model_type")
         self.arch = arch
         h, v = arch.hidden_size, arch.vocab_size
         self.embed = nn.Embedding(v, h)
