@@ -356,8 +356,9 @@ def test_mla_svd_full_rank_is_exact_and_truncation_is_worse(tiny_parent):
 
     parent, calib, held = tiny_parent
     p = parent.blocks[2].mixer
-    x = parent.embed(calib).reshape(-1, 32)
-    W, g, U = p.kv_a_proj_with_mqa.weight[:16], p.kv_a_layernorm.weight, p.kv_b_proj.weight
+    x = parent.embed(calib).reshape(-1, 32).detach()
+    W, g, U = (t.detach() for t in (p.kv_a_proj_with_mqa.weight[:16], p.kv_a_layernorm.weight,
+                                    p.kv_b_proj.weight))
 
     def out(down, gw, up, r):
         z = x.double() @ down.t()
