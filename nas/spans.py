@@ -44,7 +44,7 @@ from nas.space import Alternative
 from nas.spec import SearchSpace, SpanBlock, SpanRule
 
 PAIRED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe",
-                "nemotron-nas")
+                "nemotron-nas", "deepseek_v3", "deepseek_v3_puzzle", "gpt_oss", "gpt_oss_puzzle")
 """HF types whose layers are (attention, MLP) block pairs: a span keeps its length there
 (missing blocks become no-ops) so every pair stays in place."""
 
@@ -56,6 +56,7 @@ _KIND_ROLES: dict[str, tuple[TensorRole, ...]] = {
     "ffn": (TensorRole.FFN, TensorRole.OTHER),
     "linear": (TensorRole.OTHER,),
     "noop": (),
+    "mla": (TensorRole.ATTENTION, TensorRole.OTHER),
 }
 
 
@@ -66,7 +67,7 @@ def signature(recipe: PrecisionRecipe, kind: str) -> tuple[str, ...]:
         return ()
     out = [recipe.weight_dtype(r).value for r in _KIND_ROLES[kind]]
     out.append(recipe.activations.value)
-    if kind == "attention":
+    if kind in ("attention", "mla"):
         out.append(recipe.kv_cache.value)
     if kind == "mamba":
         out += [recipe.ssm_state.value, recipe.conv_state.value]
