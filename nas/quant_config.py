@@ -30,7 +30,7 @@ from typing import Any
 
 from costmodels.dtypes import DType, PrecisionRecipe, TensorRole, get_recipe
 from hwprofiles.errors import InputError
-from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, _Block
+from nas.arch import FFN, MLA, Attention, Linear, Mamba, ModelArch, MoE, _Block
 
 # ModelOpt's names of the formats (hf_quant_config.json ``quant_algo``), with group sizes
 _ALGO: dict[DType, dict[str, Any]] = {
@@ -58,11 +58,18 @@ def _modules(b: _Block, model_type: str, i: int) -> list[tuple[str, TensorRole]]
     if isinstance(b, Attention):
         return [(pre + n, TensorRole.ATTENTION) for n in ("q_proj", "k_proj", "v_proj",
                                                           "o_proj")]
+    if isinstance(b, MLA):
+        q = ("q_a_proj", "q_b_proj") if b.q_lora_rank else ("q_proj",)
+        return [(pre + n, TensorRole.ATTENTION) for n in
+                (*q, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")]
     if isinstance(b, Mamba):
         return [(pre + n, TensorRole.MAMBA) for n in ("in_proj", "out_proj")]
     if isinstance(b, FFN):
         names = ("gate_proj", "up_proj", "down_proj") if b.gated else ("up_proj", "down_proj")
         return [(pre + n, TensorRole.FFN) for n in names]
+    if isinstance(b, MoE) and model_type in ("gpt_oss", "gpt_oss_puzzle"):
+        # gpt-oss experts are stacked tensors (experts.gate_up_proj / down_proj), one module
+        return [(pre + "experts", TensorRole.ROUTED_EXPERTS)]
     if isinstance(b, MoE):
         names = ["gate_proj", "up_proj", "down_proj"] if b.gated else ["up_proj", "down_proj"]
         if model_type == "mixtral":
@@ -103,7 +110,7 @@ def quantization_config(arch: ModelArch, recipes: Sequence[str | PrecisionRecipe
                 raise InputError(f"block {i}: no ModelOpt format for {dt.value}",
                                  field="precision")
             layers[name] = dict(_ALGO[dt])
-        if isinstance(b, Attention):
+        if isinstance(b, Attention | MLA):
             mixer = _modules(b, model_type, i)[0][0].rsplit(".", 1)[0]
             kv[mixer] = "FP8" if r.kv_cache == DType.FP8 else (
                 "NONE" if r.kv_cache in _UNQUANTIZED else r.kv_cache.value.upper())
@@ -147,7 +154,7 @@ def block_formats(arch: ModelArch, qc: dict[str, Any] | None, model_type: str
                     raise InputError(f"unknown quant_algo {algo!r}",
                                      field=f"quantization_config.quantized_layers.{name}")
                 d.setdefault(role.value, _FROM_ALGO[algo].value)
-        if isinstance(b, Attention):
+        if isinstance(b, Attention | MLA):
             mixer = mods[0][0].rsplit(".", 1)[0]
             kvf = per_kv.get(mixer, qc.get("kv_cache_quant_algo"))
             if kvf:

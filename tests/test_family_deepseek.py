@@ -472,3 +472,23 @@ def test_build_cli_streams_a_transformers_parent(tmp_path, capsys):
     child = load_pretrained(tmp_path / "child")
     assert child.embed.weight.dtype == torch.bfloat16
     assert child.arch.blocks == tuple(blocks)
+
+
+def test_quantization_config_names_mla_and_gpt_oss_modules():
+    """A per-block precision child's ModelOpt quantization_config lists the MLA projections
+    (and its KV-cache format) and gpt-oss's stacked experts under their checkpoint names,
+    and reads back per block."""
+    from nas.quant_config import block_formats, quantization_config
+
+    a = _v3()
+    rec = ["fp8" if b.kind == "mla" else "nvfp4" if b.kind == "moe" else "bf16"
+           for b in a.blocks]
+    qc = quantization_config(a, rec, "deepseek_v3")
+    assert qc["quantized_layers"]["model.layers.0.self_attn.kv_b_proj"] == {"quant_algo": "FP8"}
+    assert qc["quantized_layers"]["model.layers.3.mlp.experts.*.gate_proj"]["quant_algo"] == \
+        "NVFP4"
+    assert block_formats(a, qc, "deepseek_v3")[0] == {"attention": "fp8", "kv_cache": "fp8"}
+    g = load_config(DATA / "gpt-oss-20b.json")
+    qg = quantization_config(g, ["bf16" if b.kind == "attention" else "fp8" for b in g.blocks],
+                             "gpt_oss")
+    assert set(qg["quantized_layers"]) == {f"model.layers.{i}.mlp.experts" for i in range(24)}
