@@ -394,24 +394,20 @@ def price_measured(table: BlockTable, hw: HardwareProfile, recipe: PrecisionReci
             raise InputError(f"workload {w.name!r}: speculative decoding was not timed",
                              field=where)
     check_recipe(meas, recipe)
-    rows = table_rows(table)
-    if rows and any(r.get("hidden", 0) != meas.hidden for r in rows
-                    if r.get("kind", 0) != int(Kind.NOOP)):
+    # each distinct shape is looked up once per workload, then scattered to its rows
+    cols = BlockTable.columns()
+    n, nw = len(table), len(wls)
+    mat = (np.stack([getattr(table, c) for c in cols], axis=1) if n
+           else np.zeros((0, len(cols)), dtype=np.int64))
+    uniq, inv = np.unique(mat, axis=0, return_inverse=True)
+    rows = [_nonzero({c: int(v) for c, v in zip(cols, u)}) for u in uniq]
+    if any(r.get("hidden", 0) != meas.hidden for r in rows if r.get("kind", 0) != int(Kind.NOOP)):
         hs = sorted({r.get("hidden", 0) for r in rows})
         raise InputError(f"the blocks were timed at hidden size {meas.hidden}, the table "
                          f"has {hs}", field=where)
     analytic = price_blocks(table, hw, recipe, wls, tp=1, ep=1)
-    n, nw = len(table), len(wls)
-    mix = np.zeros((n, nw))
-    dec = np.zeros((n, nw))
-    memo: dict[tuple, float] = {}
-
-    def sec(i: int, mode: Mode, b: float, tok: int, ctx: int) -> float:
-        k = (row_key(rows[i]), mode, b, tok, ctx)
-        if k not in memo:
-            memo[k] = meas.seconds(rows[i], mode, b, tok, ctx, where)
-        return memo[k]
-
+    mix_u = np.zeros((len(rows), nw))
+    dec_u = np.zeros((len(rows), nw))
     for j, w in enumerate(wls):
         s = step_shapes(w)
         if s.prompts < 1.0:
@@ -419,11 +415,13 @@ def price_measured(table: BlockTable, hw: HardwareProfile, recipe: PrecisionReci
                 f"workload {w.name!r}: a prompt of {w.isl} tokens spans several engine "
                 f"steps (token budget {w.max_num_batched_tokens}); measured costs time whole "
                 "prompts: raise max_num_batched_tokens or price analytically", field=where)
-        for i in range(n):
-            mix[i, j] = sec(i, "prefill", s.prompts, s.isl, 0)
+        for i, r in enumerate(rows):
+            mix_u[i, j] = meas.seconds(r, "prefill", s.prompts, s.isl, 0, where)
             if s.decodes_in_mix > 0:
-                mix[i, j] += sec(i, "decode", s.decodes_in_mix, 1, s.context)
-            dec[i, j] = sec(i, "decode", float(s.batch), 1, s.context)
+                mix_u[i, j] += meas.seconds(r, "decode", s.decodes_in_mix, 1, s.context, where)
+            dec_u[i, j] = meas.seconds(r, "decode", float(s.batch), 1, s.context, where)
+    inv = np.asarray(inv).reshape(-1)
+    mix, dec = mix_u[inv], dec_u[inv]
     wc = {k: np.asarray(v, dtype=np.float64)[None, :] for k, v in {
         "NC": [w.prefill_chunks for w in wls], "O": [w.osl for w in wls],
         "A": [w.acceptance for w in wls],

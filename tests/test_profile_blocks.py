@@ -192,3 +192,27 @@ def test_cli_refuses_bad_block_inputs(tmp_path):
     p = _cli("calibrate", "--blocks", "notblocks.json", "--hw", "h100-sxm", "--report",
              cwd=tmp_path)
     assert p.returncode == 2 and "format" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_decode_steps_keep_the_filled_cache():
+    """Every timed decode step starts from the cache as the prefill of ``context`` tokens
+    left it: the memory alive during a step does not grow with the number of steps timed
+    before it (it would, by one token per step, if a KV cache were left to grow)."""
+    from costmodels.measured import Point
+    from nas.arch import MLA, Attention, DeltaNet, Mamba, ModelArch
+    from nas.modules.timing import BlockTimer
+
+    blocks = [Attention(num_heads=4, num_kv_heads=2, head_dim=16),
+              MLA(num_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                  v_head_dim=16),
+              Mamba(num_heads=4, head_dim=16, state_size=16, n_groups=1),
+              DeltaNet(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16)]
+    arch = ModelArch(hidden_size=64, vocab_size=256, blocks=tuple(blocks))
+    p = Point(mode="decode", batch=2, tokens=1, context=24)
+    for cfg in blocks:
+        peaks = []
+        for repeats in (1, 9):
+            timer = BlockTimer("cpu", "fp32", warmup=3, repeats=repeats, min_time_s=0.0)
+            blk = timer.build(cfg, arch)
+            peaks.append(timer.time_point(blk, cfg, 64, p, 0).peak_bytes)
+        assert peaks[0] == peaks[1], cfg.kind

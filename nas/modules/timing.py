@@ -6,10 +6,12 @@ with random weights in the run's dtype, and timed at every point of the plan
 (``costmodels.measured.Point``):
 
 * **prefill**: one pass of ``batch`` prompts of ``tokens`` tokens from an empty cache;
-* **decode**: one step of ``batch`` sequences, one token each, after the KV cache or SSM
-  state was filled by a real prefill of ``context`` tokens. Before every timed step the
-  attention cache's length is set back to ``context`` (the step writes the same slot and
-  reads ``context + 1`` keys each time); a Mamba state has a fixed size.
+* **decode**: one step of ``batch`` sequences, one token each, after the KV cache or
+  recurrent state was filled by a real prefill of ``context`` tokens. Before every timed
+  step the cache's entries are put back as the fill left them (an attention cache's length
+  returns to ``context``: the step writes the same slot and reads ``context + 1`` keys each
+  time; an MLA cache its latent of ``context`` tokens); a Mamba or DeltaNet state has a
+  fixed size.
 
 Timing follows ``hwprofiles.probe``: warm-up calls, then ``repeats`` timed samples and
 their median, fastest and slowest kept. On CUDA each sample is one call between CUDA events,
@@ -69,7 +71,7 @@ ProgressFn = Callable[[int, int, str], None]
 """``progress(done, total, note)``: called after each timed point (and once at the start)."""
 
 #: block kinds that keep a cache / state between decode steps (filled before a decode)
-STATEFUL = ("attention", "mamba", "deltanet")
+STATEFUL = ("attention", "mla", "mamba", "deltanet")
 
 
 def _cpu_name() -> str:
@@ -285,10 +287,10 @@ class BlockTimer:
                 blk(rand(p.batch, p.context), cache, 0)
             x = rand(p.batch, 1)
             ctx = p.context
+            filled = dict(cache)  # the cache as filled: put back before every step
 
             def fn() -> torch.Tensor:
-                if "len" in cache:
-                    cache["len"] = ctx
+                cache.update(filled)
                 return blk(x, cache, ctx)
         med, lo, hi, n = self.time_fn(fn)
         resident = [*blk.parameters(), *_cache_tensors(cache), x]
