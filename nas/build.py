@@ -117,7 +117,8 @@ def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool =
                     ) -> Any:
     """The equivalent Hugging Face ``transformers`` model instance (same weights, same dtype)
     for a type transformers ships (llama, mistral, qwen2, qwen3, mixtral, qwen2_moe,
-    qwen3_moe, nemotron_h); hand it to HF Trainer or any other training loop.
+    qwen3_moe, nemotron_h, deepseek_v3, gpt_oss, ...); hand it to HF Trainer or any other
+    training loop.
 
     With ``copy`` (default) its weights are independent of ``model``'s; ``copy=False``
     saves the memory of a second copy by sharing storage wherever the two layouts agree
