@@ -44,7 +44,8 @@ from nas.space import Alternative
 from nas.spec import SearchSpace, SpanBlock, SpanRule
 
 PAIRED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe",
-                "nemotron-nas", "deepseek_v3", "deepseek_v3_puzzle", "gpt_oss", "gpt_oss_puzzle")
+                "nemotron-nas", "deepseek_v3", "deepseek_v3_puzzle", "kimi_k2", "gpt_oss",
+                "gpt_oss_puzzle")
 """HF types whose layers are (attention, MLP) block pairs: a span keeps its length there
 (missing blocks become no-ops) so every pair stays in place."""
 

@@ -492,3 +492,32 @@ def test_quantization_config_names_mla_and_gpt_oss_modules():
     qg = quantization_config(g, ["bf16" if b.kind == "attention" else "fp8" for b in g.blocks],
                              "gpt_oss")
     assert set(qg["quantized_layers"]) == {f"model.layers.{i}.mlp.experts" for i in range(24)}
+
+
+# Kimi-K2 (model_type kimi_k2, DeepseekV3ForCausalLM): the shape fields of
+# moonshotai/Kimi-K2-Instruct's config.json (its README: "reuses DeepSeek-V3's architecture";
+# "1 trillion total parameters, 32 billion activated"); RoPE scaling left out (it does not
+# change counts).
+KIMI_K2 = {
+    "model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168,
+    "vocab_size": 163840, "num_hidden_layers": 61, "num_attention_heads": 64,
+    "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 384,
+    "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1,
+    "first_k_dense_replace": 1, "routed_scaling_factor": 2.827, "norm_topk_prob": True,
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "rms_norm_eps": 1e-6,
+    "rope_theta": 50000.0, "tie_word_embeddings": False, "num_nextn_predict_layers": 0,
+}
+
+
+def test_kimi_k2_counts_and_round_trip():
+    a = from_hf(KIMI_K2)
+    pc = a.param_counts()
+    assert pc.total == 1_026_408_232_448  # published "1 trillion total"
+    assert pc.active_without_embeddings == 31_687_095_808  # published "32B activated"
+    assert round(pc.total / 1e12, 2) == 1.03 and round(pc.active_without_embeddings / 1e9) == 32
+    assert a.kv_bytes_per_token() == _v3().kv_bytes_per_token()  # same latent, half the heads
+    cfg = to_hf(a)
+    assert cfg["model_type"] == "kimi_k2" and cfg["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert from_hf(json.loads(json.dumps(cfg))) == a

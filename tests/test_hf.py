@@ -84,6 +84,9 @@ SAMPLES = {
     # issue 18 part A (tests/test_family_deepseek.py, tests/test_family_gpt_oss.py)
     "deepseek_v3": json.loads((REPO / "tests/data/configs/deepseek-v3.json").read_text()),
     "gpt_oss": json.loads((REPO / "tests/data/configs/gpt-oss-20b.json").read_text()),
+    "kimi_k2": {**json.loads((REPO / "tests/data/configs/deepseek-v3.json").read_text()),
+                "model_type": "kimi_k2", "n_routed_experts": 384, "n_group": 1,
+                "topk_group": 1, "num_attention_heads": 64, "num_key_value_heads": 64},
     "deepseek_v3_puzzle": {
         "model_type": "deepseek_v3_puzzle", "hidden_size": 64, "vocab_size": 128,
         "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "num_hidden_layers": 2,

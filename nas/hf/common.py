@@ -267,7 +267,7 @@ def _refuse_hybrid_features(arch: ModelArch, mt: str) -> None:
             raise ExportError(f"{mt} has no gated / partial-rotary attention (block {i})")
 
 
-MLA_GPT_OSS_TYPES: set[str] = {"deepseek_v3", "deepseek_v3_puzzle", "gpt_oss",
+MLA_GPT_OSS_TYPES: set[str] = {"deepseek_v3", "deepseek_v3_puzzle", "kimi_k2", "gpt_oss",
                                 "gpt_oss_puzzle"}
 """Dialects whose writers hold (or check) multi-head latent attention, attention sinks,
 group-limited routing and gpt-oss's biased MoE with clamped SwiGLU; :func:`base_config`

@@ -1,5 +1,5 @@
-"""The DeepSeek-V3 dialect (``deepseek_v3``; Kimi-K2 ships the same type) and its puzzle
-extension ``deepseek_v3_puzzle``.
+"""The DeepSeek-V3 dialect (``deepseek_v3``; ``kimi_k2``, Kimi-K2's name for the same
+architecture and config fields) and its puzzle extension ``deepseek_v3_puzzle``.
 
 ``deepseek_v3``: ``num_hidden_layers`` layers of (multi-head latent attention, MLP); the first
 ``first_k_dense_replace`` MLPs are dense SwiGLU FFNs of ``intermediate_size``, the rest MoE
@@ -44,7 +44,7 @@ from nas.hf.common import (
 )
 from nas.hf.registry import Dialect, ExportError, register
 
-DEEPSEEK = ("deepseek_v3", "deepseek_v3_puzzle")
+DEEPSEEK = ("deepseek_v3", "deepseek_v3_puzzle", "kimi_k2")
 LATENT_NORM_EPS = 1e-6
 """transformers' ``DeepseekV3RMSNorm`` default, which the q/kv latent norms use."""
 
@@ -111,8 +111,9 @@ def _check_choice(r: Reader, key: str, allowed: str, why: str) -> None:
         raise r.err(key, f"{v!r} is not computed here (supported: {allowed!r}; {why})")
 
 
-def _read_stock(r: Reader) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
-    kw = model_fields(r, "deepseek_v3", 1e-6, _COMPUTED)
+def _read_stock(r: Reader, mt: str = "deepseek_v3"
+                ) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+    kw = model_fields(r, mt, 1e-6, _COMPUTED)
     n = r.int("num_hidden_layers")
     heads = r.int("num_attention_heads")
     kv = r.int("num_key_value_heads", heads)
@@ -165,8 +166,8 @@ def _read_stock(r: Reader) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
 
 
 def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
-    if mt == "deepseek_v3":
-        return _read_stock(r)
+    if mt in ("deepseek_v3", "kimi_k2"):
+        return _read_stock(r, mt)
     kw = model_fields(r, mt, 1e-6, set())
     blocks = read_block_configs(r)
     n = r.int("num_hidden_layers", len(blocks) // 2)
@@ -275,6 +276,8 @@ def is_mtp_tensor(arch: ModelArch, name: str) -> bool:
 
 
 register(Dialect(model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM", read=_read,
+                 write=_write_stock, fallbacks=("deepseek_v3_puzzle",)))
+register(Dialect(model_type="kimi_k2", architecture="DeepseekV3ForCausalLM", read=_read,
                  write=_write_stock, fallbacks=("deepseek_v3_puzzle",)))
 register(Dialect(model_type="deepseek_v3_puzzle", architecture="DeepseekV3PuzzleForCausalLM",
                  read=_read, write=_write_puzzle))
