@@ -2,7 +2,9 @@
 
 Imported types: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``, ``qwen2_moe``,
 ``qwen3_moe`` (:mod:`nas.hf.llama`), ``nemotron_h``, ``nemotron_h_puzzle``
-(:mod:`nas.hf.nemotron_h`) and ``nemotron-nas`` (DeciLM, :mod:`nas.hf.decilm`);
+(:mod:`nas.hf.nemotron_h`), ``nemotron-nas`` (DeciLM, :mod:`nas.hf.decilm`),
+``deepseek_v3``, ``kimi_k2``, ``deepseek_v3_puzzle`` (:mod:`nas.hf.deepseek`), ``gpt_oss``,
+``gpt_oss_puzzle`` (:mod:`nas.hf.gpt_oss`) and the other families' modules;
 :data:`SUPPORTED_TYPES` lists every registered one. A dialect is a
 :class:`~nas.hf.registry.Dialect` registered by its module; :data:`FAMILIES` lists the
 modules imported here.
