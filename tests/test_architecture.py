@@ -29,7 +29,8 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 # modules (dotted prefixes) that may import torch at module level
-TORCH_OK = ("nas.modules", "nas.build", "nas.scoring", "nas.distill", "hwprofiles.probe")
+TORCH_OK = ("nas.modules", "nas.build", "nas.scoring", "nas.distill", "nas.iterate",
+            "hwprofiles.probe")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ COMMANDS: list[str] = [
     "solve",
     "build",
     "score",
+    "distill",
+    "iterate",
     "profile",
     "calibrate",
 ]

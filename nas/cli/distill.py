@@ -1,0 +1,188 @@
+"""``puzzle-nas distill CHILD --teacher PARENT --data TOKENS -o DIR [--tokens N] [--nproc N]``.
+
+Global knowledge distillation of a built child from its parent (torch extra): logit KL
+(plus ``--lm-weight`` times the LM loss), AdamW with warm-up and cosine decay, held-out KL,
+LM loss and accuracy logged every ``--eval-every`` steps, a checkpoint every
+``--checkpoint-every`` steps (rerunning the same command resumes from it). ``--nproc N``
+runs ``torchrun --standalone --nproc-per-node N -m nas.cli.distill`` with the same
+arguments (DistributedDataParallel, gloo on CPU, nccl with ``--device cuda``); multi-node
+runs call torchrun themselves with their rendezvous flags and ``-m nas.cli.distill``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hwprofiles.errors import InputError, first_error
+
+OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png")
+
+
+def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
+    p.add_argument("child", help="the child checkpoint folder (puzzle-nas build -o DIR)")
+    p.add_argument("--teacher", required=True, help="the parent checkpoint folder")
+    p.add_argument("--data", required=True, help="training tokens: .npy (integers), .bin "
+                   "(raw, with --bin-dtype) or UTF-8 text with --tokenizer")
+    p.add_argument("--eval-data", help="held-out tokens (same formats); default: the last "
+                   "--eval-tokens of --data, never trained on")
+    p.add_argument("-o", "--output", required=True, help="output folder (resumable)")
+    p.add_argument("--tokenizer", help="HF tokenizer.json for text data (tokenizers package)")
+    p.add_argument("--bin-dtype", choices=("uint16", "uint32"), help="width of .bin token ids")
+    p.add_argument("--tokens", type=int, required=True, help="training tokens in all")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
+    p.add_argument("--batch", type=int, default=8,
+                   help="rows per step over all ranks (the global batch; default 8)")
+    p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
+    p.add_argument("--min-lr-fraction", type=float, default=0.1,
+                   help="cosine decay ends at this fraction of --lr (default 0.1)")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear warm-up steps")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm (0: none)")
+    p.add_argument("--lm-weight", type=float, default=0.0,
+                   help="weight of the LM loss added to the KL (default 0: KL only)")
+    p.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
+    p.add_argument("--eval-tokens", type=int, default=16384, help="held-out tokens evaluated")
+    p.add_argument("--checkpoint-every", type=int, default=50,
+                   help="steps between checkpoints (default 50)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the row sampling")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cpu (gloo) or cuda (nccl; rank r uses cuda:LOCAL_RANK)")
+    p.add_argument("--json", action="store_true", help="print distill.json")
+    if launcher:
+        p.add_argument("--nproc", type=int, default=1,
+                       help="processes (ranks) on this node, launched with torchrun")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "distill", help="knowledge-distill a built child from its parent",
+        description="Train the child to match the parent's next-token distribution (logit "
+        "KL, optionally plus LM loss) on the given tokens; resumable; DDP under torchrun.")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def settings_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The :class:`nas.distill.DistillSettings` of the flags (pydantic errors name the
+    flag)."""
+    from pydantic import ValidationError
+
+    from nas.distill import DistillSettings
+
+    kw = dict(tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch, lr=args.lr,
+              min_lr_fraction=args.min_lr_fraction, warmup_steps=args.warmup_steps,
+              weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+              lm_weight=args.lm_weight, eval_every=args.eval_every,
+              eval_tokens=args.eval_tokens, checkpoint_every=args.checkpoint_every,
+              seed=args.seed)
+    flags = {"batch_size": "--batch"}
+    try:
+        return DistillSettings(**kw)
+    except ValidationError as exc:
+        loc, msg = first_error(exc)
+        name = loc.split(".")[0]
+        raise InputError(f"{flags.get(name, '--' + name.replace('_', '-'))}: {msg}") from None
+
+
+def _check(args: argparse.Namespace) -> None:
+    from nas.io import check_output_dir
+
+    for flag, d in (("CHILD", args.child), ("--teacher", args.teacher)):
+        if not (Path(d) / "config.json").is_file():
+            raise InputError("not a checkpoint folder (config.json + safetensors)", path=d,
+                             field=flag)
+    check_output_dir(args.output, lambda n: n in OUTPUT_FILES or n.startswith("."), "-o")
+    settings_of(args)
+
+
+def run_local(args: argparse.Namespace) -> int:
+    """Distill in this process (one rank when launched by torchrun)."""
+    _check(args)
+    from nas.distill import distill
+    from nas.scoring.data import load_tokens
+
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: no CUDA device is visible")
+    train = load_tokens(args.data, args.tokenizer, args.bin_dtype)
+    held = None if not args.eval_data else load_tokens(args.eval_data, args.tokenizer,
+                                                       args.bin_dtype)
+    rec = distill(args.child, args.teacher, train, args.output, settings_of(args), held=held,
+                  data_source=args.data, eval_source=args.eval_data, device=args.device)
+    if rec is None:
+        return 0
+    if args.json:
+        print(json.dumps(rec.model_dump(), indent=2))
+        return 0
+    f, t = rec.final, rec.teacher_eval
+    print(f"{Path(args.output) / 'model'}: distilled {rec.steps} steps, "
+          f"{rec.tokens_trained:,} tokens, {rec.world_size} rank(s), {rec.seconds:.1f} s"
+          + (f" (resumed at step {rec.resumed_from_step})" if rec.resumed_from_step else ""))
+    print(f"  held-out ({rec.held_tokens:,} tokens): KL to teacher {rec.curve[0].kl_div:.4f} "
+          f"-> {f.kl_div:.4f} nats/token, LM loss {rec.curve[0].lm_loss:.4f} -> "
+          f"{f.lm_loss:.4f} (teacher {t.lm_loss:.4f}), accuracy {f.accuracy:.4f} "
+          f"(teacher {t.accuracy:.4f})")
+    return 0
+
+
+def forward_args(args: argparse.Namespace) -> list[str]:
+    """The rank command line for ``args`` (everything but ``--nproc``)."""
+    out = [args.child, "--teacher", args.teacher, "--data", args.data, "-o", args.output]
+    for name in ("eval_data", "tokenizer", "bin_dtype"):
+        if getattr(args, name):
+            out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    for name in ("tokens", "seq_len", "batch", "lr", "min_lr_fraction", "warmup_steps",
+                 "weight_decay", "grad_clip", "lm_weight", "eval_every", "eval_tokens",
+                 "checkpoint_every", "seed", "device"):
+        v = getattr(args, name)
+        out += ["--" + name.replace("_", "-"), repr(v) if isinstance(v, float) else str(v)]
+    if args.json:
+        out.append("--json")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nproc < 1:
+        raise InputError("--nproc must be >= 1")
+    if args.nproc == 1:
+        return run_local(args)
+    if args.batch % args.nproc:
+        raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of the "
+                         f"{args.nproc} ranks (--nproc)")
+    _check(args)  # bad input: one line and exit 2 here, before any rank starts
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={args.nproc}", "-m", "nas.cli.distill", *forward_args(args)]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.call(cmd, env=env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``torchrun --nproc-per-node N -m nas.cli.distill CHILD --teacher DIR --data TOKENS -o
+    DIR ...``: the arguments of ``puzzle-nas distill`` without ``--nproc``, one rank."""
+    from pydantic import ValidationError
+
+    p = argparse.ArgumentParser(prog="python -m nas.cli.distill",
+                                description="knowledge distillation, one rank of torchrun")
+    add_arguments(p, launcher=False)
+    args = p.parse_args(argv)
+    try:
+        return run_local(args)
+    except InputError as exc:
+        print(f"puzzle-nas distill: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ValidationError as exc:
+        loc, msg = first_error(exc)
+        print(f"puzzle-nas distill: error: {loc}: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

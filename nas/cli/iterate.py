@@ -1,0 +1,93 @@
+"""``puzzle-nas iterate SPEC --parent DIR --data TOKENS -o DIR``: iterative Puzzle.
+
+For each of the spec's ``stages``: score the stage's parent (replace-1-block KL with BLD),
+search under the stage's budgets, build the child from the BLD-trained blocks, distill it
+from the teacher (the parent by default); the distilled child is the next stage's parent.
+Resumable stage by stage (:mod:`nas.iterate`). Scoring flags are ``puzzle-nas score``'s,
+distillation flags ``puzzle-nas distill``'s with a ``--kd-`` prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hwprofiles.errors import InputError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "iterate", help="iterative search: search, build, distill, re-score per stage",
+        description="Run the spec's stages: per stage score, search, build from BLD blocks, "
+        "distill; the distilled child is the next stage's parent (torch extra).")
+    p.add_argument("spec", help="search spec JSON with a 'stages' list")
+    p.add_argument("--parent", required=True, help="parent checkpoint folder")
+    p.add_argument("--data", required=True, help="training / scoring tokens (.npy, .bin, or "
+                   "text with --tokenizer)")
+    p.add_argument("--eval-data", help="held-out tokens for the distillation's evaluation")
+    p.add_argument("-o", "--output", required=True, help="output folder (resumable)")
+    p.add_argument("--teacher", help="distillation teacher (default: --parent)")
+    p.add_argument("--parent-scores", help="an existing `puzzle-nas score` folder of --parent "
+                   "for stage 0")
+    p.add_argument("--tokenizer", help="HF tokenizer.json for text data")
+    p.add_argument("--bin-dtype", choices=("uint16", "uint32"), help="width of .bin token ids")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per row (scoring and KD)")
+    p.add_argument("--max-tokens", type=int, default=65536, help="scoring: held-out tokens")
+    p.add_argument("--calib-tokens", type=int, default=8192, help="scoring: calibration tokens")
+    p.add_argument("--bld-steps", type=int, default=100, help="scoring: BLD steps per "
+                   "alternative (default 100; the builder needs trained blocks)")
+    p.add_argument("--bld-lr", type=float, default=1e-3, help="scoring: BLD learning rate")
+    p.add_argument("--kd-tokens", type=int, required=True, help="KD: training tokens per stage")
+    p.add_argument("--kd-batch", type=int, default=8, help="KD: rows per step")
+    p.add_argument("--kd-lr", type=float, default=3e-4, help="KD: peak learning rate")
+    p.add_argument("--kd-lm-weight", type=float, default=0.0, help="KD: LM loss weight")
+    p.add_argument("--kd-eval-every", type=int, default=50, help="KD: steps between evals")
+    p.add_argument("--kd-eval-tokens", type=int, default=16384, help="KD: held-out tokens")
+    p.add_argument("--seed", type=int, default=0, help="seed of BLD and KD sampling")
+    p.add_argument("--json", action="store_true", help="print iterate.json")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from hwprofiles.errors import first_error
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise InputError("iterate needs torch: pip install 'puzzle-nas[torch]'") from None
+    from nas.distill import DistillSettings
+    from nas.iterate import run_iterate
+    from nas.scoring.job import Settings
+
+    if not (Path(args.parent) / "config.json").is_file():
+        raise InputError("not a checkpoint folder (config.json + safetensors)",
+                         path=args.parent, field="--parent")
+    try:
+        ss = Settings(seq_len=args.seq_len, max_tokens=args.max_tokens,
+                      calib_tokens=args.calib_tokens, bld_steps=args.bld_steps,
+                      bld_lr=args.bld_lr, seed=args.seed)
+        ds = DistillSettings(tokens=args.kd_tokens, seq_len=args.seq_len,
+                             batch_size=args.kd_batch, lr=args.kd_lr,
+                             lm_weight=args.kd_lm_weight, eval_every=args.kd_eval_every,
+                             eval_tokens=args.kd_eval_tokens, seed=args.seed)
+    except ValidationError as exc:
+        loc, msg = first_error(exc)
+        raise InputError(f"{loc}: {msg}") from None
+    rec = run_iterate(args.spec, args.parent, args.data, args.output, ss, ds,
+                      eval_data=args.eval_data, tokenizer=args.tokenizer,
+                      bin_dtype=args.bin_dtype, teacher=args.teacher,
+                      parent_scores=args.parent_scores)
+    if args.json:
+        print(json.dumps(rec.model_dump(), indent=2))
+        return 0
+    print(f"{args.output}: {len(rec.stages)} stages, {rec.seconds:.1f} s; final model "
+          f"{rec.final_model}")
+    for st in rec.stages:
+        f = st.final
+        print(f"  {st.name}: {st.changed_blocks} blocks changed, params "
+              f"{st.params['child_total']:,}; after KD held-out KL {f['kl_div']:.4f}, "
+              f"LM loss {f['lm_loss']:.4f}, accuracy {f['accuracy']:.4f}")
+    return 0

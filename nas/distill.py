@@ -1,0 +1,465 @@
+"""Global knowledge distillation of a built child from its parent (torch).
+
+The student (the child checkpoint) is trained to match the teacher's (the parent's)
+next-token distribution on the training tokens:
+
+``loss = KL(p_teacher || q_student) + lm_weight * CE(q_student, next token)``
+
+both as means over every position that has a next token (nats per token), from float32
+log-softmax. AdamW (no weight decay by default), linear warm-up then cosine decay to
+``min_lr_fraction`` of the peak learning rate, gradient-norm clipping.
+
+**Determinism and resuming.** The rows of step ``s`` are drawn by a generator seeded from
+``(seed, s)`` alone, so a run resumed from a checkpoint at step ``s`` draws exactly the rows
+an uninterrupted run draws. The checkpoint (``DIR/checkpoint/``: the student as
+safetensors, the AdamW state as ``optimizer.pt`` written by ``torch.save`` of tensors and
+plain numbers, read back with ``torch.load(weights_only=True)``, and ``state.json``) is
+written into a temporary folder and swapped in whole (:func:`nas.io.staged_dir`); a run
+killed at any moment resumes from the last complete checkpoint and ends with the same
+weights as an uninterrupted run (same threads per process).
+
+**Distributed.** Under ``torchrun`` (``WORLD_SIZE`` > 1) the student is wrapped in
+:class:`torch.nn.parallel.DistributedDataParallel` (gloo on CPU, nccl on CUDA); each step's
+``batch_size`` rows (the *global* batch) are split evenly over the ranks, and DDP's gradient
+average equals the one-process gradient of the mean loss. Held-out evaluation is sharded
+over the ranks and summed with ``all_reduce``. Rank 0 writes every file.
+
+Outputs in ``DIR``: ``model/`` (the distilled child: ``config.json`` + ``model.safetensors``,
+a checkpoint :func:`nas.build.load_pretrained` reads and ``puzzle-nas score`` takes as a
+parent), ``distill.json`` (:class:`DistillRecord`: settings, hashes, the KD curve),
+``kd_curve.png``, and ``checkpoint/`` (while running and after, for resuming).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hwprofiles.errors import InputError, first_error, read_json
+from nas.build import load_pretrained
+from nas.io import atomic_write_json, staged_dir
+from nas.modules.model import CausalLM
+from nas.progress import Progress
+from nas.scoring.digest import weights_digest
+
+VERSION = "distill v1"
+KILL_ENV = "PUZZLE_NAS_DISTILL_KILL_AFTER"  # fault injection for tests: SIGKILL after step N
+
+
+class DistillSettings(BaseModel):
+    """Everything that changes the distilled weights (hashed into the run's key)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens: int = Field(ge=1, description="training tokens (steps = ceil(tokens / (batch_size "
+                        "* seq_len)))")
+    seq_len: int = Field(default=256, ge=2, description="tokens per row")
+    batch_size: int = Field(default=8, ge=1, description="rows per step, over all ranks")
+    lr: float = Field(default=3e-4, gt=0, description="peak AdamW learning rate")
+    min_lr_fraction: float = Field(default=0.1, ge=0, le=1,
+                                   description="cosine decay ends at this fraction of lr")
+    warmup_steps: int = Field(default=0, ge=0, description="linear warm-up steps")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(default=1.0, ge=0, description="max gradient norm (0 = none)")
+    lm_weight: float = Field(default=0.0, ge=0, description="weight of the LM (next-token "
+                             "cross-entropy) loss added to the KL")
+    eval_every: int = Field(default=50, ge=1, description="steps between held-out evaluations")
+    eval_tokens: int = Field(default=16384, ge=1, description="held-out tokens evaluated")
+    checkpoint_every: int = Field(default=50, ge=1, description="steps between checkpoints")
+    seed: int = Field(default=0, ge=0, description="seed of the row sampling")
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(self.tokens / (self.batch_size * self.seq_len))
+
+    def digest(self) -> str:
+        keep = self.model_dump(exclude={"eval_every", "checkpoint_every"})
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
+
+
+class CurvePoint(BaseModel):
+    """Held-out figures of the student after ``step`` steps (``tokens`` trained on)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step: int
+    tokens: int
+    kl_div: float
+    lm_loss: float
+    accuracy: float
+    top1_agreement: float
+    train_loss: float | None
+
+
+class DistillRecord(BaseModel):
+    """``distill.json``: what a distillation did, on what, and what it measured."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: str
+    key: str
+    student: str
+    teacher: str
+    teacher_weights: str
+    student_init_weights: str
+    data: str
+    data_sha256: str
+    eval_data: str
+    settings: dict[str, Any]
+    steps: int
+    tokens_trained: int
+    held_tokens: int
+    world_size: int
+    teacher_eval: CurvePoint
+    curve: list[CurvePoint]
+    final: CurvePoint
+    resumed_from_step: int
+    seconds: float
+    parameters: int
+
+
+class _State(BaseModel):
+    """``checkpoint/state.json``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    step: int
+    curve: list[CurvePoint]
+    teacher_eval: CurvePoint
+    losses: list[float]
+
+
+# ---- data -------------------------------------------------------------------------------
+def rows_of(tokens: np.ndarray, seq_len: int, vocab_size: int, source: str) -> torch.Tensor:
+    """Non-overlapping rows ``(n, seq_len)`` of a flat token array (remainder dropped); ids
+    must lie in ``[0, vocab_size)``."""
+    n = len(tokens) // seq_len
+    if n < 1:
+        raise InputError(f"holds {len(tokens)} tokens, shorter than one row of --seq-len "
+                         f"{seq_len}", path=source)
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= vocab_size:
+        bad = int(np.flatnonzero((tokens < 0) | (tokens >= vocab_size))[0])
+        raise InputError(f"token id {int(tokens[bad])} at position {bad} is outside the "
+                         f"vocabulary [0, {vocab_size})", path=source)
+    return torch.as_tensor(tokens[: n * seq_len].reshape(n, seq_len).copy(), dtype=torch.long)
+
+
+def split_rows(train: np.ndarray, held: np.ndarray | None, settings: DistillSettings,
+               vocab_size: int, source: str, held_source: str | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(training rows, held-out rows). With ``held`` the held-out rows are its first
+    ``ceil(eval_tokens / seq_len)`` rows and training uses every row of ``train``; without
+    it the last rows of ``train`` are held out (never trained on)."""
+    s = settings
+    n_eval = math.ceil(s.eval_tokens / s.seq_len)
+    tr = rows_of(train, s.seq_len, vocab_size, source)
+    if held is not None:
+        ho = rows_of(held, s.seq_len, vocab_size, held_source or "eval data")
+        return tr, ho[:n_eval]
+    if len(tr) < 2:
+        raise InputError(f"holds {len(tr)} row(s) of {s.seq_len} tokens; distillation needs "
+                         "2 (training and held out), or pass --eval-data", path=source)
+    n_eval = min(n_eval, len(tr) - 1)
+    return tr[: len(tr) - n_eval], tr[len(tr) - n_eval:]
+
+
+def step_rows(step: int, n_rows: int, settings: DistillSettings) -> torch.Tensor:
+    """The global batch of ``step``: row indices drawn by a generator seeded from
+    ``(seed, step)`` only (any rank, any resume point draws the same)."""
+    g = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+    return torch.randint(0, n_rows, (settings.batch_size,), generator=g)
+
+
+def lr_at(step: int, settings: DistillSettings) -> float:
+    """Learning rate of optimizer step ``step`` (0-based)."""
+    s = settings
+    if s.warmup_steps and step < s.warmup_steps:
+        return s.lr * (step + 1) / s.warmup_steps
+    span = max(s.steps - s.warmup_steps, 1)
+    t = min(max(step - s.warmup_steps, 0) / span, 1.0)
+    return s.lr * (s.min_lr_fraction + (1 - s.min_lr_fraction) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+# ---- losses and evaluation --------------------------------------------------------------
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tokens: torch.Tensor,
+            lm_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, KL, CE): mean per position with a next token, nats."""
+    zs = student_logits[:, :-1].float()
+    zt = teacher_logits[:, :-1].float()
+    lq = F.log_softmax(zs, -1)
+    lp = F.log_softmax(zt, -1)
+    kl = (lp.exp() * (lp - lq)).sum(-1).mean()
+    ce = F.nll_loss(lq.reshape(-1, lq.shape[-1]), tokens[:, 1:].reshape(-1))
+    return kl + lm_weight * ce, kl, ce
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@torch.no_grad()
+def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: int = 8
+             ) -> dict[str, float]:
+    """Held-out figures of ``student`` against ``teacher`` (float64 sums over every position
+    with a next token; rows sharded over ranks and summed): ``kl_div`` (mean KL(teacher ||
+    student), nats), ``lm_loss`` (mean cross-entropy, nats), ``accuracy`` (next-token top-1
+    accuracy), ``top1_agreement`` (argmax equal to the teacher's)."""
+    rank, world = _world()
+    was = student.training
+    student.eval()
+    dev = student.embed.weight.device
+    sums = torch.zeros(5, dtype=torch.float64)
+    mine = held[rank::world]
+    for k in range(0, len(mine), batch):
+        t = mine[k:k + batch].to(dev)
+        zs = student(t)[:, :-1].double()
+        zt = teacher(t)[:, :-1].double()
+        lq, lp = F.log_softmax(zs, -1), F.log_softmax(zt, -1)
+        y = t[:, 1:]
+        sums[0] += float((lp.exp() * (lp - lq)).sum())
+        sums[1] += float(-lq.gather(-1, y[..., None]).sum())
+        sums[2] += float((zs.argmax(-1) == y).sum())
+        sums[3] += float((zs.argmax(-1) == zt.argmax(-1)).sum())
+        sums[4] += y.numel()
+    if world > 1:
+        dist.all_reduce(sums)
+    student.train(was)
+    n = float(sums[4])
+    return {"kl_div": float(sums[0]) / n, "lm_loss": float(sums[1]) / n,
+            "accuracy": float(sums[2]) / n, "top1_agreement": float(sums[3]) / n}
+
+
+# ---- checkpoints ------------------------------------------------------------------------
+def _save_checkpoint(folder: Path, student: CausalLM, opt: torch.optim.Optimizer,
+                     state: _State) -> None:
+    from safetensors.torch import save_file
+
+    sd = {k: v.detach().cpu().contiguous().clone() for k, v in student.state_dict().items()}
+    with staged_dir(folder, "checkpoint") as tmp:
+        save_file(sd, str(tmp / "model.safetensors"))
+        torch.save(opt.state_dict(), tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(state.model_dump_json(indent=1) + "\n")
+
+
+def _load_checkpoint(folder: Path, key: str, student: CausalLM,
+                     opt: torch.optim.Optimizer) -> _State | None:
+    """The checkpoint's state (student and optimizer loaded in place), or ``None`` when
+    there is none or it belongs to another run (other settings, data or weights)."""
+    if not (folder / "state.json").is_file():
+        return None
+    try:
+        state = _State.model_validate(read_json(folder / "state.json"))
+    except ValidationError as exc:
+        loc, msg = first_error(exc)
+        raise InputError(msg, path=str(folder / "state.json"), field=loc) from None
+    if state.key != key:
+        return None
+    from safetensors.torch import load_file
+
+    dev = student.embed.weight.device
+    student.load_state_dict(load_file(str(folder / "model.safetensors"), device=str(dev)))
+    opt.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True,
+                                   map_location=dev))
+    return state
+
+
+def plot_curve(path: Path, record: DistillRecord) -> Path | None:
+    """``kd_curve.png``: held-out KL and LM loss against tokens trained (None without
+    matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    from nas.io import atomic_write
+
+    xs = [p.tokens for p in record.curve]
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax[0].plot(xs, [p.kl_div for p in record.curve], marker="o")
+    ax[0].set_xlabel("tokens trained")
+    ax[0].set_ylabel("held-out KL(teacher || student), nats/token")
+    ax[1].plot(xs, [p.lm_loss for p in record.curve], marker="o", label="student")
+    ax[1].axhline(record.teacher_eval.lm_loss, color="k", ls="--", label="teacher")
+    ax[1].set_xlabel("tokens trained")
+    ax[1].set_ylabel("held-out LM loss, nats/token")
+    ax[1].legend()
+    fig.suptitle(f"knowledge distillation of {Path(record.student).name}")
+    fig.tight_layout()
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=100))
+    plt.close(fig)
+    return path
+
+
+# ---- the run ----------------------------------------------------------------------------
+def init_distributed(device: str) -> tuple[int, int, str]:
+    """Join the torchrun group when launched by torchrun (gloo on CPU, nccl on CUDA);
+    returns (rank, world size, device)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(hours=12))
+    rank, world = _world()
+    if device == "cuda":
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return rank, world, device
+
+
+def _point(step: int, s: DistillSettings, ev: dict[str, float],
+           train_loss: float | None) -> CurvePoint:
+    return CurvePoint(step=step, tokens=step * s.batch_size * s.seq_len, train_loss=train_loss,
+                      **ev)
+
+
+def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
+            out_dir: str | Path, settings: DistillSettings, *, held: np.ndarray | None = None,
+            data_source: str = "data", eval_source: str | None = None, device: str = "cpu",
+            progress: bool | None = None, log: Callable[[str], None] | None = None
+            ) -> DistillRecord | None:
+    """Distill the checkpoint ``student_dir`` from ``teacher_dir`` on token array ``train``
+    (held-out rows from ``held``, else the end of ``train``) into ``out_dir`` (see the
+    module docstring). Resumes from ``out_dir/checkpoint`` when it belongs to the same run;
+    returns the existing record when the same run already finished. Returns the
+    :class:`DistillRecord` on rank 0, ``None`` on other ranks."""
+    t0 = time.perf_counter()
+    log = log if log is not None else (lambda s: print(s, file=sys.stderr))
+    rank, world, device = init_distributed(device)
+    s = settings
+    if s.batch_size % world:
+        raise InputError(f"--batch {s.batch_size} (the global batch) must be a multiple of the "
+                         f"{world} ranks")
+    out = Path(out_dir)
+    teacher = load_pretrained(teacher_dir).to(device).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    student = load_pretrained(student_dir).to(device)
+    if student.arch.vocab_size != teacher.arch.vocab_size:
+        raise InputError(f"the student's vocabulary ({student.arch.vocab_size}) differs from "
+                         f"the teacher's ({teacher.arch.vocab_size})", path=str(student_dir))
+    tr, ho = split_rows(train, held, s, teacher.arch.vocab_size, data_source, eval_source)
+    h = hashlib.sha256()
+    for a in (tr, ho):
+        h.update(str(tuple(a.shape)).encode())
+        h.update(a.numpy().tobytes())
+    data_hash = h.hexdigest()
+    t_hash, s_hash = weights_digest(teacher), weights_digest(student)
+    key = hashlib.sha256(json.dumps([VERSION, t_hash, s_hash, data_hash, s.digest()]
+                                    ).encode()).hexdigest()
+    done = out / "distill.json"
+    if done.is_file() and (out / "model" / "config.json").is_file():
+        try:
+            rec = DistillRecord.model_validate(read_json(done))
+        except ValidationError:
+            rec = None
+        if rec is not None and rec.key == key:
+            return rec if rank == 0 else None
+    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=s.lr,
+                            weight_decay=s.weight_decay)
+    ckpt = out / "checkpoint"
+    state = _load_checkpoint(ckpt, key, student, opt)
+    if state is None:
+        ev = evaluate(teacher, teacher, ho)
+        teacher_eval = _point(0, s, ev, None)
+        curve = [_point(0, s, evaluate(student, teacher, ho), None)]
+        start, losses = 0, []
+    else:
+        teacher_eval, curve, start, losses = (state.teacher_eval, list(state.curve), state.step,
+                                              list(state.losses))
+        if rank == 0:
+            log(f"resuming from step {start} of {s.steps} ({ckpt})")
+    model: torch.nn.Module = student
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(student)  # every parameter is used (experts are stacked tensors)
+    local = s.batch_size // world
+    kill_after = int(os.environ.get(KILL_ENV, "-1"))
+    student.train()
+    with Progress(s.steps, "distilling", progress if rank == 0 else False) as bar:
+        bar.update(start)
+        for step in range(start, s.steps):
+            idx = step_rows(step, len(tr), s)[rank * local:(rank + 1) * local]
+            t = tr[idx].to(device)
+            with torch.no_grad():
+                zt = teacher(t)
+            loss, kl, _ = kd_loss(model(t), zt, t, s.lm_weight)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, s)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if s.grad_clip:
+                torch.nn.utils.clip_grad_norm_(student.parameters(), s.grad_clip)
+            opt.step()
+            lv = loss.detach().clone()
+            if world > 1:
+                dist.all_reduce(lv)
+                lv /= world
+            losses.append(float(lv))
+            n = step + 1
+            if n % s.eval_every == 0 or n == s.steps:
+                tl = float(np.mean(losses[-s.eval_every:]))
+                curve.append(_point(n, s, evaluate(student, teacher, ho), tl))
+                c = curve[-1]
+                if rank == 0:
+                    log(f"step {n}/{s.steps}: held-out KL {c.kl_div:.4f}, LM loss "
+                        f"{c.lm_loss:.4f}, accuracy {c.accuracy:.4f} (train loss {tl:.4f})")
+            if n % s.checkpoint_every == 0 and n < s.steps:  # the end writes model/
+                if rank == 0:
+                    _save_checkpoint(ckpt, student, opt, _State(
+                        key=key, step=n, curve=curve, teacher_eval=teacher_eval,
+                        losses=losses))
+                if world > 1:
+                    dist.barrier()
+            if n == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            bar.update(1, f"loss {float(lv):.4f}")
+    student.eval()
+    if rank != 0:
+        dist.barrier()
+        return None
+    from nas.build import save_pretrained
+
+    save_pretrained(student, out / "model")
+    record = DistillRecord(
+        version=VERSION, key=key, student=str(student_dir), teacher=str(teacher_dir),
+        teacher_weights=t_hash, student_init_weights=s_hash, data=data_source,
+        data_sha256=data_hash, eval_data=eval_source or f"{data_source} (last rows)",
+        settings=s.model_dump(), steps=s.steps, tokens_trained=s.steps * s.batch_size * s.seq_len,
+        held_tokens=int(ho[:, 1:].numel()), world_size=world, teacher_eval=teacher_eval,
+        curve=curve, final=curve[-1], resumed_from_step=start,
+        seconds=time.perf_counter() - t0, parameters=student.num_stored())
+    plot_curve(out / "kd_curve.png", record)
+    atomic_write_json(done, record.model_dump())
+    if world > 1:
+        dist.barrier()
+    return record
+
+
+def load_record(out_dir: str | Path) -> DistillRecord:
+    """The :class:`DistillRecord` of a finished distillation folder."""
+    path = Path(out_dir) / "distill.json"
+    try:
+        return DistillRecord.model_validate(read_json(path))
+    except ValidationError as exc:
+        loc, msg = first_error(exc)
+        raise InputError(msg, path=str(path), field=loc) from None
+

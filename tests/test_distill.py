@@ -1,0 +1,186 @@
+"""Knowledge distillation (``nas.distill``, ``puzzle-nas distill``): the held-out KL falls,
+outputs are a loadable checkpoint and a record, a SIGKILLed run resumes to the weights of an
+uninterrupted one, 2 gloo ranks equal 1 rank at the same global batch, bad input is one
+line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+from tiny_parent import PARENT, SEQ  # noqa: E402
+
+from nas.arch import NoOp  # noqa: E402
+from nas.build import init_from_parent, load_pretrained, save_pretrained  # noqa: E402
+from nas.distill import (  # noqa: E402
+    KILL_ENV,
+    DistillSettings,
+    distill,
+    load_record,
+    lr_at,
+    step_rows,
+)
+
+pytestmark = pytest.mark.torch
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[1]
+KD = ["--tokens", str(10 * 8 * SEQ), "--seq-len", str(SEQ), "--batch", "8", "--lr", "2e-3",
+      "--eval-every", "5", "--eval-tokens", "1024", "--checkpoint-every", "3"]
+
+
+def _env(**kw: str) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", **kw)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="module")
+def work(trained_parent, tmp_path_factory):
+    """The trained tiny parent, a child of it (an FFN dropped, a MoE at half its experts)
+    initialized from it, and the English bytes as token ids."""
+    model, calib, _, data = trained_parent
+    d = tmp_path_factory.mktemp("distill")
+    save_pretrained(model, d / "parent")
+    blocks = list(PARENT.blocks)
+    blocks[1] = NoOp()
+    blocks[3] = blocks[3].model_copy(update={"num_experts": 4})
+    child = init_from_parent(PARENT.replace_blocks(blocks), model, calib)
+    save_pretrained(child, d / "child")
+    np.save(d / "tokens.npy", data.numpy().astype(np.uint16))
+    return d
+
+
+def _cli(work: Path, out: Path, *extra: str, env: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "nas", "distill", str(work / "child"), "--teacher",
+           str(work / "parent"), "--data", str(work / "tokens.npy"), "-o", str(out), *KD,
+           *extra]
+    return subprocess.run(cmd, env=env or _env(), capture_output=True, text=True, timeout=600)
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def one_rank(work):
+    out = work / "one"
+    p = _cli(work, out)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+# ---- in process -------------------------------------------------------------------------
+def test_distillation_lowers_held_out_kl_and_writes_a_loadable_child(work, tmp_path):
+    s = DistillSettings(tokens=20 * 8 * SEQ, seq_len=SEQ, batch_size=8, lr=2e-3, eval_every=10,
+                        eval_tokens=1024, checkpoint_every=10, lm_weight=0.1)
+    data = np.load(work / "tokens.npy").astype(np.int64)
+    rec = distill(work / "child", work / "parent", data, tmp_path / "kd", s, progress=False,
+                  log=lambda m: None)
+    assert rec is not None
+    assert [p.step for p in rec.curve] == [0, 10, 20] and rec.steps == 20
+    assert rec.tokens_trained == 20 * 8 * SEQ == rec.curve[-1].tokens
+    first, last = rec.curve[0], rec.final
+    assert last.kl_div < 0.5 * first.kl_div  # distillation works, on held-out tokens
+    assert last.top1_agreement > first.top1_agreement
+    assert rec.teacher_eval.kl_div == 0.0 and rec.teacher_eval.top1_agreement == 1.0
+    assert rec.held_tokens == 16 * (SEQ - 1)  # ceil(1024 / 64) rows, never trained on
+    child = load_pretrained(tmp_path / "kd" / "model")
+    assert child.num_stored() == load_pretrained(work / "child").num_stored()
+    assert child.arch.blocks[1] == NoOp()
+    assert (tmp_path / "kd" / "kd_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert load_record(tmp_path / "kd") == rec
+    # the same run again is read back, not retrained
+    again = distill(work / "child", work / "parent", data, tmp_path / "kd", s, progress=False,
+                    log=lambda m: None)
+    assert again == rec
+
+
+def test_row_sampling_and_schedule_depend_on_the_step_only():
+    s = DistillSettings(tokens=100 * 4 * 8, seq_len=8, batch_size=4, lr=1e-3, warmup_steps=10,
+                        min_lr_fraction=0.1)
+    assert s.steps == 100
+    assert torch.equal(step_rows(37, 500, s), step_rows(37, 500, s))
+    assert not torch.equal(step_rows(37, 500, s), step_rows(38, 500, s))
+    assert not torch.equal(step_rows(37, 500, s),
+                           step_rows(37, 500, s.model_copy(update={"seed": 1})))
+    assert lr_at(0, s) == pytest.approx(1e-4) and lr_at(9, s) == pytest.approx(1e-3)
+    assert lr_at(10, s) == pytest.approx(1e-3)
+    assert lr_at(99, s) == pytest.approx(1e-4, rel=0.01)
+    assert all(lr_at(k, s) >= lr_at(k + 1, s) for k in range(10, 99))
+
+
+# ---- command line: resume and ranks --------------------------------------------------------
+def test_sigkill_then_resume_equals_an_uninterrupted_run(work, one_rank):
+    out = work / "killed"
+    p = _cli(work, out, env=_env(**{KILL_ENV: "7"}))
+    assert p.returncode == -9, p.stderr[-2000:]
+    assert not (out / "model").exists() and not (out / "distill.json").exists()
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 6  # the last complete checkpoint (every 3 steps)
+    p = _cli(work, out)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming from step 6 of 10" in p.stderr
+    a, b = _weights(one_rank), _weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = load_record(one_rank), load_record(out)
+    assert rb.resumed_from_step == 6 and ra.curve == rb.curve
+
+
+def test_two_gloo_ranks_match_one_rank_at_the_same_global_batch(work, one_rank):
+    out = work / "two"
+    p = _cli(work, out, "--nproc", "2", "--json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = json.loads(p.stdout[p.stdout.index("{"):])
+    assert rec["world_size"] == 2
+    a, b = _weights(one_rank), _weights(out)
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert diff < 1e-4, diff  # float32 reduction order only
+    one = load_record(one_rank)
+    for p1, p2 in zip(one.curve, rec["curve"]):
+        assert p2["kl_div"] == pytest.approx(p1.kl_div, rel=1e-3, abs=1e-6)
+        assert p2["lm_loss"] == pytest.approx(p1.lm_loss, rel=1e-4)
+
+
+# ---- bad input ----------------------------------------------------------------------------
+def test_bad_input_is_one_line(work, tmp_path):
+    from nas.cli import main as cli
+
+    base = [str(work / "child"), "--teacher", str(work / "parent"), "--data",
+            str(work / "tokens.npy"), *KD]
+    cases = [
+        (["distill", str(tmp_path / "nope"), *base[1:], "-o", str(tmp_path / "o1")],
+         "not a checkpoint folder"),
+        (["distill", *base, "-o", str(tmp_path / "o2"), "--batch", "0"], "--batch"),
+        (["distill", *base, "-o", str(tmp_path / "o3"), "--lr", "-1"], "--lr"),
+    ]
+    bad_tokens = tmp_path / "bad.npy"
+    np.save(bad_tokens, np.full(4096, 999, dtype=np.int64))
+    cases.append((["distill", *base[:3], "--data", str(bad_tokens), *KD, "-o",
+                   str(tmp_path / "o4")], "outside the vocabulary"))
+    foreign = tmp_path / "o5"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    cases.append((["distill", *base, "-o", str(foreign)], "notes.txt"))
+    cases.append((["distill", *base, "-o", str(tmp_path / "o6"), "--nproc", "2", "--batch",
+                   "3"], "multiple of the 2 ranks"))
+    import contextlib
+    import io
+
+    for argv, needle in cases:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = cli(argv)
+        assert rc == 2, (argv, err.getvalue())
+        assert needle in err.getvalue() and err.getvalue().count("\n") == 1, err.getvalue()
