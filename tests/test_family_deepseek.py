@@ -400,9 +400,9 @@ def test_search_axes():
 
 def test_shipped_example_search_runs(tmp_path):
     """examples/deepseek-v3-8xh200.json (without its sweep, to stay quick): the parent does
-    not fit 16 requests of 128K tokens on 8 H200s in FP8 (the latent cache is replicated on
-    every GPU under TP); the child fits and meets the throughput budget, and its config reads
-    back as a DeepSeek-V3 model with the MTP head."""
+    not fit 32 requests of 128K tokens on 8 H200s in FP8 (the latent cache is replicated on
+    every GPU under TP); the child fits by a smaller latent and meets the throughput budget,
+    and its config reads back as a DeepSeek-V3 model with the MTP head."""
     from nas.cli import main
 
     repo = Path(__file__).resolve().parents[1]
