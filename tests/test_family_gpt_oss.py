@@ -311,9 +311,9 @@ def test_search_axes_moe_and_attention():
 
 
 def test_shipped_example_search_runs(tmp_path):
-    """examples/gpt-oss-120b-h100.json (without its sweep): the parent in MXFP4 does not fit 4
-    requests of 128K tokens on one H100; the child fits and meets the throughput budget, and
-    its config reads back with the sinks and biased experts."""
+    """examples/gpt-oss-120b-h100.json (without its sweep): the parent in MXFP4 does not fit
+    12 requests of 128K tokens on one H100; the child fits and meets the throughput budget,
+    and its config reads back with the sinks and biased experts."""
     from nas.cli import main
 
     repo = Path(__file__).resolve().parents[1]
