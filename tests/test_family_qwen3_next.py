@@ -191,6 +191,7 @@ def test_parity_theirs_to_ours(tmp_path):
     assert ours.arch.model_type == "qwen3_next" and ours.arch.blocks[2].rope_dim == 8
     diff = _check(ours, theirs, _prompt())
     assert diff <= 1e-4
+    _zero_centred_norm_matters(load_pretrained(tmp_path / "hf").eval())
     # the 4.x spelling (top-level rope_theta and partial_rotary_factor) reads the same
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     rp = cfg.pop("rope_parameters")
@@ -215,13 +216,10 @@ def test_parity_ours_to_theirs(tmp_path):
     _check(ours, to_transformers(ours).eval(), _prompt(4))
 
 
-def test_zero_centred_norm_matters():
+def _zero_centred_norm_matters(ours):
     """The (1 + weight) norms are not a no-op on these weights."""
     from test_hf_parity import _prompt
 
-    from nas.build import from_transformers
-
-    ours = from_transformers(_hf_model()).eval()
     with torch.no_grad():
         a = ours(_prompt())
         for m in ours.modules():
@@ -427,7 +425,10 @@ def test_qwen35_parity_both_ways(tmp_path):
         tmp_path / "ours", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     _check(mine, back.eval(), _prompt(3))
-    _check(mine, to_transformers(mine).eval(), _prompt(4))
+    with pytest.raises(Exception, match="puzzle_layers"):  # a heterogeneous child cannot go
+        blocks = list(mine.arch.blocks)  # into transformers' class
+        blocks[1] = NoOp()
+        to_transformers(build_model(mine.arch.replace_blocks(blocks), seed=0))
 
 
 def test_qwen35_init_fewer_heads_split_layout():
