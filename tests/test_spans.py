@@ -261,6 +261,13 @@ def test_span_block_field_errors():
         prepare(spec)
 
 
+def test_span_rule_matching_nothing_is_an_error():
+    spec = super_spec([{"kinds": ["attention", "attention"], "replace_with": [{"noop": True}]}])
+    with pytest.raises(InputError, match=r"no span of the parent matches") as e:
+        prepare(spec)
+    assert "search_space.spans[0]" in str(e.value)
+
+
 def test_wide_space_is_off_by_default():
     """No spans and no precision: the alternatives are exactly nas.space's."""
     spec = super_spec()

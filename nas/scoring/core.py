@@ -53,6 +53,8 @@ class Item:
     alt: Alternative
     parent_block: _Block
     key: str
+    recipe: str | None = None
+    """Precision recipe the block's weights are fake-quantized with (None: not quantized)."""
 
     @property
     def block(self) -> int:
@@ -64,21 +66,30 @@ class Item:
 
 
 def make_items(parent: ModelArch, alts: list[list[Alternative]], parent_hash: str,
-               data_hash: str, settings: Settings) -> list[Item]:
-    """Every non-parent alternative, in block order, with its content key."""
+               data_hash: str, settings: Settings, base_recipe: str | None = None
+               ) -> list[Item]:
+    """Every non-parent alternative, in block order, with its content key.
+
+    ``base_recipe`` (precision searched per block, ``nas.spans``): every alternative's
+    weights are fake-quantized with its recipe (this one when it has none), and the parent
+    block in this recipe is scored too (it is no longer the unquantized parent)."""
     code = code_digest()
     out = []
     for block_alts in alts:
         for a in block_alts:
-            if a.is_parent:
+            if a.is_parent and base_recipe is None:
                 continue
             pb = parent.blocks[a.block]
-            blob = json.dumps({"version": VERSION, "code": code, "parent": parent_hash,
-                               "data": data_hash,
-                               "block": a.block, "parent_block": pb.model_dump(),
-                               "child": a.child.model_dump(),
-                               "settings": settings.model_dump()}, sort_keys=True)
-            out.append(Item(a, pb, hashlib.sha256(blob.encode()).hexdigest()))
+            recipe = a.recipe if a.recipe is not None else base_recipe
+            d = {"version": VERSION, "code": code, "parent": parent_hash, "data": data_hash,
+                 "block": a.block, "parent_block": pb.model_dump(),
+                 "child": a.child.model_dump(), "settings": settings.model_dump()}
+            if recipe is not None:  # keys of the narrow space are unchanged
+                d["recipe"] = recipe
+            if a.end is not None:
+                d["span"] = [a.block, a.end, [c.model_dump() for c in a.blocks]]
+            blob = json.dumps(d, sort_keys=True)
+            out.append(Item(a, pb, hashlib.sha256(blob.encode()).hexdigest(), recipe))
     return out
 
 
@@ -192,16 +203,30 @@ class Scorer:
 
     def build(self, item: Item, bld_dir: Path | None = None
               ) -> tuple[Block, str, dict[str, Any]]:
-        """The initialized (and, with ``bld_steps``, trained) block of ``item``."""
+        """The initialized (and, with ``bld_steps``, trained) block of ``item`` (a span
+        item: its child blocks, :mod:`nas.scoring.span_scoring`); fake-quantized last when
+        the item has a recipe."""
+        if item.alt.end is not None:
+            from nas.scoring.span_scoring import build_span
+
+            return build_span(self, item, init_block)  # type: ignore[return-value]
         x = self.calib_stream(item.block)
         block, what = init_block(self.parent, item.block, item.alt.child,
                                  x[: self.init_rows], item.seed)
         info: dict[str, Any] = {"bld_steps": 0, "bld_loss": None}
-        if self.settings.bld_steps and block.mixer is not None:
+        # a precision change alone is scored as stored (post-training quantization, no BLD)
+        if self.settings.bld_steps and block.mixer is not None \
+                and not (item.recipe is not None and item.alt.child == item.parent_block):
             with torch.no_grad():
                 y = self.calib_stream(item.block + 1) - x if self.calib_cache is not None \
                     else self.parent.blocks[item.block](x) - x
             info = train_block(block, x, y, self.settings, item.seed)
+        if item.recipe is not None:
+            from costmodels.dtypes import get_recipe
+            from nas.scoring.fakequant import quantize_block
+
+            quantize_block(block, get_recipe(item.recipe))
+            what += f"; weights as {item.recipe}"
         return block, what, info
 
     # ---- held-out evaluation -------------------------------------------------------
@@ -219,7 +244,7 @@ class Scorer:
                 for blk in p.blocks[:i]:
                     x = blk(x)
             x = block(x)
-            for blk in p.blocks[i + 1:]:
+            for blk in p.blocks[item.alt.stop:]:  # after the replaced block (or span)
                 x = blk(x)
             h = p.norm(x) if p.norm is not None else x
             s.add(self.held_cache, b, h @ p.head_weight().t(), tokens)

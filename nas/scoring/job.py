@@ -49,6 +49,9 @@ class Job:
     split: Split
     settings: Settings
     spec_path: Path
+    base_recipe: str | None = None
+    """The spec's recipe when precision is searched per block (``nas.spans``): every
+    alternative is scored with its weights fake-quantized; None: nothing is quantized."""
 
 
 def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
@@ -73,8 +76,21 @@ def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
     tokens = load_tokens(data, tokenizer, bin_dtype)
     split = split_tokens(tokens, parent.vocab_size, settings.seq_len,
                          settings.max_tokens, settings.calib_tokens, str(data))
-    return Job(spec, parent, space.alternatives(parent, spec.search_space), pdir, split,
-               settings, Path(spec_path))
+    alts = space.alternatives(parent, spec.search_space)
+    base_recipe = None
+    if spec.search_space.precision.searched() or spec.search_space.spans:
+        from costmodels.dtypes import RECIPES, get_recipe
+        from nas import spans
+
+        if not isinstance(spec.precision, str):
+            raise InputError("scoring a wider search space needs a named precision recipe "
+                             "or a recipe file", path=str(spec_path), field="precision")
+        pr = spec.precision if spec.precision in RECIPES else str(base / spec.precision)
+        recipe = get_recipe(pr)
+        alts = spans.widen(parent, spec.search_space, recipe, alts)  # the search's labels
+        if spec.search_space.precision.searched():
+            base_recipe = pr
+    return Job(spec, parent, alts, pdir, split, settings, Path(spec_path), base_recipe)
 
 
 def check_parent(found: ModelArch, expected: ModelArch, source: str) -> None:

@@ -135,7 +135,8 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     out.mkdir(parents=True, exist_ok=True)
     parent = load_pretrained(job.parent_dir).to(device).eval()
     phash = weights_digest(parent)
-    items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings)
+    items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings,
+                       base_recipe=job.base_recipe)
     keys = [it.key for it in items]
     done = read_all(out, keys)
     mine = shard(job.parent_arch, items, world)[rank]
@@ -160,7 +161,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
             for n, it in enumerate(todo):
                 res, block = scorer.score(it)
                 bld_file = None
-                if res["bld_steps"]:
+                if res["bld_steps"] and it.alt.end is None:  # (trained spans are not kept)
                     bld_file = f"{it.key[:32]}.safetensors"
                     bld.save_block(out / "blocks" / bld_file, block, bld.BldMeta(
                         key=it.key, block=it.block, alternative=it.alt.label,
