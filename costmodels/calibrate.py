@@ -55,7 +55,9 @@ from hwprofiles.errors import InputError, first_error, require_file
 from hwprofiles.schema import HardwareProfile
 
 FLOOR = 0.05
-"""Lowest efficiency fraction a scaled curve point may reach."""
+"""Lowest efficiency fraction a fitted flat (one-point) curve may reach. A curve with a
+shape scales every point by the same factor, small ones included: its low end is physics
+(e.g. the grouped GEMM's padding at few tokens per expert), not noise to clip."""
 
 METRICS = ("throughput", "ttft_s", "tpot_s")
 
@@ -281,7 +283,8 @@ def _set(data: dict, p: Param, value: float, source: str) -> None:
             parent[key] = {"points": [[1.0, value]], "source": source}
             return
         peak = max(f for _, f in cur["points"])
-        pts = [[s, min(1.0, max(FLOOR, f * value / peak))] for s, f in cur["points"]]
+        lo = FLOOR if len(cur["points"]) == 1 else 0.0
+        pts = [[s, min(1.0, max(lo, f * value / peak))] for s, f in cur["points"]]
         if len(pts) > 1:  # the fit moved the peak; the shape keeps its own source
             shape = cur["source"].split(SHAPE_NOTE, 1)[-1]
             source = f"{source}{SHAPE_NOTE}{shape}"
