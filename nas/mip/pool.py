@@ -141,7 +141,8 @@ def _sweep_worker_init(library: BlockLibrary, objective: Objective, budgets: lis
 
 
 def _sweep_worker_solve(value: float | None, incumbent: np.ndarray | None) -> Result | None:
-    """Solve the worker's model at ``total(key) <= value`` (None: only build the model)."""
+    """Solve the worker's model at ``total(key) <= value``; None does nothing (a task that
+    makes the pool start its processes, which build their model as they start)."""
     if value is None:
         return None
     m = _WORKER["model"]
