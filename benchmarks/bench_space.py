@@ -5,7 +5,9 @@ with the example's own space (the baseline) in one process.
 Run: ``pytest benchmarks/bench_space.py --benchmark-only``. Goal: the spans + 3-precision
 library solves in <= 2 s. ``extra_info`` of each case records the library size, the seconds
 to build it (alternatives, pricing, prior, library), the solve status and gap, the best
-quality found and the baseline's, and the ratio of the solve time to the baseline's median.
+quality found, the ratio of the solve time to the baseline's median, and the quality to
+compare it with: the baseline's for a case without precision (same prior), the one-recipe
+child of the same library for a case with it (its prior includes every recipe's damage).
 
 Cases (all with the example's budgets and objective, no sweep):
 
@@ -85,10 +87,16 @@ def test_solve_wider_space(benchmark, case):
     if case == "baseline":
         _BASE["median_s"] = med
         _BASE["quality"] = res.totals["quality"]
+    # the comparable one-recipe child: the same library (same prior: with precision
+    # searched every block's score includes its recipe's damage) without the other recipes
+    fixed = mip.solve(lib, cons.objective, cons.budgets, counts=cons.counts, options=opts,
+                      forbid=search.fixed_recipe_forbid(lib).tolist()) \
+        if CASES[case][1] else None
     benchmark.extra_info.update({
         "replacements": lib.num_replacements, "build_s": round(build_s, 3),
         "status": res.status, "gap": res.gap, "quality": res.totals["quality"],
-        "baseline_quality": _BASE.get("quality"),
+        "one_recipe_quality": None if fixed is None else fixed.totals["quality"],
+        "baseline_quality": _BASE.get("quality") if not CASES[case][1] else None,
         "median_solve_s": round(med, 3),
         "solve_vs_baseline": round(med / _BASE["median_s"], 2) if "median_s" in _BASE else None,
         "spans_chosen": int(sum(int(lib.end[r] - lib.start[r] > 1) for r in res.chosen)),

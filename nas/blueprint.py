@@ -161,15 +161,19 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
     pp, cp = pa.param_counts(), child.param_counts()
     pred_p = parent_predicted if parent_predicted is not None else predict(pa, problem)
     recipes = None
+    wide_extra: dict[str, Any] = {}
     child_hf = to_hf(child)
     if wide:
         from nas.quant_config import quantization_config
-        from nas.spans import child_blocks
+        from nas.spans import child_blocks, stand_in
 
-        _, recipes, _ = child_blocks(pa, [flat[int(r)] for r in result.chosen], problem.recipe)
+        kids, recipes, origin = child_blocks(pa, [flat[int(r)] for r in result.chosen],
+                                             problem.recipe)
         qc = quantization_config(child, recipes, child_hf["model_type"], __version__)
         if qc is not None:
             child_hf["quantization_config"] = qc
+        # the parent block each child block stands in for (nas.build_spans inits from it)
+        wide_extra = {"stand_in": stand_in(pa, kids, origin), "precision": recipes}
     pred_c = predict(child, problem, recipes)
     predicted = {name: {"parent": pred_p[name], "child": pred_c[name]} for name in pred_p}
     budgets = []
@@ -191,6 +195,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
     return Blueprint(
         name=problem.spec.name,
         child=child_hf,
+        **wide_extra,
         choices=choices,
         predicted=predicted,
         params={"parent_total": pp.total, "parent_active": pp.active,

@@ -443,3 +443,22 @@ def prior(parent: ModelArch, alts: list[list[Alternative]], base: PrecisionRecip
             out.append(float(imp[a.block]) * d)
     return np.asarray(out, dtype=np.float64)
 
+
+
+def stand_in(parent: ModelArch, blocks: Sequence[_Block],
+             origin: Sequence[tuple[int, int]]) -> list[int]:
+    """For each child block (:func:`child_blocks`' blocks and origins), the parent block it
+    stands in for: its own block for a one-block alternative, else the first parent block of
+    its kind in its span not yet taken (in order) -- the block it is initialized from, as
+    replace-1-span scoring does (a no-op filling a paired type's slot takes its slot)."""
+    out: list[int] = []
+    taken: set[int] = set()
+    for b, (s, e) in zip(blocks, origin):
+        if e - s == 1:
+            out.append(s)
+            continue
+        free = [j for j in range(s, e) if j not in taken]
+        j = next((j for j in free if parent.blocks[j].kind == b.kind), free[0])
+        taken.add(j)
+        out.append(j)
+    return out

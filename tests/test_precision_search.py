@@ -133,6 +133,9 @@ def test_search_run_compares_one_recipe_with_searched_precision(tmp_path):
     assert qc is not None and qc["quant_algo"] == "MIXED_PRECISION"
     names = {c["precision"] for c in bp["choices"]}
     assert names <= {"fp8", "bf16", "nvfp4"}
+    # no spans here: one child block per parent block, each standing in for its own
+    assert bp["stand_in"] == list(range(len(bp["choices"])))
+    assert bp["precision"] == [c["precision"] for c in bp["choices"]]
     # the child re-priced block by block under its own recipes (blueprint "predicted")
     # equals the library total the budget bounded
     b = next(b for b in bp["budgets"] if b["key"] == "runtime_s@chat")

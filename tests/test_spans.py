@@ -300,3 +300,51 @@ def test_spans_never_make_the_search_worse():
                    warm_start=warm)
     assert rw.ok and rn.ok
     assert rw.totals["quality"] <= rn.totals["quality"] + 1e-9
+
+
+def test_init_from_parent_for_a_shorter_child():
+    """A child with a removed span and a merged span, built from a (random) parent: each
+    kept block is its parent block's tensors, the child computes what the parent-depth
+    layout with no-ops computes, and the stored parameters are the architecture's."""
+    torch = pytest.importorskip("torch")
+    from nas.build import build_model
+    from nas.build_spans import expanded, init_from_parent_spans
+
+    small = ModelArch_small()
+    parent = build_model(small, seed=0)
+    rules = parse_spec(super_spec([
+        {"kinds": ["mamba", "moe"], "replace_with": [{"noop": True}]},
+        {"kinds": ["attention", "moe", "mamba"], "replace_with": [{"drop_one": True}]},
+    ])).search_space.spans
+    alts = spans.span_alternatives(small, rules)
+    chosen = [next(a for a in alts[0] if a.label == "span2:noop"),
+              next(a for a in alts[2] if a.label == "span3:drop1")]
+    kids, names, origin = spans.child_blocks(small, chosen, get_recipe("bf16"))
+    child = small.replace_blocks(kids)
+    pos = spans.stand_in(small, kids, origin)
+    assert pos == [2, 4] and child.num_blocks == 2
+    tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    model = init_from_parent_spans(child, pos, parent, tokens)
+    assert model.num_stored() == child.param_counts().total
+    for k, j in enumerate(pos):
+        for (n, a), (_, b) in zip(model.blocks[k].state_dict().items(),
+                                  parent.blocks[j].state_dict().items()):
+            assert torch.equal(a, b), n
+    ref = build_model(expanded(child, small, pos), seed=0)
+    ref.load_state_dict({k: v for k, v in ref.state_dict().items()} | {
+        f"blocks.{j}.{n}": v for k, j in enumerate(pos)
+        for n, v in model.blocks[k].state_dict().items()} | {
+        n: v for n, v in model.state_dict().items() if not n.startswith("blocks.")})
+    x = torch.randint(0, 128, (1, 12))
+    torch.testing.assert_close(model(x), ref(x), rtol=0, atol=0)
+
+
+def ModelArch_small():  # noqa: N802
+    from nas.arch import Attention, ModelArch
+
+    return ModelArch(hidden_size=32, vocab_size=128, blocks=(
+        Mamba(num_heads=4, head_dim=8, state_size=8, n_groups=2),
+        MoE(num_experts=4, top_k=2, expert_width=16, shared_width=16),
+        Attention(num_heads=4, num_kv_heads=2, head_dim=8),
+        MoE(num_experts=4, top_k=2, expert_width=16, shared_width=16),
+        Mamba(num_heads=4, head_dim=8, state_size=8, n_groups=2)))
