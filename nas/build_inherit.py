@@ -382,6 +382,17 @@ def _swap_scale(pb: torch.nn.Module, cb: torch.nn.Module, x: torch.Tensor) -> fl
     return s
 
 
+def swap_init(cb: torch.nn.Module, pb: torch.nn.Module, src: torch.nn.Module, j: int,
+              x: torch.Tensor) -> str:
+    """Child block ``cb`` (attention <-> DeltaNet swapped in for parent block ``pb``) as a copy
+    of parent block ``src`` (block ``j``, :func:`swap_source`), its output projection scaled
+    by :func:`_swap_scale` on the residual stream ``x`` entering ``pb``; what was done."""
+    for (_, dst), (_, sv) in zip(cb.state_dict(keep_vars=True).items(),
+                                 src.state_dict(keep_vars=True).items()):
+        _copy(dst, sv)
+    return f"swap: copied from parent block {j} (output scale {_swap_scale(pb, cb, x):.3g})"
+
+
 def swap_source(parent: ModelArch, i: int, cc: _Block) -> int | None:
     """For an attention <-> DeltaNet swap at block ``i``: the nearest parent block whose
     config equals the child's (ties to the earlier one), or None."""
@@ -527,14 +538,9 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
                     if j is None:
                         what = f"random (no parent {cc.kind} block of this config)"  # type: ignore[attr-defined]
                     else:
-                        src = part(f"blocks.{j}")
-                        for (_, dst), (_, sv) in zip(cb.state_dict(keep_vars=True).items(),
-                                                     src.state_dict(keep_vars=True).items()):
-                            _copy(dst, sv)
+                        what = swap_init(cb, pb, part(f"blocks.{j}"), j, x)
                         if j != i:
                             done(f"blocks.{j}")
-                        sc = _swap_scale(pb, cb, x)
-                        what = f"swap: copied from parent block {j} (output scale {sc:.3g})"
                 elif cb.mixer is None or pb.mixer is None:
                     what = inherit_block(pc, pb.mixer, cc, cb.mixer, x)
                 else:

@@ -448,3 +448,21 @@ def test_qwen35_init_fewer_heads_split_layout():
     child = init_from_parent(parent.arch.replace_blocks(blocks), parent, calib)
     with torch.no_grad():
         assert float((child(calib) - parent(calib)).abs().max()) < 1e-4
+
+
+def test_scoring_initializes_swaps_and_pruned_heads():
+    """Replace-1-block scoring initializes a swapped-in DeltaNet and a pruned DeltaNet from
+    the parent as init_from_parent does."""
+    from nas.scoring.core import init_block
+
+    parent = _tiny_parent()
+    pa = parent.arch
+    tokens = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        x0 = parent.embed(tokens)
+        x = parent.blocks[1](parent.blocks[0](x0))
+        _, what = init_block(parent, 2, pa.blocks[0], x, 0)
+        assert what.startswith("swap: copied from parent block 0")
+        _, what = init_block(parent, 0, pa.blocks[0].model_copy(update={"num_v_heads": 2}),
+                             x0, 0)
+        assert what == "value heads 4 -> 2 by channel contribution"

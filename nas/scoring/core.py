@@ -111,6 +111,12 @@ def init_block(parent: CausalLM, i: int, child: _Block, x: torch.Tensor,
     if pc == child:
         cb.load_state_dict(pb.state_dict())
         what = "copied"
+    elif {pc.kind, child.kind} == {"attention", "deltanet"}:  # type: ignore[attr-defined]
+        from nas.build_inherit import swap_init, swap_source
+
+        j = swap_source(pa, i, child)
+        what = (f"random (no parent {child.kind} block of this config)"  # type: ignore[attr-defined]
+                if j is None else swap_init(cb, pb, parent.blocks[j], j, x))
     elif cb.mixer is None or pb.mixer is None:
         what = inherit_block(pc, pb.mixer, child, cb.mixer, x)
     else:
