@@ -348,3 +348,29 @@ def ModelArch_small():  # noqa: N802
         Attention(num_heads=4, num_kv_heads=2, head_dim=8),
         MoE(num_experts=4, top_k=2, expert_width=16, shared_width=16),
         Mamba(num_heads=4, head_dim=8, state_size=8, n_groups=2)))
+
+
+@pytest.mark.parametrize("adp", [False, True])
+def test_spans_under_tensor_parallelism_sum_their_blocks(adp):
+    """8 GPUs (tp 8, ep 8, with and without attention data parallelism): a span's times
+    are its child blocks' with their own all-reduces (or all-to-alls), and a removed span
+    costs 0."""
+    spec = super_spec([SUPER_SPANS[0], SUPER_SPANS[1]], {"moe": ["fp8"]})
+    spec["hardware"] = {"profile": "b200", "tp": 8, "ep": 8, "attention_dp": adp}
+    problem = search.resolve(parse_spec(spec), EXAMPLES)
+    alts = search.alternatives(problem)
+    priced = search.price(problem, alts, progress=False)
+    flat = [a for row in alts for a in row]
+    wl = list(problem.workloads.values())
+    for k, a in enumerate(flat):
+        if a.end is None:
+            continue
+        if not a.blocks:
+            assert (priced.rows.runtime_s[k] == 0).all()
+            continue
+        ref = price_blocks(blocks_table(list(a.blocks), problem.parent.hidden_size),
+                           problem.hw, spans.recipe_of(a, problem.recipe), wl, tp=8, ep=8,
+                           attention_dp=adp)
+        np.testing.assert_allclose(priced.rows.runtime_s[k], ref.runtime_s.sum(0), rtol=1e-12)
+        np.testing.assert_allclose(priced.rows.memory_bytes[k], ref.memory_bytes.sum(0),
+                                   rtol=1e-12)
