@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodels.dtypes import TensorRole, get_recipe
+from costmodels.dtypes import TensorRole
 from costmodels.shapes import role_params
 from hwprofiles.errors import InputError
 from nas import mip, search
@@ -143,6 +143,3 @@ def test_search_run_compares_one_recipe_with_searched_precision(tmp_path):
     assert bp["predicted"]["chat"]["child"]["throughput_tok_s"] == pytest.approx(thr, rel=1e-9)
     assert out.blueprints[0].quality["value"] == pytest.approx(bp["quality"]["value"])
 
-
-def test_fp8_recipe_flags():
-    assert get_recipe("fp8").kv_cache.value == "fp8"
