@@ -181,7 +181,9 @@ def with_precision(alts: list[list[Alternative]], parent: ModelArch, space: Sear
         names = precision_choices(space, parent.blocks[i].kind, i)
         extra = []
         for a in row:
-            if a.end is not None or isinstance(a.child, NoOp):
+            # spans, removed blocks, and kinds without a role map here (DeltaNet, MLA,
+            # linear: their weights' formats are not modeled per recipe) keep the spec's
+            if a.end is not None or a.child.kind not in ("attention", "mamba", "moe", "ffn"):
                 continue
             sigs = {signature(base, a.child.kind)}
             for name in names:

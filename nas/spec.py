@@ -214,6 +214,11 @@ class MLASpace(_Axis):
 
 SPAN_KINDS = ("attention", "mamba", "moe", "ffn")
 MAX_SPAN = 3
+MAX_SPAN_RULES = 64
+"""Span rules, and replacements per rule: each rule adds up to (blocks x replacements)
+alternatives; 64 is far past any span family a search needs."""
+MAX_RECIPES = 16
+"""Recipes per block kind: more than the named recipes there are."""
 """Longest span a multi-block replacement covers: Puzzletron's multi-layer replacements
 replace short runs; every extra block of length multiplies the span alternatives."""
 
@@ -259,7 +264,7 @@ class SpanRule(_Model):
     blocks: list[tuple[int, int]] | None = Field(
         default=None, description="spans must lie inside one of these block ranges "
         "[start, end)")
-    replace_with: list[SpanReplacement] = Field(min_length=1)
+    replace_with: list[SpanReplacement] = Field(min_length=1, max_length=MAX_SPAN_RULES)
     stride: int = Field(default=1, ge=1, le=MAX_BLOCKS, description="spans start every "
                         "stride blocks from each range's start (stride = length tiles the "
                         "range: no two spans of the rule overlap, so no child is reachable "
@@ -290,10 +295,10 @@ class PrecisionSpace(_Model):
     ``costmodels.dtypes.RECIPES``); the spec's own ``precision`` is always one of them, so
     the searched space contains the one-recipe child."""
 
-    attention: list[str] = Field(default_factory=list)
-    mamba: list[str] = Field(default_factory=list)
-    moe: list[str] = Field(default_factory=list)
-    ffn: list[str] = Field(default_factory=list)
+    attention: list[str] = Field(default_factory=list, max_length=MAX_RECIPES)
+    mamba: list[str] = Field(default_factory=list, max_length=MAX_RECIPES)
+    moe: list[str] = Field(default_factory=list, max_length=MAX_RECIPES)
+    ffn: list[str] = Field(default_factory=list, max_length=MAX_RECIPES)
     blocks: list[tuple[int, int]] | None = Field(
         default=None, description="restrict precision choices to block ranges [start, end)")
     compare_fixed: bool = Field(default=False, description="also solve with the spec's one "
@@ -328,7 +333,8 @@ class SearchSpace(_Model):
                               "kind gets the same choice (a baseline)")
     compare_homogeneous: bool = Field(default=False, description="also solve the homogeneous "
                                       "baseline and report/plot it beside the search")
-    spans: list[SpanRule] = Field(default_factory=list, description="multi-block "
+    spans: list[SpanRule] = Field(default_factory=list, max_length=MAX_SPAN_RULES,
+                                  description="multi-block "
                                   "replacements: spans of 2-3 parent blocks replaced as a whole")
     precision: PrecisionSpace = Field(default_factory=PrecisionSpace,
                                       description="precision recipes per block kind")

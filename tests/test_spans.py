@@ -374,3 +374,19 @@ def test_spans_under_tensor_parallelism_sum_their_blocks(adp):
         np.testing.assert_allclose(priced.rows.runtime_s[k], ref.runtime_s.sum(0), rtol=1e-12)
         np.testing.assert_allclose(priced.rows.memory_bytes[k], ref.memory_bytes.sum(0),
                                    rtol=1e-12)
+
+
+def test_spans_leave_the_single_block_prior_unchanged():
+    """Spans alone add edges; every one-block alternative keeps its structural prior, so
+    a narrow and a wide search compare on one scale."""
+    from nas import quality
+
+    problem = search.resolve(parse_spec(super_spec([SUPER_SPANS[0]])), EXAMPLES)
+    alts = search.alternatives(problem)
+    wide, _ = search.score(problem, alts)
+    narrow_alts = [[a for a in row if a.end is None] for row in alts]
+    ref = quality.structural_prior(list(problem.parent.blocks), narrow_alts)
+    flat = [a for row in alts for a in row]
+    np.testing.assert_array_equal(wide[[k for k, a in enumerate(flat) if a.end is None]], ref)
+    noop = [wide[k] for k, a in enumerate(flat) if a.label == "span2:noop"]
+    assert noop and all(v >= 2.0 for v in noop)  # two blocks removed: two no-ops at least
