@@ -44,6 +44,7 @@ import torch
 
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch
+from nas.build_mxfp4 import packed_names, unpack_mxfp4
 from nas.hf import NEMOTRON_H, ExportError, load_config, to_hf
 from nas.hf.deepseek import is_mtp_tensor
 from nas.io import check_output_dir, swap_in_dir
@@ -285,6 +286,12 @@ class CheckpointReader:
         self.layout = hf_layout(self.model, mt)
         self.files = _weight_files(folder)
         expected = {name for _, name, _ in self.layout}
+        # MXFP4-packed tensors (gpt-oss on the Hub): name_blocks + name_scales stand for name
+        self.packed = {name: packed_names(name) for name in expected if name not in self.files
+                       and all(p in self.files for p in packed_names(name))}
+        for name, (blk, _) in self.packed.items():
+            self.files[name] = self.files[blk]
+        expected |= {p for pair in self.packed.values() for p in pair}
         missing = [name for _, name, _ in self.layout if name not in self.files]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -331,7 +338,12 @@ class CheckpointReader:
             full = self._shapes[key]
             want = tuple(full[1:] if j is not None else full)
             try:
-                t = h.get_tensor(name)
+                if name in self.packed:  # MXFP4 blocks + scales (nas.build_mxfp4)
+                    blk, sc = self.packed[name]
+                    t = unpack_mxfp4(h.get_tensor(blk),
+                                     self._handle(self.files[sc]).get_tensor(sc))
+                else:
+                    t = h.get_tensor(name)
             except Exception as exc:
                 raise InputError(f"cannot read tensor {name}: {exc}", path=str(file)) from None
             if tuple(t.shape) != want:

@@ -330,3 +330,72 @@ def test_shipped_example_search_runs(tmp_path):
     assert child.param_counts().total == bp["params"]["child_total"]
     assert all(b.sinks for b in child.blocks if isinstance(b, Attention))
     assert all(b.expert_bias for b in child.blocks if isinstance(b, MoE))
+
+
+# ---- MXFP4-packed checkpoints (as the Hub publishes gpt-oss) --------------------------------
+def test_unpack_mxfp4_closed_form():
+    torch = pytest.importorskip("torch")
+    from nas.build_mxfp4 import unpack_mxfp4
+
+    blocks = torch.zeros(1, 2, 1, 16, dtype=torch.uint8)
+    blocks[0, 0, 0, 0] = 0x71  # low nibble 1 (0.5) first, then 7 (6.0)
+    blocks[0, 1, 0, 15] = 0xF9  # 9 (-0.5), then 15 (-6.0): the block's last two values
+    scales = torch.tensor([[[127 + 2], [127 - 1]]], dtype=torch.uint8)  # 2**2 and 2**-1
+    w = unpack_mxfp4(blocks, scales)
+    assert w.shape == (1, 32, 2)  # (experts, in = 32 values, out = rows)
+    assert (w[0, 0, 0], w[0, 1, 0]) == (2.0, 24.0)
+    assert (w[0, 30, 1], w[0, 31, 1]) == (-0.25, -3.0)
+    assert int((w != 0).sum()) == 4
+
+
+def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
+    """A checkpoint in the Hub's gpt-oss layout (experts as MXFP4 ``*_blocks`` / ``*_scales``,
+    ``quantization_config.quant_method: mxfp4``) loads here, and the logits match the model
+    transformers builds from the same files (its own MXFP4 dequantization)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+    from test_hf_parity import _prompt, randomize
+
+    from nas.build import load_pretrained
+
+    cfg = transformers.GptOssConfig(
+        vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=32, num_local_experts=4,
+        num_experts_per_tok=2, sliding_window=4, max_position_embeddings=512,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1.5e5, "factor": 8.0,
+                         "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 64})
+    torch.manual_seed(0)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize(m, 0)
+    m.save_pretrained(tmp_path)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    for k in [k for k in sd if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        E, rows_in, cols_out = sd.pop(k).shape  # (experts, in, out)
+        sd[k + "_blocks"] = torch.randint(0, 256, (E, cols_out, rows_in // 32, 16),
+                                          generator=g, dtype=torch.uint8)
+        sd[k + "_scales"] = torch.randint(122, 126, (E, cols_out, rows_in // 32),
+                                          generator=g, dtype=torch.uint8)
+    save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    c = json.loads((tmp_path / "config.json").read_text())
+    c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]}
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, quantization_config=transformers.Mxfp4Config(dequantize=True),
+        dtype=torch.float32).eval()
+    ours = load_pretrained(tmp_path).eval()
+    assert torch.equal(ours.blocks[1].mixer.experts.gate_up_proj,
+                       theirs.model.layers[0].mlp.experts.gate_up_proj)
+    with torch.no_grad():
+        diff = float((ours(_prompt()) - theirs(_prompt()).logits).abs().max())
+    assert diff <= 1e-4
+    (tmp_path / "model.safetensors").unlink()  # a blocks tensor without its scales
+    del sd["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(InputError, match="missing tensor model.layers.1.mlp.experts.down_proj"):
+        load_pretrained(tmp_path)
