@@ -44,6 +44,9 @@ import torch
 
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch
+from nas.build_fp8 import block_size as fp8_block_size
+from nas.build_fp8 import scale_name as fp8_scale_name
+from nas.build_fp8 import unscale_fp8
 from nas.build_mxfp4 import packed_names, unpack_mxfp4
 from nas.hf import NEMOTRON_H, ExportError, load_config, to_hf
 from nas.hf.deepseek import is_mtp_tensor
@@ -136,7 +139,16 @@ def _export_config(model: CausalLM, model_type: str | None) -> dict[str, Any]:
     except ExportError as exc:
         raise InputError(f"cannot export as {model_type or 'any HF type'}: {exc}") from None
     cfg["torch_dtype"] = str(model.embed.weight.dtype).removeprefix("torch.")
+    qc = cfg.get("quantization_config")
+    if isinstance(qc, dict) and qc.get("quant_method") in PACKED_QUANT_METHODS:
+        del cfg["quantization_config"]  # the parent's packing: the tensors written are plain
     return cfg
+
+
+PACKED_QUANT_METHODS = ("fp8", "mxfp4")
+"""``quantization_config.quant_method`` of checkpoints whose packed weights
+:class:`CheckpointReader` unpacks on load (:mod:`nas.build_fp8`, :mod:`nas.build_mxfp4`); a
+saved model writes plain tensors, so that config is not carried into its ``config.json``."""
 
 
 MAX_SHARD_BYTES = 5_000_000_000  # 5 GB (decimal), transformers' customary shard size
@@ -292,6 +304,11 @@ class CheckpointReader:
         for name, (blk, _) in self.packed.items():
             self.files[name] = self.files[blk]
         expected |= {p for pair in self.packed.values() for p in pair}
+        # block-scaled FP8 weights (DeepSeek-V3 on the Hub): name + name_scale_inv
+        self.fp8_scales = {name: sc for name in expected
+                           if (sc := fp8_scale_name(name)) is not None and sc in self.files}
+        self.fp8_block = fp8_block_size(self.arch.hf_extra.get("quantization_config"))
+        expected |= set(self.fp8_scales.values())
         missing = [name for _, name, _ in self.layout if name not in self.files]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -344,6 +361,10 @@ class CheckpointReader:
                                      self._handle(self.files[sc]).get_tensor(sc))
                 else:
                     t = h.get_tensor(name)
+                if name in self.fp8_scales:  # FP8 + per-block scales (nas.build_fp8)
+                    sc = self.fp8_scales[name]
+                    t = unscale_fp8(t, self._handle(self.files[sc]).get_tensor(sc),
+                                    self.fp8_block)
             except Exception as exc:
                 raise InputError(f"cannot read tensor {name}: {exc}", path=str(file)) from None
             if tuple(t.shape) != want:

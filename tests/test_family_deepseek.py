@@ -521,3 +521,62 @@ def test_kimi_k2_counts_and_round_trip():
     cfg = to_hf(a)
     assert cfg["model_type"] == "kimi_k2" and cfg["architectures"] == ["DeepseekV3ForCausalLM"]
     assert from_hf(json.loads(json.dumps(cfg))) == a
+
+
+def test_hub_fp8_checkpoint_loads_unscaled(tmp_path):
+    """A checkpoint in the Hub's DeepSeek-V3 layout (linear weights float8_e4m3fn plus a
+    float32 ``weight_scale_inv`` per ``weight_block_size`` block, partial edge blocks
+    included) loads with every weight = FP8 value x its block's scale: the logits equal those
+    of transformers' model holding the same unscaled weights (computed here block by block)."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+    from test_hf_parity import _prompt
+
+    from nas.build import load_pretrained
+
+    transformers = pytest.importorskip("transformers")
+    _hf_tiny().save_pretrained(tmp_path)
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    B = 16  # blocks of 16 x 16: the 24- and 48-wide matrices have partial edge blocks
+    ref = {}
+    for k in [k for k in sd if k.endswith(".weight") and sd[k].dim() == 2
+              and (".self_attn." in k or ".mlp." in k) and ".mlp.gate." not in k]:
+        w = sd[k]
+        r, c = w.shape
+        s = torch.zeros(-(-r // B), -(-c // B))
+        for i in range(s.shape[0]):
+            for j in range(s.shape[1]):
+                s[i, j] = w[i * B:(i + 1) * B, j * B:(j + 1) * B].abs().max() / 448
+        q = torch.empty_like(w, dtype=torch.float8_e4m3fn)
+        back = torch.empty_like(w)
+        for i in range(s.shape[0]):
+            for j in range(s.shape[1]):
+                blk = (slice(i * B, (i + 1) * B), slice(j * B, (j + 1) * B))
+                q[blk] = (w[blk] / s[i, j]).to(torch.float8_e4m3fn)
+                back[blk] = q[blk].float() * s[i, j]
+        sd[k], sd[k + "_scale_inv"], ref[k] = q, s, back
+    # the reference: the same checkpoint with the unscaled weights in float32
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ref" / "config.json").write_text((tmp_path / "config.json").read_text())
+    save_file({k: ref.get(k, v) for k, v in sd.items() if not k.endswith("_scale_inv")},
+              str(tmp_path / "ref" / "model.safetensors"), metadata={"format": "pt"})
+    save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    c = json.loads((tmp_path / "config.json").read_text())
+    c["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                "activation_scheme": "dynamic", "weight_block_size": [B, B]}
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    ours = load_pretrained(tmp_path).eval()
+    assert ours.embed.weight.dtype == torch.float32
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ref").eval()
+    with torch.no_grad():
+        diff = float((ours(_prompt()) - theirs(_prompt()).logits).abs().max())
+    assert diff <= 1e-4
+    assert len(ref) > 10
+    # saved again, the weights are plain tensors: the FP8 packing is not claimed any more
+    from nas.build import save_pretrained
+
+    save_pretrained(ours, tmp_path / "saved")
+    assert "quantization_config" not in json.loads((tmp_path / "saved" / "config.json").read_text())
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+    with torch.no_grad():
+        assert float((again(_prompt()).logits - theirs(_prompt()).logits).abs().max()) <= 1e-4

@@ -394,6 +394,13 @@ def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
     with torch.no_grad():
         diff = float((ours(_prompt()) - theirs(_prompt()).logits).abs().max())
     assert diff <= 1e-4
+    from nas.build import save_pretrained  # saved again: plain tensors, no MXFP4 claim
+
+    save_pretrained(ours, tmp_path / "saved")
+    assert "quantization_config" not in json.loads((tmp_path / "saved" / "config.json").read_text())
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+    with torch.no_grad():
+        assert float((again(_prompt()).logits - theirs(_prompt()).logits).abs().max()) <= 1e-4
     (tmp_path / "model.safetensors").unlink()  # a blocks tensor without its scales
     del sd["model.layers.1.mlp.experts.down_proj_scales"]
     save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
