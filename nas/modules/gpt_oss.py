@@ -30,6 +30,10 @@ from nas.arch import Attention, MoE
 from nas.modules.layers import AttentionMixer, activation
 from nas.modules.moe import MoEMixer, grouped_mm
 
+QUERY_CHUNK = 1024
+"""Queries per explicit attention product of :class:`SinkAttentionMixer` (bounds the score
+matrix it holds at ``heads x 1024 x keys``)."""
+
 
 class SinkAttentionMixer(AttentionMixer):
     """:class:`AttentionMixer` with a learned sink logit per query head (``sinks``)."""
@@ -47,20 +51,25 @@ class SinkAttentionMixer(AttentionMixer):
         rep = H // self.n_kv
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        logits = (q @ k.transpose(-1, -2)) * d ** -0.5
-        if not (n == 1 and kpos is None):  # one query over its cache sees every held key
-            qpos = torch.arange(past, past + n, device=q.device)[:, None]
-            if kpos is None:
-                kpos = torch.arange(s, device=q.device)
-            mask = kpos[None, :] <= qpos
-            if self.cfg.sliding_window is not None:
-                mask = mask & (qpos - kpos[None, :] < self.cfg.sliding_window)
-            logits = logits.masked_fill(~mask, float("-inf"))
-        sink = self.sinks.to(logits.dtype).view(1, H, 1, 1).expand(b, H, n, 1)
-        comb = torch.cat([logits, sink], dim=-1)
-        comb = comb - comb.max(dim=-1, keepdim=True).values
-        p = torch.softmax(comb, dim=-1)[..., :-1]
-        return p @ v
+        one = n == 1 and kpos is None  # one query over its cache sees every held key
+        if kpos is None:
+            kpos = torch.arange(s, device=q.device)
+        sink = self.sinks.to(q.dtype).view(1, H, 1, 1)
+        # queries in chunks: the explicit scores stay at most QUERY_CHUNK x keys per head
+        outs = []
+        for c0 in range(0, n, QUERY_CHUNK):
+            qc = q[:, :, c0:c0 + QUERY_CHUNK]
+            logits = (qc @ k.transpose(-1, -2)) * d ** -0.5
+            if not one:
+                qpos = torch.arange(past + c0, past + c0 + qc.shape[2], device=q.device)[:, None]
+                mask = kpos[None, :] <= qpos
+                if self.cfg.sliding_window is not None:
+                    mask = mask & (qpos - kpos[None, :] < self.cfg.sliding_window)
+                logits = logits.masked_fill(~mask, float("-inf"))
+            comb = torch.cat([logits, sink.expand(b, H, qc.shape[2], 1)], dim=-1)
+            comb = comb - comb.max(dim=-1, keepdim=True).values
+            outs.append(torch.softmax(comb, dim=-1)[..., :-1] @ v)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
