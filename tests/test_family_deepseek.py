@@ -580,3 +580,10 @@ def test_hub_fp8_checkpoint_loads_unscaled(tmp_path):
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
     with torch.no_grad():
         assert float((again(_prompt()).logits - theirs(_prompt()).logits).abs().max()) <= 1e-4
+
+
+def test_absent_q_lora_rank_takes_transformers_default_explicit_null_means_none():
+    transformers = pytest.importorskip("transformers")
+    cfg = {k: v for k, v in json.loads(DSV3.read_text()).items() if k != "q_lora_rank"}
+    assert from_hf(cfg).blocks[0].q_lora_rank == transformers.DeepseekV3Config().q_lora_rank
+    assert from_hf({**cfg, "q_lora_rank": None}).blocks[0].q_lora_rank is None

@@ -421,3 +421,22 @@ def test_sink_attention_query_chunks_are_exact(monkeypatch):
         monkeypatch.setattr(go, "QUERY_CHUNK", 4)
         chunked = ours(prompt)
     assert float((whole - chunked).abs().max()) < 1e-6
+
+
+def test_absent_fields_take_transformers_defaults():
+    """A config that leaves out head_dim, num_key_value_heads, sliding_window, layer_types,
+    attention_bias and the SwiGLU constants reads as transformers' GptOssConfig fills them."""
+    transformers = pytest.importorskip("transformers")
+    cfg = {k: v for k, v in json.loads(G20.read_text()).items()
+           if k not in ("head_dim", "num_key_value_heads", "sliding_window", "layer_types",
+                        "attention_bias", "swiglu_limit")}
+    hf = transformers.GptOssConfig(**{k: v for k, v in cfg.items()
+                                      if k not in ("architectures", "model_type")})
+    a = from_hf(cfg)
+    att = [b for b in a.blocks if isinstance(b, Attention)]
+    assert {(b.head_dim, b.num_kv_heads, b.qkv_bias) for b in att} == {
+        (hf.head_dim, hf.num_key_value_heads, hf.attention_bias)}
+    assert [b.sliding_window for b in att] == [
+        hf.sliding_window if t == "sliding_attention" else None for t in hf.layer_types]
+    moe = a.blocks[1]
+    assert (moe.swiglu_limit, moe.swiglu_alpha) == (hf.swiglu_limit, hf.swiglu_alpha)

@@ -135,7 +135,9 @@ def _read_stock(r: Reader, mt: str = "deepseek_v3"
                 (r.cfg.get("qk_nope_head_dim") or 0) + (r.cfg.get("qk_rope_head_dim") or 0)
             if v != exp:
                 raise r.err(key, f"is {v!r} but the MLA head sizes give {exp!r}")
-    mla = make_block(MLA, r, num_heads=heads, q_lora_rank=r.int("q_lora_rank", None),
+    # absent -> transformers' default 1536; an explicit null -> no query bottleneck
+    q_lora = r.int("q_lora_rank", None) if "q_lora_rank" in r.cfg else 1536
+    mla = make_block(MLA, r, num_heads=heads, q_lora_rank=q_lora,
                      kv_lora_rank=r.int("kv_lora_rank"),
                      qk_nope_head_dim=r.int("qk_nope_head_dim"),
                      qk_rope_head_dim=r.int("qk_rope_head_dim"),

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from nas.arch import Attention, ModelArch, MoE, _Block
-from nas.hf.common import Reader, base_config, head_dim_of, layer_pairs, make_block
+from nas.hf.common import Reader, base_config, layer_pairs, make_block
 from nas.hf.deepseek import _STOCK_SHAPE_KEYS, block_configs, model_fields, read_block_configs
 from nas.hf.registry import Dialect, ExportError, register
 
@@ -57,12 +57,12 @@ def _read_stock(r: Reader) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
                     "default would apply silently)")
     kw = model_fields(r, "gpt_oss", 1e-5, set())
     n = r.int("num_hidden_layers")
-    h = kw["hidden_size"]
     heads = r.int("num_attention_heads")
     bias = r.bool("attention_bias", True)
     windows = _layer_windows(r, n)
-    att = dict(num_heads=heads, num_kv_heads=r.int("num_key_value_heads", heads),
-               head_dim=head_dim_of(r, h, heads), rope=True, qkv_bias=bias, o_bias=bias,
+    # transformers' GptOssConfig defaults when absent: 8 KV heads, head_dim 64
+    att = dict(num_heads=heads, num_kv_heads=r.int("num_key_value_heads", 8),
+               head_dim=r.int("head_dim", 64), rope=True, qkv_bias=bias, o_bias=bias,
                sinks=True)
     k = r.int("num_experts_per_tok")
     legacy = r.raw("experts_per_token", None)
