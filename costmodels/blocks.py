@@ -356,7 +356,9 @@ def _price_moe(c: _Pricing, r: _Rows) -> None:
         out.append(c.gemm_t(_add(router, lat), do, K_ROUTER + 2 * has_lat))
         Tx = T * dp  # tokens of all ranks whose routed copies reach the experts
         fr, br = ops.moe_experts(Tx, E, k, F, e_in, mats, c.wb[TensorRole.ROUTED_EXPERTS], a)
-        tpe = Tx * k / np.maximum(E, 1.0)  # routed tokens per expert
+        # routed tokens per expert that receives any: the grouped GEMM pads each such
+        # expert's rows (few tokens touch few experts, each with ~1 row at batch 1)
+        tpe = Tx * k / np.maximum(ops.expected_experts(E, k, Tx), 1.0)
         imb = c.imbalance if ep > 1 else 1.0  # the busiest EP rank sets the step
         out.append(c.grouped_t((fr * imb / ep, br * imb / ep),
                                c.cd[TensorRole.ROUTED_EXPERTS], K_EXPERTS * (E > 0),

@@ -12,6 +12,11 @@ A model instance runs on ``tp`` GPUs (Megatron-style tensor parallelism):
 * routed experts: with ``ep == 1`` each expert's width is sharded ``ceil(F/tp)``; with
   ``ep == tp`` each GPU holds ``E/ep`` whole experts (expected distinct experts touched and
   routed FLOPs divide by ``ep``). Router, latent projections and norms are replicated.
+  Under tensor parallelism every GPU already holds every token's activations, so expert
+  parallelism needs no dispatch: each GPU runs its own experts on the tokens routed to them
+  and the block's all-reduce is the combine. An all-to-all dispatch and combine is priced
+  only under attention data parallelism (``costmodels.blocks.price_blocks``), where each
+  GPU holds its own tokens.
 
 Every non-NoOp block ends with one all-reduce of its output (``tokens * hidden``
 activations) over the ``tp`` GPUs, priced as a ring over the profile's scale-up link.
