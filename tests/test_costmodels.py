@@ -332,3 +332,27 @@ def test_grouped_gemm_tokens_curve_prices_few_tokens_per_expert_lower():
     extra = t - t0
     assert extra[0] / extra[1] == pytest.approx((1 / c.at(m[0]) - 1 / f0)
                                                 / (1 / c.at(m[1]) - 1 / f0), rel=1e-6)
+
+
+def test_grouped_gemm_tokens_count_only_the_experts_that_receive_any():
+    """A decode step of B tokens routes ``B * k`` copies to the ``E_t = E(1 - (1 - k/E)^B)``
+    experts expected to receive any; each pads its own rows, so the grouped GEMM runs at the
+    tokens curve's fraction at ``M = B * k / E_t`` (not ``B * k / E``). With memory made
+    nearly free the expert GEMMs are compute-bound and their time reveals that fraction."""
+    from costmodels.ops import ACT_FLOPS_PLAIN, expected_experts
+
+    row = dict(kind=Kind.MOE, hidden=1024, experts=64, top_k=8, expert_width=512)
+    rows = BlockTable.from_rows([row])
+    fast = scaled(_without(H100, "grouped_matmul_k"), bw=1e4)
+    data = json.loads(fast.model_dump_json())
+    c = fast.efficiency.grouped_matmul_tokens
+    data["efficiency"]["grouped_matmul_tokens"]["points"] = [[s, f / 2] for s, f in c.points]
+    half = HardwareProfile.model_validate(data)
+    B, k, E = 4, 8, 64
+    wls = [f"isl=1,osl=3,batch={B}"]
+    d1, d2 = (price_blocks(rows, hw, BF16, wls).decode_s[0, 0] for hw in (fast, half))
+    flops = B * k * (2 * 2 * 1024 * 512 + ACT_FLOPS_PLAIN * 512)  # relu2: up and down
+    m = B * k / float(expected_experts(E, k, B))
+    assert 1.1 < m < 1.3 and B * k / E < 1  # the two counts differ here
+    # halving the curve doubles the expert time: the difference is that time at curve(m)
+    assert d2 - d1 == pytest.approx(flops / (fast.peak("bf16") * float(c.at(m))), rel=1e-6)
