@@ -390,3 +390,46 @@ def test_spans_leave_the_single_block_prior_unchanged():
     np.testing.assert_array_equal(wide[[k for k, a in enumerate(flat) if a.end is None]], ref)
     noop = [wide[k] for k, a in enumerate(flat) if a.label == "span2:noop"]
     assert noop and all(v >= 2.0 for v in noop)  # two blocks removed: two no-ops at least
+
+
+def test_cli_build_initializes_a_span_child_from_its_stand_in_blocks(tmp_path, capsys):
+    """``puzzle-nas build BLUEPRINT --parent --calib`` on a blueprint with spans: the shorter
+    child is built from the parent blocks its ``stand_in`` names, saved, and reloads with the
+    architecture's exact parameter count; a malformed stand_in is one line, exit 2."""
+    torch = pytest.importorskip("torch")
+    from nas.build import build_model, load_pretrained, save_pretrained
+    from nas.cli import main
+
+    small = ModelArch_small()
+    parent_dir = save_pretrained(build_model(small, seed=0), tmp_path / "parent")
+    rules = parse_spec(super_spec([
+        {"kinds": ["mamba", "moe"], "replace_with": [{"noop": True}]},
+        {"kinds": ["attention", "moe", "mamba"], "replace_with": [{"drop_one": True}]},
+    ])).search_space.spans
+    alts = spans.span_alternatives(small, rules)
+    chosen = [next(a for a in alts[0] if a.label == "span2:noop"),
+              next(a for a in alts[2] if a.label == "span3:drop1")]
+    kids, _, origin = spans.child_blocks(small, chosen, get_recipe("bf16"))
+    child = small.replace_blocks(kids)
+    pos = spans.stand_in(small, kids, origin)
+    bp = tmp_path / "blueprint.json"
+    bp.write_text(json.dumps({"child": to_hf(child), "stand_in": pos}))
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps([i % 128 for i in range(256)]))
+    rc = main(["build", str(bp), "--parent", str(parent_dir), "--calib", str(calib),
+               "-o", str(tmp_path / "child"), "--calib-len", "32", "--json"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_blocks"] == 2
+    assert summary["parameters"] == child.param_counts().total
+    model, parent = load_pretrained(tmp_path / "child"), load_pretrained(parent_dir)
+    assert model.arch.blocks == child.blocks
+    for k, j in enumerate(pos):
+        for a, b in zip(model.blocks[k].parameters(), parent.blocks[j].parameters()):
+            assert torch.equal(a, b)
+    bp.write_text(json.dumps({"child": to_hf(child), "stand_in": [0]}))
+    rc = main(["build", str(bp), "--parent", str(parent_dir), "--calib", str(calib),
+               "-o", str(tmp_path / "child2")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "stand_in" in err and err.count("\n") == 1
+    assert not (tmp_path / "child2").exists()

@@ -77,6 +77,23 @@ def read_child_config(path: str | Path) -> tuple[dict[str, Any], str]:
     return data, str(path)
 
 
+def read_stand_in(path: str | Path, num_blocks: int) -> list[int] | None:
+    """A blueprint's ``stand_in`` (the parent block each child block is initialized from,
+    written when the search space had spans; see :mod:`nas.build_spans`), or ``None``."""
+    path = Path(path)
+    if path.is_dir():
+        return None
+    data = read_json(path)
+    pos = data.get("stand_in") if isinstance(data, dict) and "child" in data else None
+    if pos is None:
+        return None
+    if not isinstance(pos, list) or len(pos) != num_blocks or not all(
+            isinstance(j, int) and not isinstance(j, bool) for j in pos):
+        raise InputError(f"expected a list of {num_blocks} parent block indices, one per "
+                         "child block", path=str(path), field="stand_in")
+    return pos
+
+
 def _rows(flat: list[int], length: int) -> list[list[int]]:
     if length < 1:
         raise InputError("--calib-len must be >= 1")
@@ -184,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg, source = read_child_config(args.config)
     arch = from_hf(cfg, source=source)
+    stand_in = read_stand_in(args.config, arch.num_blocks)
     check_output(args)
     if args.blocks and (not args.parent or args.calib):
         raise InputError("--blocks takes --parent (the blocks the child keeps) and no --calib")
@@ -191,6 +209,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--parent and --calib go together (the parent's activations on the "
                          "calibration tokens rank what to keep)")
     report: list[str] = []
+    if args.blocks and stand_in is not None and stand_in != list(range(arch.num_blocks)):
+        raise InputError("--blocks assembles BLD blocks position by position; this blueprint "
+                         "replaces spans of parent blocks (its stand_in), so build it with "
+                         "--parent and --calib")
     if args.blocks:
         from nas.scoring.bld import assemble_child
 
@@ -206,9 +228,20 @@ def run(args: argparse.Namespace) -> int:
         dtype = getattr(torch, args.dtype) if args.dtype else reader.stored_dtype()
         from nas.build_inherit import MAX_TOKENS
 
-        check_memory(estimate_build_memory(arch, dtype, reader.arch,
-                                           min(tokens.numel(), MAX_TOKENS)), args.force)
-        model = init_from_parent(arch, args.parent, tokens, seed=args.seed, dtype=dtype)
+        if stand_in is not None and stand_in != list(range(arch.num_blocks)):
+            # a child with spans: laid out at the parent's depth (no-ops in the removed
+            # places), initialized there, the no-ops dropped (nas.build_spans)
+            from nas.build_spans import expanded, init_from_parent_spans
+
+            wide = expanded(arch, reader.arch, stand_in)
+            check_memory(estimate_build_memory(wide, dtype, reader.arch,
+                                               min(tokens.numel(), MAX_TOKENS)), args.force)
+            model = init_from_parent_spans(arch, stand_in, args.parent, tokens,
+                                           seed=args.seed, dtype=dtype)
+        else:
+            check_memory(estimate_build_memory(arch, dtype, reader.arch,
+                                               min(tokens.numel(), MAX_TOKENS)), args.force)
+            model = init_from_parent(arch, args.parent, tokens, seed=args.seed, dtype=dtype)
         report = model.init_report  # type: ignore[assignment]
     else:
         dtype = getattr(torch, args.dtype or "float32")
