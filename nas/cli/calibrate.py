@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _fmt(label: str, v: float) -> str:
-    if "overhead" in label:
+    if "overhead" in label or "latency" in label:
         return f"{v * 1e3:.3f} ms" if v >= 1e-4 else f"{v * 1e6:.2f} us"
     if "imbalance" in label:
         return f"{v:.3f}"
