@@ -173,6 +173,7 @@ def test_cli_profile_blocks_then_calibrate_and_search(tmp_path):
     mspec.write_text(json.dumps(tiny_spec(costs={"measured": "BLOCKS.json"})))
     p = _cli("search", str(mspec), "-o", str(tmp_path / "out"), "--quiet", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
+    assert f"block runtimes measured on {table.device}" in p.stdout
     report = (tmp_path / "out" / "report.md").read_text()
     assert f"measured on {table.device}" in report
     bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     lib = res.library
     print(f"{spec.name}: {lib.num_blocks} parent blocks, {lib.num_replacements} alternatives, "
           f"priced on {bp.provenance['profile']} (tp={bp.provenance['tp']}) under "
-          f"{bp.provenance['recipe']}")
+          f"{bp.provenance['recipe']}; block runtimes "
+          f"{bp.provenance.get('block_costs', 'analytic')}")
     gap = "-" if s["gap"] is None else f"{s['gap']:.1e}"
     print(f"solver: {s['status']}, objective {s['objective']:.6g}, gap {gap}, "
           f"{s['seconds']:.3f} s")
