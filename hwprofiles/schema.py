@@ -80,13 +80,23 @@ class EfficiencyCurve(BaseModel):
         return max(f for _, f in self.points)
 
     def at(self, size: float | np.ndarray) -> float | np.ndarray:
-        """Fraction of peak achieved by an op of ``size`` (FLOPs or bytes); vectorized."""
+        """Fraction of peak achieved by an op of ``size`` (FLOPs, bytes, or tokens per expert
+        for the grouped-GEMM curve); vectorized.
+
+        Between two points the fraction follows a power law (linear in log-log), flat beyond
+        the ends. With it, an op's time ``size / fraction`` is monotone between points exactly
+        when it is at the points: a curve whose points say "a bigger op never takes less
+        time" keeps saying so everywhere. (Interpolating the fraction linearly in log size
+        breaks that on steep stretches: a grouped GEMM with 1.5 tokens per expert came out
+        faster than one with 1, so a higher top-k could price cheaper.)
+        """
         if self.is_constant:
             f = self.points[0][1]
             return f if np.isscalar(size) else np.full(np.shape(size), f)
         xs = np.log(np.array([p[0] for p in self.points]))
-        ys = np.array([p[1] for p in self.points])
-        out = np.interp(np.log(np.maximum(np.asarray(size, dtype=np.float64), 1.0)), xs, ys)
+        ys = np.log(np.array([p[1] for p in self.points]))
+        out = np.exp(np.interp(np.log(np.maximum(np.asarray(size, dtype=np.float64), 1.0)),
+                               xs, ys))
         return float(out) if np.isscalar(size) else out
 
 

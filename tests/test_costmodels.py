@@ -279,8 +279,9 @@ def test_measured_efficiency_curves_are_used():
     flat = price_blocks(LLAMA8B, H100, BF16, wls)
     meas = price_blocks(LLAMA8B, curved, BF16, wls)
     assert np.all(meas.decode_s >= flat.decode_s) and meas.decode_s.sum() > flat.decode_s.sum()
-    # the big weight streams are at the top of the curve: the slowdown is modest
-    assert meas.decode_s.sum() < 1.2 * flat.decode_s.sum()
+    # the big weight streams (29-74 MB) sit high on the curve: the slowdown is modest (the
+    # fraction there is 0.2 * (top / 0.2) ** (log(size / 1e5) / log(1e4)), a power law)
+    assert meas.decode_s.sum() < 1.25 * flat.decode_s.sum()
 
 
 def _without(hw: HardwareProfile, *keys: str) -> HardwareProfile:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from pydantic import BaseModel
 
 import hwprofiles
 from hwprofiles.errors import InputError
-from hwprofiles.schema import Figure, HardwareProfile
+from hwprofiles.schema import EfficiencyCurve, Figure, HardwareProfile
 
 EXPECTED = {"h100-sxm", "h100-pcie", "h200-sxm", "b200", "gb200", "b300", "a100-sxm-80gb",
             "l40s", "mi300x", "mi325x", "mi355x"}
@@ -173,7 +174,19 @@ def test_measured_curve_interpolates():
     p = HardwareProfile.model_validate(data)
     c = p.efficiency.memory
     assert c.at(1e3) == pytest.approx(0.2) and c.at(1e12) == pytest.approx(0.8)
-    assert c.at(10 ** 7.5) == pytest.approx(0.5)  # halfway in log(size)
+    # halfway in log(size) the fraction is halfway in log(fraction): a power law
+    assert c.at(10 ** 7.5) == pytest.approx((0.2 * 0.8) ** 0.5)
+
+
+def test_time_is_monotone_wherever_it_is_at_the_points():
+    """A steep curve (DeepGEMM's tokens-per-expert fit, ~linear at few tokens): the time of
+    an op, size / fraction, never falls as the op grows, between points as at them."""
+    pts = [[m, 0.705 * m / (m + 91)] for m in (1, 2, 4, 8, 16, 32, 64, 128, 1024)]
+    c = EfficiencyCurve(points=pts, source="fit to DeepGEMM's published rows (test)")
+    x = np.geomspace(0.5, 4096, 20001)
+    t = x / c.at(x)
+    assert np.all(np.diff(t) >= -1e-12 * t[1:])
+    assert c.at(3.0) == pytest.approx(pts[1][1] * (pts[2][1] / pts[1][1]) ** np.log2(1.5))
 
 
 def test_first_error_is_one_line_with_its_field():
