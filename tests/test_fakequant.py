@@ -119,6 +119,37 @@ def test_quantize_block_follows_the_recipe_roles():
     assert torch.equal(sd["mixer.gate.weight"], before["mixer.gate.weight"])
 
 
+def test_quantize_block_covers_mla_and_gpt_oss_weights():
+    """Every GEMM weight of an MLA block and of gpt-oss's stacked experts takes its role's
+    format; gpt-oss experts are stored [E, in, out], so their NVFP4 blocks run along dim 1
+    (the reduction), not the last dimension."""
+    from nas.arch import MLA, Attention, ModelArch, MoE
+    from nas.modules.model import Block
+
+    mla = MLA(num_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+              qk_rope_head_dim=8, v_head_dim=8)
+    oss = MoE(num_experts=4, top_k=2, expert_width=32, gated=True, router_linear_bias=True,
+              expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702, norm_topk=True)
+    arch = ModelArch(hidden_size=32, vocab_size=64, blocks=(
+        mla, Attention(num_heads=4, num_kv_heads=2, head_dim=8, sinks=True), oss))
+    torch.manual_seed(0)
+    recipe = get_recipe("nvfp4")
+    b = Block(arch.blocks[0], arch)
+    b.reset_parameters(0.02, 0.02)
+    done = quantize_block(b, recipe)
+    gemms = {n for n, p in b.named_parameters() if n.endswith("proj.weight")}
+    assert gemms and gemms <= set(done) and set(done.values()) == {"nvfp4"}
+    b = Block(arch.blocks[2], arch)
+    b.reset_parameters(0.02, 0.02)
+    before = {k: v.clone() for k, v in b.state_dict().items()}
+    done = quantize_block(b, recipe)
+    assert set(done) == {"mixer.experts.gate_up_proj", "mixer.experts.down_proj"}
+    w = before["mixer.experts.gate_up_proj"]
+    assert torch.equal(b.state_dict()["mixer.experts.gate_up_proj"],
+                       fake_nvfp4(w.transpose(1, 2)).transpose(1, 2))
+    assert not torch.equal(b.state_dict()["mixer.experts.gate_up_proj"], fake_nvfp4(w))
+
+
 @pytest.fixture(scope="module")
 def wide_scores(trained_parent, tmp_path_factory):
     """The tiny parent scored with precision per block and spans (replace-1-span KL)."""

@@ -144,6 +144,11 @@ def relative_rms_error(w: torch.Tensor, fmt: str) -> float:
 # (norms, conv, router, biases, SSM parameters) keeps its dtype, as every recipe here does
 _ROLE_OF = (
     (("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"), "attention"),
+    # MLA (nas.modules.mla): the low-rank query / latent projections are attention weights
+    (("q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight"),
+     "attention"),
+    # gpt-oss's stacked experts (nas.modules.gpt_oss), stored [E, in, out] as in its checkpoints
+    (("experts.gate_up_proj", "experts.down_proj"), "routed_experts"),
     (("in_proj.weight", "out_proj.weight"), "mamba"),
     (("experts_gate", "experts_up", "experts_down"), "routed_experts"),
     (("shared_experts.gate_proj.weight", "shared_experts.up_proj.weight",
@@ -151,6 +156,10 @@ _ROLE_OF = (
     (("gate_proj.weight", "up_proj.weight", "down_proj.weight"), "ffn"),
     (("fc1_latent_proj.weight", "fc2_latent_proj.weight", "linear.weight"), "other"),
 )
+
+
+_IN_OUT = frozenset({"experts.gate_up_proj", "experts.down_proj"})
+"""Weights stored ``[..., in, out]`` (gpt-oss experts); the rest are ``[..., out, in]``."""
 
 
 def weight_role(name: str) -> str | None:
@@ -178,6 +187,9 @@ def quantize_block(block: torch.nn.Module, recipe: object) -> dict[str, str]:
         fmt = recipe.weight_dtype(role).value  # type: ignore[attr-defined]
         if fmt not in FORMATS:
             raise ValueError(f"{name}: no fake quantization for {fmt!r}")
-        p.copy_(fake_quant(p, fmt))
+        if name[len("mixer."):] in _IN_OUT:  # block along the input (reduction) dimension
+            p.copy_(fake_quant(p.transpose(-1, -2).contiguous(), fmt).transpose(-1, -2))
+        else:
+            p.copy_(fake_quant(p, fmt))
         done[name] = fmt
     return done
