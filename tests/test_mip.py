@@ -20,7 +20,6 @@ from nas.mip import (
     Objective,
     SolveOptions,
     SolverError,
-    best_of,
     diverse_pool,
     explain_infeasible,
     pareto_front,
@@ -334,14 +333,6 @@ def test_pareto_front():
     pts = [(1, 5), (2, 4), (2, 6), (3, 4), (4, 1)]
     assert pareto_front(pts) == [0, 1, 4]
     assert pareto_front([(1, 1), (2, 3)], "max") == [0, 1]
-
-
-def test_best_of_picks_best_feasible():
-    lib = tiny()
-    name, res, allr = best_of({"b1": (lib, ["mem<=10"]), "b2": (lib, ["mem<=40"]),
-                               "b3": (lib, ["mem<=0"])}, "q", options=EXACT)
-    assert name == "b2" and res is not None and res.objective == 0
-    assert allr["b3"].status == "infeasible"
 
 
 def _super88() -> tuple[BlockLibrary, list[str]]:

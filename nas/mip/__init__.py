@@ -73,10 +73,10 @@ from nas.mip.constraints import (
 )
 from nas.mip.explain import explain_infeasible
 from nas.mip.model import GAP_FLOOR, MipModel, Result, SolveOptions, Status
-from nas.mip.pool import Sweep, best_of, diverse_pool, pareto_front, solve, sweep
+from nas.mip.pool import Sweep, diverse_pool, pareto_front, solve, sweep
 
 __all__ = [
     "GAP_FLOOR", "Budget", "CountRule", "InfeasibleError", "MipModel", "Objective", "Result",
-    "SolveOptions", "SolverError", "Status", "Sweep", "best_of", "diverse_pool",
+    "SolveOptions", "SolverError", "Status", "Sweep", "diverse_pool",
     "explain_infeasible", "key_unit", "pareto_front", "parse_value", "solve", "sweep",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -280,26 +280,3 @@ def _sweep_parallel(pool: Any, n: int, vals: list[float], todo: list[int], sense
                 found.append((vals[i], sgn * res.objective, res.chosen))
         while queue and len(running) < n:
             submit()
-
-
-def best_of(
-    candidates: Mapping[str, tuple[BlockLibrary, Sequence[Budget | str]]],
-    objective: str | Objective,
-    *,
-    counts: Sequence[CountRule | str] = (),
-    options: SolveOptions | None = None,
-) -> tuple[str | None, Result | None, dict[str, Result]]:
-    """Solve each ``name -> (library, budgets)`` (e.g. one per batch size, as the Puzzle
-    paper does for throughput targets) and keep the best objective among those with a
-    solution. Returns ``(best name, best result, all results)``; ``(None, None, ...)``
-    when none has a solution."""
-    obj = Objective.parse(objective)
-    results = {name: solve(lib, obj, b, counts=counts, options=options)
-               for name, (lib, b) in candidates.items()}
-    sgn = 1.0 if obj.sense == "min" else -1.0
-    good = [(sgn * r.objective, name) for name, r in results.items()
-            if r.ok and r.objective is not None]
-    if not good:
-        return None, None, results
-    name = min(good)[1]
-    return name, results[name], results
