@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from hwprofiles.errors import InputError, first_error
-from nas.arch import MAX_BLOCKS, MAX_CONTEXT, ModelArch, _Block, cap_of
+from nas.arch import MAX_BLOCKS, MAX_CONTEXT, Block, ModelArch, _Block, cap_of
 from nas.hf.registry import ExportError, dialect
 
 MISSING = object()
@@ -312,3 +312,26 @@ def layer_pairs(arch: ModelArch, mt: str) -> list[tuple[_Block, _Block]]:
     if len(b) % 2:
         raise ExportError(f"{mt} needs (attention, mlp) pairs; got an odd number of blocks")
     return [(b[i], b[i + 1]) for i in range(0, len(b), 2)]
+
+
+_BLOCK_ADAPTER: TypeAdapter[Any] = TypeAdapter(Block)
+
+
+def read_puzzle_layers(r: Reader, layers: Any, n: int) -> list[_Block]:
+    """The ``puzzle_layers`` extension (``qwen3_next``, ``qwen3_5_moe*``,
+    ``granitemoehybrid``): a heterogeneous child as ``n`` layers of ``{"mixer", "mlp"}`` block
+    objects; errors name the layer, the part and the field."""
+    if not isinstance(layers, list) or len(layers) != n:
+        raise r.err("puzzle_layers", f"expected a list of {n} layers (num_hidden_layers)")
+    out: list[_Block] = []
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict) or set(layer) != {"mixer", "mlp"}:
+            raise r.err(f"puzzle_layers[{i}]", "expected an object with keys mixer and mlp")
+        for part in ("mixer", "mlp"):
+            try:
+                out.append(_BLOCK_ADAPTER.validate_python(layer[part]))
+            except ValidationError as exc:
+                loc, msg = first_error(exc)
+                raise r.err(f"puzzle_layers[{i}].{part}" + (f".{loc}" if loc else ""),
+                            msg) from None
+    return out

@@ -239,11 +239,14 @@ def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
     return out
 
 
-def _write_puzzle(arch: ModelArch, mt: str) -> dict[str, Any]:
+def write_puzzle(arch: ModelArch, mt: str) -> dict[str, Any]:
+    """A ``*_puzzle`` export (``deepseek_v3_puzzle``, ``gpt_oss_puzzle``): the common head,
+    the stock per-shape keys dropped, every block (and MTP block) as a ``block_configs``
+    entry."""
     if len(arch.blocks) % 2:
         raise ExportError(f"{mt} needs (attention, mlp) pairs; got an odd number of blocks")
     out = base_config(arch, mt, "rms_norm_eps")
-    for key in _STOCK_SHAPE_KEYS:
+    for key in STOCK_SHAPE_KEYS:
         out.pop(key, None)
     out["num_hidden_layers"] = len(arch.blocks) // 2
     out["block_configs"] = block_configs(arch)
@@ -252,7 +255,7 @@ def _write_puzzle(arch: ModelArch, mt: str) -> dict[str, Any]:
     return out
 
 
-_STOCK_SHAPE_KEYS = (
+STOCK_SHAPE_KEYS = (
     "num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank",
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave", "attention_bias",
     "first_k_dense_replace", "intermediate_size", "moe_intermediate_size", "n_routed_experts",
@@ -282,4 +285,4 @@ register(Dialect(model_type="deepseek_v3", architecture="DeepseekV3ForCausalLM",
 register(Dialect(model_type="kimi_k2", architecture="DeepseekV3ForCausalLM", read=_read,
                  write=_write_stock, fallbacks=("deepseek_v3_puzzle",)))
 register(Dialect(model_type="deepseek_v3_puzzle", architecture="DeepseekV3PuzzleForCausalLM",
-                 read=_read, write=_write_puzzle))
+                 read=_read, write=write_puzzle))

@@ -23,7 +23,7 @@ from typing import Any
 
 from nas.arch import Attention, ModelArch, MoE, _Block
 from nas.hf.common import Reader, base_config, layer_pairs, make_block
-from nas.hf.deepseek import _STOCK_SHAPE_KEYS, block_configs, model_fields, read_block_configs
+from nas.hf.deepseek import model_fields, read_block_configs, write_puzzle
 from nas.hf.registry import Dialect, ExportError, register
 
 GPT_OSS = ("gpt_oss", "gpt_oss_puzzle")
@@ -129,20 +129,7 @@ def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
     return out
 
 
-def _write_puzzle(arch: ModelArch, mt: str) -> dict[str, Any]:
-    if len(arch.blocks) % 2:
-        raise ExportError(f"{mt} needs (attention, mlp) pairs; got an odd number of blocks")
-    out = base_config(arch, mt, "rms_norm_eps")
-    for key in _STOCK_SHAPE_KEYS:
-        out.pop(key, None)
-    out["num_hidden_layers"] = len(arch.blocks) // 2
-    out["block_configs"] = block_configs(arch)
-    if arch.mtp_blocks:
-        out["mtp_block_configs"] = block_configs(arch, mtp=True)
-    return out
-
-
 register(Dialect(model_type="gpt_oss", architecture="GptOssForCausalLM", read=_read,
                  write=_write_stock, fallbacks=("gpt_oss_puzzle",)))
 register(Dialect(model_type="gpt_oss_puzzle", architecture="GptOssPuzzleForCausalLM",
-                 read=_read, write=_write_puzzle))
+                 read=_read, write=write_puzzle))

@@ -29,15 +29,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
-from hwprofiles.errors import first_error
-from nas.arch import FFN, Attention, Block, Mamba, ModelArch, MoE, _Block
-from nas.hf.common import Reader, base_config, common_fields, head_dim_of, make_block
+from nas.arch import FFN, Attention, Mamba, ModelArch, MoE, _Block
+from nas.hf.common import (
+    Reader,
+    base_config,
+    common_fields,
+    head_dim_of,
+    make_block,
+    read_puzzle_layers,
+)
 from nas.hf.registry import Dialect, ExportError, register
 
 GRANITE = "granitemoehybrid"
-_BLOCK = TypeAdapter(Block)
 _MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling",
                 "attention_multiplier")
 
@@ -130,28 +133,11 @@ def _read_rest(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str
         mlp = make_block(FFN, r, width=shared, gated=True, activation=act)
     layers = r.raw("puzzle_layers", None)
     if layers is not None:
-        return _read_layers(r, layers, n), [], kw
+        return read_puzzle_layers(r, layers, n), [], kw
     blocks: list[_Block] = []
     for t in types:
         blocks += [mamba if t == "mamba" else att, mlp]
     return blocks, [], kw
-
-
-def _read_layers(r: Reader, layers: Any, n: int) -> list[_Block]:
-    if not isinstance(layers, list) or len(layers) != n:
-        raise r.err("puzzle_layers", f"expected a list of {n} layers (num_hidden_layers)")
-    out: list[_Block] = []
-    for i, layer in enumerate(layers):
-        if not isinstance(layer, dict) or set(layer) != {"mixer", "mlp"}:
-            raise r.err(f"puzzle_layers[{i}]", "expected an object with keys mixer and mlp")
-        for part in ("mixer", "mlp"):
-            try:
-                out.append(_BLOCK.validate_python(layer[part]))
-            except ValidationError as exc:
-                loc, msg = first_error(exc)
-                raise r.err(f"puzzle_layers[{i}].{part}" + (f".{loc}" if loc else ""),
-                            msg) from None
-    return out
 
 
 def _write(arch: ModelArch, mt: str) -> dict[str, Any]:

@@ -33,15 +33,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
-from hwprofiles.errors import first_error
-from nas.arch import FFN, Attention, Block, DeltaNet, ModelArch, MoE, _Block
-from nas.hf.common import Reader, base_config, common_fields, make_block
+from nas.arch import FFN, Attention, DeltaNet, ModelArch, MoE, _Block
+from nas.hf.common import Reader, base_config, common_fields, make_block, read_puzzle_layers
 from nas.hf.registry import Dialect, ExportError, register
 
 MODEL_TYPE = "qwen3_next"
-_BLOCK = TypeAdapter(Block)
 _LAYER_TYPES = ("linear_attention", "full_attention")
 
 
@@ -187,30 +183,12 @@ def _read_rest(r: Reader, mt: str, factor: float
                      activation=act) if len(moe_layers) < n else None
     layers = r.raw("puzzle_layers", None)
     if layers is not None:
-        return _read_layers(r, layers, n), [], kw
+        return read_puzzle_layers(r, layers, n), [], kw
     blocks: list[_Block] = []
     for i in range(n):
         blocks.append(dn if types[i] == "linear_attention" else att)
         blocks.append(moe if i in moe_layers else ffn)  # type: ignore[arg-type]
     return blocks, [], kw
-
-
-def _read_layers(r: Reader, layers: Any, n: int) -> list[_Block]:
-    """The ``puzzle_layers`` extension: the blocks of a heterogeneous child."""
-    if not isinstance(layers, list) or len(layers) != n:
-        raise r.err("puzzle_layers", f"expected a list of {n} layers (num_hidden_layers)")
-    out: list[_Block] = []
-    for i, layer in enumerate(layers):
-        if not isinstance(layer, dict) or set(layer) != {"mixer", "mlp"}:
-            raise r.err(f"puzzle_layers[{i}]", "expected an object with keys mixer and mlp")
-        for part in ("mixer", "mlp"):
-            try:
-                out.append(_BLOCK.validate_python(layer[part]))
-            except ValidationError as exc:
-                loc, msg = first_error(exc)
-                raise r.err(f"puzzle_layers[{i}].{part}" + (f".{loc}" if loc else ""),
-                            msg) from None
-    return out
 
 
 def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
