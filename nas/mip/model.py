@@ -24,9 +24,6 @@ Status = Literal["optimal", "feasible", "infeasible", "error"]
 
 #: ``mip_rel_gap = 0`` means optimal within this relative gap (see the module doc).
 GAP_FLOOR = 1e-9
-#: relative gap of a scouting first run (see :meth:`MipModel.solve`); 1e-3 saved less on
-#: the bench sweep's hard points (19.4 s CPU vs 22.9 s without scouting; 1e-2: 13.8 s)
-SCOUT_GAP = 1e-2
 #: HiGHS' smallest accepted feasibility tolerance, and its default MIP one.
 _FEASTOL_MIN, _FEASTOL_MAX = 1e-10, 1e-6
 
@@ -482,7 +479,7 @@ class MipModel:
         span = float(np.max(np.abs(d[free]))) if free.any() else 0.0
         return max(4 * g * abs(lb0), 2 * a, 2 * g, 1e-3 * max(abs(lb0), 1e-3 * span)), span
 
-    def solve(self, incumbent: np.ndarray | None = None, scout: bool = False) -> Result:
+    def solve(self, incumbent: np.ndarray | None = None) -> Result:
         """Solve to the requested gap and verify. An infeasible model gives status
         ``infeasible`` with the message "infeasible" (:func:`nas.mip.solve` and the other
         public functions attach the explanation, see :func:`explain_infeasible`).
@@ -491,13 +488,6 @@ class MipModel:
         sweep's previous point, as the bound loosens). It is checked here, never handed to
         HiGHS as a MIP start; with fixing it sets the fixing threshold at once (columns that
         cannot improve on it are fixed out) and is returned when nothing better exists.
-
-        ``scout``: the first restricted run only looks for a good child (to
-        :data:`SCOUT_GAP`); the threshold is then set from it (and from ``incumbent``,
-        which is then only a cutoff until then) and the loop below proves the requested
-        gap as usual. Chosen by ``benchmarks/bench_mip.py`` for a sweep's tighter points
-        (:func:`nas.mip.sweep`): there the first restricted optimum at a small threshold
-        cost as much as the final proof; on single solves at looser budgets it was slower.
 
         The feasibility tolerance is set from the data before each run (see the module
         doc); when HiGHS reports optimal but the honest bound misses the allowed gap, the
@@ -542,8 +532,7 @@ class MipModel:
                 pass  # not feasible under the current rows: ignore it
             else:
                 inc, u = x0, float(self.c_min @ x0)
-                if not scout:
-                    tau = max(tau, (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12)
+                tau = max(tau, (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12)
         status = "error"
         msg = ""
         bound = -math.inf
@@ -561,24 +550,8 @@ class MipModel:
                 # allowed gap below it (a cutoff, never a MIP start; half, so that the
                 # bound it proves clears the gap by more than rounding)
                 cut = None if inc is None else u - 0.5 * self.allowed_gap(u) + self.feastol
-                scouting, scout = scout and not full, False  # the first run only
-                if scouting:
-                    self._set("mip_rel_gap", max(SCOUT_GAP, float(o.mip_rel_gap)))
-                try:
-                    st, x, bnd, n, msg = self._run(left(), cut)
-                finally:
-                    if scouting:
-                        self._set("mip_rel_gap", float(o.mip_rel_gap))
+                st, x, bnd, n, msg = self._run(left(), cut)
                 nodes += n
-                if scouting and st in ("optimal", "feasible", "cutoff"):
-                    # only a child (and a threshold) was asked of this run: its bound proves
-                    # nothing at the requested gap, so the next run starts from here
-                    if x is not None and float(self.c_min @ np.round(x)) < u:
-                        u, inc = float(self.c_min @ np.round(x)), x
-                    if inc is not None:
-                        tau = max(tau, (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9)
-                                  + 1e-12)
-                        continue
                 if _DEBUG:
                     print(f"tau={tau:.3g} free={int(free.sum() - fix0.sum() - fix1.sum())} "
                           f"st={st} n={n} feastol={self.feastol:.3g} lb0={lb0:.6g} "

@@ -147,7 +147,7 @@ def _sweep_worker_solve(value: float | None, incumbent: np.ndarray | None) -> Re
         return None
     m = _WORKER["model"]
     m.set_budget(_WORKER["idx"], _WORKER["lo"], value)
-    return explained(m, m.solve(incumbent=incumbent, scout=True), max_resolves=0)
+    return explained(m, m.solve(incumbent=incumbent), max_resolves=0)
 
 
 def sweep(
@@ -170,8 +170,8 @@ def sweep(
     The loosest point is solved first; every point whose bound its child meets has the
     same optimum (the feasible set only shrinks), so it is reused, not re-solved. The other
     points are solved from the tightest to the loosest, each given a child of a tighter
-    point as a checked incumbent (it stays feasible as the bound loosens), scouting first
-    for a better one (see :meth:`MipModel.solve`).
+    point as a checked incumbent (it stays feasible as the bound loosens; see
+    :meth:`MipModel.solve`).
 
     ``workers > 1`` solves those points in that many processes (spawned; each builds the
     model once and takes the next point as it finishes one; the incumbent is the best
@@ -237,7 +237,7 @@ def sweep(
             prev: np.ndarray | None = None
             for i in todo:
                 m.set_budget(idx, lo, vals[i])
-                res = explained(m, m.solve(incumbent=prev, scout=True), max_resolves=0)
+                res = explained(m, m.solve(incumbent=prev), max_resolves=0)
                 done_point(i, res)
                 if res.ok:
                     prev = res.chosen
