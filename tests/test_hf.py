@@ -215,6 +215,14 @@ def test_explicit_type_that_cannot_hold_the_arch():
         to_hf(a, "gpt9")
 
 
+@pytest.mark.parametrize("mt", [["llama"], {"a": 1}, 7, None, "jamba", "gpt9"])
+def test_bad_model_type_is_one_input_error(mt):
+    """Whatever a config's model_type holds (a list, an object, a refused family), the error
+    is an InputError naming the field, never a TypeError from a lookup."""
+    with pytest.raises(InputError, match="model_type"):
+        from_hf({"model_type": mt, "hidden_size": 8})
+
+
 def test_every_dialect_registers_once_and_round_trips_its_own_example():
     """Each dialect module registers its types (a second registration is refused), and
     every registered type is both importable and the export a model of that type gets."""

@@ -45,6 +45,7 @@ FAMILIES: tuple[str, ...] = ("llama", "decilm", "nemotron_h", "deepseek", "gpt_o
 for _fam in FAMILIES:
     importlib.import_module(f"nas.hf.{_fam}")
 
+from nas.hf.hybrids import REFUSED_TYPES  # noqa: E402
 from nas.hf.llama import LLAMA_LIKE, MOE_LIKE  # noqa: E402
 from nas.hf.nemotron_h import NEMOTRON_H  # noqa: E402
 
@@ -71,9 +72,7 @@ def from_hf(cfg: Any, source: str = "config") -> ModelArch:
     if not isinstance(cfg, dict):
         raise InputError("expected a JSON object", path=source)
     mt = cfg.get("model_type")
-    from nas.hf.hybrids import REFUSED_TYPES
-
-    if mt in REFUSED_TYPES:  # known families this library does not model, and why
+    if isinstance(mt, str) and mt in REFUSED_TYPES:  # known families not modeled, and why
         raise InputError(REFUSED_TYPES[mt], path=source, field="model_type")
     if not isinstance(mt, str) or mt not in DIALECTS:
         raise InputError(f"unsupported model_type {mt!r}; expected one of "
