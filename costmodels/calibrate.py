@@ -333,52 +333,13 @@ def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
     ms = [m for m in measurements if m.gpu in names]
     if not ms:
         raise InputError(f"no measurements for device {hw.name!r}", field="gpu")
-    from scipy.optimize import least_squares
-
-    params = parameters(hw, engines_of(ms))
-    if only is not None:
-        unknown = sorted(set(only) - {p.label for p in params})
-        if unknown:
-            raise InputError(f"unknown figure(s) {unknown}; expected some of "
-                             f"{[p.label for p in params]}", field="only")
-    x0 = np.array([_get(hw.model_dump(mode="json"), p) for p in params])
-    r0 = _residuals(ms, shapes, hw)
-    # keep only the figures the measurements constrain (a finite-difference probe)
-    active = []
-    for i, p in enumerate(params):
-        if only is not None and p.label not in only:
-            continue
-        v = max(p.lo, 0.9 * x0[i]) if p.curve else min(p.hi, x0[i] + 0.1 * (p.hi - p.lo))
-        r = _residuals(ms, shapes, with_values(hw, [p], [v]))
-        if np.max(np.abs(r - r0)) > 1e-6:
-            active.append(i)
-    if not active:
-        return FitResult(hw, len(ms), [], float(np.sqrt(np.mean(r0 ** 2))),
-                         float(np.sqrt(np.mean(r0 ** 2))))
-    ap = [params[i] for i in active]
-    lo = np.array([p.lo for p in ap])
-    hi = np.array([p.hi for p in ap])
-    scale = np.maximum(hi - lo, 1e-12)
-
-    def fun(z: np.ndarray) -> np.ndarray:
-        return _residuals(ms, shapes, with_values(hw, ap, lo + z * scale))
-
-    z0 = np.clip((x0[active] - lo) / scale, 0.0, 1.0)
-    sol = least_squares(fun, z0, bounds=(0.0, 1.0), diff_step=1e-3, max_nfev=max_nfev,
-                        x_scale=1.0)
-    xbest = x0.copy()
-    xbest[active] = [_round(v) for v in lo + sol.x * scale]
     src = sources or sorted({m.source.split(",")[0].split(" (")[0] for m in ms})
     label = src if isinstance(src, str) else "; ".join(src)
-    source = f"fitted to {len(ms)} measurements from {label} (puzzle-nas calibrate)"
     # every fitted figure is written (an engine figure at 0 must not fall back to the
     # top-level one); "moved" lists those that changed
-    fitted = with_values(hw, ap, xbest[active], source)
-    moved = [(params[i].label, float(x0[i]), float(xbest[i])) for i in active
-             if not math.isclose(xbest[i], x0[i], rel_tol=1e-6)]
-    r1 = _residuals(ms, shapes, fitted)
-    return FitResult(fitted, len(ms), moved, float(np.sqrt(np.mean(r0 ** 2))),
-                     float(np.sqrt(np.mean(r1 ** 2))))
+    return fit_residuals(hw, parameters(hw, engines_of(ms)),
+                         lambda p: _residuals(ms, shapes, p), len(ms),
+                         f"{len(ms)} measurements from {label}", max_nfev=max_nfev, only=only)
 
 
 def fit_residuals(hw: HardwareProfile, params: Sequence[Param],
