@@ -655,7 +655,7 @@ def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced
         hi = [r.hi if r.hi is not None else r.lo for _, r, _ in results]
         sw_res = mip.sweep(library, cons.objective, others, key=key, values=hi,
                            counts=cons.counts, options=options_of(problem),
-                           forbid=[int(i) for i in forbid],
+                           forbid=[int(i) for i in forbid], workers=sw.workers,
                            progress=None if on_point is None else lambda i, r: on_point())
         results = [(v, r, res) for (v, r, _), res in zip(results, sw_res.results)]
     for v, _, res in results:

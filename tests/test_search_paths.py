@@ -238,6 +238,13 @@ def test_sweep_start_stop_grid_and_points():
         _, _, _, res, _ = solve_spec(one)
         assert p["status"] == res.status == "optimal"
         assert p["quality"] == pytest.approx(res.totals["quality"], rel=2e-6)
+    # the spec's workers solve the same grid in other processes: the same points
+    two = search.resolve(parse_spec(_sweep_spec({"start": "130%", "stop": "160%", "num": 3,
+                                                 "workers": 2})), ".")
+    out2 = search.run_sweep(two, lib, cons, priced)
+    for a, b in zip(out["points"], out2["points"]):
+        assert (a["value"], a["status"]) == (b["value"], b["status"])
+        assert a["quality"] == pytest.approx(b["quality"], rel=2e-6)
     # absolute ends give numbers (tok/s), the same linspace
     absolute = search.resolve(parse_spec(_sweep_spec(
         {"start": "30000 tok/s", "stop": "45000 tok/s", "num": 4})), ".")
