@@ -180,21 +180,11 @@ def test_parity_theirs_to_ours(tmp_path):
 
 
 def test_parity_ours_to_theirs(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    from test_hf_parity import _check, _prompt, randomize
+    pytest.importorskip("transformers")
+    from test_hf_parity import check_ours_to_theirs
 
-    from nas.build import build_model, save_pretrained, to_transformers
-
-    ref = _hf_tiny()
-    ref.save_pretrained(tmp_path / "ref")
-    ours = build_model(load_config(tmp_path / "ref"), seed=3).eval()
-    randomize(ours, 7)
-    save_pretrained(ours, tmp_path / "ours")
-    theirs, info = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "ours", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    _check(ours, theirs.eval(), _prompt(3))
-    _check(ours, to_transformers(ours).eval(), _prompt(4))
+    _hf_tiny().save_pretrained(tmp_path / "ref")
+    check_ours_to_theirs(load_config(tmp_path / "ref"), tmp_path)
 
 
 def test_sinks_and_clamp_matter():

@@ -201,19 +201,10 @@ def test_parity_theirs_to_ours(tmp_path):
 
 
 def test_parity_ours_to_theirs(tmp_path):
-    from test_hf_parity import _check, _prompt, randomize
-
-    from nas.build import build_model, save_pretrained, to_transformers
+    from test_hf_parity import check_ours_to_theirs
 
     _hf_model().save_pretrained(tmp_path / "ref")
-    ours = build_model(load_config(tmp_path / "ref"), seed=3).eval()
-    randomize(ours, 7)
-    save_pretrained(ours, tmp_path / "ours")
-    theirs, info = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "ours", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    _check(ours, theirs.eval(), _prompt(3))
-    _check(ours, to_transformers(ours).eval(), _prompt(4))
+    check_ours_to_theirs(load_config(tmp_path / "ref"), tmp_path)
 
 
 def _zero_centred_norm_matters(ours):

@@ -128,6 +128,23 @@ def _check(ours, theirs, prompt: torch.Tensor) -> float:
     return diff
 
 
+def check_ours_to_theirs(arch, tmp_path):
+    """Our model of ``arch`` with random weights, saved, loads in transformers with no
+    missing or unexpected key and computes our logits; :func:`to_transformers` does too.
+    Returns our model (shared by every family's parity test)."""
+    from nas.build import build_model
+
+    ours = build_model(arch, seed=3).eval()
+    randomize(ours, 7)
+    save_pretrained(ours, tmp_path / "ours")
+    theirs, info = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "ours", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    _check(ours, theirs.eval(), _prompt(3))
+    _check(ours, to_transformers(ours).eval(), _prompt(4))
+    return ours
+
+
 def _to_4x(cfg: dict) -> dict:
     """The same config in the spelling transformers 4.x wrote."""
     cfg = dict(cfg)
@@ -171,19 +188,9 @@ def test_theirs_to_ours(mt, tmp_path):
 def test_ours_to_theirs(mt, tmp_path):
     ref = _hf_model(mt)
     ref.save_pretrained(tmp_path / "ref")
-    arch = load_config(tmp_path / "ref")
-    from nas.build import build_model
-
-    ours = build_model(arch, seed=3).eval()
-    randomize(ours, 7)
-    save_pretrained(ours, tmp_path / "ours")
+    ours = check_ours_to_theirs(load_config(tmp_path / "ref"), tmp_path)
     assert json.loads((tmp_path / "ours" / "config.json").read_text())["model_type"] == mt
-    theirs, info = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "ours", output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    _check(ours, theirs.eval(), _prompt(3))
     converted = to_transformers(ours).eval()
-    _check(ours, converted, _prompt(4))
     with torch.no_grad():  # an independent copy
         converted.get_input_embeddings().weight.add_(1.0)
     assert not torch.equal(converted.get_input_embeddings().weight, ours.embed.weight)
