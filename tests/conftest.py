@@ -51,3 +51,34 @@ def trained_parent():
 
     torch.set_num_threads(1)
     return train_parent()
+
+
+def kl_div(parent, child, tokens) -> float:
+    """Mean KL(parent || child) over every position of ``tokens`` (nats, float64 softmax):
+    how far a built or inherited child is from its parent in the builder tests."""
+    import torch
+
+    with torch.no_grad():
+        lp = torch.log_softmax(parent(tokens).double(), -1)
+        lq = torch.log_softmax(child(tokens).double(), -1)
+    return float((lp.exp() * (lp - lq)).sum(-1).mean())
+
+
+def search_example(name: str, tmp_path: Path, sweep: bool = False) -> dict:
+    """Run ``puzzle-nas search`` on the shipped example ``nas/examples/<name>.json`` (its
+    parent path made absolute; without its sweep unless ``sweep``) into ``tmp_path/out``;
+    returns the blueprint, after checking that the CLI exited 0 and every budget holds."""
+    import json
+
+    from nas.cli import main
+
+    examples = REPO / "nas" / "examples"
+    spec = json.loads((examples / f"{name}.json").read_text())
+    spec["parent"] = str(examples / spec["parent"])
+    if not sweep:
+        spec.get("solver", {}).pop("sweep", None)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert main(["search", str(tmp_path / "spec.json"), "-o", str(tmp_path / "out")]) == 0
+    bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
+    assert all(b["child_value"] <= b["bound"] * (1 + 1e-9) for b in bp["budgets"])
+    return bp

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from conftest import LLAMA, NANO, SUPER  # noqa: E402
+from conftest import kl_div as _kl  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from tiny_parent import PARENT  # noqa: E402
 
@@ -85,13 +86,6 @@ def trained(trained_parent):
     model, calib, held, _ = trained_parent
     assert model.arch == PARENT
     return model, calib, held
-
-
-def _kl(parent, child, tokens) -> float:
-    with torch.no_grad():
-        lp = torch.log_softmax(parent(tokens), -1)
-        lq = torch.log_softmax(child(tokens), -1)
-    return float((lp.exp() * (lp - lq)).sum(-1).mean())
 
 
 def _child(i, block):

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import kl_div as _kl
+from conftest import search_example
 
 from hwprofiles.errors import InputError
 from nas.arch import FFN, MLA, ModelArch, MoE
@@ -290,14 +292,6 @@ def test_other_types_refuse_mla_instead_of_dropping_it(mt):
 
 
 # ---- init_from_parent for the MLA axes ------------------------------------------------------
-def _kl(parent, child, tokens) -> float:
-    torch = pytest.importorskip("torch")
-    with torch.no_grad():
-        lp = torch.log_softmax(parent(tokens).double(), -1)
-        lc = torch.log_softmax(child(tokens).double(), -1)
-    return float((lp.exp() * (lp - lc)).sum(-1).mean())
-
-
 @pytest.fixture(scope="module")
 def tiny_parent():
     torch = pytest.importorskip("torch")
@@ -393,16 +387,7 @@ def test_shipped_example_search_runs(tmp_path):
     not fit 32 requests of 128K tokens on 8 H200s in FP8 (the latent cache is replicated on
     every GPU under TP); the child fits by a smaller latent and meets the throughput budget,
     and its config reads back as a DeepSeek-V3 model with the MTP head."""
-    from nas.cli import main
-
-    repo = Path(__file__).resolve().parents[1]
-    spec = json.loads((repo / "nas" / "examples" / "deepseek-v3-8xh200.json").read_text())
-    spec["parent"] = str(repo / "nas" / "examples" / spec["parent"])
-    del spec["solver"]["sweep"]
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert main(["search", str(tmp_path / "spec.json"), "-o", str(tmp_path / "out")]) == 0
-    bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
-    assert all(b["child_value"] <= b["bound"] * (1 + 1e-9) for b in bp["budgets"])
+    bp = search_example("deepseek-v3-8xh200", tmp_path)
     assert bp["params"]["parent_total"] == 671_026_419_200
     assert len(bp["choices"]) == 122
     assert any(c["kind"] == "mla" and "kv_lora_rank" in c["change"] for c in bp["choices"])

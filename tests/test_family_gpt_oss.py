@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import kl_div as _kl
+from conftest import search_example
 
 from hwprofiles.errors import InputError
 from nas.arch import Attention, MoE, NoOp
@@ -221,14 +223,6 @@ def test_other_types_refuse_sinks_and_biased_experts(mt):
 
 
 # ---- search axes and init_from_parent -------------------------------------------------------
-def _kl(parent, child, tokens) -> float:
-    torch = pytest.importorskip("torch")
-    with torch.no_grad():
-        lp = torch.log_softmax(parent(tokens).double(), -1)
-        lc = torch.log_softmax(child(tokens).double(), -1)
-    return float((lp.exp() * (lp - lc)).sum(-1).mean())
-
-
 @pytest.fixture(scope="module")
 def tiny_parent():
     torch = pytest.importorskip("torch")
@@ -304,16 +298,7 @@ def test_shipped_example_search_runs(tmp_path):
     """examples/gpt-oss-120b-h100.json (without its sweep): the parent in MXFP4 does not fit
     12 requests of 128K tokens on one H100; the child fits and meets the throughput budget,
     and its config reads back with the sinks and biased experts."""
-    from nas.cli import main
-
-    repo = Path(__file__).resolve().parents[1]
-    spec = json.loads((repo / "nas" / "examples" / "gpt-oss-120b-h100.json").read_text())
-    spec["parent"] = str(repo / "nas" / "examples" / spec["parent"])
-    del spec["solver"]["sweep"]
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert main(["search", str(tmp_path / "spec.json"), "-o", str(tmp_path / "out")]) == 0
-    bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
-    assert all(b["child_value"] <= b["bound"] * (1 + 1e-9) for b in bp["budgets"])
+    bp = search_example("gpt-oss-120b-h100", tmp_path)
     assert bp["params"]["parent_total"] == 116_829_156_672
     child = from_hf(bp["child"])
     assert child.model_type in ("gpt_oss", "gpt_oss_puzzle")

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import search_example
 
 from hwprofiles.errors import InputError
 from nas.arch import Mamba, MoE, NoOp
@@ -90,15 +91,7 @@ def test_refused_families_say_why(mt, why):
 def test_shipped_example_searches_run(name, parent_total, tmp_path):
     """The shipped examples search (prior scores): every budget holds, the child's config
     reads back with the counts the blueprint states."""
-    from nas.cli import main
-
-    repo = Path(__file__).resolve().parents[1]
-    spec = json.loads((repo / "nas" / "examples" / f"{name}.json").read_text())
-    spec["parent"] = str(repo / "nas" / "examples" / spec["parent"])
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert main(["search", str(tmp_path / "spec.json"), "-o", str(tmp_path / "out")]) == 0
-    bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
-    assert all(b["child_value"] <= b["bound"] * (1 + 1e-9) for b in bp["budgets"])
+    bp = search_example(name, tmp_path, sweep=True)
     assert bp["params"]["parent_total"] == parent_total
     assert from_hf(bp["child"]).param_counts().total == bp["params"]["child_total"] \
         < parent_total

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import search_example
 
 from costmodels import ops
 from costmodels.blocks import price_blocks
@@ -327,16 +328,7 @@ def test_shipped_example_search_runs(tmp_path):
     """examples/qwen3-next-80b-h100.json (without its sweep, to stay quick): the parent does
     not fit 16 requests of 256K tokens on one H100 in NVFP4; the child fits and meets the
     throughput budget, and the child's config reads back as a qwen3_next model."""
-    from nas.cli import main
-
-    repo = Path(__file__).resolve().parents[1]
-    spec = json.loads((repo / "nas" / "examples" / "qwen3-next-80b-h100.json").read_text())
-    spec["parent"] = str(repo / "nas" / "examples" / spec["parent"])
-    del spec["solver"]["sweep"]
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert main(["search", str(tmp_path / "spec.json"), "-o", str(tmp_path / "out")]) == 0
-    bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
-    assert all(b["child_value"] <= b["bound"] * (1 + 1e-9) for b in bp["budgets"])
+    bp = search_example("qwen3-next-80b-h100", tmp_path)
     assert bp["params"]["parent_total"] == 79_674_391_296
     assert len(bp["choices"]) == 96
     child = from_hf(bp["child"])

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_spans import prepare as prepare_priced
 
 from costmodels.dtypes import TensorRole
 from costmodels.shapes import role_params
@@ -30,12 +31,8 @@ def example(name: str, precision: dict | None = PRECISION, sweep: bool = False) 
 
 
 def prepare(spec: dict):
-    problem = search.resolve(parse_spec(spec), EXAMPLES)
-    alts = search.alternatives(problem)
-    priced = search.price(problem, alts, progress=False)
-    q, src = search.score(problem, alts)
-    lib = search.build_library(problem, alts, priced, q)
-    return problem, alts, lib, search.constraints(problem, lib, priced)
+    problem, alts, _, lib, cons = prepare_priced(spec)
+    return problem, alts, lib, cons
 
 
 @pytest.fixture(scope="module")

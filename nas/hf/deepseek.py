@@ -170,7 +170,15 @@ def _read_stock(r: Reader, mt: str = "deepseek_v3"
 def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
     if mt in ("deepseek_v3", "kimi_k2"):
         return _read_stock(r, mt)
-    kw = model_fields(r, mt, 1e-6, set())
+    return read_puzzle(r, mt, 1e-6)
+
+
+def read_puzzle(r: Reader, mt: str, eps_default: float
+                ) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+    """A ``*_puzzle`` config (``deepseek_v3_puzzle``, ``gpt_oss_puzzle``): the model fields
+    (``eps_default``: the family's RMSNorm epsilon default), two ``block_configs`` entries
+    per layer, and the MTP blocks' ``mtp_block_configs``."""
+    kw = model_fields(r, mt, eps_default, set())
     blocks = read_block_configs(r)
     n = r.int("num_hidden_layers", len(blocks) // 2)
     if 2 * n != len(blocks):

@@ -23,7 +23,7 @@ from typing import Any
 
 from nas.arch import Attention, ModelArch, MoE, _Block
 from nas.hf.common import Reader, base_config, layer_pairs, make_block
-from nas.hf.deepseek import model_fields, read_block_configs, write_puzzle
+from nas.hf.deepseek import model_fields, read_puzzle, write_puzzle
 from nas.hf.registry import Dialect, ExportError, register
 
 GPT_OSS = ("gpt_oss", "gpt_oss_puzzle")
@@ -82,14 +82,7 @@ def _read_stock(r: Reader) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
 def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
     if mt == "gpt_oss":
         return _read_stock(r)
-    kw = model_fields(r, mt, 1e-5, set())
-    blocks = read_block_configs(r)
-    n = r.int("num_hidden_layers", len(blocks) // 2)
-    if 2 * n != len(blocks):
-        raise r.err("num_hidden_layers", f"is {n} but block_configs has {len(blocks)} blocks "
-                    "(expected two per layer)")
-    mtp = read_block_configs(r, "mtp_block_configs") if "mtp_block_configs" in r.cfg else []
-    return blocks, mtp, kw
+    return read_puzzle(r, mt, 1e-5)
 
 
 def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:

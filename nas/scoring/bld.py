@@ -15,6 +15,7 @@ run. :func:`assemble_child` builds a child from them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,33 +56,46 @@ class BldIndex(BaseModel):
     files: list[str]
 
 
-def _nmse(block: Block, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    out = block.mixer(block.norm(x))  # type: ignore[misc]
+def _nmse(branch: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, y: torch.Tensor
+          ) -> torch.Tensor:
+    out = branch(x)
     return (out - y).pow(2).sum() / y.pow(2).sum().clamp_min(torch.finfo(y.dtype).tiny)
+
+
+def train_residual(module: torch.nn.Module, branch: Callable[[torch.Tensor], torch.Tensor],
+                   x: torch.Tensor, y: torch.Tensor, settings: Any, seed: int
+                   ) -> dict[str, Any]:
+    """Train ``module`` in place so that ``branch(x)`` (its residual branch) maps inputs
+    ``x`` to the parent's residual outputs ``y`` (rows, length, hidden): AdamW on the
+    normalized MSE over random row batches; returns ``bld_steps`` and the final normalized
+    MSE on all rows. One block (:func:`train_block`) and a span of blocks
+    (``nas.scoring.span_scoring``) train with it."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params or settings.bld_steps == 0:
+        return {"bld_steps": 0, "bld_loss": None}
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(params, lr=settings.bld_lr, weight_decay=0.0)
+    module.train()
+    with torch.enable_grad():
+        for _ in range(settings.bld_steps):
+            idx = torch.randint(0, x.shape[0], (settings.bld_batch,), generator=g)
+            idx = idx.to(x.device)
+            loss = _nmse(branch, x[idx], y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    module.eval()
+    with torch.no_grad():
+        final = float(_nmse(branch, x, y))
+    return {"bld_steps": settings.bld_steps, "bld_loss": final}
 
 
 def train_block(block: Block, x: torch.Tensor, y: torch.Tensor, settings: Any,
                 seed: int) -> dict[str, Any]:
     """Train ``block`` in place on inputs ``x`` and parent residual outputs ``y`` (rows,
     length, hidden); returns ``bld_steps`` and the final normalized MSE on all rows."""
-    params = [p for p in block.parameters() if p.requires_grad]
-    if not params or settings.bld_steps == 0:
-        return {"bld_steps": 0, "bld_loss": None}
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(params, lr=settings.bld_lr, weight_decay=0.0)
-    block.train()
-    with torch.enable_grad():
-        for _ in range(settings.bld_steps):
-            idx = torch.randint(0, x.shape[0], (settings.bld_batch,), generator=g)
-            idx = idx.to(x.device)
-            loss = _nmse(block, x[idx], y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-    block.eval()
-    with torch.no_grad():
-        final = float(_nmse(block, x, y))
-    return {"bld_steps": settings.bld_steps, "bld_loss": final}
+    return train_residual(block, lambda t: block.mixer(block.norm(t)),  # type: ignore[misc]
+                          x, y, settings, seed)
 
 
 def save_block(path: Path, block: Block, meta: BldMeta) -> Path:

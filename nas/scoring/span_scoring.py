@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from costmodels.dtypes import get_recipe
+from nas.scoring.bld import train_residual
 from nas.scoring.fakequant import quantize_block
 
 
@@ -41,32 +42,11 @@ class SpanBlocks(torch.nn.Module):
         return x
 
 
-def _nmse(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    out = m(x) - x
-    return (out - y).pow(2).sum() / y.pow(2).sum().clamp_min(torch.finfo(y.dtype).tiny)
-
-
 def train_span(m: SpanBlocks, x: torch.Tensor, y: torch.Tensor, settings: Any,
                seed: int) -> dict[str, Any]:
     """BLD of a whole span in place (see the module doc); returns ``bld_steps`` and the
     final normalized MSE on all rows."""
-    params = [p for p in m.parameters() if p.requires_grad]
-    if not params or settings.bld_steps == 0:
-        return {"bld_steps": 0, "bld_loss": None}
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(params, lr=settings.bld_lr, weight_decay=0.0)
-    m.train()
-    with torch.enable_grad():
-        for _ in range(settings.bld_steps):
-            idx = torch.randint(0, x.shape[0], (settings.bld_batch,), generator=g).to(x.device)
-            loss = _nmse(m, x[idx], y[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-    m.eval()
-    with torch.no_grad():
-        final = float(_nmse(m, x, y))
-    return {"bld_steps": settings.bld_steps, "bld_loss": final}
+    return train_residual(m, lambda t: m(t) - t, x, y, settings, seed)
 
 
 @torch.no_grad()
