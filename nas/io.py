@@ -59,10 +59,12 @@ def _mkdirs(folder: Path, what: str, target: Path | None = None) -> None:
 
 def _probe_writable(target: Path, what: str) -> None:
     """Create and remove a temp folder beside ``target`` (the real test: permissions,
-    read-only mounts, /proc and /sys all fail here)."""
+    read-only mounts, /proc and /sys all fail here). A Ctrl-C waits until the probe is gone,
+    so none is left behind."""
     try:
-        probe = tempfile.mkdtemp(prefix=".puzzle-nas-write-test.", dir=target.parent)
-        os.rmdir(probe)
+        with _signals_held():
+            probe = tempfile.mkdtemp(prefix=".puzzle-nas-write-test.", dir=target.parent)
+            os.rmdir(probe)
     except OSError as exc:
         raise InputError(f"cannot write in {target.parent} ({_why(exc)})", path=str(target),
                          field=what) from None

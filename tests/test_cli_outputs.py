@@ -343,3 +343,23 @@ def test_build_and_profile_check_output_before_work(tmp_path, capsys, monkeypatc
     cfg = REPO / "examples" / "configs" / "llama-3.1-8b.json"
     assert main(["build", str(cfg), "-o", where]) == 2
     assert "cannot" in _one_line(capsys.readouterr().err)
+
+
+def test_ctrl_c_during_the_write_probe_leaves_no_probe(tmp_path, monkeypatch):
+    """A Ctrl-C that lands between the write probe's creation and removal is delivered after
+    the probe is gone: the KeyboardInterrupt comes, and no .puzzle-nas-write-test.* stays."""
+    import tempfile
+
+    from nas.io import check_output_file
+
+    real = tempfile.mkdtemp
+
+    def mkdtemp_then_ctrl_c(*a, **kw):
+        d = real(*a, **kw)
+        signal.raise_signal(signal.SIGINT)  # arrives while the probe exists
+        return d
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        check_output_file(tmp_path / "out" / "x.json")
+    assert os.listdir(tmp_path / "out") == []
