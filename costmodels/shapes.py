@@ -30,6 +30,11 @@ Parameter layout per kind (h = hidden size; every block but NoOp has a pre-norm 
   + norm ``R``; kv_b ``R*nq*(nope + v)``; o ``nq*v*h``. KV cache per token: ``R + rope``.
 * attention sinks (gpt-oss): ``nq`` logits. MoE router linear bias ``E``; expert biases
   ``(mats-1)*width + in`` per expert (counted ``top_k`` times when active).
+* mamba1 (Mamba-1, Jamba layout; I = ``m1_inner`` channels, N = ``state``, R = ``dt_rank``):
+  in_proj ``h*2I`` (+ ``2I`` bias), depthwise conv over ``I`` channels, ``kernel`` taps
+  (+ ``I`` bias), x_proj ``I*(R + 2N)``, dt_proj ``R*I`` + bias ``I``, ``A_log`` ``I*N``,
+  ``D`` ``I``, RMSNorms on dt, B, C ``R + 2N``, out_proj ``I*h`` (+ ``h`` bias). State per
+  sequence: ``I*N`` recurrent + conv ``I*(kernel-1)``.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class Kind(IntEnum):
     LINEAR = 5
     DELTANET = 6
     MLA = 7
+    MAMBA1 = 8
 
 
 KIND_NAMES = {k: k.name.lower() for k in Kind}
@@ -114,6 +120,10 @@ class BlockTable:
     sinks: np.ndarray
     router_lbias: np.ndarray
     expert_bias: np.ndarray
+    # mamba1 (Jamba; state size in state, conv taps / biases in conv_kernel, conv_bias,
+    # proj_bias): inner channels and the time-step rank
+    m1_inner: np.ndarray
+    dt_rank: np.ndarray
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -202,15 +212,28 @@ def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndar
     moe_o = moe_o + moe * (t.router_lbias * t.experts
                            + t.expert_bias * n_exp * ((mats - 1) * t.expert_width + exp_in))
 
+    m1 = _is(t, Kind.MAMBA1)
+    m1_w, m1_o = mamba1_role_params(t)
+
     return {
         TensorRole.ATTENTION: att_w + dn_w + mla * mla_w,
-        TensorRole.MAMBA: mam_w,
+        TensorRole.MAMBA: mam_w + m1 * m1_w,
         TensorRole.ROUTED_EXPERTS: routed,
         TensorRole.SHARED_EXPERTS: shared,
         TensorRole.FFN: ffn_w,
         TensorRole.OTHER: norm + att_o + mam_o + moe_o + ffn_o + lin * h * h + dn_o
-        + mla * mla_o,
+        + mla * mla_o + m1 * m1_o,
     }
+
+
+def mamba1_role_params(t: BlockTable) -> tuple[np.ndarray, np.ndarray]:
+    """Mamba-1 (matrices: in_proj, x_proj, dt_proj, out_proj; the rest: conv, biases,
+    ``A_log``, ``D``, dt/B/C norms) per row, whatever the row's kind (callers mask it)."""
+    h, inner, n, r = t.hidden, t.m1_inner, t.state, t.dt_rank
+    mats = 2 * h * inner + inner * (r + 2 * n) + r * inner + inner * h
+    rest = (inner * t.conv_kernel + t.conv_bias * inner + inner + inner * n + inner
+            + r + 2 * n + t.proj_bias * (2 * inner + h))
+    return mats, rest
 
 
 def mla_role_params(t: BlockTable) -> tuple[np.ndarray, np.ndarray]:
@@ -254,15 +277,16 @@ def conv_state_elems(t: BlockTable) -> np.ndarray:
     inputs."""
     _, _, conv_ch = mamba_dims(t)
     dn_conv = deltanet_dims(t)[3]
-    return (_is(t, Kind.MAMBA) * conv_ch + _is(t, Kind.DELTANET) * dn_conv) \
-        * np.maximum(t.conv_kernel - 1, 0)
+    return (_is(t, Kind.MAMBA) * conv_ch + _is(t, Kind.DELTANET) * dn_conv
+            + _is(t, Kind.MAMBA1) * t.m1_inner) * np.maximum(t.conv_kernel - 1, 0)
 
 
 def ssm_state_elems(t: BlockTable) -> np.ndarray:
     """Recurrent-state elements per sequence: Mamba heads x head_dim x state size; DeltaNet
-    value heads x head_k_dim x head_v_dim."""
+    value heads x head_k_dim x head_v_dim; Mamba-1 inner channels x state size."""
     return (_is(t, Kind.MAMBA) * t.m_heads * t.m_head_dim * t.state
-            + _is(t, Kind.DELTANET) * t.dn_v_heads * t.dn_k_dim * t.dn_v_dim)
+            + _is(t, Kind.DELTANET) * t.dn_v_heads * t.dn_k_dim * t.dn_v_dim
+            + _is(t, Kind.MAMBA1) * t.m1_inner * t.state)
 
 
 def state_bytes_per_sequence(t: BlockTable, recipe: PrecisionRecipe) -> np.ndarray:

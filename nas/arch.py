@@ -72,6 +72,8 @@ _CAPS: dict[str, tuple[int, str]] = {
     "v_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
     "n_group": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
     "topk_group": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
+    "inner_size": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
+    "dt_rank": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
 }
 
 
@@ -164,6 +166,32 @@ class Mamba(_Block):
 
     def describe(self) -> str:
         return f"mamba h{self.num_heads}x{self.head_dim} state{self.state_size}"
+
+
+class Mamba1(_Block):
+    """Mamba-1 selective SSM mixer (arXiv 2312.00752), HF Jamba layout (``JambaMambaMixer``).
+
+    ``in_proj`` maps the hidden state to ``[x | z]`` (``inner_size`` channels each); a causal
+    depthwise conv (+ SiLU) runs over ``x``; ``x_proj`` gives ``[dt (dt_rank) | B (N) | C
+    (N)]`` per token, each through its own RMSNorm (Jamba's addition to Mamba-1);
+    ``dt = softplus(dt_proj(dt))``. Per channel ``c`` and state dim ``n`` (``A = -exp(A_log)``
+    is ``inner_size x state_size``, one decay per channel and state dim, unlike Mamba-2's one
+    per head) ``S_t[c, n] = exp(dt_t[c] A[c, n]) S_{t-1}[c, n] + dt_t[c] B_t[n] x_t[c]``,
+    ``y_t[c] = sum_n S_t[c, n] C_t[n] + D[c] x_t[c]``, gated by ``silu(z)``, then
+    ``out_proj``. The state is fixed-size: ``inner_size x state_size`` per sequence, plus the
+    conv's last ``conv_kernel - 1`` inputs; no KV cache.
+    """
+
+    kind: Literal["mamba1"] = "mamba1"
+    inner_size: PositiveInt
+    state_size: PositiveInt
+    dt_rank: PositiveInt
+    conv_kernel: PositiveInt = 4
+    conv_bias: bool = True
+    proj_bias: bool = False
+
+    def describe(self) -> str:
+        return f"mamba1 i{self.inner_size} state{self.state_size} dt{self.dt_rank}"
 
 
 class DeltaNet(_Block):
@@ -319,15 +347,15 @@ class NoOp(_Block):
     kind: Literal["noop"] = "noop"
 
 
-Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | DeltaNet | MLA,
+Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | DeltaNet | MLA | Mamba1,
                   Field(discriminator="kind")]
 BLOCK_TYPES: dict[str, type[_Block]] = {
     "attention": Attention, "mamba": Mamba, "moe": MoE, "ffn": FFN, "linear": Linear, "noop": NoOp,
-    "deltanet": DeltaNet, "mla": MLA,
+    "deltanet": DeltaNet, "mla": MLA, "mamba1": Mamba1,
 }
 _KIND_CODE = {"attention": Kind.ATTENTION, "mamba": Kind.MAMBA, "moe": Kind.MOE,
               "ffn": Kind.FFN, "linear": Kind.LINEAR, "noop": Kind.NOOP,
-              "deltanet": Kind.DELTANET, "mla": Kind.MLA}
+              "deltanet": Kind.DELTANET, "mla": Kind.MLA, "mamba1": Kind.MAMBA1}
 
 
 def block_row(block: _Block, hidden: int) -> dict[str, int]:
@@ -346,6 +374,10 @@ def block_row(block: _Block, hidden: int) -> dict[str, int]:
         row.update(dn_k_heads=block.num_k_heads, dn_v_heads=block.num_v_heads,
                    dn_k_dim=block.head_k_dim, dn_v_dim=block.head_v_dim,
                    conv_kernel=block.conv_kernel)
+    elif isinstance(block, Mamba1):
+        row.update(m1_inner=block.inner_size, state=block.state_size, dt_rank=block.dt_rank,
+                   conv_kernel=block.conv_kernel, conv_bias=int(block.conv_bias),
+                   proj_bias=int(block.proj_bias))
     elif isinstance(block, Mamba):
         row.update(m_heads=block.num_heads, m_head_dim=block.head_dim, state=block.state_size,
                    groups=block.n_groups, conv_kernel=block.conv_kernel,
@@ -462,6 +494,9 @@ class ModelArch(BaseModel):
             elif isinstance(b, DeltaNet) and b.num_k_heads % tp:
                 raise InputError(f"{tp} does not divide block {i}'s {b.num_k_heads} DeltaNet "
                                  "key heads", field=field)
+            elif isinstance(b, Mamba1) and b.inner_size % tp:
+                raise InputError(f"{tp} does not divide block {i}'s {b.inner_size} Mamba-1 "
+                                 "channels", field=field)
 
     @property
     def hf_extra(self) -> dict[str, Any]:

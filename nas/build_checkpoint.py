@@ -24,6 +24,12 @@ blocks are the attention slot and odd blocks the MLP slot):
   ``shared_expert_gate.weight``); Mixtral uses ``block_sparse_moe.`` instead of ``mlp.``
   and names its experts ``w1`` (gate), ``w2`` (down), ``w3`` (up). DeciLM linear
   replacements are ``self_attn.linear_attn.weight`` and ``mlp.linear_mlp.weight``.
+* ``jamba``: as the Llama family, but the even block's tensors are
+  ``model.layers.{L}.mamba.<Mamba-1 names>`` (``in_proj``, ``conv1d``, ``x_proj``,
+  ``dt_proj``, ``A_log``, ``D``, ``out_proj``, ``dt_layernorm`` / ``b_layernorm`` /
+  ``c_layernorm``) or ``self_attn.*``, the odd block's norm is ``pre_ff_layernorm`` and its
+  tensors ``feed_forward.*`` (MoE router ``feed_forward.router.weight``), and the final
+  norm is ``model.final_layernorm.weight``.
 
 Each saved file carries per-tensor SHA-256 digests in its safetensors metadata
 (``puzzle_nas_sha256``) so that a modified tensor is caught on load; files from other
@@ -66,6 +72,8 @@ def _mixer_name(sub: str, mt: str, attn_slot: bool) -> str:
     """HF name of a mixer parameter (internal name ``sub``) for type ``mt``."""
     if mt == "nemotron-nas" and sub == "linear.weight":
         return "linear_attn.weight" if attn_slot else "linear_mlp.weight"
+    if mt == "jamba" and sub == "gate.weight":  # Jamba's MoE router
+        return "router.weight"
     if mt in ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe") \
             and sub.startswith("shared_experts."):
         return "shared_expert." + sub[len("shared_experts."):]
@@ -100,6 +108,11 @@ def hf_layout(model: CausalLM, model_type: str) -> list[tuple[str, str, int | No
             mixer = prefix + ("self_attn." if attn_slot else sub)
             if model.arch.blocks[i].kind == "deltanet":  # qwen3_next's linear attention
                 mixer = prefix + "linear_attn."
+            if model_type == "jamba":  # Jamba: mamba / self_attn, then feed_forward
+                norm_name = prefix + ("input_layernorm.weight" if attn_slot
+                                      else "pre_ff_layernorm.weight")
+                mixer = prefix + ("feed_forward." if not attn_slot else "mamba."
+                                  if model.arch.blocks[i].kind == "mamba1" else "self_attn.")
         if part == "norm":
             rows.append((key, norm_name, None))
         elif rest in _EXPERT_PARAMS:
@@ -111,8 +124,9 @@ def hf_layout(model: CausalLM, model_type: str) -> list[tuple[str, str, int | No
         else:
             rows.append((key, mixer + _mixer_name(rest, model_type, attn_slot), None))
     if model.norm is not None:
-        rows.append(("norm.weight", "backbone.norm_f.weight" if nemo else "model.norm.weight",
-                     None))
+        rows.append(("norm.weight", "backbone.norm_f.weight" if nemo else
+                     "model.final_layernorm.weight" if model_type == "jamba" else
+                     "model.norm.weight", None))
     if model.lm_head is not None:
         rows.append(("lm_head.weight", "lm_head.weight", None))
     return rows

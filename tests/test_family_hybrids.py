@@ -2,8 +2,9 @@
 
 ``granitemoehybrid`` (IBM Granite-4.0-H): imports, exports, counts, prices and searches; its
 torch model is refused (Granite's embedding / residual / logits multipliers, attention scale
-and fused expert tensors are not computed here). ``jamba`` (Mamba-1) and ``falcon_h1``
-(parallel attention + Mamba within a layer) are refused at import with the reason.
+and fused expert tensors are not computed here). ``falcon_h1``
+(parallel attention + Mamba within a layer) is refused at import with the reason
+(``jamba``: ``tests/test_family_jamba.py``).
 
 Granite-4.0-H-Small (https://huggingface.co/ibm-granite/granite-4.0-h-small, model card and
 IBM's Granite 4.0 announcement: "32B total parameters, 9B active"). The sizes in
@@ -79,7 +80,7 @@ def test_granite_torch_build_is_refused_with_the_reason():
         build_model(load_config(GRANITE))
 
 
-@pytest.mark.parametrize("mt,why", [("jamba", "Mamba-1"), ("falcon_h1", "in parallel")])
+@pytest.mark.parametrize("mt,why", [("falcon_h1", "in parallel")])
 def test_refused_families_say_why(mt, why):
     with pytest.raises(InputError, match=why) as exc:
         from_hf({"model_type": mt, "hidden_size": 64, "vocab_size": 128}, source="cfg.json")

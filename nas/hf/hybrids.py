@@ -1,5 +1,6 @@
 """Mamba hybrids under other config dialects: ``granitemoehybrid`` (IBM Granite-4.0-H) is
-read and written; ``jamba`` and ``falcon_h1`` are refused with the reason.
+read and written; ``falcon_h1`` is refused with the reason (``jamba``, whose Mamba layers
+are Mamba-1, is :mod:`nas.hf.jamba`).
 
 ``granitemoehybrid``: layer ``i`` is two blocks, a Mamba-2 mixer (``layer_types`` ``mamba``;
 the NemotronH / Bamba layout of :class:`~nas.arch.Mamba`, ``mamba_n_heads`` x
@@ -18,8 +19,6 @@ the :mod:`nas.arch` configs), which stock transformers does not read.
 
 Refused at import (:data:`REFUSED_TYPES`; the message says why):
 
-* ``jamba``: its Mamba layers are Mamba-1 (per-channel ``A``, ``x_proj`` / ``dt_proj``,
-  state per channel), not the Mamba-2 block this library prices and builds;
 * ``falcon_h1``: attention and Mamba-2 run in parallel on the same normed input within a
   layer (their outputs summed, each with its own muP multipliers), which a sequence of
   residual blocks does not express.
@@ -54,9 +53,6 @@ NO_TORCH_TYPES: dict[str, str] = {
 why."""
 
 REFUSED_TYPES: dict[str, str] = {
-    "jamba": "jamba's Mamba layers are Mamba-1 (per-channel A, x_proj / dt_proj, a state per "
-             "channel); this library prices and builds Mamba-2 blocks only, so a jamba config "
-             "is not imported rather than mis-modeled",
     "falcon_h1": "falcon_h1 runs attention and Mamba-2 in parallel on the same normed input "
                  "within a layer (outputs summed, each with its own muP multipliers); this "
                  "library's models are sequences of residual blocks, so a falcon_h1 config is "

@@ -16,7 +16,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from nas.arch import FFN, MLA, Attention, DeltaNet, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.arch import (
+    FFN,
+    MLA,
+    Attention,
+    DeltaNet,
+    Linear,
+    Mamba,
+    Mamba1,
+    ModelArch,
+    MoE,
+    NoOp,
+    _Block,
+)
 from nas.modules.deltanet import DeltaNetMixer
 from nas.modules.gpt_oss import GptOssMoEMixer, SinkAttentionMixer, is_gpt_oss_moe
 from nas.modules.layers import (
@@ -27,6 +39,7 @@ from nas.modules.layers import (
     default_out_std,
 )
 from nas.modules.mamba import MambaMixer
+from nas.modules.mamba1 import Mamba1Mixer
 from nas.modules.mla import MLAMixer
 from nas.modules.moe import MoEMixer
 
@@ -47,6 +60,8 @@ def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
     if isinstance(cfg, DeltaNet):  # Qwen3.5 stores the input projections split
         return DeltaNetMixer(cfg, h, arch.norm_eps,
                              split=arch.model_type.startswith("qwen3_5"))
+    if isinstance(cfg, Mamba1):  # Jamba's Mamba-1 (dt / B / C norms at the model's eps)
+        return Mamba1Mixer(cfg, h, arch.norm_eps)
     if isinstance(cfg, Mamba):
         extra = arch.hf_extra
         lim = extra.get("time_step_limit") or [0.0, math.inf]

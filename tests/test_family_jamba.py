@@ -1,0 +1,213 @@
+"""Jamba (``jamba``): Mamba-1 / attention hybrids with a MoE every other layer.
+
+Published figures:
+
+* Jamba-v0.1 (model card https://huggingface.co/ai21labs/Jamba-v0.1: "12B active parameters
+  and a total of 52B parameters across all experts"; arXiv 2403.19887, Table 1: "Jamba 12B
+  active / 52B available, KV cache (256K context, 16bit) 4GB");
+* Jamba-1.5-Mini and -Large (model card https://huggingface.co/ai21labs/AI21-Jamba-1.5-Mini:
+  "Jamba 1.5 Mini has 12B active and 52B total parameters", "Jamba 1.5 Large has 94B active
+  and 398B total parameters"; arXiv 2408.12570, Table 1: KV cache at 256K 4GB and 9GB).
+
+Configs in ``tests/data/configs/``: ``jamba-1.5-mini.json`` is the Hub config of
+ai21labs/AI21-Jamba-1.5-Mini; ``jamba-v0.1.json`` the same architecture under
+ai21labs/Jamba-v0.1's token ids; ``jamba-1.5-large.json`` takes the sizes of arXiv 2408.12570
+section 2 (9 blocks of 8 layers, 1 attention : 7 Mamba, hidden 8192, 64 query / 8 KV heads,
+MoE of 16 experts top-2 every other layer) with the Hub config's ``intermediate_size`` 24576
+and the ``"auto"`` dt rank 8192 / 16 = 512.
+
+Computed here (MTP: none):
+
+* Jamba-v0.1 = Jamba-1.5-Mini: total 51,570,323,328 (the published "52B" rounded); active
+  12,110,311,296 (the published "12B"): 2 of 16 experts in the 16 MoE layers.
+* Jamba-1.5-Large: total 398,555,145,696, 0.56B (0.14 %) above the published "398B", which
+  is this total truncated (rounded it would read 399B; without the untied LM head, 65,536 x
+  8,192 = 536,870,912, it is 398,018,274,784); active 94,149,338,592 (the published "94B").
+* KV cache at 262,144 tokens in bf16: 4 attention layers x 2 x 8 x 128 x 2 B per token =
+  4 GiB (Mini), 9 x 2 x 8 x 128 x 2 B = 9 GiB (Large): the papers' "4GB" and "9GB".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hwprofiles.errors import InputError
+from nas.arch import FFN, Attention, Mamba1, MoE, NoOp
+from nas.hf import from_hf, load_config, to_hf
+
+DATA = Path(__file__).parent / "data" / "configs"
+MINI = DATA / "jamba-1.5-mini.json"
+V01 = DATA / "jamba-v0.1.json"
+LARGE = DATA / "jamba-1.5-large.json"
+GIB = 2**30
+
+
+@pytest.mark.parametrize("path,total,active,kv_gib", [
+    (V01, 51_570_323_328, 12_110_311_296, 4),
+    (MINI, 51_570_323_328, 12_110_311_296, 4),
+    (LARGE, 398_555_145_696, 94_149_338_592, 9),
+])
+def test_exact_counts_against_the_published_ones(path, total, active, kv_gib):
+    arch = load_config(path)
+    pc = arch.param_counts()
+    assert pc.total == total and pc.active == active
+    published = {51_570_323_328: (52, 12), 398_555_145_696: (398, 94)}[total]
+    assert round(pc.active / 1e9) == published[1]
+    if total < 10**11:
+        assert round(pc.total / 1e9) == published[0]
+    else:  # "398B": the total truncated (see the module docstring)
+        assert int(pc.total / 1e9) == published[0] and (pc.total - pc.lm_head) // 10**9 == 398
+    assert arch.kv_bytes(262_144, "bf16") == kv_gib * GIB
+
+
+def test_layout_and_round_trip():
+    arch = load_config(MINI)
+    assert arch.kind_counts() == {"mamba1": 28, "attention": 4, "ffn": 16, "moe": 16}
+    assert [i for i, b in enumerate(arch.blocks) if isinstance(b, Attention)] == [8, 24, 40, 56]
+    assert isinstance(arch.blocks[3], MoE) and isinstance(arch.blocks[1], FFN)
+    m, a, e = arch.blocks[0], arch.blocks[8], arch.blocks[3]
+    assert m == Mamba1(inner_size=8192, state_size=16, dt_rank=256, conv_kernel=4)
+    assert not a.rope and a.num_kv_heads == 8 and a.head_dim == 128
+    assert not e.norm_topk and e.router == "softmax" and e.top_k == 2
+    cfg = to_hf(arch)
+    assert cfg["model_type"] == "jamba" and "puzzle_layers" not in cfg
+    assert from_hf(json.loads(json.dumps(cfg))) == arch
+    orig = json.loads(MINI.read_text())
+    for k in ("attn_layer_period", "attn_layer_offset", "expert_layer_period",
+              "expert_layer_offset", "mamba_dt_rank", "mamba_expand", "intermediate_size",
+              "num_experts", "eos_token_id", "max_position_embeddings"):
+        assert cfg[k] == orig[k], k
+    # "auto" dt rank = ceil(hidden / 16); transformers 5.x's num_local_experts spelling
+    auto = dict(orig, mamba_dt_rank="auto", num_local_experts=16)
+    del auto["num_experts"]
+    assert from_hf(auto) == arch
+
+
+def test_state_memory_per_sequence():
+    """28 Mamba-1 layers, each an 8192 x 16 float32 state plus the conv's last 3 inputs of
+    8192 channels in bf16 (recipe bf16: SSM state float32)."""
+    arch = load_config(MINI)
+    assert arch.state_bytes_per_sequence("bf16") == 28 * (8192 * 16 * 4 + 8192 * 3 * 2)
+
+
+def test_heterogeneous_child_round_trip():
+    arch = load_config(MINI)
+    blocks = list(arch.blocks)
+    blocks[0] = blocks[0].model_copy(update={"inner_size": 4096, "state_size": 8})
+    blocks[3] = blocks[3].model_copy(update={"num_experts": 8})
+    blocks[10] = NoOp()
+    child = arch.replace_blocks(blocks)
+    cfg = to_hf(child)
+    assert cfg["model_type"] == "jamba" and len(cfg["puzzle_layers"]) == 32
+    assert from_hf(json.loads(json.dumps(cfg))) == child
+    # a child whose attention layers stay periodic and shapes uniform stays stock: layers
+    # 12 and 28 to Mamba leaves attention at 4 and 20 (period 16, offset 4) ...
+    blocks = list(arch.blocks)
+    blocks[24] = blocks[56] = blocks[0]
+    stock = to_hf(arch.replace_blocks(blocks))
+    assert "puzzle_layers" not in stock
+    assert (stock["attn_layer_period"], stock["attn_layer_offset"]) == (16, 4)
+    assert from_hf(stock) == arch.replace_blocks(blocks)
+    # ... but layer 4 alone leaves 12, 20, 28: no offset < period says that
+    blocks = list(arch.blocks)
+    blocks[8] = blocks[0]
+    assert "puzzle_layers" in to_hf(arch.replace_blocks(blocks))
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("hidden_act", "gelu", "silu"),
+    ("sliding_window", 4096, "full attention"),
+    ("attn_layer_offset", 8, "smaller than attn_layer_period"),
+    ("layers_block_type", ["mamba"] * 32, "periods and offsets"),
+    ("mamba_d_state", 0, "mamba_d_state"),
+])
+def test_unsupported_fields_are_named(key, value, match):
+    cfg = json.loads(MINI.read_text())
+    cfg[key] = value
+    with pytest.raises(InputError, match=match) as exc:
+        from_hf(cfg, source="jamba.json")
+    assert key in str(exc.value) and "jamba.json" in str(exc.value)
+
+
+# ---- torch: modules and parity with transformers ------------------------------------
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def _hf_config(**kw):
+    base = dict(vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=48, max_position_embeddings=256,
+                tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0,
+                attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8,
+                mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, mamba_conv_bias=True,
+                mamba_proj_bias=True)
+    base.update(kw)
+    return transformers.JambaConfig(**base)
+
+
+def _hf_model(seed: int = 0, **kw):
+    from test_hf_parity import randomize
+
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(_hf_config(**kw), dtype=torch.float32)
+    randomize(m, seed)
+    return m.eval()
+
+
+def test_parity_theirs_to_ours(tmp_path):
+    from test_hf_parity import _check, _prompt
+
+    from nas.build import load_pretrained
+
+    theirs = _hf_model()
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf").eval()
+    assert ours.arch.model_type == "jamba"
+    assert [b.kind for b in ours.arch.blocks] == ["mamba1", "ffn", "attention", "moe"] * 2
+    assert _check(ours, theirs, _prompt()) <= 1e-4
+
+
+def test_parity_ours_to_theirs(tmp_path):
+    from test_hf_parity import check_ours_to_theirs
+
+    _hf_model(mamba_conv_bias=False, mamba_proj_bias=False,
+              tie_word_embeddings=True).save_pretrained(tmp_path / "ref")
+    arch = load_config(tmp_path / "ref")
+    assert arch.tie_embeddings and not arch.blocks[0].conv_bias
+    check_ours_to_theirs(arch, tmp_path)
+
+
+def test_chunked_scan_equals_the_recurrence_and_cached_decode():
+    from nas.build import build_model
+    from nas.modules.mamba1 import selective_scan
+
+    g = torch.Generator().manual_seed(0)
+    b, n, inner, N = 2, 37, 6, 4
+    x, dt = torch.randn(b, n, inner, generator=g), torch.rand(b, n, inner, generator=g)
+    A = -torch.rand(inner, N, generator=g) * 3
+    B, C = torch.randn(b, n, N, generator=g), torch.randn(b, n, N, generator=g)
+    s0 = torch.randn(b, inner, N, generator=g)
+    y1, s1 = selective_scan(x, dt, A, B, C, s0, chunk=8)
+    s, ys = s0.clone(), []
+    for t in range(n):  # the recurrence, one step at a time
+        s = torch.exp(dt[:, t, :, None] * A) * s + (dt[:, t] * x[:, t])[..., None] * B[:, t, None]
+        ys.append((s * C[:, t, None]).sum(-1))
+    assert float((y1 - torch.stack(ys, 1)).abs().max()) < 1e-5
+    assert float((s1 - s).abs().max()) < 1e-5
+
+    arch = load_config(MINI).model_copy(update={"hidden_size": 32, "vocab_size": 64, "blocks": (
+        Mamba1(inner_size=48, state_size=4, dt_rank=3), MoE(num_experts=4, top_k=2,
+                                                            expert_width=16, norm_topk=False),
+        Attention(num_heads=4, num_kv_heads=2, head_dim=8, rope=False), FFN(width=24))})
+    model = build_model(arch, seed=0).eval()
+    toks = torch.randint(0, 64, (2, 11), generator=g)
+    with torch.no_grad():
+        full = model(toks)
+        cache = model.new_cache()
+        parts = [model(toks[:, :7], cache)] + [model(toks[:, i:i + 1], cache)
+                                               for i in range(7, 11)]
+    assert float((torch.cat(parts, 1) - full).abs().max()) < 1e-5
