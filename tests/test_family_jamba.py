@@ -93,6 +93,40 @@ def test_state_memory_per_sequence():
     assert arch.state_bytes_per_sequence("bf16") == 28 * (8192 * 16 * 4 + 8192 * 3 * 2)
 
 
+def test_mamba1_pricing_follows_the_formulas():
+    """The scan's FLOPs and bytes are the documented closed forms; a Mamba-1 block's decode
+    does not grow with the context (attention's does), it holds no KV but I x N state, and
+    its weights are the exact parameter bytes."""
+    import hwprofiles
+    from costmodels import ops
+    from costmodels.blocks import price_blocks
+    from costmodels.dtypes import get_recipe
+    from nas.arch import blocks_table
+
+    f, b = ops.mamba1_scan_prefill(2.0, 4096.0, 8192, 16, 2.0, 4.0)
+    assert f == 2 * 4096 * 8192 * (7 * 16 + 7)
+    assert b == 2 * (4096 * (4 * 8192 + 2 * 16) * 2 + 8192 * 16 * 4)
+    f1, b1 = ops.mamba1_scan_decode(8.0, 8192, 16, 2.0, 4.0)
+    assert f1 == 8 * 8192 * (7 * 16 + 7) and b1 == 8 * (2 * 8192 * 16 * 4 + (4 * 8192 + 32) * 2)
+    arch = load_config(MINI)
+    m, att = arch.blocks[0], arch.blocks[8]
+    t = blocks_table([m, att], arch.hidden_size)
+    hw, r = hwprofiles.get("h100-sxm"), get_recipe("bf16")
+    c = price_blocks(t, hw, r, ["isl=4096,osl=256,batch=8", "isl=262144,osl=256,batch=8"])
+    assert c.decode_s[0, 1] == pytest.approx(c.decode_s[0, 0])
+    assert c.decode_s[1, 1] > 10 * c.decode_s[1, 0]
+    assert c.kv_bytes_per_token[0] == 0 and c.state_bytes_per_sequence[0] == 8192 * (16 * 4 + 3 * 2)
+    assert c.weight_bytes[0] == 2 * int(arch.block_params()[0])
+    # halving the channels or the state saves time and memory
+    t2 = blocks_table([m, m.model_copy(update={"inner_size": 4096}),
+                       m.model_copy(update={"state_size": 8})], arch.hidden_size)
+    c2 = price_blocks(t2, hw, r, ["isl=32768,osl=1024,batch=32"], tp=2)
+    assert c2.prefill_s[1, 0] < c2.prefill_s[0, 0] and c2.decode_s[1, 0] < c2.decode_s[0, 0]
+    assert c2.decode_s[2, 0] < c2.decode_s[0, 0]
+    assert c2.state_bytes_per_sequence[2] < c2.state_bytes_per_sequence[0]
+    assert c2.weight_bytes[1] < c2.weight_bytes[0] / 1.9
+
+
 def test_heterogeneous_child_round_trip():
     arch = load_config(MINI)
     blocks = list(arch.blocks)
