@@ -286,6 +286,31 @@ def _price_attention(c: _Pricing, r: _Rows) -> None:
     r.out_m.append(c.attn_t((0.0 * rr, rr), 0.0, kv_read=True))
 
 
+SPEC_STATE_COPY = 2.0
+"""State transfers per sequence and recurrent layer, beyond the verify pass's own, that
+commit the accepted state after a speculative verification step: the state of the last
+accepted draft position is read from the per-position (intermediate) cache and written to
+the request's slot. TensorRT-LLM's Mamba-2 speculative decoding ("at each state update, for
+each token we write to an intermediate cache the state that would be correct if that token
+was the last accepted token. Then, at step end ... we copy that 'winning' state to the
+per-request, main mamba cache", https://github.com/NVIDIA/TensorRT-LLM/pull/13453) and
+SGLang's ``intermediate_ssm_state_cache`` both do this. vLLM's native path reads the
+accepted snapshot in place on the next step (``T`` writes, one read:
+https://github.com/vllm-project/vllm/pull/49847), i.e. 2 transfers fewer per step."""
+
+
+def _verify_state_bytes(bs: np.ndarray, st_io: np.ndarray, q1: np.ndarray) -> np.ndarray:
+    """Bytes of a recurrent state update over ``q1 = 1 + d`` tokens per sequence (``bs``:
+    one plain decode step's bytes, two of them ``st_io`` state transfers): the token inputs
+    and outputs ``q1`` times; the state read once; written ``q1`` times, one snapshot per
+    draft position kept for rollback (https://github.com/vllm-project/vllm/pull/49847:
+    "writes T full states and reads one back"); plus, in a verification step
+    (``q1 > 1``), :data:`SPEC_STATE_COPY` transfers that commit the accepted state.
+    ``q1 = 1`` is a plain decode step: ``bs``."""
+    return ((bs - 2.0 * st_io) * q1 + st_io * (1.0 + q1)
+            + SPEC_STATE_COPY * st_io * (q1 > 1.0))
+
+
 def _price_mamba(c: _Pricing, r: _Rows) -> None:
     h, q1, a = r.h, r.q1, c.a
     H, Pd, N, G, K = (r.col(n) for n in ("m_heads", "m_head_dim", "state", "groups",
@@ -302,10 +327,8 @@ def _price_mamba(c: _Pricing, r: _Rows) -> None:
         out.append(c.state_t(_scale(ops.conv_decode(dseq * q1, conv_ch, K, a, wo, c.csb),
                                     on), on))
         fs, bs = ops.ssd_decode(dseq, H, Pd, N, G, a, c.ssb)
-        # verifying 1 + d tokens steps the state 1 + d times and keeps each state for
-        # rollback: one read, 1 + d writes, 1 + d token inputs/outputs
         st_io = dseq * H * Pd * N * c.ssb
-        out.append(c.state_t((fs * q1, (bs - 2.0 * st_io) * q1 + st_io * (1.0 + q1)),
+        out.append(c.state_t((fs * q1, _verify_state_bytes(bs, st_io, q1)),
                              K_SSD_DECODE * on))
     r.out_m.append(c.elem_t(ops.conv_prefill(c.Bp, c.S, conv_ch, K, a, wo, c.csb), 1))
     r.out_m.append(c.gemm_t(ops.ssd_prefill(c.Bp, c.S, H, Pd, N, G, c.ssd_chunk, a, c.ssb),
@@ -331,10 +354,8 @@ def _price_deltanet(c: _Pricing, r: _Rows) -> None:
         out.append(c.state_t(_scale(ops.conv_decode(dseq * q1, conv_ch, K, a, wo, c.csb),
                                     on), on))
         fs, bs = ops.deltanet_decode(dseq, nk, nv, dk, dv, a, c.ssb)
-        # verifying 1 + d tokens steps the state 1 + d times and keeps each state for
-        # rollback: one read, 1 + d writes, 1 + d token inputs/outputs (as for Mamba)
         st_io = dseq * nv * dk * dv * c.ssb
-        out.append(c.state_t((fs * q1, (bs - 2.0 * st_io) * q1 + st_io * (1.0 + q1)),
+        out.append(c.state_t((fs * q1, _verify_state_bytes(bs, st_io, q1)),
                              K_GDN_DECODE * on))
     r.out_m.append(c.elem_t(ops.conv_prefill(c.Bp, c.S, conv_ch, K, a, wo, c.csb), 1))
     r.out_m.append(c.gemm_t(ops.deltanet_prefill(c.Bp, c.S, nk, nv, dk, dv, DEFAULT_GDN_CHUNK,
@@ -437,6 +458,26 @@ def _price_mla(c: _Pricing, r: _Rows) -> None:
     r.out_m.append(c.attn_t((0.0 * rr, rr), 0.0, kv_read=True))
 
 
+def _price_parallel(c: _Pricing, r: _Rows) -> None:
+    """Falcon-H1's parallel mixer: the attention branch's ops (:func:`_price_attention`)
+    plus the Mamba branch's (:func:`_price_mamba`) on the same normed input, each priced
+    only on the rows that keep that branch (a dropped branch costs nothing: no kernel, no
+    bytes). One pre-norm, one residual add and one TP all-reduce of the summed outputs,
+    as for any block. The muP multipliers are scalar factors a serving engine folds into
+    the adjacent weights: no op of their own."""
+    Dm, B = r.steps[0][1], r.steps[1][1]
+    for col, price in (("n_heads", _price_attention), ("m_heads", _price_mamba)):
+        keep = np.flatnonzero(getattr(c.st, col)[r.idx] > 0)
+        if keep.size == 0:
+            continue
+        sub = _Rows(c, r.idx[keep], r.q1[keep], Dm, B)
+        price(c, sub)
+        for part, out in ((sub.out_m, r.out_m), (sub.out_d, r.out_d)):
+            full = np.zeros((len(r.idx), r.q1.shape[1]))
+            full[keep] = sum(part)
+            out.append(full)
+
+
 def _price_mamba1(c: _Pricing, r: _Rows) -> None:
     """Mamba-1 (Jamba), as vLLM's ``MambaMixer`` runs it: the ``in_proj`` GEMM (``h -> 2I``:
     x and the gate z); the causal conv over the I channels of x; ``x_proj`` (``I -> R +
@@ -480,7 +521,8 @@ def _price_mamba1(c: _Pricing, r: _Rows) -> None:
 # each block kind's ops (beyond the norm every kind has and the TP all-reduce)
 _PRICE_KIND = {Kind.ATTENTION: _price_attention, Kind.MAMBA: _price_mamba,
                Kind.MOE: _price_moe, Kind.FFN: _price_ffn, Kind.LINEAR: _price_linear,
-               Kind.DELTANET: _price_deltanet, Kind.MLA: _price_mla}
+               Kind.DELTANET: _price_deltanet, Kind.MLA: _price_mla,
+               Kind.PARALLEL: _price_parallel}
 
 
 _PRICE_KIND[Kind.MAMBA1] = _price_mamba1
@@ -586,12 +628,13 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     widest = np.select(
         [kind == int(Kind.ATTENTION), kind == int(Kind.MAMBA), kind == int(Kind.MOE),
          kind == int(Kind.FFN), kind == int(Kind.LINEAR), kind == int(Kind.DELTANET),
-         kind == int(Kind.MLA)],
+         kind == int(Kind.MLA), kind == int(Kind.PARALLEL)],
         [(st.n_heads * (1 + st.attn_gate) + 2 * st.n_kv_heads) * st.head_dim, in_w,
          st.experts + np.maximum(-(-st.top_k // ep) * (mats - 1) * st.expert_width,
                                  (mats - 1) * st.shared_width),
          (mats - 1) * st.ffn_width, st.hidden, dn_in_w,
-         st.n_heads * (2 * st.qk_nope + st.qk_rope + st.v_head)],
+         st.n_heads * (2 * st.qk_nope + st.qk_rope + st.v_head),
+         (st.n_heads + 2 * st.n_kv_heads) * st.head_dim + in_w],
         0,
     ).astype(np.float64)
     widest = np.where(kind == int(Kind.MAMBA1), 2.0 * st.m1_inner, widest)  # in_proj: x, z
