@@ -37,6 +37,9 @@ attention <-> DeltaNet       the swapped-in block is a copy of the nearest paren
                              by the least-squares scalar onto the replaced block's output on
                              the calibration activations; else random
 mamba / MoE -> linear        least-squares fit of the block output on its input
+Mamba-1, fewer channels      channels ranked by their gated output's contribution into
+or a smaller state           ``out_proj``; state dims by the energy of their share of the
+                             scan output (:mod:`nas.build_inherit_mamba1`)
 MLA, fewer query heads       heads ranked by channel contribution into ``o_proj``; kept
                              heads' q_b / kv_b rows and o_proj columns copied
 MLA, smaller kv / q rank     SVD of the (norm-folded) up-projection: top-r directions, the
@@ -426,6 +429,10 @@ def inherit_block(pc: _Block, p: torch.nn.Module | None, cc: _Block, c: torch.nn
         return _mamba(p, c, pc, cc, xin)  # type: ignore[arg-type]
     if isinstance(cc, DeltaNet):
         return _deltanet(p, c, pc, cc, xin)  # type: ignore[arg-type]
+    if cc.kind == "mamba1":  # type: ignore[attr-defined]
+        from nas.build_inherit_mamba1 import inherit_mamba1
+
+        return inherit_mamba1(p, c, pc, cc, xin)  # type: ignore[arg-type]
     if isinstance(cc, MLA):
         return inherit_mla(p, c, pc, cc, xin)  # type: ignore[arg-type]
     return f"random (no rule for {cc.kind})"  # type: ignore[attr-defined]

@@ -23,6 +23,7 @@ is 1 - (fraction of the parent block's capacity kept), with capacity taken as:
 * MoE: ``(experts/E0)**0.3 * (width/W0)**0.6 * (top_k/K0)**0.5``, the shared expert
   counting for 20 %;
 * Mamba: ``(state/N0)**0.3 * (heads/H0)``;
+* Mamba-1 (Jamba): ``(state/N0)**0.3 * (channels/I0)``, as Mamba's with channels for heads;
 * MLA: ``(heads/H0)**0.5 * (kv_lora_rank/R0)**0.4 * (q_lora_rank/Q0)**0.2``;
 * Gated DeltaNet: ``(v_heads/V0) * (k_heads/K0)**0.3``;
 * attention -> DeltaNet swap: damage 0.4 (a fixed-size state loses exact long-range
@@ -89,6 +90,10 @@ def _damage(parent: _Block, child: _Block) -> float:
         return min(1.0 - kept, 0.95)
     if isinstance(child, Mamba) and isinstance(parent, Mamba):
         kept = (child.state_size / parent.state_size) ** 0.3 * child.num_heads / parent.num_heads
+        return min(1.0 - kept, 0.95)
+    if child.kind == "mamba1" and parent.kind == "mamba1":  # type: ignore[attr-defined]
+        kept = ((child.state_size / parent.state_size) ** 0.3  # type: ignore[attr-defined]
+                * child.inner_size / parent.inner_size)  # type: ignore[attr-defined]
         return min(1.0 - kept, 0.95)
     return 1.0
 

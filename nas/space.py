@@ -19,6 +19,7 @@ from nas.arch import (
     DeltaNet,
     Linear,
     Mamba,
+    Mamba1,
     ModelArch,
     MoE,
     NoOp,
@@ -158,6 +159,22 @@ def _mamba(b: Mamba, s: SearchSpace) -> list[_Block]:
     return out
 
 
+def _mamba1(b: Mamba1, s: SearchSpace) -> list[_Block]:
+    """Mamba-1 (Jamba) blocks: channels x state sizes, each at most the parent's
+    (``search_space.mamba1``)."""
+    m = s.mamba1
+    inner = b.inner_size
+    sizes = {inner, *m.inner_sizes} | {_round(inner * f, m.round_to) for f in m.inner_fractions}
+    states = {b.state_size, *m.state_sizes}
+    out: list[_Block] = [b.model_copy(update={"inner_size": i, "state_size": n})
+                         for i, n in product(sorted(sizes, reverse=True),
+                                             sorted(states, reverse=True))
+                         if i <= inner and n <= b.state_size]
+    if m.noop:
+        out.append(NoOp())
+    return out
+
+
 def _deltanet(b: DeltaNet, s: SearchSpace) -> list[_Block]:
     d = s.deltanet
     vs = {b.num_v_heads, *d.v_heads}
@@ -184,6 +201,9 @@ def _swaps(parent: ModelArch, b: _Block, i: int, s: SearchSpace) -> list[_Block]
 _GEN = {"attention": ("attention", _attention), "ffn": ("ffn", _ffn), "moe": ("moe", _moe),
         "mamba": ("mamba", _mamba), "deltanet": ("deltanet", _deltanet),
         "mla": ("mla", _mla)}
+
+
+_GEN["mamba1"] = ("mamba1", _mamba1)
 
 
 def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative]]:
@@ -231,6 +251,14 @@ _VALUE_AXES = (
      "must be <= a DeltaNet block's num_v_heads and a multiple of a k_heads tried ({})"),
     ("deltanet", "k_heads", DeltaNet, "num_k_heads",
      "must be <= a DeltaNet block's num_k_heads and divide a v_heads tried ({})"),
+)
+
+
+_VALUE_AXES += (
+    ("mamba1", "inner_sizes", Mamba1, "inner_size",
+     "must be <= a Mamba-1 block's inner_size ({})"),
+    ("mamba1", "state_sizes", Mamba1, "state_size",
+     "must be <= a Mamba-1 block's state_size ({})"),
 )
 
 

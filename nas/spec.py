@@ -184,6 +184,21 @@ class MambaSpace(_Axis):
     noop: bool = False
 
 
+class Mamba1Space(_Axis):
+    """Mamba-1 (Jamba) axes, each value at most the parent's: ``inner_sizes`` /
+    ``inner_fractions`` (channels kept: in_proj, conv, x_proj, dt_proj, A, D and out_proj
+    shrink with them, and the state, ``inner_size x state_size`` per sequence), fractions
+    rounded to ``round_to`` channels; ``state_sizes`` (state dims kept: A's columns and
+    x_proj's B / C rows); every combination; and no-op. The dt rank is kept."""
+
+    inner_sizes: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
+    inner_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
+    round_to: int = Field(default=64, ge=1, le=MAX_DIM,
+                          description="round fractional channel counts to this")
+    state_sizes: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
+    noop: bool = False
+
+
 class DeltaNetSpace(_Axis):
     """Gated DeltaNet (Qwen3-Next) axes: fewer value heads and / or query-key heads (every
     pair with ``v_heads`` a multiple of ``k_heads``, both at most the parent's, and at most
@@ -327,6 +342,7 @@ class SearchSpace(_Model):
     ffn: FFNSpace = Field(default_factory=FFNSpace)
     moe: MoESpace = Field(default_factory=MoESpace)
     mamba: MambaSpace = Field(default_factory=MambaSpace)
+    mamba1: Mamba1Space = Field(default_factory=Mamba1Space)
     deltanet: DeltaNetSpace = Field(default_factory=DeltaNetSpace)
     mla: MLASpace = Field(default_factory=MLASpace)
     homogeneous: bool = Field(default=False, description="Minitron-style: every block of a "

@@ -245,3 +245,124 @@ def test_chunked_scan_equals_the_recurrence_and_cached_decode():
         parts = [model(toks[:, :7], cache)] + [model(toks[:, i:i + 1], cache)
                                                for i in range(7, 11)]
     assert float((torch.cat(parts, 1) - full).abs().max()) < 1e-5
+
+
+# ---- search axes and init_from_parent -------------------------------------------------
+def test_search_axes():
+    from nas.space import alternatives, check_all_used
+    from nas.spec import SearchSpace
+
+    arch = load_config(MINI)
+    space = SearchSpace.model_validate({"mamba1": {"inner_fractions": [0.5], "state_sizes": [8],
+                                                   "noop": True}})
+    alts = alternatives(arch, space)
+    check_all_used(arch, space, alts)
+    assert [a.label for a in alts[0]] == ["parent", "state_size=8", "inner_size=4096",
+                                          "inner_size=4096,state_size=8", "noop"]
+    assert [a.label for a in alts[8]] == ["parent"]  # attention: no axis asked
+    bad = SearchSpace.model_validate({"mamba1": {"inner_sizes": [9000]}})
+    with pytest.raises(InputError, match="mamba1.inner_sizes: 9000 is not usable"):
+        check_all_used(arch, bad, alternatives(arch, bad))
+
+
+@pytest.fixture(scope="module")
+def trained_jamba():
+    """A tiny Jamba (two Mamba-1 layers, attention, MoE) trained 60 AdamW steps on English
+    text: ``(model, calib, held)``."""
+    from tiny_parent import english_bytes
+
+    from nas.arch import ModelArch
+    from nas.build import build_model
+
+    torch.set_num_threads(1)
+    arch = ModelArch(hidden_size=64, vocab_size=256, model_type="jamba", norm_eps=1e-6,
+                     blocks=(Mamba1(inner_size=128, state_size=8, dt_rank=4), FFN(width=128),
+                             Attention(num_heads=4, num_kv_heads=2, head_dim=16, rope=False),
+                             MoE(num_experts=4, top_k=2, expert_width=64, norm_topk=False),
+                             Mamba1(inner_size=128, state_size=8, dt_rank=4), FFN(width=128)))
+    data = torch.tensor(list(english_bytes()), dtype=torch.long)
+    cut = int(len(data) * 0.9)
+    model = build_model(arch, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-3, weight_decay=0.0)
+    g = torch.Generator().manual_seed(0)
+
+    def batch(src, n):
+        i = torch.randint(0, len(src) - 65, (n,), generator=g)
+        return torch.stack([src[j:j + 65] for j in i.tolist()])
+
+    for _ in range(60):
+        b = batch(data[:cut], 16)
+        loss = torch.nn.functional.cross_entropy(model(b[:, :-1]).flatten(0, 1),
+                                                 b[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 3.5, loss.item()  # learned something (uniform: log 256 = 5.5)
+    return model.eval(), batch(data[:cut], 16)[:, :64], batch(data[cut:], 8)[:, :64]
+
+
+def _child(parent, i, update):
+    blocks = list(parent.arch.blocks)
+    blocks[i] = blocks[i].model_copy(update=update)
+    return parent.arch.replace_blocks(blocks)
+
+
+@pytest.mark.parametrize("update", [{"inner_size": 64}, {"state_size": 4},
+                                    {"inner_size": 96, "state_size": 6}])
+def test_inherited_mamba1_is_closer_to_parent_than_random_init(trained_jamba, update):
+    from conftest import kl_div
+
+    from nas.build import init_from_parent
+
+    parent, calib, held = trained_jamba
+    arch = _child(parent, 0, update)
+    child = init_from_parent(arch, parent, calib)
+    assert "random" not in child.init_report[0], child.init_report[0]
+    rand = init_from_parent(arch, parent, calib)
+    torch.manual_seed(1)
+    rand.blocks[0].reset_parameters(0.02, 0.02 / (2 * 6) ** 0.5)
+    kl_init, kl_rand = kl_div(parent, child, held), kl_div(parent, rand, held)
+    assert kl_init < kl_rand, (update, kl_init, kl_rand, child.init_report[0])
+    assert child.num_stored() == arch.param_counts().total
+
+
+def test_init_fewer_channels_keeps_the_function_of_the_kept_channels(trained_jamba):
+    """Kill channels 1, 3, 5, ... of Mamba-1 block 4 (their out_proj and x_proj columns
+    zeroed): the child with half the channels must pick the live ones and compute exactly
+    the parent's function."""
+    import copy
+
+    from nas.build import init_from_parent
+
+    parent, calib, held = trained_jamba
+    parent = copy.deepcopy(parent)
+    dead = torch.arange(1, 128, 2)
+    m = parent.blocks[4].mixer
+    with torch.no_grad():
+        m.out_proj.weight[:, dead] = 0.0
+        m.x_proj.weight[:, dead] = 0.0
+    child = init_from_parent(_child(parent, 4, {"inner_size": 64}), parent, calib)
+    assert "by channel contribution" in child.init_report[4]
+    assert torch.equal(child.blocks[4].mixer.A_log, m.A_log[0::2])
+    with torch.no_grad():
+        assert float((child(held) - parent(held)).abs().max()) < 1e-4
+
+
+def test_init_smaller_state_keeps_the_live_state_dims(trained_jamba):
+    """State dims 0, 2, 4, 6 of block 0 read out nothing (their C norm weights zeroed): the
+    child with 4 of 8 dims must keep dims 1, 3, 5, 7 (A's columns, B / C rows of x_proj)."""
+    import copy
+
+    from nas.build import init_from_parent
+
+    parent, calib, _ = trained_jamba
+    parent = copy.deepcopy(parent)
+    m = parent.blocks[0].mixer
+    with torch.no_grad():
+        m.c_layernorm.weight[0::2] = 0.0
+    child = init_from_parent(_child(parent, 0, {"state_size": 4}), parent, calib)
+    cm = child.blocks[0].mixer
+    assert "by scan output energy" in child.init_report[0]
+    assert torch.equal(cm.A_log, m.A_log[:, 1::2])
+    assert torch.equal(cm.x_proj.weight[4:8], m.x_proj.weight[4 + 1:12:2])
+    assert torch.equal(cm.x_proj.weight[8:], m.x_proj.weight[12 + 1::2])

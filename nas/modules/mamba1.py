@@ -43,15 +43,24 @@ def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
         else state.float()
     A = A.float()
     ys = []
+    grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (x, dt, A, B, C) + ((state,) if state is not None else ()))
     for k in range(0, n, chunk):
         dtc = dt[:, k:k + chunk].float()  # b q I
         dA = torch.exp(dtc[..., None] * A)  # b q I N
         dBx = (dtc * x[:, k:k + chunk].float())[..., None] * B[:, k:k + chunk, None].float()
+        Cc = C[:, k:k + chunk].float()
+        if grad:  # autograd: one readout per step, the chunk's steps unbound once (indexing
+            # step by step would make each step's backward fill a whole-chunk gradient)
+            for a_j, bx_j, c_j in zip(dA.unbind(1), dBx.unbind(1), Cc.unbind(1)):
+                s = torch.addcmul(bx_j, a_j, s)
+                ys.append((s @ c_j[..., None])[..., 0][:, None])
+            continue
         states = torch.empty_like(dA)
         for j in range(dA.shape[1]):
             s = torch.addcmul(dBx[:, j], dA[:, j], s)
             states[:, j] = s
-        ys.append((states @ C[:, k:k + chunk, :, None].float())[..., 0])  # b q I
+        ys.append((states @ Cc[..., None])[..., 0])  # b q I
     return torch.cat(ys, dim=1), s
 
 

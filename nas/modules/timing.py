@@ -73,6 +73,8 @@ ProgressFn = Callable[[int, int, str], None]
 #: block kinds that keep a cache / state between decode steps (filled before a decode)
 STATEFUL = ("attention", "mla", "mamba", "deltanet")
 
+STATEFUL = (*STATEFUL, "mamba1")  # Jamba's Mamba-1: conv + SSM state
+
 
 def _cpu_name() -> str:
     try:

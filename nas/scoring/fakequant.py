@@ -150,6 +150,7 @@ _ROLE_OF = (
     # gpt-oss's stacked experts (nas.modules.gpt_oss), stored [E, in, out] as in its checkpoints
     (("experts.gate_up_proj", "experts.down_proj"), "routed_experts"),
     (("in_proj.weight", "out_proj.weight"), "mamba"),
+    (("x_proj.weight", "dt_proj.weight"), "mamba"),  # Mamba-1 (nas.modules.mamba1)
     (("experts_gate", "experts_up", "experts_down"), "routed_experts"),
     (("shared_experts.gate_proj.weight", "shared_experts.up_proj.weight",
       "shared_experts.down_proj.weight"), "shared_experts"),
