@@ -15,9 +15,16 @@ per-model or per-point factor:
   physical range of :data:`BOUNDS` (all within (0, 1]);
 * the MoE grouped GEMM's compute fraction vs tokens per expert (``grouped_matmul_tokens``:
   its peak scales, its shape, fitted to DeepGEMM's published tables, stays);
-* the per-kernel overhead (0-10 us), the interconnect's per-collective latency (2-30 us),
-  the engine's per-step (0-5 ms) and per-request (0-10 ms) host overheads, and the MoE
-  routing imbalance under expert parallelism (1-1.5).
+* the per-kernel overhead (0-10 us), the interconnect's per-collective latency (2-30 us)
+  and the MoE routing imbalance under expert parallelism (1-1.5).
+
+The serving engines' host overheads belong to the engines, not to a device:
+:func:`fit_engines` fits each engine's per-step (0-10 ms) and per-request (0-10 ms)
+seconds (``hwprofiles.engines``: one profile per engine) to that engine's measurements on
+**every** device at once, each device at its own profile (``puzzle-nas calibrate
+--engines``). A device fit (:func:`fit`) holds them fixed and writes its profile in that
+layout: the older per-device ``step_overhead_s`` / ``request_overhead_s`` / ``engines``
+figures are dropped from a refitted profile.
 
 The objective is the sum of squared log errors (``log(predicted / measured)``: a relative
 error, symmetric in over- and under-prediction), minimized by ``scipy.optimize
@@ -51,8 +58,9 @@ from costmodels.model import (
 from costmodels.serving import parse_slo, slo_throughput
 from costmodels.shapes import BlockTable
 from costmodels.workload import DEFAULT_MAX_NUM_SEQS, DEFAULT_TOKEN_BUDGET, Workload
+from hwprofiles.engines import find_engine
 from hwprofiles.errors import InputError, first_error, require_file
-from hwprofiles.schema import HardwareProfile
+from hwprofiles.schema import EngineProfile, Figure, HardwareProfile
 
 FLOOR = 0.05
 """Lowest efficiency fraction a fitted flat (one-point) curve may reach. A curve with a
@@ -101,19 +109,24 @@ class Measurement(BaseModel):
 
 
 def load_measurements(path: str | Path) -> list[Measurement]:
-    """Read a measurements CSV; a bad row is one line naming the file, row and field."""
+    """Read a measurements CSV; a bad row is one line naming the file, row and field.
+    Lines starting with ``#`` before the header are comments (e.g. how the split was chosen)."""
     p = require_file(path)
     out: list[Measurement] = []
     with open(p, newline="") as f:
-        reader = csv.DictReader(f)
-        if reader.fieldnames is None:
-            raise InputError("empty file; expected a CSV header", path=str(p))
-        for n, row in enumerate(reader, start=2):
-            try:
-                out.append(Measurement.model_validate(row))
-            except ValidationError as exc:
-                loc, msg = first_error(exc, "(row)")
-                raise InputError(f"row {n}: {msg}", path=str(p), field=loc) from None
+        lines = f.readlines()
+    skip = 0
+    while skip < len(lines) and lines[skip].startswith("#"):
+        skip += 1
+    reader = csv.DictReader(lines[skip:])
+    if reader.fieldnames is None:
+        raise InputError("empty file; expected a CSV header", path=str(p))
+    for n, row in enumerate(reader, start=skip + 2):
+        try:
+            out.append(Measurement.model_validate(row))
+        except ValidationError as exc:
+            loc, msg = first_error(exc, "(row)")
+            raise InputError(f"row {n}: {msg}", path=str(p), field=loc) from None
     if not out:
         raise InputError("no measurements", path=str(p))
     return out
@@ -135,10 +148,28 @@ def _reserve(m: Measurement, hw: HardwareProfile) -> float:
     return (1.0 - m.gpu_memory_utilization) * hw.memory_bytes.value
 
 
+Engines = dict[str, EngineProfile] | None
+"""Engine profiles by name that take precedence over the shipped ones (``None``: shipped)."""
+
+
 def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
-            recipe: PrecisionRecipe | None = None) -> float:
-    """The serving model's figure for measurement ``m`` (same unit as ``m.value``)."""
+            recipe: PrecisionRecipe | None = None, engines: Engines = None,
+            cache: dict | None = None) -> float:
+    """The serving model's figure for measurement ``m`` (same unit as ``m.value``), with
+    the overheads of the engine ``m.engine`` names (``engines`` first, then shipped).
+    ``cache``: a dict that keeps ``m``'s priced blocks on ``hw`` between calls (for fits
+    that move only the engines' figures, which no block's price depends on)."""
+
+    def blocks(tag: str, *a, **k):  # noqa: ANN002, ANN003, ANN202
+        if cache is None:
+            return price_blocks(*a, **k)
+        key = (m.id, id(hw), tag)
+        if key not in cache:
+            cache[key] = price_blocks(*a, **k)
+        return cache[key]
+
     recipe = recipe or get_recipe(m.precision)
+    eng = m.engine or None
     kw = dict(tp=m.tp, ep=m.ep if m.ep in (1, m.tp) else 1, attention_dp=m.attention_dp)
     base = dict(isl=m.isl, osl=m.osl, concurrency=m.concurrency or 1,
                 max_num_seqs=m.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
@@ -146,21 +177,21 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
     wl = Workload(**base)
     reserve = _reserve(m, hw)
     if m.slo:
-        so, ro = engine_overheads(hw, engine=m.engine or None)
+        so, ro = engine_overheads(hw, engine=eng, engines=engines)
         pt = slo_throughput(shape.table, shape.nonblock, hw, recipe, wl, parse_slo(m.slo),
                             reserve_bytes=reserve, step_overhead_s=so, request_overhead_s=ro,
                             **kw)
         return pt.throughput_node_tok_s if m.tp == hw.gpus_per_node.value else \
             pt.throughput_tok_s * m.tp
     if m.concurrency is None:  # the maximum-throughput point: the most that fit
-        b1 = price_blocks(shape.table, hw, recipe, [wl], **kw)
+        b1 = blocks("cap", shape.table, hw, recipe, [wl], **kw)
         nb1 = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp,
-                             attention_dp=m.attention_dp, engine=m.engine or None)
+                             attention_dp=m.attention_dp, engine=eng, engines=engines)
         cap = max_concurrency(b1, nb1, hw, wl.max_context, reserve_bytes=reserve)
         wl = wl.with_sequences(max(1, min(cap.max_concurrency, wl.max_num_seqs)))
-    b = price_blocks(shape.table, hw, recipe, [wl], **kw)
+    b = blocks("main", shape.table, hw, recipe, [wl], **kw)
     nb = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp, attention_dp=m.attention_dp,
-                        engine=m.engine or None)
+                        engine=eng, engines=engines)
     s = summarize(b, nb, hw, reserve_bytes=reserve)
     if m.metric == "throughput":
         return float(s.throughput_tok_s[0] * m.tp)
@@ -210,25 +241,23 @@ LINK_LATENCY_BOUNDS = (2e-6, 30e-6, "fixed seconds of one collective (all-reduce
 """Bounds of the interconnect's per-collective latency (lo, hi, why), seconds."""
 
 
-DEFAULT_ENGINE = "trtllm"
-"""Rows of this engine (or none named) fit the profile's top-level engine figures; every
-other engine with at least :data:`MIN_ENGINE_ROWS` fitted rows gets its own
-(``hw.engines``): engine overheads are the engine's, not the device's (figures a single row
-cannot constrain are left out by the sensitivity probe)."""
 MIN_ENGINE_ROWS = 3
+"""An engine's overheads are fitted only from at least this many rows (of any devices)."""
+
+ENGINE_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "step_overhead_s": (0.0, 10e-3, "host seconds per engine step (scheduling, input "
+                        "preparation, sampling bookkeeping): 0 to 10 ms, the CPU share of a "
+                        "step an unoptimized engine reaches (SGLang v0.4 blog: 'as much as half "
+                        "of its time on CPU overhead' at steps of a few to tens of ms)"),
+    "request_overhead_s": (0.0, 10e-3, "host seconds per request (admission, tokenization, "
+                           "retirement): 0 to 10 ms"),
+}
+"""Bounds of the fitted engine overheads (lo, hi, why), seconds."""
 
 
-def engines_of(ms: Sequence[Measurement]) -> list[str]:
-    """Engines of ``ms`` that get their own overhead figures."""
-    from collections import Counter
-
-    n = Counter(m.engine for m in ms if m.engine and m.engine != DEFAULT_ENGINE)
-    return sorted(e for e, k in n.items() if k >= MIN_ENGINE_ROWS)
-
-
-def parameters(hw: HardwareProfile, engines: Sequence[str] = ()) -> list[Param]:
-    """The figures :func:`fit` may move on ``hw``, with bounds; ``engines``: engines that get
-    their own step / request overheads."""
+def parameters(hw: HardwareProfile) -> list[Param]:
+    """The figures :func:`fit` may move on ``hw``, with bounds (the device's own: the
+    engines' overheads are :func:`fit_engines`'s)."""
     lo, hi, _ = BOUNDS["matmul"]
     out = [Param(f"matmul {d}", ("efficiency", "matmul", d), lo, hi, True)
            for d in hw.efficiency.matmul]
@@ -243,13 +272,6 @@ def parameters(hw: HardwareProfile, engines: Sequence[str] = ()) -> list[Param]:
     out.append(Param("kernel overhead", ("kernel_overhead_s",), 0.0, 10e-6, False))
     lo, hi, _ = LINK_LATENCY_BOUNDS
     out.append(Param("link latency", ("interconnect", "latency"), lo, hi, False))
-    out.append(Param("engine step overhead", ("step_overhead_s",), 0.0, 5e-3, False))
-    out.append(Param("engine request overhead", ("request_overhead_s",), 0.0, 10e-3, False))
-    for e in engines:
-        out.append(Param(f"engine step overhead [{e}]", ("engines", e, "step_overhead_s"),
-                         0.0, 5e-3, False))
-        out.append(Param(f"engine request overhead [{e}]",
-                         ("engines", e, "request_overhead_s"), 0.0, 10e-3, False))
     out.append(Param("MoE routing imbalance", ("moe_imbalance",), 1.0, 1.5, False))
     return out
 
@@ -318,28 +340,172 @@ class FitResult:
     rms_log_after: float = 0.0
 
 
+def _log_error(predicted: float, measured: float) -> float:
+    """``log(predicted / measured)``; a prediction of 0 (e.g. no concurrency meets an SLO)
+    counts as a millionth of the measurement: a large, finite error."""
+    return math.log(max(predicted, 1e-6 * measured) / measured)
+
+
 def _residuals(ms: Sequence[Measurement], shapes: Callable[[str], ModelShape],
-               hw: HardwareProfile) -> np.ndarray:
-    return np.array([math.log(predict(m, shapes(m.model), hw) / m.value) for m in ms])
+               hw: HardwareProfile, engines: Engines = None) -> np.ndarray:
+    return np.array([_log_error(predict(m, shapes(m.model), hw, engines=engines), m.value)
+                     for m in ms])
+
+
+def _label(ms: Sequence[Measurement]) -> str:
+    return "; ".join(sorted({m.source.split(",")[0].split(" (")[0] for m in ms}))
+
+
+def without_device_overheads(hw: HardwareProfile) -> HardwareProfile:
+    """``hw`` in the engine-profile layout: its own (older, per-device) ``step_overhead_s``,
+    ``request_overhead_s`` and ``engines`` figures dropped; the engines' profiles price them."""
+    data = hw.model_dump(mode="json")
+    data.update(step_overhead_s=None, request_overhead_s=None, engines={})
+    return HardwareProfile.model_validate(data)
+
+
+def _check_engines(ms: Sequence[Measurement], engines: Engines) -> None:
+    for m in ms:
+        if m.engine and find_engine(m.engine, engines) is None:
+            raise InputError(f"row {m.id}: no engine profile named {m.engine!r}", field="engine")
 
 
 def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
         shapes: Callable[[str], ModelShape], sources: str | None = None,
-        max_nfev: int = 60, only: Sequence[str] | None = None) -> FitResult:
+        max_nfev: int = 60, only: Sequence[str] | None = None,
+        engines: Engines = None) -> FitResult:
     """Fit ``hw``'s figures to the measurements taken on it (``m.gpu`` names ``hw`` or one
-    of its aliases); ``only``: the labels of :func:`parameters` to fit (default all that
-    the measurements constrain). Raises :class:`InputError` when there are none."""
+    of its aliases), each row priced with its engine's profile (``engines`` first, then the
+    shipped ones; held fixed); ``only``: the labels of :func:`parameters` to fit (default
+    all that the measurements constrain). The fitted profile drops any per-device engine
+    figures (:func:`without_device_overheads`). Raises :class:`InputError` when there are
+    no rows for ``hw`` or a row's engine has no profile."""
     names = {hw.name, *hw.aliases}
     ms = [m for m in measurements if m.gpu in names]
     if not ms:
         raise InputError(f"no measurements for device {hw.name!r}", field="gpu")
-    src = sources or sorted({m.source.split(",")[0].split(" (")[0] for m in ms})
-    label = src if isinstance(src, str) else "; ".join(src)
-    # every fitted figure is written (an engine figure at 0 must not fall back to the
-    # top-level one); "moved" lists those that changed
-    return fit_residuals(hw, parameters(hw, engines_of(ms)),
-                         lambda p: _residuals(ms, shapes, p), len(ms),
-                         f"{len(ms)} measurements from {label}", max_nfev=max_nfev, only=only)
+    _check_engines(ms, engines)
+    label = sources or _label(ms)
+    hw = without_device_overheads(hw)
+    return fit_residuals(hw, parameters(hw), lambda p: _residuals(ms, shapes, p, engines),
+                         len(ms), f"{len(ms)} measurements from {label}", max_nfev=max_nfev,
+                         only=only)
+
+
+@dataclass
+class EngineFitResult:
+    """Fitted engine profiles (by name) and what moved."""
+
+    engines: dict[str, EngineProfile]
+    n: int
+    moved: list[tuple[str, float, float]] = field(default_factory=list)
+    rms_log_before: float = 0.0
+    rms_log_after: float = 0.0
+
+
+def fit_engines(measurements: Iterable[Measurement],
+                profiles: Callable[[str], HardwareProfile],
+                shapes: Callable[[str], ModelShape], engines: Engines = None,
+                max_nfev: int = 60) -> EngineFitResult:
+    """Fit every engine's per-step and per-request overheads (:data:`ENGINE_BOUNDS`) to the
+    rows that name it, on all devices at once (each row at ``profiles(m.gpu)``, held
+    fixed): the overheads belong to the engine, not to a GPU. Engines with fewer than
+    :data:`MIN_ENGINE_ROWS` rows, and figures no row is sensitive to, keep their value and
+    source. The objective is :func:`fit`'s (squared log errors, bounded least squares);
+    rows without an engine are left out. ``engines``: starting profiles by name (default:
+    the shipped ones)."""
+    from scipy.optimize import least_squares
+
+    ms = [m for m in measurements if m.engine]
+    _check_engines(ms, engines)
+    start: dict[str, EngineProfile] = {}
+    by: dict[str, list[Measurement]] = {}
+    for m in ms:
+        e = find_engine(m.engine, engines)
+        assert e is not None
+        start[e.name] = e
+        by.setdefault(e.name, []).append(m)
+    names = sorted(n for n, rows in by.items() if len(rows) >= MIN_ENGINE_ROWS)
+    if not names:
+        raise InputError(f"no engine has {MIN_ENGINE_ROWS} or more rows", field="engine")
+    rows = [m for n in names for m in by[n]]
+    keys = list(ENGINE_BOUNDS)
+    params = [(n, k) for n in names for k in keys]
+    x0 = np.array([getattr(start[n], k).value for n, k in params])
+
+    def built(x: np.ndarray, source: str | None = None) -> dict[str, EngineProfile]:
+        out = dict(start)
+        for n in names:
+            upd = {}
+            for (pn, k), v in zip(params, x):
+                if pn == n:
+                    upd[k] = Figure(value=float(v),
+                                    source=source or getattr(start[n], k).source)
+            out[n] = start[n].model_copy(update=upd)
+        return out
+
+    memo: dict = {}
+
+    def resid(x: np.ndarray, sub: Sequence[Measurement] = rows) -> np.ndarray:
+        pool = built(x)
+        return np.array([_log_error(predict(m, shapes(m.model), profiles(m.gpu),
+                                            engines=pool, cache=memo), m.value) for m in sub])
+
+    r0 = resid(x0)
+    # an overlapped step overhead is flat (hidden) below the GPU step time: probe the whole
+    # range, and start each figure at the best point of a coarse scan over its bounds (one
+    # coordinate pass on its engine's rows), so least squares does not start on a plateau
+    active = []
+    xs = x0.copy()  # the starting figures, for "moved"
+    for i, (n, k) in enumerate(params):
+        lo, hi, _ = ENGINE_BOUNDS[k]
+        sub = by[n]
+        base = resid(x0, sub)
+        trials = []
+        for f in (0.0, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0):
+            x = x0.copy()
+            x[i] = lo + f * (hi - lo)
+            r = resid(x, sub)
+            trials.append((float(np.sum(r ** 2)), x[i], float(np.max(np.abs(r - base)))))
+        if max(t[2] for t in trials) > 1e-6:
+            active.append(i)
+            best = min(trials)
+            if best[0] < float(np.sum(base ** 2)):
+                x0[i] = best[1]
+    rms0 = float(np.sqrt(np.mean(r0 ** 2)))
+    if not active:
+        return EngineFitResult({n: start[n] for n in names}, len(rows), [], rms0, rms0)
+    lo = np.array([ENGINE_BOUNDS[params[i][1]][0] for i in active])
+    hi = np.array([ENGINE_BOUNDS[params[i][1]][1] for i in active])
+    scale = hi - lo
+
+    def full(z: np.ndarray) -> np.ndarray:
+        x = x0.copy()
+        x[active] = lo + z * scale
+        return x
+
+    z0 = np.clip((x0[active] - lo) / scale, 0.0, 1.0)
+    sol = least_squares(lambda z: resid(full(z)), z0, bounds=(0.0, 1.0), diff_step=1e-3,
+                        max_nfev=max_nfev, x_scale=1.0)
+    xb = x0.copy()
+    xb[active] = [_round(v) for v in lo + sol.x * scale]
+    out: dict[str, EngineProfile] = {}
+    for n in names:
+        idx = [i for i in active if params[i][0] == n]
+        if not idx:
+            out[n] = start[n]
+            continue
+        mine = by[n]
+        gpus = ", ".join(sorted({m.gpu for m in mine}))
+        src = (f"fitted to {len(mine)} measurements of {n} on {gpus} from {_label(mine)}, "
+               "each device at its own profile (puzzle-nas calibrate --engines)")
+        upd = {params[i][1]: Figure(value=float(xb[i]), source=src) for i in idx}
+        out[n] = start[n].model_copy(update=upd)
+    moved = [(f"{params[i][0]} {params[i][1].replace('_s', '').replace('_', ' ')}",
+              float(xs[i]), float(xb[i])) for i in active
+             if not math.isclose(xb[i], xs[i], rel_tol=1e-6)]
+    r1 = resid(xb)
+    return EngineFitResult(out, len(rows), moved, rms0, float(np.sqrt(np.mean(r1 ** 2))))
 
 
 def fit_residuals(hw: HardwareProfile, params: Sequence[Param],
@@ -401,9 +567,11 @@ class Scored:
 
 
 def score(measurements: Iterable[Measurement], shapes: Callable[[str], ModelShape],
-          profiles: Callable[[str], HardwareProfile]) -> list[Scored]:
-    """Predict every measurement with the profile its ``gpu`` names."""
-    return [Scored(m, predict(m, shapes(m.model), profiles(m.gpu))) for m in measurements]
+          profiles: Callable[[str], HardwareProfile], engines: Engines = None) -> list[Scored]:
+    """Predict every measurement with the profile its ``gpu`` names and its engine's
+    profile (``engines`` first, then the shipped ones)."""
+    return [Scored(m, predict(m, shapes(m.model), profiles(m.gpu), engines=engines))
+            for m in measurements]
 
 
 def mape_table(scored: Sequence[Scored]) -> list[dict]:

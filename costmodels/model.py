@@ -5,8 +5,10 @@ max_num_seqs)``), ``S = isl``, ``O = osl``, token budget per engine step ``T_b =
 max_num_batched_tokens``, ``tp`` GPUs per model instance. ``t(x)`` is the roofline time of
 one engine step of composition ``x`` (``costmodels.blocks`` per block + the non-block term
 here, each op ``max(FLOPs / (peak * eff), bytes / (bw * eff)) + kernels * overhead``), plus
-the engine's per-step overhead ``s_o``; ``r_o`` is its per-request overhead (the hardware
-profile's ``step_overhead_s`` / ``request_overhead_s``).
+the engine's per-step overhead ``s_o``; ``r_o`` is its per-request overhead. Both belong to
+the serving engine, not the device (``hwprofiles.engines``: one profile per engine, shared
+by every GPU; a device profile's own ``step_overhead_s`` / ``request_overhead_s`` /
+``engines`` figures are the older per-device layout, still read when no engine is named).
 
 **Continuous batching with chunked prefill** (``concurrency=B``, the default; vLLM,
 TensorRT-LLM and SGLang schedule this way). A step carries the decode token of every
@@ -46,11 +48,21 @@ for the best throughput under a per-user speed / TTFT floor that fits.
 
 * ``memory_bytes = weights + B * (kv_bytes(S + O) + state) + workspace + reserve`` (per
   GPU); all but the workspace (a max over blocks) and the reserve are sums over blocks.
+
+**Overlap scheduling.** SGLang's zero-overhead scheduler and TensorRT-LLM's overlap
+scheduler prepare step k+1 on the CPU while the GPU runs step k (the engine profile's
+``overlap``), so a step takes ``max(g, s_o)`` instead of ``g + s_o`` (``g``: its GPU time);
+``r_o`` is never hidden. :func:`summarize` applies it when the non-block term was priced for
+such an engine (``price_nonblock(engine=...)``): it recovers each step's ``t(mixed)`` and
+``t(decode)`` from the TTFT and cycle sums above (their step counts are the workload's) and
+re-derives TTFT, TPOT and the cycle with ``max(g, s_o)`` per step. The per-block shares
+keep the additive ``g + s_o`` (an upper bound, exact when ``s_o <= 0`` or the engine does
+not overlap), so the search's bounds stay linear; it prices with no engine named.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,8 +81,9 @@ from costmodels.parallel import check_parallel
 from costmodels.roofline import Roof
 from costmodels.shapes import BlockTable
 from costmodels.workload import Workload, parse_workload
+from hwprofiles.engines import DEFAULT_ENGINE, available_engines, find_engine
 from hwprofiles.errors import InputError
-from hwprofiles.schema import HardwareProfile
+from hwprofiles.schema import EngineProfile, HardwareProfile
 
 K_NONBLOCK = 4  # embedding, final norm, LM head, sampling
 
@@ -103,41 +116,73 @@ class NonBlockCosts:
     vocab_per_gpu: float
     hidden: int
     request_overhead_s: float = 0.0
+    step_overhead_s: float = 0.0
+    overlap: bool = False
 
 
-def engine_overheads(hw: HardwareProfile, step_overhead_s: float | None = None,
-                     request_overhead_s: float | None = None,
-                     engine: str | None = None) -> tuple[float, float]:
-    """The engine's per-step and per-request seconds: the arguments where given, else the
-    profile's figures for ``engine`` (``hw.engines``), else its top-level
-    ``step_overhead_s`` / ``request_overhead_s`` (0 where the profile has none)."""
-    ef = hw.engines.get(engine) if engine else None
+def engine_figures(hw: HardwareProfile, engine: str | None = None,
+                   engines: Mapping[str, EngineProfile] | None = None
+                   ) -> tuple[float, float, bool]:
+    """``(step_overhead_s, request_overhead_s, overlap)`` of the serving engine ``engine``.
 
-    def pick(given: float | None, key: str) -> float:
-        if given is not None:
-            return float(given)
-        for src in (ef, hw):
+    An engine profile (``engines`` first, then the shipped ones: ``hwprofiles.engines``)
+    gives them; they belong to the engine, not the device. A device profile in the older
+    layout (its own ``engines[engine]`` or top-level figures) is read only where no engine
+    profile has that name, or no engine is named (then the top-level figures when the
+    profile has them, else :data:`hwprofiles.engines.DEFAULT_ENGINE`'s). An engine named
+    by neither raises :class:`InputError`."""
+    prof = find_engine(engine, dict(engines) if engines else None)
+    if prof is None and engine and engine not in hw.engines:
+        if hw.step_overhead_s is None and hw.request_overhead_s is None:
+            raise InputError(f"unknown serving engine {engine!r}; expected one of "
+                             f"{', '.join(available_engines())}", field="engine")
+    legacy = hw.engines.get(engine) if engine else None
+    has_legacy = legacy is not None or (not engine and (
+        hw.step_overhead_s is not None or hw.request_overhead_s is not None))
+    if prof is None and not has_legacy and not engine:
+        prof = find_engine(DEFAULT_ENGINE, dict(engines) if engines else None)
+    if prof is not None:
+        return (float(prof.step_overhead_s.value), float(prof.request_overhead_s.value),
+                bool(prof.overlap))
+
+    def pick(key: str) -> float:
+        for src in (legacy, hw):
             f = getattr(src, key, None) if src is not None else None
             if f is not None:
                 return float(f.value)
         return 0.0
 
-    return pick(step_overhead_s, "step_overhead_s"), pick(request_overhead_s,
-                                                          "request_overhead_s")
+    return pick("step_overhead_s"), pick("request_overhead_s"), False
+
+
+def engine_overheads(hw: HardwareProfile, step_overhead_s: float | None = None,
+                     request_overhead_s: float | None = None,
+                     engine: str | None = None,
+                     engines: Mapping[str, EngineProfile] | None = None) -> tuple[float, float]:
+    """The engine's per-step and per-request seconds: the arguments where given, else those
+    of :func:`engine_figures` (the engine profile of ``engine``)."""
+    so, ro, _ = engine_figures(hw, engine, engines)
+    return (so if step_overhead_s is None else float(step_overhead_s),
+            ro if request_overhead_s is None else float(request_overhead_s))
 
 
 def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionRecipe,
                    workloads: Sequence[Workload | str], tp: int = 1,
                    step_overhead_s: float | None = None,
                    request_overhead_s: float | None = None, attention_dp: bool = False,
-                   draft: bool = False, engine: str | None = None) -> NonBlockCosts:
+                   draft: bool = False, engine: str | None = None,
+                   engines: Mapping[str, EngineProfile] | None = None,
+                   overlap: bool | None = None) -> NonBlockCosts:
     """Price embeddings + final norm + LM head (vocab-sharded over ``tp``) per workload,
     plus the engine's overheads (see the module docstring).
 
     In a prefill chunk step the LM head runs on the last token of the prompts that finish in
     it (``B / n_c``); in decode on the B tokens of the step. ``step_overhead_s`` is added once
-    per engine step and ``request_overhead_s`` to TTFT; ``None`` takes the profile's figure
-    (for ``engine`` where the profile has one).
+    per engine step and ``request_overhead_s`` to TTFT; ``None`` takes the figure of the
+    engine profile ``engine`` names (:func:`engine_figures`; ``engines``: profiles that
+    take precedence over the shipped ones). ``overlap``: whether :func:`summarize` hides
+    the step overhead behind GPU time (``None``: the named engine's own ``overlap``, off
+    when no engine is named).
     With ``attention_dp`` each GPU embeds and samples its own ``1/tp`` of the sequences with
     the whole (unsharded) LM head. With speculative decoding (``draft_tokens = d``) a
     verification step runs the LM head on ``B * (1 + d)`` tokens, and ``draft`` (an MTP
@@ -145,7 +190,9 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     token (divided by ``acceptance``).
     """
     check_parallel(tp, 1)
-    so, ro = engine_overheads(hw, step_overhead_s, request_overhead_s, engine)
+    so, ro = engine_overheads(hw, step_overhead_s, request_overhead_s, engine, engines)
+    if overlap is None:
+        overlap = bool(engine) and engine_figures(hw, engine, engines)[2]
     wls = tuple(parse_workload(w) for w in workloads)
     dp, vs = (tp, 1) if attention_dp else (1, tp)
     h, v = float(shape.hidden), float(-(-shape.vocab // vs))
@@ -184,7 +231,7 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     tpot = np.where(Osl > 1, tpot[0] + (host - ro) / np.maximum(Osl - 1.0, 1.0), tpot[0])
     return NonBlockCosts(prefill_s=ttft[0] + ro, decode_s=tpot, runtime_s=cycle[0] + host,
                          weight_bytes=float(weight), vocab_per_gpu=v, hidden=shape.hidden,
-                         request_overhead_s=ro)
+                         request_overhead_s=ro, step_overhead_s=so, overlap=bool(overlap))
 
 
 @dataclass
@@ -268,6 +315,29 @@ def concurrency_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts, con
     return float(workspace_bytes(blocks, nonblock, min(int(context), prefill_chunk), 1.0))
 
 
+def _overlapped(wls: Sequence[Workload], ttft: np.ndarray, tpot: np.ndarray,
+                runtime: np.ndarray, so: float, ro: float
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """TTFT, TPOT and cycle time with each step at ``max(g, so)`` instead of ``g + so``
+    (module docstring, overlap scheduling): the additive sums are inverted to the mixed and
+    decode step times through the workload's step counts (``serving_shares``)."""
+    wc = _workload_columns(wls)
+    NC, Osl, A, M, B = (wc[k][0] for k in ("NC", "O", "A", "M", "B"))
+    oeff = 1.0 + (Osl - 1.0) / A
+    n_t = np.maximum(NC - oeff, 0.0) + M  # steps in a TTFT
+    n_d = np.maximum(oeff - NC, 0.0)  # decode steps in a cycle
+    host = B * ro
+    mix = (ttft - ro) / n_t
+    cycle = runtime - host
+    dec = np.where(Osl > 1, np.where(n_d > 0, (cycle - NC * mix) / np.maximum(n_d, 1e-12),
+                                     so), tpot * A)
+    mix2, dec2 = np.maximum(mix - so, so), np.maximum(dec - so, so)
+    ttft2 = n_t * mix2 + ro
+    cycle2 = NC * mix2 + n_d * dec2
+    tpot2 = np.where(Osl > 1, (cycle2 + host - ttft2) / np.maximum(Osl - 1.0, 1.0), dec2 / A)
+    return ttft2, tpot2, cycle2 + host
+
+
 def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
               rows: Sequence[int] | np.ndarray | None = None,
               reserve_bytes: float = DEFAULT_RESERVE_BYTES,
@@ -284,6 +354,9 @@ def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
     ttft = b.prefill_s.sum(axis=0) + nonblock.prefill_s
     tpot = b.decode_s.sum(axis=0) + nonblock.decode_s
     runtime = b.runtime_s.sum(axis=0) + nonblock.runtime_s
+    if nonblock.overlap and nonblock.step_overhead_s > 0:
+        ttft, tpot, runtime = _overlapped(wls, ttft, tpot, runtime, nonblock.step_overhead_s,
+                                          nonblock.request_overhead_s)
     tp = b.tp
     thr = B * osl / (runtime * tp)
     gpn = int(hw.gpus_per_node.value)

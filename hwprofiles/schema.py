@@ -339,3 +339,28 @@ def _curve_str(c: EfficiencyCurve) -> str:
     if c.is_constant:
         return f"{c.points[0][1]:.0%}"
     return " ".join(f"{f:.0%}@{s:.3g}" for s, f in c.points)
+
+
+class EngineProfile(BaseModel):
+    """A serving engine's host-side costs, shared by every device it runs on (the GPU does
+    not set the scheduler's CPU time). Units: seconds. ``costmodels.model`` prices them:
+
+    * ``step_overhead_s``: host seconds per engine step (scheduling, input preparation,
+      sampling bookkeeping, graph launch) not inside any kernel;
+    * ``request_overhead_s``: host seconds per request in the engine loop (admission,
+      tokenization, retirement), never hidden;
+    * ``overlap``: the engine prepares step k+1 on the CPU while the GPU runs step k, so a
+      step takes ``max(gpu, step_overhead_s)`` instead of ``gpu + step_overhead_s``;
+      ``overlap_source`` says where that behaviour is documented.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    display_name: str
+    aliases: list[str] = Field(default_factory=list)
+    notes: str = ""
+    step_overhead_s: Figure
+    request_overhead_s: Figure
+    overlap: bool = False
+    overlap_source: str = Field(min_length=3)

@@ -26,7 +26,8 @@ from hwprofiles.schema import HardwareProfile
 
 def _roofline_only(hw: HardwareProfile) -> HardwareProfile:
     """The shipped profile's peaks and efficiencies with FACTS.md's ~3 us per kernel and no
-    serving-engine overheads: the regime tests below are about the roofline."""
+    per-device engine figures; the regime tests below price with no host overheads
+    (:data:`NO_HOST`): they are about the roofline."""
     data = json.loads(hw.model_dump_json())
     data["kernel_overhead_s"] = {"value": 3e-6, "source": "FACTS.md s4, for these tests"}
     data.update(step_overhead_s=None, request_overhead_s=None, engines={})
@@ -34,6 +35,7 @@ def _roofline_only(hw: HardwareProfile) -> HardwareProfile:
 
 
 H100 = _roofline_only(hwprofiles.get("h100-sxm"))
+NO_HOST = dict(step_overhead_s=0.0, request_overhead_s=0.0)
 BF16 = get_recipe("bf16")
 
 # Llama-3.1-8B shapes (configs/llama-3.1-8b.json), built without nas
@@ -59,12 +61,12 @@ def scaled(hw: HardwareProfile, flops: float = 1.0, bw: float = 1.0) -> Hardware
 
 
 def ttft_tpot(hw, wl, table=LLAMA8B, recipe=BF16):
-    m = price_model(table, LLAMA8B_NB, hw, recipe, [wl])
+    m = price_model(table, LLAMA8B_NB, hw, recipe, [wl], **NO_HOST)
     return m.ttft_s[0], m.tpot_s[0], m
 
 
 def test_llama8b_weights_match_exact_param_count():
-    m = price_model(LLAMA8B, LLAMA8B_NB, H100, BF16, ["isl=1,osl=2,batch=1"])
+    m = price_model(LLAMA8B, LLAMA8B_NB, H100, BF16, ["isl=1,osl=2,batch=1"], **NO_HOST)
     assert int(params(LLAMA8B).sum()) + 2 * 4096 * 128256 + 4096 == 8_030_261_248
     assert m.weight_bytes == 2 * 8_030_261_248
 
@@ -124,7 +126,7 @@ def test_rows_priced_together_equal_rows_priced_alone():
 def test_model_figures_are_block_sums_plus_nonblock():
     wls = ["isl=2048,osl=256,batch=8", "isl=2048,osl=256,concurrency=8"]
     b = price_blocks(LLAMA8B, H100, BF16, wls)
-    nb = price_nonblock(LLAMA8B_NB, H100, BF16, wls)
+    nb = price_nonblock(LLAMA8B_NB, H100, BF16, wls, **NO_HOST)
     m = summarize(b, nb, H100)
     np.testing.assert_allclose(m.ttft_s, b.prefill_s.sum(0) + nb.prefill_s)
     np.testing.assert_allclose(m.tpot_s, b.decode_s.sum(0) + nb.decode_s)
@@ -150,7 +152,7 @@ def test_model_figures_are_block_sums_plus_nonblock():
 
 def test_max_concurrency_closed_form():
     b = price_blocks(LLAMA8B, H100, BF16, ["isl=1,osl=1,batch=1"])
-    nb = price_nonblock(LLAMA8B_NB, H100, BF16, ["isl=1,osl=1,batch=1"])
+    nb = price_nonblock(LLAMA8B_NB, H100, BF16, ["isl=1,osl=1,batch=1"], **NO_HOST)
     c = max_concurrency(b, nb, H100, 131072, reserve_bytes=2**30)
     per_seq = 131072 * 32 * 2 * 8 * 128 * 2  # 16 GiB of KV per 128K-token sequence
     assert c.kv_bytes_per_sequence == per_seq
@@ -357,3 +359,86 @@ def test_grouped_gemm_tokens_count_only_the_experts_that_receive_any():
     assert 1.1 < m < 1.3 and B * k / E < 1  # the two counts differ here
     # halving the curve doubles the expert time: the difference is that time at curve(m)
     assert d2 - d1 == pytest.approx(flops / (fast.peak("bf16") * float(c.at(m))), rel=1e-6)
+
+
+# -- serving engines: overheads belong to the engine, overlap scheduling ----------------------
+
+def _engine(name: str, step: float, req: float, overlap: bool):
+    from hwprofiles.schema import EngineProfile
+
+    fig = {"source": "test figure"}
+    return EngineProfile(name=name, display_name=name, step_overhead_s={"value": step, **fig},
+                         request_overhead_s={"value": req, **fig}, overlap=overlap,
+                         overlap_source="test engine")
+
+
+def _served(engine, wl, hw=H100, overlap=None):
+    wls = [wl]
+    b = price_blocks(LLAMA8B, hw, BF16, wls)
+    nb = price_nonblock(LLAMA8B_NB, hw, BF16, wls, engine=engine.name,
+                        engines={engine.name: engine}, overlap=overlap)
+    return summarize(b, nb, hw)
+
+
+def test_engine_step_overhead_is_added_or_hidden_behind_the_gpu_step():
+    wl = "isl=512,osl=128,concurrency=1"
+    gpu = _served(_engine("e", 0.0, 0.0, False), wl)
+    g = float(gpu.tpot_s[0])  # one decode step's GPU time (c=1: a TPOT is one step)
+    small, big = 0.25 * g, 3.0 * g
+    for so, hidden in ((small, True), (big, False)):
+        add = _served(_engine("e", so, 2e-3, False), wl)
+        ovl = _served(_engine("e", so, 2e-3, True), wl)
+        # additive engine: every step pays g + so
+        assert add.tpot_s[0] == pytest.approx(g + so, rel=1e-9)
+        # overlapping engine: a step takes max(g, so); the request overhead is never hidden
+        assert ovl.tpot_s[0] == pytest.approx(max(g, so), rel=1e-9)
+        assert ovl.ttft_s[0] == pytest.approx(max(float(gpu.ttft_s[0]), so) + 2e-3, rel=1e-9)
+        assert bool(ovl.tpot_s[0] == pytest.approx(g, rel=1e-9)) == hidden
+        # the serving identities hold either way
+        for m in (add, ovl):
+            np.testing.assert_allclose(m.latency_s, m.ttft_s + 127 * m.tpot_s)
+            np.testing.assert_allclose(m.latency_s, m.runtime_s)
+            np.testing.assert_allclose(m.throughput_tok_s * m.runtime_s, 128)
+    # overlap=False keeps the additive (linear) model the search uses
+    forced = _served(_engine("e", big, 2e-3, True), wl, overlap=False)
+    assert forced.tpot_s[0] == pytest.approx(g + big, rel=1e-9)
+
+
+@pytest.mark.parametrize("wl", ["isl=2048,osl=256,concurrency=8",
+                                "isl=8000,osl=64,concurrency=32",
+                                "isl=128,osl=1,concurrency=4"])
+def test_overlap_never_slower_than_additive_nor_faster_than_the_gpu(wl):
+    gpu = _served(_engine("e", 0.0, 1e-3, False), wl)
+    add = _served(_engine("e", 4e-3, 1e-3, False), wl)
+    ovl = _served(_engine("e", 4e-3, 1e-3, True), wl)
+    for k in ("ttft_s", "tpot_s", "runtime_s"):
+        a, o, g = getattr(add, k), getattr(ovl, k), getattr(gpu, k)
+        assert np.all(g <= o + 1e-12) and np.all(o <= a + 1e-12), k
+
+
+def test_engine_profiles_take_precedence_over_a_device_profiles_own_figures():
+    from costmodels.model import engine_figures
+    from hwprofiles.engines import available_engines, get_engine
+
+    assert {"trtllm", "vllm", "sglang"} <= set(available_engines())
+    assert get_engine("trtllm-0.17").name == get_engine("nim-trtllm").name  # aliases
+    data = json.loads(hwprofiles.get("h100-sxm").model_dump_json())
+    data["step_overhead_s"] = {"value": 7e-3, "source": "older per-device layout"}
+    data["request_overhead_s"] = {"value": 1e-3, "source": "older per-device layout"}
+    data["engines"] = {"sglang": {"step_overhead_s": {"value": 9e-3, "source": "old"}},
+                       "myengine": {"request_overhead_s": {"value": 4e-3, "source": "old"}}}
+    old = HardwareProfile.model_validate(data)  # an older profile file still loads
+    sg = get_engine("sglang")
+    # a named engine with a profile: the engine's figures, on any device
+    assert engine_figures(old, "sglang") == (sg.step_overhead_s.value,
+                                             sg.request_overhead_s.value, sg.overlap)
+    assert engine_figures(hwprofiles.get("b200"), "SGLang")[:2] == engine_figures(old,
+                                                                               "sglang")[:2]
+    # an engine only the older layout knows, or none named: the device's own figures
+    assert engine_figures(old, "myengine") == (7e-3, 4e-3, False)
+    assert engine_figures(old, None) == (7e-3, 1e-3, False)
+    # engines passed in win over the shipped ones
+    mine = _engine("sglang", 1e-3, 5e-3, False)
+    assert engine_figures(old, "sglang", {"sglang": mine}) == (1e-3, 5e-3, False)
+    with pytest.raises(InputError, match="unknown serving engine"):
+        engine_figures(H100, "no-such-engine")

@@ -14,9 +14,11 @@ import pytest
 
 import hwprofiles
 from costmodels.calibrate import (
+    ENGINE_BOUNDS,
     FLOOR,
     Measurement,
     fit,
+    fit_engines,
     load_measurements,
     mape_table,
     parameters,
@@ -49,31 +51,36 @@ def test_published_measurement_set():
         assert SHAPES(m.model).table is not None
 
 
-def _synthetic(truth, n=8):
+def _synthetic(truth, n=8, engine="trtllm", engines=None, gpu="h100-sxm"):
     wls = [(128, 128, None), (2048, 128, None), (1000, 1000, None), (128, 2048, 4),
            (5000, 500, 1), (500, 2000, 16), (2048, 512, 64), (20000, 2000, None)][:n]
     out = []
     for i, (isl, osl, c) in enumerate(wls):
         for metric in (("throughput",) if c is None else ("ttft_s", "tpot_s")):
-            m = Measurement(id=str(i) + metric, gpu="h100-sxm", model="llama-3.1-8b",
+            m = Measurement(id=f"{gpu}{i}{metric}", gpu=gpu, model="llama-3.1-8b",
                             precision="fp8", tp=1, isl=isl, osl=osl, concurrency=c,
-                            metric=metric, value=1.0, source="synthetic, from a known profile")
-            v = predict(m, SHAPES(m.model), truth)
+                            metric=metric, value=1.0, engine=engine,
+                            source="synthetic, from a known profile")
+            v = predict(m, SHAPES(m.model), truth, engines=engines)
             out.append(m.model_copy(update={"value": v}))
     return out
 
 
 def test_fit_recovers_a_known_profile():
     params = {p.label: p for p in parameters(H100)}
-    chosen = [params["memory"], params["matmul fp8"], params["engine request overhead"]]
-    truth = with_values(H100, chosen, [0.62, 0.55, 3e-3])
+    chosen = [params["memory"], params["matmul fp8"], params["kernel overhead"]]
+    truth = with_values(H100, chosen, [0.62, 0.55, 6e-6])
     ms = _synthetic(truth)
     res = fit(ms, H100, SHAPES, max_nfev=30, only=[p.label for p in chosen] + ["link"])
     assert res.rms_log_after < 1e-3 < res.rms_log_before
     p = res.profile
     assert p.efficiency.memory.peak_fraction == pytest.approx(0.62, rel=0.02)
     assert p.efficiency.matmul["fp8"].peak_fraction == pytest.approx(0.55, rel=0.03)
-    assert p.request_overhead_s.value == pytest.approx(3e-3, rel=0.05)
+    assert p.kernel_overhead_s.value == pytest.approx(6e-6, rel=0.05)
+    # the engines' overheads are not the device's: none is a device figure, and a refitted
+    # profile drops the older per-device ones (the engine profiles price them)
+    assert not any("engine" in k or "overhead" in k and "kernel" not in k for k in params)
+    assert p.step_overhead_s is None and p.request_overhead_s is None and p.engines == {}
     assert p.efficiency.memory.source.startswith(f"fitted to {len(ms)} measurements from")
     # figures no measurement touches keep their value and source
     assert p.efficiency.link == H100.efficiency.link
@@ -183,3 +190,76 @@ def test_fit_scales_a_curve_and_keeps_its_shape_and_source():
     hw = with_values(H100, [lat], [12e-6], "fitted to a test")
     assert hw.interconnect.latency.value == 12e-6
     assert hw.interconnect.bandwidth == H100.interconnect.bandwidth
+
+
+def _engine(name, step, req, overlap):
+    from hwprofiles.schema import EngineProfile
+
+    fig = {"source": "test figure"}
+    return EngineProfile(name=name, display_name=name, step_overhead_s={"value": step, **fig},
+                         request_overhead_s={"value": req, **fig}, overlap=overlap,
+                         overlap_source="test engine")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_fit_engines_recovers_an_engines_figures_from_two_devices(overlap):
+    """One engine's step / request overheads, fitted to its rows on H100 and H200 at once
+    (each at its own, fixed profile), come back; the devices are not touched. An overlapped
+    step overhead shows only where it exceeds the GPU step (8B FP8 decode at c=1: ~3 ms)."""
+    step = 6e-3 if overlap else 2.5e-3
+    truth = {"eng": _engine("eng", step, 4e-3, overlap)}
+    ms = [*_synthetic(H100, 8, "eng", truth),
+          *_synthetic(hwprofiles.get("h200-sxm"), 8, "eng", truth, gpu="h200-sxm")]
+    start = {"eng": _engine("eng", 0.5e-3, 1e-3, overlap)}
+    res = fit_engines(ms, hwprofiles.get, SHAPES, engines=start, max_nfev=40)
+    e = res.engines["eng"]
+    assert res.rms_log_after < 1e-3 < res.rms_log_before
+    assert e.step_overhead_s.value == pytest.approx(step, rel=0.02)
+    assert e.request_overhead_s.value == pytest.approx(4e-3, rel=0.02)
+    assert e.overlap is overlap
+    assert e.step_overhead_s.source.startswith(f"fitted to {len(ms)} measurements of eng on "
+                                               "h100-sxm, h200-sxm")
+    for lo, hi, why in ENGINE_BOUNDS.values():
+        assert 0.0 <= lo < hi <= 20e-3 and why
+    with pytest.raises(InputError, match="no engine profile"):
+        fit_engines([ms[0].model_copy(update={"engine": "nope"})], hwprofiles.get, SHAPES)
+
+
+def test_measurements_csv_comments_and_row_numbers(tmp_path):
+    good = {"id": "1", "gpu": "h100-sxm", "model": "llama-3.1-8b", "precision": "fp8",
+            "tp": "1", "isl": "128", "osl": "128", "metric": "throughput", "value": "1000",
+            "source": "a table"}
+    path = tmp_path / "m.csv"
+    with open(path, "w", newline="") as f:
+        f.write("# split: every third row is held out\n# second comment line\n")
+        w = csv.DictWriter(f, fieldnames=list(good))
+        w.writeheader()
+        w.writerow(good)
+        w.writerow({**good, "id": "2", "value": "-1"})
+    with pytest.raises(InputError, match="row 5"):  # line 5 of the file
+        load_measurements(path)
+    assert CSV.read_text().startswith("#")  # the shipped set states its split rule
+
+
+def test_cli_calibrate_engines_writes_engine_profiles(tmp_path):
+    truth = {"trtllm-cpp": _engine("trtllm-cpp", 3e-3, 2e-3, False)}  # the shipped one's
+    ms = _synthetic(H100, 4, "trtllm-cpp", truth)  # overlap flag; other figures to recover
+    path = tmp_path / "m.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(Measurement.model_fields))
+        w.writeheader()
+        for m in ms:
+            w.writerow({k: ("" if v is None else v) for k, v in m.model_dump().items()})
+    out = tmp_path / "engines"
+    p = run_cli("calibrate", str(path), "--engines", "-o", str(out), "--max-evals", "30",
+                "--configs", str(DATA / "configs"), "--configs",
+                str(DATA.parents[1] / "nas" / "examples" / "configs"))
+    assert p.returncode == 0, p.stderr
+    from hwprofiles.engines import load_engine
+
+    e = load_engine(out / "trtllm-cpp.json")
+    assert e.step_overhead_s.value == pytest.approx(3e-3, rel=0.03)
+    assert e.request_overhead_s.value == pytest.approx(2e-3, rel=0.03)
+    assert "trtllm-cpp step overhead" in p.stdout and e.aliases  # the shipped one, refitted
+    p = run_cli("calibrate", str(path), "-o", str(tmp_path / "x.json"))
+    assert p.returncode == 2 and "--hw" in p.stderr

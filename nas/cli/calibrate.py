@@ -6,6 +6,11 @@ no per-model or per-point factors), prints the figures that moved and the error 
 and after, and writes the fitted profile (each fitted figure's source says "fitted to N
 measurements from ..."). ``--split fit`` uses only the rows marked for fitting, so the
 hold-out rows stay unseen; ``--report`` prints the MAPE table of every row instead.
+
+``--engines -o DIR`` fits the serving engines' host overheads instead (per engine, on the
+rows of every device, each device at its profile: ``costmodels.calibrate.fit_engines``) and
+writes ``DIR/<engine>.json`` engine profiles; ``--engine-profiles DIR`` prices with such
+files (before the shipped ones) and ``--profiles DIR`` with device profile files.
 """
 
 from __future__ import annotations
@@ -31,8 +36,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "block kind before and after")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="with --blocks: predicted vs measured block times, before and after")
-    p.add_argument("--hw", required=True, help="the profile to start from (name or JSON file); "
-                   "rows whose gpu names it (or an alias) are fitted")
+    p.add_argument("--hw", default=None, help="the profile to start from (name or JSON file); "
+                   "rows whose gpu names it (or an alias) are fitted (required unless --engines)")
+    p.add_argument("--engines", action="store_true",
+                   help="fit the serving engines' per-step / per-request overheads on the rows "
+                   "of all devices and write DIR/<engine>.json (-o DIR)")
+    p.add_argument("--engine-profiles", default=None, metavar="DIR",
+                   help="engine profile JSON files to price with, before the shipped ones")
+    p.add_argument("--profiles", default=None, metavar="DIR",
+                   help="with --engines: device profile JSON files to use instead of the "
+                   "shipped ones")
     p.add_argument("-o", "--output", help="where to write the fitted profile JSON")
     p.add_argument("--configs", action="append", default=[], metavar="DIR",
                    help="folder of <model>.json HF configs (repeatable; default: the CSV's "
@@ -43,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="least-squares iterations at most (default 40)")
     p.add_argument("--only", action="append", default=None, metavar="FIGURE",
                    help="fit only this figure (repeatable), e.g. 'memory', 'matmul fp8', "
-                   "'engine request overhead' (default: every figure the rows constrain)")
+                   "'link latency' (default: every figure the rows constrain)")
     p.add_argument("--report", action="store_true",
                    help="no fit: print predicted vs measured and the MAPE table for all rows")
     p.add_argument("--json", action="store_true", help="print a JSON object")
@@ -76,9 +89,22 @@ def shape_resolver(csv_path: Path, dirs: list[str]):  # noqa: ANN201 - a cached 
     return shapes
 
 
+def _json_folder(folder: str | None, flag: str, load):  # noqa: ANN001, ANN202
+    """``{stem: loaded}`` of the JSON files in ``folder`` (``{}`` for None)."""
+    from hwprofiles.errors import InputError
+
+    if folder is None:
+        return {}
+    d = Path(folder)
+    if not d.is_dir():
+        raise InputError("not a folder", path=str(d), field=flag)
+    return {p.stem: load(p) for p in sorted(d.glob("*.json"))}
+
+
 def run(args: argparse.Namespace) -> int:
     import hwprofiles
     from costmodels.calibrate import fit, format_table, load_measurements, mape_table, score
+    from hwprofiles.engines import load_engine
     from hwprofiles.errors import InputError
 
     if args.blocks is not None:
@@ -87,14 +113,20 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give a measurements CSV or --blocks BLOCKS.json", field="measurements")
     path = Path(args.measurements)
     ms = load_measurements(path)
-    hw = hwprofiles.get(args.hw)
     shapes = shape_resolver(path, args.configs)
+    engines = {e.name: e for e in
+               _json_folder(args.engine_profiles, "--engine-profiles", load_engine).values()}
+    if args.engines:
+        return run_engines(args, ms, shapes, engines or None)
+    if args.hw is None:
+        raise InputError("give --hw NAME (or --engines)", field="--hw")
+    hw = hwprofiles.get(args.hw)
     names = {hw.name, *hw.aliases}
     if args.report:
         mine = [m for m in ms if m.gpu in names]
         if not mine:
             raise InputError(f"no rows for device {hw.name!r}", path=str(path), field="gpu")
-        sc = score(mine, shapes, lambda _: hw)
+        sc = score(mine, shapes, lambda _: hw, engines or None)
         rows = mape_table(sc)
         if args.json:
             print(json.dumps({"device": hw.name, "table": rows, "points": [
@@ -108,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_evals < 1:
         raise InputError(f"must be >= 1, got {args.max_evals}", field="--max-evals")
     chosen = [m for m in ms if args.split == "all" or m.split == args.split]
-    res = fit(chosen, hw, shapes, max_nfev=args.max_evals, only=args.only)
+    res = fit(chosen, hw, shapes, max_nfev=args.max_evals, only=args.only,
+              engines=engines or None)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
@@ -130,6 +163,49 @@ def run(args: argparse.Namespace) -> int:
     print(f"  rms log error {res.rms_log_before:.3f} -> {res.rms_log_after:.3f}")
     for k, a, b in sorted(res.moved, key=lambda t: -abs(t[2] - t[1]) / max(abs(t[1]), 1e-9)):
         print(f"  {k:<28} {_fmt(k, a):>10} -> {_fmt(k, b)}")
+    return 0
+
+
+def run_engines(args: argparse.Namespace, ms: list, shapes, engines) -> int:  # noqa: ANN001
+    """``calibrate CSV --engines -o DIR``: fit every engine's overheads on all devices."""
+    import hwprofiles
+    from costmodels.calibrate import fit_engines
+    from hwprofiles.errors import InputError
+    from nas.io import atomic_write_json
+
+    if not args.output:
+        raise InputError("give -o DIR for the engine profiles", field="--output")
+    if args.max_evals < 1:
+        raise InputError(f"must be >= 1, got {args.max_evals}", field="--max-evals")
+    devices = {}
+    for p in _json_folder(args.profiles, "--profiles", hwprofiles.load).values():
+        for key in (p.name, *p.aliases):
+            devices[key] = p
+
+    def profile(name: str):  # noqa: ANN202
+        return devices.get(name) or hwprofiles.get(name)
+
+    chosen = [m for m in ms if args.split == "all" or m.split == args.split]
+    res = fit_engines(chosen, profile, shapes, engines=engines, max_nfev=args.max_evals)
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise InputError("expected a folder for the engine profiles", path=str(out),
+                         field="--output")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, e in res.engines.items():
+        atomic_write_json(out / f"{name}.json", e.model_dump(mode="json"))
+    if args.json:
+        print(json.dumps({"engines": sorted(res.engines), "measurements": res.n,
+                          "output": str(out), "rms_log_error_before": res.rms_log_before,
+                          "rms_log_error_after": res.rms_log_after,
+                          "moved": [{"figure": k, "before": a, "after": b}
+                                    for k, a, b in res.moved]}, indent=2))
+        return 0
+    print(f"engines {', '.join(sorted(res.engines))}: fitted to {res.n} measurements "
+          f"({args.split} rows, all devices) -> {out}")
+    print(f"  rms log error {res.rms_log_before:.3f} -> {res.rms_log_after:.3f}")
+    for k, a, b in res.moved:
+        print(f"  {k:<34} {_fmt('overhead', a):>10} -> {_fmt('overhead', b)}")
     return 0
 
 

@@ -1,0 +1,88 @@
+"""Serving engines' host costs: shipped engine profiles and their loader.
+
+An engine profile (:class:`hwprofiles.schema.EngineProfile`) holds the per-step and
+per-request host overheads of one serving engine (``vllm``, ``sglang``, ``trtllm``, ...),
+shared by every device: they belong to the engine, not the GPU. ``get_engine(name)``
+returns a shipped one by name or alias (case-insensitive) or reads a JSON file;
+``available_engines()`` lists the shipped names; ``load_engine(path)`` reads a file.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from hwprofiles.errors import InputError, first_error, read_json
+from hwprofiles.schema import EngineProfile
+
+ENGINE_DIR = Path(__file__).parent / "data" / "engines"
+
+DEFAULT_ENGINE = "trtllm"
+"""The engine a figure is priced for when none is named (TensorRT-LLM: the engine of the
+published tables most of the measurements come from)."""
+
+
+def load_engine(path: str | Path) -> EngineProfile:
+    """Read and validate an engine-profile JSON file."""
+    path = Path(path)
+    data = read_json(path)
+    try:
+        return EngineProfile.model_validate(data)
+    except ValidationError as exc:
+        loc, msg = first_error(exc, "(root)")
+        raise InputError(f"{msg} (engine profile)", path=str(path), field=loc) from None
+
+
+def _norm(s: str) -> str:
+    return s.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+@cache
+def _shipped() -> dict[str, EngineProfile]:
+    return {p.stem: load_engine(p) for p in sorted(ENGINE_DIR.glob("*.json"))}
+
+
+def engine_index(profiles: dict[str, EngineProfile] | list[EngineProfile]
+                 ) -> dict[str, EngineProfile]:
+    """``{normalized name or alias: profile}`` over ``profiles``."""
+    vals = profiles.values() if isinstance(profiles, dict) else profiles
+    out: dict[str, EngineProfile] = {}
+    for e in vals:
+        for key in (e.name, *e.aliases):
+            out[_norm(key)] = e
+    return out
+
+
+def available_engines() -> list[str]:
+    """Names of the shipped engine profiles, sorted."""
+    return sorted(_shipped())
+
+
+def find_engine(name: str | None, extra: dict[str, EngineProfile] | None = None
+                ) -> EngineProfile | None:
+    """The engine profile ``name`` names (its name or an alias) in ``extra`` first, then
+    the shipped ones; ``None`` when no profile has that name (or no name is given)."""
+    if not name:
+        return None
+    key = _norm(str(name))
+    for pool in (extra or {}, _shipped()):
+        hit = engine_index(pool).get(key)
+        if hit is not None:
+            return hit
+    return None
+
+
+def get_engine(name: str | Path | EngineProfile) -> EngineProfile:
+    """A shipped engine profile by name or alias, or an engine JSON file."""
+    if isinstance(name, EngineProfile):
+        return name
+    hit = find_engine(str(name))
+    if hit is not None:
+        return hit
+    p = Path(str(name))
+    if p.suffix == ".json" or p.exists():
+        return load_engine(p)
+    raise InputError(f"unknown serving engine {str(name)!r}; expected one of "
+                     f"{', '.join(available_engines())} or an engine JSON file", field="engine")
