@@ -366,3 +366,17 @@ def test_init_smaller_state_keeps_the_live_state_dims(trained_jamba):
     assert torch.equal(cm.A_log, m.A_log[:, 1::2])
     assert torch.equal(cm.x_proj.weight[4:8], m.x_proj.weight[4 + 1:12:2])
     assert torch.equal(cm.x_proj.weight[8:], m.x_proj.weight[12 + 1::2])
+
+
+def test_shipped_example_search_runs(tmp_path):
+    """nas/examples/jamba-1.5-mini-h100.json (without its sweep, to stay quick): the parent
+    does not hold 16 requests of 256K tokens on one H100 in FP8 (83.8 GiB); the child fits
+    and meets the throughput budget, and its config reads back as a jamba model."""
+    from conftest import search_example
+
+    bp = search_example("jamba-1.5-mini-h100", tmp_path)
+    assert bp["params"]["parent_total"] == 51_570_323_328
+    assert len(bp["choices"]) == 64
+    child = from_hf(bp["child"])
+    assert child.model_type == "jamba"
+    assert child.param_counts().total == bp["params"]["child_total"]
