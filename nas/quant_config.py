@@ -9,7 +9,8 @@ for a child whose blocks each have a recipe (``nas.spans``):
 
 * module names follow the checkpoint layout of ``nas.build_checkpoint`` for the export type
   (``backbone.layers.{i}.mixer.in_proj`` for ``nemotron_h*``;
-  ``model.layers.{i // 2}.self_attn.q_proj`` / ``.mlp.up_proj`` for paired types);
+  ``model.layers.{i // 2}.self_attn.q_proj`` / ``.mlp.up_proj`` for paired types;
+  ``model.layers.{i // 2}.mamba.x_proj`` / ``.feed_forward.up_proj`` for ``jamba``);
 * routed experts are written as one fnmatch pattern per projection
   (``backbone.layers.3.mixer.experts.*.up_proj``), as ModelOpt writes ``exclude_modules``,
   instead of one entry per expert (a Super checkpoint has 40,960 expert projections);
@@ -55,6 +56,12 @@ def _modules(b: _Block, model_type: str, i: int) -> list[tuple[str, TensorRole]]
         else:
             pre = layer + ("block_sparse_moe." if model_type == "mixtral"
                            and isinstance(b, MoE) else "mlp.")
+    if model_type == "jamba":  # mamba / self_attn, then feed_forward (nas.build_checkpoint)
+        pre = f"model.layers.{i // 2}." + ("feed_forward." if i % 2 else "mamba."
+                                          if b.kind == "mamba1" else "self_attn.")
+        if b.kind == "mamba1":  # type: ignore[attr-defined]
+            return [(pre + n, TensorRole.MAMBA) for n in ("in_proj", "x_proj", "dt_proj",
+                                                          "out_proj")]
     if isinstance(b, Attention):
         return [(pre + n, TensorRole.ATTENTION) for n in ("q_proj", "k_proj", "v_proj",
                                                           "o_proj")]

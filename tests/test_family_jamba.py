@@ -380,3 +380,27 @@ def test_shipped_example_search_runs(tmp_path):
     child = from_hf(bp["child"])
     assert child.model_type == "jamba"
     assert child.param_counts().total == bp["params"]["child_total"]
+
+
+def test_quantization_config_names_jamba_modules(tmp_path):
+    """A Jamba child's ModelOpt-style quantization_config names the checkpoint's modules
+    (Mamba-1's four projections under ``mamba.``, the MLP under ``feed_forward.``), every
+    pattern matches a saved tensor, and it reads back per block."""
+    from nas.build import build_model, hf_layout
+    from nas.quant_config import block_formats, expand, quantization_config
+
+    arch = load_config(MINI).model_copy(update={"hidden_size": 32, "vocab_size": 64, "blocks": (
+        Mamba1(inner_size=48, state_size=4, dt_rank=3),
+        MoE(num_experts=4, top_k=2, expert_width=16, norm_topk=False),
+        Attention(num_heads=4, num_kv_heads=2, head_dim=8, rope=False), FFN(width=24))})
+    qc = quantization_config(arch, ["fp8", "nvfp4", "fp8", "bf16"], "jamba")
+    layers = qc["quantized_layers"]
+    assert {"model.layers.0.mamba.in_proj", "model.layers.0.mamba.x_proj",
+            "model.layers.0.mamba.dt_proj", "model.layers.0.mamba.out_proj",
+            "model.layers.0.feed_forward.experts.*.gate_proj",
+            "model.layers.1.self_attn.q_proj"} <= set(layers)
+    assert not any("layers.1.feed_forward" in k for k in layers)  # the bf16 MLP
+    names = [n for _, n, _ in hf_layout(build_model(arch), "jamba")]
+    assert len(expand(qc, names)) == 4 + 3 * 4 + 4
+    assert [f.get("mamba") or f.get("routed_experts") or f.get("attention")
+            for f in block_formats(arch, qc, "jamba")] == ["fp8", "nvfp4", "fp8", None]
