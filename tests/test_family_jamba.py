@@ -36,7 +36,7 @@ import pytest
 
 from hwprofiles.errors import InputError
 from nas.arch import FFN, Attention, Mamba1, MoE, NoOp
-from nas.hf import from_hf, load_config, to_hf
+from nas.hf import ExportError, from_hf, load_config, to_hf
 
 DATA = Path(__file__).parent / "data" / "configs"
 MINI = DATA / "jamba-1.5-mini.json"
@@ -78,8 +78,11 @@ def test_layout_and_round_trip():
     orig = json.loads(MINI.read_text())
     for k in ("attn_layer_period", "attn_layer_offset", "expert_layer_period",
               "expert_layer_offset", "mamba_dt_rank", "mamba_expand", "intermediate_size",
-              "num_experts", "eos_token_id", "max_position_embeddings"):
+              "num_experts", "eos_token_id", "max_position_embeddings", "use_mamba_kernels",
+              "num_logits_to_keep", "router_aux_loss_coef"):
         assert cfg[k] == orig[k], k
+    with pytest.raises(ExportError, match="Mamba-1"):  # no other type holds Mamba-1 blocks
+        to_hf(arch, "nemotron_h_puzzle")
     # "auto" dt rank = ceil(hidden / 16); transformers 5.x's num_local_experts spelling
     auto = dict(orig, mamba_dt_rank="auto", num_local_experts=16)
     del auto["num_experts"]

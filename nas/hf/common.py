@@ -290,9 +290,23 @@ def _refuse_mla_gpt_oss_features(arch: ModelArch, mt: str) -> None:
                               f"or clamped SwiGLU (block {i})")
 
 
+MAMBA1_TYPES: set[str] = {"jamba"}
+"""Dialects whose writer holds Mamba-1 blocks; :func:`base_config` refuses them for every
+other type (their tensors and numerics have no place there)."""
+
+
+def _refuse_mamba1(arch: ModelArch, mt: str) -> None:
+    if mt in MAMBA1_TYPES:
+        return
+    for i, b in enumerate((*arch.blocks, *arch.mtp_blocks)):
+        if b.kind == "mamba1":  # type: ignore[attr-defined]
+            raise ExportError(f"{mt} has no Mamba-1 blocks (block {i}; jamba has)")
+
+
 def base_config(arch: ModelArch, mt: str, eps_key: str) -> dict[str, Any]:
     _refuse_hybrid_features(arch, mt)
     _refuse_mla_gpt_oss_features(arch, mt)
+    _refuse_mamba1(arch, mt)
     out: dict[str, Any] = {"architectures": [dialect(mt).architecture], "model_type": mt}
     out.update(arch.hf_extra)
     lim = out.get("time_step_limit")

@@ -13,8 +13,8 @@ Layer ``i`` is two blocks, as in transformers' ``JambaForCausalLM``:
   SwiGLU MLP of the same width. Routing: softmax over all experts, then the top
   ``num_experts_per_tok`` weights as they are (not renormalized: ``norm_topk=False``).
 
-Defaults are transformers' ``JambaConfig`` ones where a key is absent. Read but without
-effect on the numerics (kept verbatim for the export): ``use_mamba_kernels``,
+Defaults are transformers' ``JambaConfig`` ones where a key is absent. Without effect on
+the numerics, kept verbatim for the export: ``use_mamba_kernels``,
 ``use_mambapy``, ``use_associative_scan`` (the same scan by other kernels),
 ``num_logits_to_keep``, router / aux-loss settings. Refused with the field named:
 ``hidden_act`` other than ``silu`` (the Mamba conv and the experts' SwiGLU), a
@@ -46,8 +46,6 @@ from nas.hf.common import (
 from nas.hf.registry import Dialect, ExportError, register
 
 MODEL_TYPE = "jamba"
-_NO_NUMERICS = ("use_mamba_kernels", "use_mambapy", "use_associative_scan",
-                "num_logits_to_keep", "output_router_logits", "router_aux_loss_coef")
 
 
 def _pattern(r: Reader, n: int, period_key: str, offset_key: str, dflt: tuple[int, int]
@@ -63,8 +61,6 @@ def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any
     kw = common_fields(r, "rms_norm_eps", 1e-6, mt)
     h = kw["hidden_size"]
     n = r.int("num_hidden_layers", 32)
-    for k in _NO_NUMERICS:
-        r.used.add(k)
     act = r.str("hidden_act", "silu")
     if act != "silu":
         raise r.err("hidden_act", f"Jamba's Mamba conv and SwiGLU experts are computed with "
