@@ -128,6 +128,11 @@ def test_mamba1_pricing_follows_the_formulas():
     assert c2.decode_s[2, 0] < c2.decode_s[0, 0]
     assert c2.state_bytes_per_sequence[2] < c2.state_bytes_per_sequence[0]
     assert c2.weight_bytes[1] < c2.weight_bytes[0] / 1.9
+    # under TP the channels split (vLLM's MambaMixer): per-GPU state halves at tp = 2, and
+    # a tp that does not divide the channels is refused
+    assert c2.state_bytes_per_sequence[0] == c.state_bytes_per_sequence[0] / 2
+    with pytest.raises(InputError, match="8192 Mamba-1 channels"):
+        arch.check_tp(3)
 
 
 def test_heterogeneous_child_round_trip():
