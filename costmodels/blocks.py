@@ -458,6 +458,26 @@ def _price_mla(c: _Pricing, r: _Rows) -> None:
     r.out_m.append(c.attn_t((0.0 * rr, rr), 0.0, kv_read=True))
 
 
+def _price_parallel(c: _Pricing, r: _Rows) -> None:
+    """Falcon-H1's parallel mixer: the attention branch's ops (:func:`_price_attention`)
+    plus the Mamba branch's (:func:`_price_mamba`) on the same normed input, each priced
+    only on the rows that keep that branch (a dropped branch costs nothing: no kernel, no
+    bytes). One pre-norm, one residual add and one TP all-reduce of the summed outputs,
+    as for any block. The muP multipliers are scalar factors a serving engine folds into
+    the adjacent weights: no op of their own."""
+    Dm, B = r.steps[0][1], r.steps[1][1]
+    for col, price in (("n_heads", _price_attention), ("m_heads", _price_mamba)):
+        keep = np.flatnonzero(getattr(c.st, col)[r.idx] > 0)
+        if keep.size == 0:
+            continue
+        sub = _Rows(c, r.idx[keep], r.q1[keep], Dm, B)
+        price(c, sub)
+        for part, out in ((sub.out_m, r.out_m), (sub.out_d, r.out_d)):
+            full = np.zeros((len(r.idx), r.q1.shape[1]))
+            full[keep] = sum(part)
+            out.append(full)
+
+
 def _price_mamba1(c: _Pricing, r: _Rows) -> None:
     """Mamba-1 (Jamba), as vLLM's ``MambaMixer`` runs it: the ``in_proj`` GEMM (``h -> 2I``:
     x and the gate z); the causal conv over the I channels of x; ``x_proj`` (``I -> R +
@@ -501,7 +521,8 @@ def _price_mamba1(c: _Pricing, r: _Rows) -> None:
 # each block kind's ops (beyond the norm every kind has and the TP all-reduce)
 _PRICE_KIND = {Kind.ATTENTION: _price_attention, Kind.MAMBA: _price_mamba,
                Kind.MOE: _price_moe, Kind.FFN: _price_ffn, Kind.LINEAR: _price_linear,
-               Kind.DELTANET: _price_deltanet, Kind.MLA: _price_mla}
+               Kind.DELTANET: _price_deltanet, Kind.MLA: _price_mla,
+               Kind.PARALLEL: _price_parallel}
 
 
 _PRICE_KIND[Kind.MAMBA1] = _price_mamba1
@@ -607,12 +628,13 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     widest = np.select(
         [kind == int(Kind.ATTENTION), kind == int(Kind.MAMBA), kind == int(Kind.MOE),
          kind == int(Kind.FFN), kind == int(Kind.LINEAR), kind == int(Kind.DELTANET),
-         kind == int(Kind.MLA)],
+         kind == int(Kind.MLA), kind == int(Kind.PARALLEL)],
         [(st.n_heads * (1 + st.attn_gate) + 2 * st.n_kv_heads) * st.head_dim, in_w,
          st.experts + np.maximum(-(-st.top_k // ep) * (mats - 1) * st.expert_width,
                                  (mats - 1) * st.shared_width),
          (mats - 1) * st.ffn_width, st.hidden, dn_in_w,
-         st.n_heads * (2 * st.qk_nope + st.qk_rope + st.v_head)],
+         st.n_heads * (2 * st.qk_nope + st.qk_rope + st.v_head),
+         (st.n_heads + 2 * st.n_kv_heads) * st.head_dim + in_w],
         0,
     ).astype(np.float64)
     widest = np.where(kind == int(Kind.MAMBA1), 2.0 * st.m1_inner, widest)  # in_proj: x, z

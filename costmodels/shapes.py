@@ -30,6 +30,9 @@ Parameter layout per kind (h = hidden size; every block but NoOp has a pre-norm 
   + norm ``R``; kv_b ``R*nq*(nope + v)``; o ``nq*v*h``. KV cache per token: ``R + rope``.
 * attention sinks (gpt-oss): ``nq`` logits. MoE router linear bias ``E``; expert biases
   ``(mats-1)*width + in`` per expert (counted ``top_k`` times when active).
+* parallel (Falcon-H1): an attention branch and a Mamba branch (each as its kind above,
+  either absent) under one pre-norm; the Mamba branch's gated-norm weight ``I`` only with
+  ``ssm_norm``. KV cache of the attention branch and conv + SSM state of the Mamba branch.
 * mamba1 (Mamba-1, Jamba layout; I = ``m1_inner`` channels, N = ``state``, R = ``dt_rank``):
   in_proj ``h*2I`` (+ ``2I`` bias), depthwise conv over ``I`` channels, ``kernel`` taps
   (+ ``I`` bias), x_proj ``I*(R + 2N)``, dt_proj ``R*I`` + bias ``I``, ``A_log`` ``I*N``,
@@ -39,7 +42,7 @@ Parameter layout per kind (h = hidden size; every block but NoOp has a pre-norm 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import IntEnum
 
 import numpy as np
@@ -59,6 +62,7 @@ class Kind(IntEnum):
     DELTANET = 6
     MLA = 7
     MAMBA1 = 8
+    PARALLEL = 9
 
 
 KIND_NAMES = {k: k.name.lower() for k in Kind}
@@ -124,6 +128,9 @@ class BlockTable:
     # proj_bias): inner channels and the time-step rank
     m1_inner: np.ndarray
     dt_rank: np.ndarray
+    # parallel (Falcon-H1): the attention and Mamba columns of its two branches, and whether
+    # the Mamba branch's gated RMSNorm has a weight (1) or is a plain silu(z) gate (0)
+    ssm_norm: np.ndarray
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -215,6 +222,12 @@ def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndar
     m1 = _is(t, Kind.MAMBA1)
     m1_w, m1_o = mamba1_role_params(t)
 
+    par_roles = parallel_role_params(t, active)
+    if par_roles is not None:
+        att_w = att_w + par_roles[TensorRole.ATTENTION]
+        mam_w = mam_w + par_roles[TensorRole.MAMBA]
+        norm = norm + par_roles[TensorRole.OTHER]
+
     return {
         TensorRole.ATTENTION: att_w + dn_w + mla * mla_w,
         TensorRole.MAMBA: mam_w + m1 * m1_w,
@@ -234,6 +247,24 @@ def mamba1_role_params(t: BlockTable) -> tuple[np.ndarray, np.ndarray]:
     rest = (inner * t.conv_kernel + t.conv_bias * inner + inner + inner * n + inner
             + r + 2 * n + t.proj_bias * (2 * inner + h))
     return mats, rest
+
+
+def parallel_role_params(t: BlockTable, active: bool = False
+                         ) -> dict[TensorRole, np.ndarray] | None:
+    """A parallel row's parameters per role, its attention branch's plus its Mamba branch's
+    (each counted by its own kind's formula), one pre-norm, and the Mamba gated-norm
+    weight only with ``ssm_norm``; ``None`` when no row is parallel."""
+    par = _is(t, Kind.PARALLEL)
+    if not par.any():
+        return None
+    noop = int(Kind.NOOP)
+    att = role_params(replace(t, kind=np.where(par > 0, int(Kind.ATTENTION), noop)), active)
+    mam = role_params(replace(t, kind=np.where(par > 0, int(Kind.MAMBA), noop)), active)
+    out = {role: att[role] + mam[role] for role in att}
+    # each branch's count has the pre-norm, which the caller counts once already
+    out[TensorRole.OTHER] = out[TensorRole.OTHER] - par * (
+        2 * t.hidden + (1 - t.ssm_norm) * t.m_heads * t.m_head_dim)
+    return out
 
 
 def mla_role_params(t: BlockTable) -> tuple[np.ndarray, np.ndarray]:
@@ -262,7 +293,8 @@ def kv_elems_per_token(t: BlockTable) -> np.ndarray:
     """KV-cache elements stored per token of context (K and V), per row; an MLA row stores
     its latent and its shared RoPE key, ``kv_lora + qk_rope``."""
     return (_is(t, Kind.ATTENTION) * 2 * t.n_kv_heads * t.head_dim
-            + _is(t, Kind.MLA) * (t.kv_lora + t.qk_rope))
+            + _is(t, Kind.MLA) * (t.kv_lora + t.qk_rope)
+            + _is(t, Kind.PARALLEL) * 2 * t.n_kv_heads * t.head_dim)
 
 
 def kv_bytes(t: BlockTable, recipe: PrecisionRecipe, context: int | np.ndarray) -> np.ndarray:
@@ -278,7 +310,8 @@ def conv_state_elems(t: BlockTable) -> np.ndarray:
     _, _, conv_ch = mamba_dims(t)
     dn_conv = deltanet_dims(t)[3]
     return (_is(t, Kind.MAMBA) * conv_ch + _is(t, Kind.DELTANET) * dn_conv
-            + _is(t, Kind.MAMBA1) * t.m1_inner) * np.maximum(t.conv_kernel - 1, 0)
+            + _is(t, Kind.MAMBA1) * t.m1_inner + _is(t, Kind.PARALLEL) * conv_ch
+            * (t.m_heads > 0)) * np.maximum(t.conv_kernel - 1, 0)
 
 
 def ssm_state_elems(t: BlockTable) -> np.ndarray:
@@ -286,7 +319,8 @@ def ssm_state_elems(t: BlockTable) -> np.ndarray:
     value heads x head_k_dim x head_v_dim; Mamba-1 inner channels x state size."""
     return (_is(t, Kind.MAMBA) * t.m_heads * t.m_head_dim * t.state
             + _is(t, Kind.DELTANET) * t.dn_v_heads * t.dn_k_dim * t.dn_v_dim
-            + _is(t, Kind.MAMBA1) * t.m1_inner * t.state)
+            + _is(t, Kind.MAMBA1) * t.m1_inner * t.state
+            + _is(t, Kind.PARALLEL) * t.m_heads * t.m_head_dim * t.state)
 
 
 def state_bytes_per_sequence(t: BlockTable, recipe: PrecisionRecipe) -> np.ndarray:

@@ -322,6 +322,39 @@ class MLA(_Block):
         return f"mla q{self.num_heads} kvlora{self.kv_lora_rank}{q}"
 
 
+class Parallel(_Block):
+    """Attention and a Mamba-2 mixer in parallel on the same normed input, outputs summed
+    (Falcon-H1's hybrid mixer, HF ``falcon_h1``; the muP multipliers of each branch are the
+    model's, :class:`MuP`).
+
+    Either branch may be dropped (``None``: an attention-only or Mamba-only layer), not
+    both (that is a :class:`NoOp`). ``mamba_rms_norm``: the Mamba branch ends in a gated
+    RMSNorm over groups of ``I / n_groups`` channels (else ``y * silu(z)``, no norm
+    weight); ``mamba_norm_before_gate``: that norm is ``norm(y) * silu(z)`` (else ``norm(y
+    * silu(z))``, the NemotronH order). The Mamba branch's ``proj_bias`` is the bias of
+    both its ``in_proj`` and ``out_proj``. KV cache of the attention branch and conv + SSM
+    state of the Mamba branch, both per sequence.
+    """
+
+    kind: Literal["parallel"] = "parallel"
+    attention: Attention | None
+    mamba: Mamba | None
+    mamba_rms_norm: bool
+    mamba_norm_before_gate: bool
+
+    @model_validator(mode="after")
+    def _check(self) -> Parallel:
+        if self.attention is None and self.mamba is None:
+            raise ValueError("a parallel block needs an attention or a Mamba branch (with "
+                             "neither it is a noop block)")
+        return self
+
+    def describe(self) -> str:
+        a = self.attention.describe() if self.attention else "no attention"
+        m = self.mamba.describe() if self.mamba else "no mamba"
+        return f"parallel [{a} + {m}]"
+
+
 class FFN(_Block):
     """Dense MLP: gated (SwiGLU-style, 3 matrices) or not (2 matrices)."""
 
@@ -347,15 +380,17 @@ class NoOp(_Block):
     kind: Literal["noop"] = "noop"
 
 
-Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | DeltaNet | MLA | Mamba1,
-                  Field(discriminator="kind")]
+Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | DeltaNet | MLA | Mamba1
+                  | Parallel, Field(discriminator="kind")]
 BLOCK_TYPES: dict[str, type[_Block]] = {
     "attention": Attention, "mamba": Mamba, "moe": MoE, "ffn": FFN, "linear": Linear, "noop": NoOp,
     "deltanet": DeltaNet, "mla": MLA, "mamba1": Mamba1,
+    "parallel": Parallel,
 }
 _KIND_CODE = {"attention": Kind.ATTENTION, "mamba": Kind.MAMBA, "moe": Kind.MOE,
               "ffn": Kind.FFN, "linear": Kind.LINEAR, "noop": Kind.NOOP,
-              "deltanet": Kind.DELTANET, "mla": Kind.MLA, "mamba1": Kind.MAMBA1}
+              "deltanet": Kind.DELTANET, "mla": Kind.MLA, "mamba1": Kind.MAMBA1,
+              "parallel": Kind.PARALLEL}
 
 
 def block_row(block: _Block, hidden: int) -> dict[str, int]:
@@ -389,6 +424,12 @@ def block_row(block: _Block, hidden: int) -> dict[str, int]:
                    shared_gate=int(block.shared_gate), gated=int(block.gated))
     elif isinstance(block, FFN):
         row.update(ffn_width=block.width, gated=int(block.gated), ffn_bias=int(block.bias))
+    elif isinstance(block, Parallel):  # both branches' columns (a dropped one's stay 0)
+        for sub in (block.attention, block.mamba):
+            if sub is not None:
+                row.update({k: v for k, v in block_row(sub, hidden).items()
+                            if k not in ("kind", "hidden")})
+        row["ssm_norm"] = int(block.mamba_rms_norm and block.mamba is not None)
     if isinstance(block, Attention) and block.sinks:
         row["sinks"] = 1
     if isinstance(block, MoE):
@@ -429,6 +470,39 @@ class ParamCounts(BaseModel):
         return self.active - self.embeddings
 
 
+class MuP(BaseModel):
+    """Falcon-H1's muP multipliers (HF ``falcon_h1``; every one is a plain scalar factor):
+    embeddings times ``embedding``, logits times ``lm_head``; every dense MLP computes
+    ``down(act(mlp_gate * gate(x)) * up(x)) * mlp_down``; in every :class:`Parallel` block
+    the attention branch reads ``attention_in * x`` with keys times ``key`` and its output
+    times ``attention_out``, and the Mamba branch reads ``ssm_in * x``, multiplies the
+    parts ``[z | x | B | C | dt]`` of its ``in_proj`` output by ``ssm`` (before the conv)
+    and its output by ``ssm_out``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    embedding: float
+    lm_head: float
+    mlp_gate: float
+    mlp_down: float
+    attention_in: float
+    key: float
+    attention_out: float
+    ssm_in: float
+    ssm_out: float
+    ssm: tuple[float, float, float, float, float]
+
+    @model_validator(mode="after")
+    def _finite(self) -> MuP:
+        for name, v in self.model_dump().items():
+            for x in (v if isinstance(v, tuple | list) else (v,)):
+                if not math.isfinite(x):
+                    raise ValueError(f"muP multiplier {name} must be finite, got {x!r}")
+        if self.lm_head == 0:
+            raise ValueError("muP multiplier lm_head must not be 0 (every logit would be 0)")
+        return self
+
+
 class ModelArch(BaseModel):
     """A (possibly heterogeneous) decoder-only model: an ordered list of residual blocks.
 
@@ -449,6 +523,8 @@ class ModelArch(BaseModel):
     rope_theta: float = 10000.0
     model_type: str = ""
     hf_extra_json: str = "{}"
+    mup: MuP | None = None
+    """Falcon-H1's muP multipliers (``None``: none, every factor 1)."""
     norm_unit_offset: bool = False
     """Zero-centred RMSNorm weights (Qwen3-Next, Gemma): every block pre-norm, the final norm
     and attention's q/k norms scale by ``1 + weight`` (stored weights start at 0). The
@@ -497,6 +573,19 @@ class ModelArch(BaseModel):
             elif isinstance(b, Mamba1) and b.inner_size % tp:
                 raise InputError(f"{tp} does not divide block {i}'s {b.inner_size} Mamba-1 "
                                  "channels", field=field)
+        for i, b in enumerate(self.blocks):  # a parallel block splits both of its branches
+            if not isinstance(b, Parallel):
+                continue
+            a, m = b.attention, b.mamba
+            if a is not None and attention and (a.num_heads % tp or (
+                    a.num_kv_heads % tp and tp % a.num_kv_heads)):
+                raise InputError(f"{tp} GPUs cannot split block {i}'s attention branch "
+                                 f"({a.num_heads} query heads, {a.num_kv_heads} KV heads; "
+                                 "expected tp to divide the query heads and to divide or be "
+                                 "a multiple of the KV heads)", field=field)
+            if m is not None and m.num_heads % tp:
+                raise InputError(f"{tp} does not divide block {i}'s {m.num_heads} Mamba heads",
+                                 field=field)
 
     @property
     def hf_extra(self) -> dict[str, Any]:

@@ -29,6 +29,10 @@ is 1 - (fraction of the parent block's capacity kept), with capacity taken as:
 * attention -> DeltaNet swap: damage 0.4 (a fixed-size state loses exact long-range
   recall); DeltaNet -> attention: 0.3 (more capacity, but its weights come from another
   layer: see ``nas.build_inherit``);
+* parallel attention + Mamba (Falcon-H1): each branch's capacity kept as above
+  (attention: 0 when dropped; Mamba: 0 when dropped), weighted by its share of the
+  parent's mixer channels (``heads x head_dim`` of each branch; Falcon-H1-7B: 1,536
+  attention, 3,072 Mamba);
 * linear replacement: damage 0.7; no-op: damage 1.
 
 ``importance`` is 1 for every kind, times ``1 + 0.5`` for the first and last 10 % of
@@ -48,7 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from hwprofiles.errors import InputError, read_text
-from nas.arch import FFN, MLA, Attention, DeltaNet, Linear, Mamba, MoE, NoOp, _Block
+from nas.arch import FFN, MLA, Attention, DeltaNet, Linear, Mamba, MoE, NoOp, Parallel, _Block
 from nas.space import Alternative
 
 PRIOR_LABEL = "structural prior (not measured)"
@@ -95,7 +99,22 @@ def _damage(parent: _Block, child: _Block) -> float:
         kept = ((child.state_size / parent.state_size) ** 0.3  # type: ignore[attr-defined]
                 * child.inner_size / parent.inner_size)  # type: ignore[attr-defined]
         return min(1.0 - kept, 0.95)
+    if isinstance(child, Parallel) and isinstance(parent, Parallel):
+        return min(_parallel_damage(parent, child), 0.95)
     return 1.0
+
+
+def _parallel_damage(parent: Parallel, child: Parallel) -> float:
+    """``1 - sum over branches of (channel share x capacity kept)`` (module docstring)."""
+    pa, pm = parent.attention, parent.mamba
+    wa = pa.num_heads * pa.head_dim if pa is not None else 0
+    wm = pm.num_heads * pm.head_dim if pm is not None else 0
+    kept = 0.0
+    if pa is not None and child.attention is not None:
+        kept += wa / (wa + wm) * (1.0 - _damage(pa, child.attention))
+    if pm is not None and child.mamba is not None:
+        kept += wm / (wa + wm) * (1.0 - _damage(pm, child.mamba))
+    return 1.0 - kept
 
 
 def structural_prior(parents: list[_Block], alts: list[list[Alternative]]) -> np.ndarray:

@@ -23,6 +23,7 @@ from nas.arch import (
     ModelArch,
     MoE,
     NoOp,
+    Parallel,
     _Block,
 )
 from nas.spec import SearchSpace, _Axis
@@ -69,6 +70,8 @@ def _label(parent: _Block, child: _Block) -> str:
         return child.kind
     if child.kind != parent.kind:  # type: ignore[attr-defined]
         return f"swap:{child.kind}"  # type: ignore[attr-defined]
+    if isinstance(child, Parallel) and isinstance(parent, Parallel):
+        return _parallel_label(parent, child)
     diffs = []
     for k, v in child.model_dump().items():
         if getattr(parent, k, None) != v:
@@ -188,6 +191,57 @@ def _deltanet(b: DeltaNet, s: SearchSpace) -> list[_Block]:
     return out
 
 
+def _parallel(b: Parallel, s: SearchSpace) -> list[_Block]:
+    """Falcon-H1 parallel blocks: KV heads of the attention branch x Mamba heads x state
+    sizes of the Mamba branch, each branch optionally dropped (``search_space.parallel``)."""
+    p = s.parallel
+    atts: list[Attention | None] = []
+    if b.attention is not None:
+        a = b.attention
+        kvs = sorted({k for k in p.kv_heads if a.num_heads % k == 0} | {a.num_kv_heads},
+                     reverse=True)
+        atts = [a.model_copy(update={"num_kv_heads": k}) for k in kvs]
+    if b.attention is None or p.drop_attention:
+        atts.append(None)
+    mambas: list[Mamba | None] = []
+    if b.mamba is not None:
+        m = b.mamba
+        heads = sorted({h for h in {m.num_heads, *p.mamba_heads}
+                        if h <= m.num_heads and h % m.n_groups == 0}, reverse=True)
+        states = sorted({n for n in {m.state_size, *p.state_sizes} if n <= m.state_size},
+                        reverse=True)
+        mambas = [m.model_copy(update={"num_heads": h, "state_size": n})
+                  for h, n in product(heads, states)]
+    if b.mamba is None or p.drop_mamba:
+        mambas.append(None)
+    out: list[_Block] = [b.model_copy(update={"attention": a, "mamba": m})
+                         for a, m in product(atts, mambas) if a is not None or m is not None]
+    if p.noop:
+        out.append(NoOp())
+    return out
+
+
+def _parallel_label(parent: Parallel, child: Parallel) -> str:
+    """``attention=drop`` / ``num_kv_heads=2``, ``mamba=drop`` / ``mamba_heads=24`` /
+    ``state_size=128``: what differs from the parent's branches."""
+    diffs = []
+    pa, ca, pm, cm = parent.attention, child.attention, parent.mamba, child.mamba
+    if ca is None and pa is not None:
+        diffs.append("attention=drop")
+    elif ca is not None and pa is not None and ca.num_kv_heads != pa.num_kv_heads:
+        diffs.append(f"num_kv_heads={ca.num_kv_heads}")
+    if cm is None and pm is not None:
+        diffs.append("mamba=drop")
+    elif cm is not None and pm is not None:
+        if cm.num_heads != pm.num_heads:
+            diffs.append(f"mamba_heads={cm.num_heads}")
+        if cm.state_size != pm.state_size:
+            diffs.append(f"state_size={cm.state_size}")
+    if not diffs or (pa is None and ca is not None) or (pm is None and cm is not None):
+        return "parallel:" + child.describe().replace(" ", "_")  # any other change
+    return ",".join(diffs)
+
+
 def _swaps(parent: ModelArch, b: _Block, i: int, s: SearchSpace) -> list[_Block]:
     """Attention <-> DeltaNet at block ``i`` (``search_space.deltanet.swap``): the other
     kind's first shape in the parent."""
@@ -200,7 +254,7 @@ def _swaps(parent: ModelArch, b: _Block, i: int, s: SearchSpace) -> list[_Block]
 
 _GEN = {"attention": ("attention", _attention), "ffn": ("ffn", _ffn), "moe": ("moe", _moe),
         "mamba": ("mamba", _mamba), "deltanet": ("deltanet", _deltanet),
-        "mla": ("mla", _mla)}
+        "mla": ("mla", _mla), "parallel": ("parallel", _parallel)}
 
 
 _GEN["mamba1"] = ("mamba1", _mamba1)
@@ -293,9 +347,44 @@ def check_all_used(parent: ModelArch, space: SearchSpace,
                 shown = ", ".join(str(x) for x in sorted({getattr(b, ref) for b in in_range}))
             problems.append(f"search_space.{axis_name}.{fname}: {v} is not usable ("
                             + why.format(shown) + ")")
+    problems += _parallel_unused(parent, space, alts)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(problems[0] + more)
+
+
+def _parallel_unused(parent: ModelArch, space: SearchSpace,
+                     alts: list[list[Alternative]]) -> list[str]:
+    """:func:`check_all_used` for ``search_space.parallel``'s values (they apply to a
+    branch of a parallel block)."""
+    axis = space.parallel
+    in_range = [b for i, b in enumerate(parent.blocks)
+                if isinstance(b, Parallel) and _in_ranges(axis, i)]
+    kids = [a.child for row in alts for a in row if isinstance(a.child, Parallel)]
+    out = []
+    for fname, branch, attr, why in (
+            ("kv_heads", "attention", "num_kv_heads", "must divide the attention branch's "
+             "query heads ({})"),
+            ("mamba_heads", "mamba", "num_heads", "must be <= the Mamba branch's heads and a "
+             "multiple of its n_groups ({})"),
+            ("state_sizes", "mamba", "state_size", "must be <= the Mamba branch's state "
+             "size ({})")):
+        used = {getattr(getattr(c, branch), attr) for c in kids
+                if getattr(c, branch) is not None}
+        for v in getattr(axis, fname):
+            if v in used:
+                continue
+            if not in_range:
+                out.append(f"search_space.parallel.{fname}: {v} has no parallel block to "
+                           "apply to" + (" in its blocks ranges" if axis.blocks else ""))
+                continue
+            parts = [getattr(b, branch) for b in in_range if getattr(b, branch) is not None]
+            shown = ", ".join(sorted({
+                f"{x.num_heads} heads in {x.n_groups} groups" if attr == "num_heads" else
+                str(x.num_heads if branch == "attention" else x.state_size) for x in parts}))
+            out.append(f"search_space.parallel.{fname}: {v} is not usable ("
+                       + why.format(shown or f"no block has a {branch} branch") + ")")
+    return out
 
 
 def count(alts: list[list[Alternative]]) -> int:

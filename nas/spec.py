@@ -227,6 +227,22 @@ class MLASpace(_Axis):
     noop: bool = False
 
 
+class ParallelSpace(_Axis):
+    """Falcon-H1 parallel attention + Mamba blocks (``nas.arch.Parallel``): the attention
+    branch's ``kv_heads`` (each dividing its query heads), the Mamba branch's
+    ``mamba_heads`` (at most the parent's, a multiple of its ``n_groups``) and
+    ``state_sizes`` (at most the parent's), every combination; ``drop_attention`` /
+    ``drop_mamba``: also the layer without that branch (a Mamba-only / attention-only
+    layer, with every shape of the branch it keeps); no-op."""
+
+    kv_heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
+    mamba_heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
+    state_sizes: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
+    drop_attention: bool = False
+    drop_mamba: bool = False
+    noop: bool = False
+
+
 SPAN_KINDS = ("attention", "mamba", "moe", "ffn")
 MAX_SPAN = 3
 MAX_SPAN_RULES = 64
@@ -345,6 +361,7 @@ class SearchSpace(_Model):
     mamba1: Mamba1Space = Field(default_factory=Mamba1Space)
     deltanet: DeltaNetSpace = Field(default_factory=DeltaNetSpace)
     mla: MLASpace = Field(default_factory=MLASpace)
+    parallel: ParallelSpace = Field(default_factory=ParallelSpace)
     homogeneous: bool = Field(default=False, description="Minitron-style: every block of a "
                               "kind gets the same choice (a baseline)")
     compare_homogeneous: bool = Field(default=False, description="also solve the homogeneous "

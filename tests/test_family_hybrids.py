@@ -2,9 +2,9 @@
 
 ``granitemoehybrid`` (IBM Granite-4.0-H): imports, exports, counts, prices and searches; its
 torch model is refused (Granite's embedding / residual / logits multipliers, attention scale
-and fused expert tensors are not computed here). ``falcon_h1``
-(parallel attention + Mamba within a layer) is refused at import with the reason
-(``jamba``: ``tests/test_family_jamba.py``).
+and fused expert tensors are not computed here). (``falcon_h1``,
+parallel attention + Mamba within a layer: ``tests/test_family_falcon_h1.py``; ``jamba``:
+``tests/test_family_jamba.py``).
 
 Granite-4.0-H-Small (https://huggingface.co/ibm-granite/granite-4.0-h-small, model card and
 IBM's Granite 4.0 announcement: "32B total parameters, 9B active"). The sizes in
@@ -80,10 +80,16 @@ def test_granite_torch_build_is_refused_with_the_reason():
         build_model(load_config(GRANITE))
 
 
-@pytest.mark.parametrize("mt,why", [("falcon_h1", "in parallel")])
-def test_refused_families_say_why(mt, why):
-    with pytest.raises(InputError, match=why) as exc:
-        from_hf({"model_type": mt, "hidden_size": 64, "vocab_size": 128}, source="cfg.json")
+def test_refused_families_say_why(monkeypatch):
+    """A type in REFUSED_TYPES is refused at import with its reason (none is refused today:
+    falcon_h1 imports, tests/test_family_falcon_h1.py; jamba too)."""
+    from nas.hf import REFUSED_TYPES
+
+    monkeypatch.setitem(REFUSED_TYPES, "some_hybrid", "some_hybrid runs its mixers in a way "
+                        "this library does not compute")
+    with pytest.raises(InputError, match="does not compute") as exc:
+        from_hf({"model_type": "some_hybrid", "hidden_size": 64, "vocab_size": 128},
+                source="cfg.json")
     assert "cfg.json" in str(exc.value)
 
 

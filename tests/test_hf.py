@@ -114,6 +114,7 @@ SAMPLES = {
     "granitemoehybrid": json.loads(
         (REPO / "tests/data/configs/granite-4.0-h-small.json").read_text()),
     "jamba": json.loads((REPO / "tests/data/configs/jamba-1.5-mini.json").read_text()),
+    "falcon_h1": json.loads((REPO / "tests/data/configs/falcon-h1-0.5b.json").read_text()),
 }
 EXPORTS_AS = {"qwen3_5_moe": "qwen3_5_moe_text"}
 """Types whose models export as another one (the image-text wrapper's language model)."""

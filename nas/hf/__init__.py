@@ -4,8 +4,8 @@ Imported types: ``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``, ``qwe
 ``qwen3_moe`` (:mod:`nas.hf.llama`), ``nemotron_h``, ``nemotron_h_puzzle``
 (:mod:`nas.hf.nemotron_h`), ``nemotron-nas`` (DeciLM, :mod:`nas.hf.decilm`),
 ``deepseek_v3``, ``kimi_k2``, ``deepseek_v3_puzzle`` (:mod:`nas.hf.deepseek`), ``gpt_oss``,
-``gpt_oss_puzzle`` (:mod:`nas.hf.gpt_oss`), ``jamba`` (:mod:`nas.hf.jamba`) and the other
-families' modules;
+``gpt_oss_puzzle`` (:mod:`nas.hf.gpt_oss`), ``jamba`` (:mod:`nas.hf.jamba`), ``falcon_h1``
+(:mod:`nas.hf.falcon_h1`) and the other families' modules;
 :data:`SUPPORTED_TYPES` lists every registered one. A dialect is a
 :class:`~nas.hf.registry.Dialect` registered by its module; :data:`FAMILIES` lists the
 modules imported here.
@@ -41,7 +41,7 @@ from nas.hf.common import Reader
 from nas.hf.registry import DIALECTS, Dialect, ExportError, register
 
 FAMILIES: tuple[str, ...] = ("llama", "decilm", "nemotron_h", "deepseek", "gpt_oss",
-                             "qwen3_next", "hybrids", "jamba")
+                             "qwen3_next", "hybrids", "jamba", "falcon_h1")
 """Dialect modules under ``nas.hf``, imported (and so registered) in this order."""
 for _fam in FAMILIES:
     importlib.import_module(f"nas.hf.{_fam}")

@@ -290,6 +290,43 @@ def _refuse_mla_gpt_oss_features(arch: ModelArch, mt: str) -> None:
                               f"or clamped SwiGLU (block {i})")
 
 
+def read_time_step_limit(r: Reader) -> dict[str, Any]:
+    """``{"time_step_limit": [low, high]}`` (the Mamba-2 time-step clamp of ``falcon_h1``;
+    transformers 5 writes an infinite ``high`` as ``{"__float__": "Infinity"}``), empty when
+    the config gives none or the default ``[0, inf]`` (no clamp)."""
+    lim = r.raw("time_step_limit", None)
+    if lim is None:
+        return {}
+    if isinstance(lim, list | tuple):
+        lim = [math.inf if isinstance(v, dict) and v == {"__float__": "Infinity"} else v
+               for v in lim]
+    if not (isinstance(lim, list) and len(lim) == 2 and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in lim)
+            and 0 <= lim[0] <= lim[1]):
+        raise r.err("time_step_limit", "expected [low, high] with 0 <= low <= high, got "
+                    f"{r.cfg['time_step_limit']!r}")
+    out = [float(lim[0]), float(lim[1])]
+    return {} if out == [0.0, math.inf] else {"time_step_limit": out}
+
+
+PARALLEL_TYPES: set[str] = {"falcon_h1"}
+"""Dialects whose writer holds parallel attention + Mamba blocks and Falcon-H1's muP
+multipliers; :func:`base_config` refuses them for every other type (they would be silently
+dropped)."""
+
+
+def _refuse_parallel_features(arch: ModelArch, mt: str) -> None:
+    from nas.arch import Parallel
+
+    if mt in PARALLEL_TYPES:
+        return
+    if arch.mup is not None:
+        raise ExportError(f"{mt} has no muP multipliers (Falcon-H1's)")
+    for i, b in enumerate((*arch.blocks, *arch.mtp_blocks)):
+        if isinstance(b, Parallel):
+            raise ExportError(f"{mt} has no parallel attention + Mamba blocks (block {i})")
+
+
 MAMBA1_TYPES: set[str] = {"jamba"}
 """Dialects whose writer holds Mamba-1 blocks; :func:`base_config` refuses them for every
 other type (their tensors and numerics have no place there)."""
@@ -307,6 +344,7 @@ def base_config(arch: ModelArch, mt: str, eps_key: str) -> dict[str, Any]:
     _refuse_hybrid_features(arch, mt)
     _refuse_mla_gpt_oss_features(arch, mt)
     _refuse_mamba1(arch, mt)
+    _refuse_parallel_features(arch, mt)
     out: dict[str, Any] = {"architectures": [dialect(mt).architecture], "model_type": mt}
     out.update(arch.hf_extra)
     lim = out.get("time_step_limit")

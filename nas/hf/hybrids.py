@@ -1,6 +1,6 @@
 """Mamba hybrids under other config dialects: ``granitemoehybrid`` (IBM Granite-4.0-H) is
-read and written; ``falcon_h1`` is refused with the reason (``jamba``, whose Mamba layers
-are Mamba-1, is :mod:`nas.hf.jamba`).
+read and written (``jamba``, whose Mamba layers are Mamba-1, is :mod:`nas.hf.jamba`;
+``falcon_h1``, attention and Mamba-2 in parallel within a layer, is :mod:`nas.hf.falcon_h1`).
 
 ``granitemoehybrid``: layer ``i`` is two blocks, a Mamba-2 mixer (``layer_types`` ``mamba``;
 the NemotronH / Bamba layout of :class:`~nas.arch.Mamba`, ``mamba_n_heads`` x
@@ -17,11 +17,7 @@ refused (:data:`NO_TORCH_TYPES`), never approximated. A heterogeneous child writ
 ``puzzle_layers`` extension (one ``{"mixer": <block>, "mlp": <block>}`` per layer, the JSON of
 the :mod:`nas.arch` configs), which stock transformers does not read.
 
-Refused at import (:data:`REFUSED_TYPES`; the message says why):
-
-* ``falcon_h1``: attention and Mamba-2 run in parallel on the same normed input within a
-  layer (their outputs summed, each with its own muP multipliers), which a sequence of
-  residual blocks does not express.
+Refused at import: the types in :data:`REFUSED_TYPES` (the message says why).
 """
 
 from __future__ import annotations
@@ -53,10 +49,6 @@ NO_TORCH_TYPES: dict[str, str] = {
 why."""
 
 REFUSED_TYPES: dict[str, str] = {
-    "falcon_h1": "falcon_h1 runs attention and Mamba-2 in parallel on the same normed input "
-                 "within a layer (outputs summed, each with its own muP multipliers); this "
-                 "library's models are sequences of residual blocks, so a falcon_h1 config is "
-                 "not imported rather than mis-modeled",
 }
 """HF model types refused at import, with the reason (``nas.hf.from_hf`` raises it)."""
 

@@ -1,0 +1,270 @@
+"""Falcon-H1 (``falcon_h1``): attention and Mamba-2 in parallel within every layer
+(:class:`nas.arch.Parallel`, ``Kind.PARALLEL``), with its muP multipliers.
+
+Published sizes and configs (the counts below are exact; the published figures are the
+size-class names of the model cards, tiiuae/Falcon-H1-{0.5B,3B,7B}-Base on the Hugging Face
+Hub, and the transformers Falcon-H1 documentation's architecture table, depth / width /
+heads / Mamba heads / head sizes / state: https://huggingface.co/docs/transformers/model_doc/falcon_h1):
+
+* ``tests/data/configs/falcon-h1-0.5b.json``: tiiuae/Falcon-H1-0.5B-Instruct's config.json as
+  NVIDIA Megatron-Bridge's Falcon-H1 bridge test reproduces it (every multiplier included),
+  plus ``mamba_d_ssm: 1536`` (= 24 Mamba heads x 64, the documentation table's shape; that
+  copy leaves the key out, and transformers' default 1024 would not load). Computed total
+  521,411,104 (0.52B); without the embedding table and LM head (2 x 32,784 x 1,024)
+  454,269,472 = "0.5B".
+* ``tests/data/configs/falcon-h1-7b.json``: Falcon-H1-7B's sizes (hidden 3,072, 44 layers,
+  12 query / 2 KV heads of 128, MLP 12,288, Mamba 24 heads x 128 = 3,072 channels, state
+  256, 1 group, vocabulary 130,048, untied) as an open-source context-sizing tool's test
+  reproduces the Hub config; its muP multipliers and ``mamba_rms_norm`` are not in that copy,
+  so transformers' defaults apply (multipliers change no count or cost; the norm weight
+  would add 44 x 3,072 = 135,168 parameters, 0.002 %). Computed total 7,585,513,568 (7.59B);
+  the "7B" of the name is the count without the embedding table and LM head, 6,786,498,656
+  (2 x 130,048 x 3,072 = 799,014,912 apart).
+* Falcon-H1-3B (inline below, same source as the 7B: hidden 2,560, 32 layers, 10 / 2 heads of
+  128, MLP 6,144, Mamba 32 x 128, state 256, vocabulary 65,536): total 3,149,256,192 = "3B".
+
+Every count also equals transformers' own ``FalconH1ForCausalLM`` parameter count (built on
+the meta device from the same config).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hwprofiles.errors import InputError
+from nas.arch import FFN, Attention, Mamba, ModelArch, NoOp, Parallel
+from nas.hf import ExportError, from_hf, load_config, to_hf
+
+DATA = Path(__file__).parent / "data" / "configs"
+H05 = DATA / "falcon-h1-0.5b.json"
+H7 = DATA / "falcon-h1-7b.json"
+H3 = {"model_type": "falcon_h1", "hidden_size": 2560, "num_hidden_layers": 32,
+      "num_attention_heads": 10, "num_key_value_heads": 2, "head_dim": 128,
+      "intermediate_size": 6144, "vocab_size": 65536, "tie_word_embeddings": False,
+      "mamba_d_state": 256, "mamba_n_groups": 1, "mamba_n_heads": 32, "mamba_d_head": 128,
+      "mamba_d_ssm": 4096, "mamba_expand": 2, "mamba_d_conv": 4, "mamba_chunk_size": 128}
+
+PUBLISHED = [  # (config, exact total, exact total without embeddings + LM head, name)
+    (H05, 521_411_104, 454_269_472, 0.5),
+    (H3, 3_149_256_192, 2_813_711_872, 3),
+    (H7, 7_585_513_568, 6_786_498_656, 7),
+]
+
+
+def _cfg(src: Path | dict) -> dict:
+    return json.loads(src.read_text()) if isinstance(src, Path) else dict(src)
+
+
+@pytest.mark.parametrize("src,total,body,name", PUBLISHED, ids=["0.5B", "3B", "7B"])
+def test_counts_pinned_to_the_published_sizes(src, total, body, name):
+    arch = from_hf(_cfg(src))
+    pc = arch.param_counts()
+    assert pc.total == total and pc.total_without_embeddings == body
+    assert round(body / 1e9, 1 if name < 1 else 0) == name  # the size in the model's name
+    assert pc.active == pc.total  # dense: every parameter is active
+    assert arch.kind_counts() == {"parallel": len(arch.blocks) // 2,
+                                  "ffn": len(arch.blocks) // 2}
+
+
+@pytest.mark.parametrize("src", [H05, H3, H7], ids=["0.5B", "3B", "7B"])
+def test_counts_equal_transformers(src):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = {k: v for k, v in _cfg(src).items() if k not in ("architectures", "model_type",
+                                                           "torch_dtype")}
+    with torch.device("meta"):
+        m = transformers.FalconH1ForCausalLM(transformers.FalconH1Config(**cfg))
+    assert sum(p.numel() for p in m.parameters()) == from_hf(_cfg(src)).param_counts().total
+
+
+def test_import_reads_every_multiplier_and_round_trips():
+    arch = load_config(H05)
+    par, ffn = arch.blocks[0], arch.blocks[1]
+    assert isinstance(par, Parallel) and isinstance(ffn, FFN) and ffn.width == 2048
+    assert par.attention == Attention(num_heads=8, num_kv_heads=2, head_dim=64)
+    assert par.mamba == Mamba(num_heads=24, head_dim=64, state_size=128, n_groups=1)
+    assert not par.mamba_rms_norm and not par.mamba_norm_before_gate
+    m = arch.mup
+    assert (m.embedding, m.lm_head, m.key, m.attention_out) == \
+        (5.656854249492381, 0.0390625, 0.39062499999999994, 0.9375)
+    assert (m.mlp_gate, m.mlp_down, m.ssm_in, m.ssm_out) == \
+        (0.8838834764831844, 0.5859375, 1.25, 0.23570226039551587)
+    assert m.ssm == (0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738)
+    assert arch.rope_theta == 1e11
+    cfg = to_hf(arch)
+    assert cfg["model_type"] == "falcon_h1" and "puzzle_layers" not in cfg
+    src = _cfg(H05)
+    for k in ("embedding_multiplier", "lm_head_multiplier", "mlp_multipliers",
+              "ssm_multipliers", "key_multiplier", "mamba_d_ssm", "mamba_rms_norm"):
+        assert cfg[k] == src[k], k
+    assert from_hf(json.loads(json.dumps(cfg))) == arch
+
+
+def test_heterogeneous_child_round_trips_and_other_types_refuse_it():
+    arch = load_config(H7)
+    b = list(arch.blocks)
+    p0 = b[0]
+    b[0] = p0.model_copy(update={"attention": None})  # Mamba-only layer
+    b[2] = p0.model_copy(update={"mamba": None})  # attention-only layer
+    b[4] = p0.model_copy(update={"attention": p0.attention.model_copy(
+        update={"num_kv_heads": 1}), "mamba": p0.mamba.model_copy(update={"state_size": 128})})
+    b[5] = b[5].model_copy(update={"width": 6144})
+    b[7] = NoOp()
+    child = arch.replace_blocks(b)
+    cfg = to_hf(child)
+    assert cfg["model_type"] == "falcon_h1" and len(cfg["puzzle_layers"]) == 44
+    assert from_hf(json.loads(json.dumps(cfg))) == child
+    for mt in ("nemotron_h_puzzle", "nemotron-nas", "granitemoehybrid", "llama"):
+        with pytest.raises(ExportError):  # none of them holds it (nemotron_h_puzzle holds
+            to_hf(child, mt)  # any sequence of other blocks: it says why)
+    with pytest.raises(ExportError, match="parallel attention . Mamba|muP"):
+        to_hf(child, "nemotron_h_puzzle")
+    with pytest.raises(ExportError, match="muP"):  # the multipliers alone are not dropped
+        to_hf(arch.replace_blocks([Attention(num_heads=4, num_kv_heads=2, head_dim=8),
+                                   FFN(width=64)]), "llama")
+    with pytest.raises(ValueError, match="neither"):
+        Parallel(attention=None, mamba=None, mamba_rms_norm=False,
+                 mamba_norm_before_gate=False)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("hidden_act", "gelu", "silu"),
+    ("projectors_bias", True, "mamba_proj_bias"),
+    ("attn_layer_indices", [0, 3], "every layer"),
+    ("ssm_multipliers", [1.0, 1.0], "5 numbers"),
+    ("mlp_multipliers", [1.0, "x"], "finite number"),
+    ("lm_head_multiplier", 0.0, "lm_head"),
+    ("mamba_d_head", 100, "mamba_d_ssm"),
+])
+def test_unsupported_variants_are_named(key, value, match):
+    cfg = dict(_cfg(H05), **{key: value})
+    with pytest.raises(InputError, match=match) as exc:
+        from_hf(cfg, source="falcon.json")
+    assert "falcon.json" in str(exc.value)
+
+
+# ---- memory and pricing ---------------------------------------------------------------
+def test_kv_and_state_memory():
+    arch = load_config(H7)
+    # every layer's attention branch: 2 x 2 KV heads x 128, bf16
+    assert arch.kv_bytes_per_token("bf16") == 44 * 2 * 2 * 128 * 2
+    # every layer's Mamba branch: conv (3,072 + 2 x 256) x 3 taps + SSM 24 x 128 x 256, bf16
+    # conv state and fp32 SSM state (the bf16 recipe's)
+    from costmodels.dtypes import get_recipe
+
+    r = get_recipe("bf16")
+    per = (3072 + 512) * 3 * r.conv_state.bytes + 24 * 128 * 256 * r.ssm_state.bytes
+    assert arch.state_bytes_per_sequence("bf16") == 44 * per
+    b = list(arch.blocks)
+    b[0] = b[0].model_copy(update={"attention": None})
+    b[2] = b[2].model_copy(update={"mamba": None})
+    child = arch.replace_blocks(b)
+    assert child.kv_bytes_per_token("bf16") == 43 * 2 * 2 * 128 * 2
+    assert child.state_bytes_per_sequence("bf16") == 43 * per
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_pricing_is_the_sum_of_the_two_branches(tp):
+    """A parallel row prices as its attention branch plus its Mamba branch under one norm and
+    one all-reduce; a dropped branch costs exactly nothing (the attention-only row prices as
+    an attention block, the Mamba-only row as a Mamba block)."""
+    import hwprofiles
+    from costmodels.blocks import price_blocks
+    from costmodels.dtypes import get_recipe
+    from nas.arch import blocks_table
+
+    p = load_config(H7).blocks[0]
+    rows = [p, p.model_copy(update={"mamba": None}), p.model_copy(update={"attention": None}),
+            p.attention, p.mamba, NoOp()]
+    wl = ["isl=8192,osl=1024,concurrency=32", "isl=126976,osl=4096,batch=8"]
+    c = price_blocks(blocks_table(rows, 3072), hwprofiles.get("h100-sxm"), get_recipe("fp8"),
+                     wl, tp=tp)
+    for f in ("prefill_s", "decode_s", "runtime_s"):
+        v = getattr(c, f)
+        np.testing.assert_allclose(v[1], v[3], rtol=1e-12)
+        np.testing.assert_allclose(v[2], v[4], rtol=1e-12)
+        # both branches, less one norm + residual and one all-reduce (one block's overhead)
+        np.testing.assert_array_less(v[0], v[3] + v[4])
+        assert np.all(v[0] > np.maximum(v[3], v[4]))
+    assert c.kv_bytes_per_token[0] == c.kv_bytes_per_token[3] > 0 == c.kv_bytes_per_token[2]
+    assert c.state_bytes_per_sequence[0] == c.state_bytes_per_sequence[4] \
+        == c.state_bytes_per_sequence[2] > 0 == c.state_bytes_per_sequence[1]
+    assert c.weight_bytes[1] == c.weight_bytes[3]  # same tensors: the mamba-only row lacks
+    assert c.weight_bytes[2] < c.weight_bytes[4]  # only the norm weight (no mamba_rms_norm)
+
+
+def test_max_concurrency_grows_when_attention_is_dropped():
+    """At 128k tokens of context the KV cache dominates: Mamba-only layers (fixed-size
+    state) in the first half of the model fit more sequences on one H100."""
+    import hwprofiles
+    from costmodels.blocks import price_blocks
+    from costmodels.dtypes import get_recipe
+    from costmodels.model import NonBlockShape, max_concurrency, price_nonblock
+
+    arch = load_config(H7)
+    b = [x.model_copy(update={"attention": None}) if isinstance(x, Parallel) and i < 44
+         else x for i, x in enumerate(arch.blocks)]
+    child = arch.replace_blocks(b)
+    wl = ["isl=126976,osl=4096,concurrency=8"]
+    hw, r = hwprofiles.get("h100-sxm"), get_recipe("fp8")
+    nb = price_nonblock(NonBlockShape(arch.hidden_size, arch.vocab_size), hw, r, wl)
+    n = [max_concurrency(price_blocks(a.table, hw, r, wl), nb, hw, 131072).max_concurrency
+         for a in (arch, child)]
+    assert n[1] > n[0] > 0
+
+
+def test_tp_must_split_both_branches():
+    arch = load_config(H7)
+    arch.check_tp(4)  # 12 query heads split, 2 KV heads replicated, 24 Mamba heads split
+    with pytest.raises(InputError, match="block 0's attention branch"):
+        arch.check_tp(8)  # 8 does not divide 12 query heads
+    with pytest.raises(InputError, match="Mamba heads"):
+        arch.replace_blocks([arch.blocks[0].model_copy(update={"attention": None})]
+                            ).check_tp(16)
+
+
+# ---- search axes ---------------------------------------------------------------------------
+def test_search_axes_and_unusable_values():
+    from nas.space import alternatives, check_all_used
+    from nas.spec import SearchSpace
+
+    arch = load_config(H7)
+    space = SearchSpace.model_validate({"parallel": {
+        "kv_heads": [1], "mamba_heads": [16], "state_sizes": [128], "drop_attention": True,
+        "drop_mamba": True, "noop": True}})
+    alts = alternatives(arch, space)
+    check_all_used(arch, space, alts)
+    labels = [a.label for a in alts[0]]
+    assert labels[:6] == ["parent", "state_size=128", "mamba_heads=16",
+                          "mamba_heads=16,state_size=128", "mamba=drop", "num_kv_heads=1"]
+    assert "attention=drop" in labels and "num_kv_heads=1,mamba=drop" in labels
+    assert labels[-1] == "noop" and len(labels) == 3 * 5 - 1 + 1  # (2 KV + drop) x (4 + drop)
+    assert [a.label for a in alts[1]] == ["parent"]  # the MLP: no axis asked
+    for bad, match in (({"kv_heads": [5]}, "divide"), ({"mamba_heads": [48]}, "<= the Mamba"),
+                       ({"state_sizes": [512]}, "state size")):
+        sp = SearchSpace.model_validate({"parallel": bad})
+        with pytest.raises(InputError, match=match):
+            check_all_used(arch, sp, alternatives(arch, sp))
+
+
+def test_shipped_example_search_runs(tmp_path):
+    from conftest import search_example
+
+    bp = search_example("falcon-h1-7b-h100", tmp_path)
+    assert bp["params"]["parent_total"] == 7_585_513_568
+    child = from_hf(bp["child"])
+    assert child.param_counts().total == bp["params"]["child_total"]
+    # the 128k-context memory budget: the child halves the KV heads of every layer
+    pars = [b for b in child.blocks if isinstance(b, Parallel)]
+    assert all(p.attention is None or p.attention.num_kv_heads == 1 for p in pars)
+
+
+def test_model_arch_is_plain_data():
+    """The parallel block and the multipliers are plain (JSON) data of the architecture."""
+    arch = load_config(H05)
+    again = ModelArch.model_validate_json(arch.model_dump_json())
+    assert again == arch and again.table.kind[0] == 9
