@@ -9,11 +9,11 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from library_generators import nvlabs_shaped_library
+from library_generators import nvlabs_shaped_library, synthetic_library
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from nas.library import BlockLibrary
-from nas.mip import GAP_FLOOR, Budget, SolveOptions, solve, sweep
+from nas.mip import GAP_FLOOR, Budget, MipModel, SolveOptions, solve, sweep
 
 OBJ = "metrics.kl_div"
 
@@ -22,9 +22,10 @@ def parent_totals(lib: BlockLibrary) -> dict[str, float]:
     return lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(lib.num_blocks)])
 
 
-def exact(lib: BlockLibrary, budgets: list[Budget]) -> tuple[float, np.ndarray] | None:
+def exact(lib: BlockLibrary, budgets: list[Budget], obj: str = OBJ
+          ) -> tuple[float, np.ndarray] | None:
     """scipy.milp (its own HiGHS build, default tolerances) on the plain model (objective
-    as given, no shift, no fixing) with mip_rel_gap 0: (objective, chosen) or None."""
+    ``obj`` as given, no shift, no fixing) with mip_rel_gap 0: (objective, chosen) or None."""
     R, L = lib.num_replacements, lib.num_blocks
     cover = sp.csr_matrix((np.ones(R), (lib.start, np.arange(R))), shape=(L, R))
     rows, lo, hi = [cover], [np.ones(L)], [np.ones(L)]
@@ -34,14 +35,14 @@ def exact(lib: BlockLibrary, budgets: list[Budget]) -> tuple[float, np.ndarray] 
         rows.append(sp.csr_matrix(v[None, :] / s))
         lo.append(np.array([-np.inf if b.lo is None else (b.lo - c) / s]))
         hi.append(np.array([np.inf if b.hi is None else (b.hi - c) / s]))
-    c = lib.values(OBJ)
+    c = lib.values(obj)
     r = milp(c, constraints=LinearConstraint(sp.vstack(rows), np.concatenate(lo),
                                              np.concatenate(hi)),
              integrality=np.ones(R), bounds=Bounds(0, 1), options={"mip_rel_gap": 0.0})
     if r.x is None:
         return None
     chosen = np.flatnonzero(r.x > 0.5)
-    return float(c[chosen].sum()) + lib.constant(OBJ), chosen
+    return float(c[chosen].sum()) + lib.constant(obj), chosen
 
 
 def check(lib: BlockLibrary, budgets: list[Budget], gap: float, fixing: bool = True) -> None:
@@ -124,3 +125,39 @@ def test_time_limited_result_is_not_called_optimal():
         assert res.status in ("feasible", "error")
         if res.status == "feasible":
             assert res.gap is not None and res.best_bound <= res.objective
+
+
+@pytest.mark.parametrize("gap", [1e-4, 0.0])
+@pytest.mark.parametrize("seed", [0, 3])
+def test_stopped_restricted_runs_keep_the_exact_optimum(seed, gap):
+    # Super-like library, memory at 40 %: the first restricted run's bound soon shows it
+    # cannot be the last, so it is stopped holding a child and the fixing threshold raised;
+    # the answer is still scipy.milp's optimum and the bound reported still holds
+    lib = synthetic_library(24, seed=seed)
+    full = {"moe width=2688 top_k=22", "mamba state=128 heads=128", "attention kv=2 window=full"}
+    tot = lib.totals([i for i, lab in enumerate(lib.labels) if lab in full])
+    budgets = [Budget("memory_bytes@long-1m", None, 0.4 * tot["memory_bytes@long-1m"]),
+               Budget("runtime_s@rag-32k", None, 0.6 * tot["runtime_s@rag-32k"])]
+    m = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=gap))
+    res = m.solve()
+    assert "stopped" in m.runs and m.runs[-1] != "stopped", m.runs
+    ref = exact(lib, budgets, "kl_div")
+    assert ref is not None and res.status == "optimal"
+    best = ref[0]
+    assert res.best_bound is not None and res.best_bound <= best + 1e-12 * abs(best)
+    assert best - 1e-9 * abs(best) <= res.objective <= best + max(gap, GAP_FLOOR) * abs(best)
+
+
+@pytest.mark.parametrize("gap,abs_gap", [(1e-4, 0.0), (0.0, 0.0), (1e-3, 50.0)])
+@pytest.mark.parametrize("t", [-250.0, -0.5, 0.0, 1e-4, 0.9, 83.6, 1e4])
+def test_stop_threshold_is_the_least_bound_that_rules_a_run_out(t, gap, abs_gap):
+    # a restricted run is stopped once its dual bound D passes stop_threshold(t): then
+    # every child it can still find has U - allowed(U) > t, so it cannot be the last run;
+    # just below the threshold that is no longer guaranteed
+    lib = synthetic_library(8, seed=0)
+    m = MipModel(lib, "kl_div", [], options=SolveOptions(mip_rel_gap=gap, mip_abs_gap=abs_gap))
+    d = m.stop_threshold(t)
+    for u in (d, d + 1e-9 * max(1.0, abs(d)), d + 1.0, d + 1e3):
+        assert u - m.allowed_gap(u) > t
+    below = d - 1e-6 * max(1.0, abs(d))
+    assert below - m.allowed_gap(below) <= t

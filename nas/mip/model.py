@@ -226,6 +226,11 @@ class MipModel:
                 raise InputError(f"count rule on unknown tag {c.tag!r}; the library's tags are "
                                  f"{known_tags[:20]}", path=lib.source)
         self.diversity: list[tuple[np.ndarray, int]] = []  # (chosen, min distance)
+        #: status of each HiGHS run of the last :meth:`solve` (optimal, cutoff, stopped, ...)
+        self.runs: list[str] = []
+        self._callback_on = False
+        self._interrupted = False
+        self._stop_above = self._stop_below = math.inf
 
         # objective, in typical-coefficient units (see the module doc)
         c = np.zeros(R)
@@ -389,16 +394,41 @@ class MipModel:
         self.num_rows += 1
 
     # ---------------------------------------------------------------- solve
-    def _run(self, time_limit: float | None, cutoff: float | None = None
+    def _on_mip_interrupt(self, e: Any) -> None:
+        """HiGHS' MIP interrupt callback: stop the run once it holds a child below the
+        cutoff and its dual bound exceeds ``_stop_above`` (see :meth:`_run`). HiGHS keeps
+        the interrupt flag between runs, so it is written on every call."""
+        out = e.data_out
+        stop = (out.mip_primal_bound < self._stop_below
+                and out.mip_dual_bound > self._stop_above)
+        if stop:
+            self._interrupted = True
+        e.interrupt(bool(stop))
+
+    def _run(self, time_limit: float | None, cutoff: float | None = None,
+             stop_above: float = math.inf
              ) -> tuple[str, np.ndarray | None, float, int, str]:
         """One HiGHS run. Returns (status, x, dual bound in min-form scaled units, nodes,
         message); status is optimal / feasible / infeasible / error, or ``cutoff`` when a
         ``cutoff`` (HiGHS' objective_bound, min-form units) was given and no child below it
-        exists (the bound returned is then ``cutoff - feastol``)."""
+        exists (the bound returned is then ``cutoff - feastol``), or ``stopped`` when
+        ``stop_above`` is finite and the run was interrupted holding a child (below the
+        cutoff) while its dual bound exceeded ``stop_above``: x is that child, the bound
+        returned is ``stop_above`` (HiGHS' bound, which is higher, holds for this
+        restriction only)."""
         import highspy
 
         self._set("time_limit", float(time_limit) if time_limit is not None else math.inf)
         self._set("objective_bound", math.inf if cutoff is None else float(cutoff))
+        self._stop_above = float(stop_above)
+        # a child found by this run is below the cutoff; HiGHS reports the cutoff itself as
+        # its primal bound until then
+        self._stop_below = math.inf if cutoff is None else \
+            float(cutoff) - 1e-9 * max(1.0, abs(float(cutoff)))
+        self._interrupted = False
+        if math.isfinite(stop_above) and not self._callback_on:
+            self.h.cbMipInterrupt.subscribe(self._on_mip_interrupt)
+            self._callback_on = True
         # HiGHS 1.16 reuses the previous run's solution as a MIP start, and the property
         # test caught it mis-valuing such a start after presolve (returning it as "optimal"
         # when it was not): every run starts clean, a known child is only a cutoff.
@@ -411,6 +441,9 @@ class MipModel:
         MS = highspy.HighsModelStatus
         has_sol = int(info.primal_solution_status) == 2  # kSolutionStatusFeasible
         bound = float(info.mip_dual_bound)
+        if self._interrupted and has_sol:
+            x = np.asarray(self.h.getSolution().col_value, dtype=np.float64)
+            return "stopped", x, float(stop_above), nodes, ""
         if cutoff is not None and not has_sol and ms in (
                 MS.kInfeasible, MS.kObjectiveBound, MS.kOptimal):
             return "cutoff", None, cutoff - self.feastol, nodes, ""
@@ -479,6 +512,15 @@ class MipModel:
         span = float(np.max(np.abs(d[free]))) if free.any() else 0.0
         return max(4 * g * abs(lb0), 2 * a, 2 * g, 1e-3 * max(abs(lb0), 1e-3 * span)), span
 
+    def stop_threshold(self, t: float) -> float:
+        """The least dual bound ``D`` of a restricted run that proves ``D - allowed(D) >
+        t`` (HiGHS units): past it, the run's optimum ``U'`` (``>= D``) has ``U' -
+        allowed(U') > t``, because ``U - allowed(U)`` grows with ``U``."""
+        g, a = self.rel_gap, self.abs_gap
+        scaled = t / (1 - g) if t >= 0 else t / (1 + g)
+        d = max(t + g, t + a, scaled)
+        return d + 1e-12 * max(1.0, abs(d))
+
     def solve(self, incumbent: np.ndarray | None = None) -> Result:
         """Solve to the requested gap and verify. An infeasible model gives status
         ``infeasible`` with the message "infeasible" (:func:`nas.mip.solve` and the other
@@ -486,8 +528,9 @@ class MipModel:
 
         ``incumbent``: replacement indices of a child known to meet the current rows (a
         sweep's previous point, as the bound loosens). It is checked here, never handed to
-        HiGHS as a MIP start; with fixing it sets the fixing threshold at once (columns that
-        cannot improve on it are fixed out) and is returned when nothing better exists.
+        HiGHS as a MIP start; it is the objective cutoff of every run (HiGHS looks only for
+        better children) and is returned when nothing better exists. It does not set the
+        first fixing threshold (a far-off incumbent would free nearly every column).
 
         The feasibility tolerance is set from the data before each run (see the module
         doc); when HiGHS reports optimal but the honest bound misses the allowed gap, the
@@ -501,6 +544,13 @@ class MipModel:
         restricted optimum is the global one; otherwise ``tau`` is raised to that value and
         the restricted MIP re-solved. The bound and gap reported are the global ones:
         ``min(restricted bound, LB + tau)``.
+
+        A restricted run that cannot be the last is stopped early: its optimum ``U'`` is at
+        least HiGHS' bound ``D`` on it, so once ``D - allowed(D) > LB + tau`` (with a child
+        in hand; see :meth:`stop_threshold`) the run is interrupted, its child kept as the
+        incumbent and ``tau`` raised as above. Only the search for a proof that would not
+        be used is skipped; every answer is still proved by a run that ends on its own.
+        ``runs`` lists the status of each run.
         """
         o = self.opts
         t0 = time.perf_counter()
@@ -523,6 +573,7 @@ class MipModel:
             tau, span = self.first_threshold(lb0, d)
         inc: np.ndarray | None = None
         u = math.inf
+        self.runs = []
         if incumbent is not None:
             x0 = np.zeros(self.lib.num_replacements)
             x0[np.asarray(incumbent, dtype=np.int64)] = 1.0
@@ -531,8 +582,11 @@ class MipModel:
             except SolverError:
                 pass  # not feasible under the current rows: ignore it
             else:
+                # a cutoff from the first run; tau starts small as without it (set from
+                # it, a sweep's far-off neighbour freed nearly every column: bench_mip's
+                # sweep took 1.5-1.9x the CPU), and the stop rule ends runs that cannot
+                # be the last
                 inc, u = x0, float(self.c_min @ x0)
-                tau = max(tau, (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12)
         status = "error"
         msg = ""
         bound = -math.inf
@@ -550,13 +604,28 @@ class MipModel:
                 # allowed gap below it (a cutoff, never a MIP start; half, so that the
                 # bound it proves clears the gap by more than rounding)
                 cut = None if inc is None else u - 0.5 * self.allowed_gap(u) + self.feastol
-                st, x, bnd, n, msg = self._run(left(), cut)
+                # this run is the last only if its optimum U' has lb0 + tau >= U' - allowed
+                # (U'); once HiGHS' bound D on it shows otherwise, more search here is
+                # wasted: stop holding a child and raise tau (see stop_threshold)
+                stop = math.inf if full else self.stop_threshold(lb0 + tau)
+                st, x, bnd, n, msg = self._run(left(), cut, stop)
                 nodes += n
+                self.runs.append(st)
                 if _DEBUG:
                     print(f"tau={tau:.3g} free={int(free.sum() - fix0.sum() - fix1.sum())} "
                           f"st={st} n={n} feastol={self.feastol:.3g} lb0={lb0:.6g} "
                           f"bnd={bnd:.6g} u={u:.6g} "
                           f"t={time.perf_counter() - t0:.3f}", file=sys.stderr)
+                if st == "stopped":
+                    # a child using a fixed column costs >= lb0 + tau, one using none costs
+                    # >= D > lb0 + tau: lb0 + tau is a global bound
+                    assert x is not None
+                    val = float(self.c_min @ np.round(x))
+                    if val < u:
+                        u, inc = val, x
+                    bound = max(bound, min(lb0 + tau, u))
+                    tau = (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
+                    continue
                 if st == "cutoff":
                     # no child below the cutoff among the free columns, and a child using
                     # a fixed one costs >= lb0 + tau (cutoff - feastol, without rounding)

@@ -44,8 +44,8 @@ def solve(
 
     ``warm_start``: replacement indices of a known child (an earlier solution). It is
     checked against every row and ignored when it breaks one; otherwise it is the
-    incumbent from the start (HiGHS looks only for better children, the LP fixing starts
-    from its value) and is returned, ``feasible``, when the time limit stops the search
+    incumbent from the start (every HiGHS run looks only for better children) and is
+    returned, ``feasible``, when the time limit stops the search
     before anything better is found. The answer is the same as without it (see
     :meth:`MipModel.solve`).
     """
