@@ -10,8 +10,8 @@ Published figures:
   and 398B total parameters"; arXiv 2408.12570, Table 1: KV cache at 256K 4GB and 9GB).
 
 Configs in ``tests/data/configs/``: ``jamba-1.5-mini.json`` is the Hub config of
-ai21labs/AI21-Jamba-1.5-Mini; ``jamba-v0.1.json`` the same architecture under
-ai21labs/Jamba-v0.1's token ids; ``jamba-1.5-large.json`` takes the sizes of arXiv 2408.12570
+ai21labs/AI21-Jamba-1.5-Mini; ``jamba-v0.1.json`` ai21labs/Jamba-v0.1's (revision 871ab2b,
+written for its remote code: ``n_ctx``, ``mamba_inner_layernorms``, ``auto_map``); ``jamba-1.5-large.json`` takes the sizes of arXiv 2408.12570
 section 2 (9 blocks of 8 layers, 1 attention : 7 Mamba, hidden 8192, 64 query / 8 KV heads,
 MoE of 16 experts top-2 every other layer) with the Hub config's ``intermediate_size`` 24576
 and the ``"auto"`` dt rank 8192 / 16 = 512.
@@ -83,6 +83,10 @@ def test_layout_and_round_trip():
         assert cfg[k] == orig[k], k
     with pytest.raises(ExportError, match="Mamba-1"):  # no other type holds Mamba-1 blocks
         to_hf(arch, "nemotron_h_puzzle")
+    # Jamba-v0.1's remote-code config: the same blocks, its own keys carried through
+    v01 = load_config(V01)
+    assert v01.blocks == arch.blocks and from_hf(to_hf(v01)) == v01
+    assert to_hf(v01)["n_ctx"] == 262144 and to_hf(v01)["mamba_inner_layernorms"] is True
     # "auto" dt rank = ceil(hidden / 16); transformers 5.x's num_local_experts spelling
     auto = dict(orig, mamba_dt_rank="auto", num_local_experts=16)
     del auto["num_experts"]
@@ -165,6 +169,7 @@ def test_heterogeneous_child_round_trip():
     ("attn_layer_offset", 8, "smaller than attn_layer_period"),
     ("layers_block_type", ["mamba"] * 32, "periods and offsets"),
     ("mamba_d_state", 0, "mamba_d_state"),
+    ("mamba_inner_layernorms", False, "RMS-normalizes dt, B and C"),
 ])
 def test_unsupported_fields_are_named(key, value, match):
     cfg = json.loads(MINI.read_text())

@@ -16,7 +16,10 @@ Layer ``i`` is two blocks, as in transformers' ``JambaForCausalLM``:
 Defaults are transformers' ``JambaConfig`` ones where a key is absent. Without effect on
 the numerics, kept verbatim for the export: ``use_mamba_kernels``,
 ``use_mambapy``, ``use_associative_scan`` (the same scan by other kernels),
-``num_logits_to_keep``, router / aux-loss settings. Refused with the field named:
+``num_logits_to_keep``, router / aux-loss settings; Jamba-v0.1's remote-code keys
+(``auto_map``, ``n_ctx``, ``calc_logits_for_entire_prompt``, ``mamba_inner_layernorms:
+true``). Refused with the field named: ``mamba_inner_layernorms`` other than true (no
+dt / B / C norms: not what transformers computes),
 ``hidden_act`` other than ``silu`` (the Mamba conv and the experts' SwiGLU), a
 ``sliding_window`` (transformers 5.x Jamba attention is full attention), and a
 ``layers_block_type`` / ``layers_num_experts`` list that disagrees with the periods and
@@ -68,6 +71,10 @@ def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any
     if r.raw("sliding_window", None) is not None:
         raise r.err("sliding_window", "transformers 5.x Jamba attention is full attention; "
                     "a sliding window is not computed (expected null or absent)")
+    if r.cfg.get("mamba_inner_layernorms", True) is not True:  # Jamba-v0.1's remote code
+        raise r.err("mamba_inner_layernorms", "transformers' Jamba always RMS-normalizes dt, B "
+                    f"and C; {r.cfg['mamba_inner_layernorms']!r} (plain Mamba-1) is not "
+                    "computed (expected true or absent)")
     is_att = _pattern(r, n, "attn_layer_period", "attn_layer_offset", (8, 4))
     heads = r.int("num_attention_heads", 32)
     att = make_block(Attention, r, num_heads=heads,
