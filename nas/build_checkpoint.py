@@ -30,6 +30,12 @@ blocks are the attention slot and odd blocks the MLP slot):
   ``c_layernorm``) or ``self_attn.*``, the odd block's norm is ``pre_ff_layernorm`` and its
   tensors ``feed_forward.*`` (MoE router ``feed_forward.router.weight``), and the final
   norm is ``model.final_layernorm.weight``.
+* ``granitemoehybrid``: as the Llama family, but a Mamba block's tensors are
+  ``model.layers.{L}.mamba.<Mamba names>`` and the odd block's are
+  ``model.layers.{L}.block_sparse_moe.router.layer.weight``,
+  ``block_sparse_moe.input_linear.weight`` (E, 2W, h: gate rows then up rows),
+  ``block_sparse_moe.output_linear.weight`` (E, h, W), ``shared_mlp.input_linear.weight``
+  (2S, h) and ``shared_mlp.output_linear.weight`` (:mod:`nas.modules.granite`).
 
 Each saved file carries per-tensor SHA-256 digests in its safetensors metadata
 (``puzzle_nas_sha256``) so that a modified tensor is caught on load; files from other
@@ -57,6 +63,7 @@ from nas.build_mxfp4 import packed_names, unpack_mxfp4
 from nas.hf import NEMOTRON_H, ExportError, load_config, to_hf
 from nas.hf.deepseek import is_mtp_tensor
 from nas.io import check_output_dir, swap_in_dir
+from nas.modules.granite import GRANITE
 from nas.modules.model import CausalLM
 
 WEIGHTS = "model.safetensors"
@@ -113,6 +120,10 @@ def hf_layout(model: CausalLM, model_type: str) -> list[tuple[str, str, int | No
                                       else "pre_ff_layernorm.weight")
                 mixer = prefix + ("feed_forward." if not attn_slot else "mamba."
                                   if model.arch.blocks[i].kind == "mamba1" else "self_attn.")
+            if model_type == GRANITE:  # the MLP slot's mixer names its own block_sparse_moe /
+                # shared_mlp submodules (nas.modules.granite)
+                mixer = prefix + ("mamba." if model.arch.blocks[i].kind == "mamba" else
+                                  "self_attn." if attn_slot else "")
         if part == "norm":
             rows.append((key, norm_name, None))
         elif rest in _EXPERT_PARAMS:

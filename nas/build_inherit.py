@@ -77,6 +77,7 @@ from nas.build_checkpoint import CheckpointReader
 from nas.build_inherit_mla import copy_expert_biases, copy_router_bias, inherit_mla
 from nas.build_random import Materializer
 from nas.modules.deltanet import DeltaNetMixer
+from nas.modules.granite import scalars_of
 from nas.modules.layers import AttentionMixer, FFNMixer, LinearMixer
 from nas.modules.mamba import MambaMixer, ssd_chunked
 from nas.modules.model import CausalLM
@@ -521,6 +522,8 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
         emb = part("embed")
         _copy(child.embed.weight, emb.weight)  # type: ignore[union-attr]
         x = emb(tokens).to(compute)  # type: ignore[misc]
+        if scalars_of(pa).embedding != 1.0:  # Granite's embedding_multiplier
+            x = x * scalars_of(pa).embedding
         if child.lm_head is not None:
             head = part("lm_head") if pa.tie_embeddings is False else emb
             _copy(child.lm_head.weight, head.weight)  # type: ignore[union-attr]

@@ -10,7 +10,9 @@ for a child whose blocks each have a recipe (``nas.spans``):
 * module names follow the checkpoint layout of ``nas.build_checkpoint`` for the export type
   (``backbone.layers.{i}.mixer.in_proj`` for ``nemotron_h*``;
   ``model.layers.{i // 2}.self_attn.q_proj`` / ``.mlp.up_proj`` for paired types;
-  ``model.layers.{i // 2}.mamba.x_proj`` / ``.feed_forward.up_proj`` for ``jamba``);
+  ``model.layers.{i // 2}.mamba.x_proj`` / ``.feed_forward.up_proj`` for ``jamba``;
+  ``model.layers.{i // 2}.mamba.in_proj`` / ``.block_sparse_moe.input_linear`` (the fused
+  experts, one module) / ``.shared_mlp.input_linear`` for ``granitemoehybrid``);
 * routed experts are written as one fnmatch pattern per projection
   (``backbone.layers.3.mixer.experts.*.up_proj``), as ModelOpt writes ``exclude_modules``,
   instead of one entry per expert (a Super checkpoint has 40,960 expert projections);
@@ -62,6 +64,19 @@ def _modules(b: _Block, model_type: str, i: int) -> list[tuple[str, TensorRole]]
         if b.kind == "mamba1":  # type: ignore[attr-defined]
             return [(pre + n, TensorRole.MAMBA) for n in ("in_proj", "x_proj", "dt_proj",
                                                           "out_proj")]
+    if model_type == "granitemoehybrid":  # nas.modules.granite's checkpoint layout
+        layer = f"model.layers.{i // 2}."
+        if isinstance(b, Mamba):
+            return [(layer + "mamba." + n, TensorRole.MAMBA) for n in ("in_proj", "out_proj")]
+        shared = [layer + "shared_mlp." + n for n in ("input_linear", "output_linear")]
+        if isinstance(b, MoE):
+            return [(layer + "block_sparse_moe." + n, TensorRole.ROUTED_EXPERTS)
+                    for n in ("input_linear", "output_linear")] + \
+                [(n, TensorRole.SHARED_EXPERTS) for n in shared if b.shared_width]
+        if isinstance(b, FFN):
+            return [(n, TensorRole.FFN) for n in shared]
+        if isinstance(b, Linear):
+            return [(layer + ("self_attn." if i % 2 == 0 else "") + "linear", TensorRole.OTHER)]
     if isinstance(b, Attention):
         return [(pre + n, TensorRole.ATTENTION) for n in ("q_proj", "k_proj", "v_proj",
                                                           "o_proj")]

@@ -1,8 +1,10 @@
 """Mamba hybrids under other config dialects (``nas.hf.hybrids``).
 
 ``granitemoehybrid`` (IBM Granite-4.0-H): imports, exports, counts, prices and searches; its
-torch model is refused (Granite's embedding / residual / logits multipliers, attention scale
-and fused expert tensors are not computed here). (``falcon_h1``,
+torch model computes Granite's embedding / residual / logits multipliers and attention scale
+and reads / writes its fused expert tensors (``input_linear``): logits parity with
+transformers' ``GraniteMoeHybridForCausalLM`` both ways, init_from_parent on every axis the
+shipped example searches, ``puzzle-nas build`` from a transformers-written parent. (``falcon_h1``,
 parallel attention + Mamba within a layer: ``tests/test_family_falcon_h1.py``; ``jamba``:
 ``tests/test_family_jamba.py``).
 
@@ -72,12 +74,273 @@ def test_granite_child_round_trip_and_pricing():
     assert float(c.tpot_s[0]) < float(p.tpot_s[0])
 
 
-def test_granite_torch_build_is_refused_with_the_reason():
-    torch = pytest.importorskip("torch")  # noqa: F841
+# ---- torch model: parity with transformers' granitemoehybrid --------------------------------
+TINY = dict(vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=16, shared_intermediate_size=24,
+            num_local_experts=4, num_experts_per_tok=2,
+            layer_types=["mamba", "attention", "mamba", "attention"], mamba_n_heads=4,
+            mamba_d_head=16, mamba_d_state=8, mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2,
+            mamba_chunk_size=8, embedding_multiplier=3.0, residual_multiplier=0.4,
+            logits_scaling=2.5, attention_multiplier=0.09, position_embedding_type="nope",
+            tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0)
+"""A tiny Granite-4.0-H: Mamba-2 (2 groups) and NoPE attention layers, MoE + shared MLP, and
+multipliers far from 1 (Granite-4.0-H-Small's are 12, 0.22, 8 and 1/128)."""
+
+
+def _hf_granite(seed: int = 0, **over):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_hf_parity import randomize
+
+    cfg = transformers.GraniteMoeHybridConfig(**{**TINY, **over})
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize(m, seed)
+    return m.eval()
+
+
+@pytest.mark.parametrize("over", [{}, {"num_local_experts": 0, "position_embedding_type": "rope",
+                                       "tie_word_embeddings": True}],
+                         ids=["moe-nope", "dense-rope-tied"])
+def test_granite_parity_theirs_to_ours(over, tmp_path):
+    """A transformers Granite checkpoint (fused input_linear experts, shared MLP, Mamba and
+    attention layers) loads here and computes its logits and greedy generations."""
+    from test_hf_parity import _check, _prompt
+
+    from nas.build import load_pretrained
+
+    theirs = _hf_granite(**over)
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf").eval()
+    assert ours.arch.model_type == "granitemoehybrid"
+    assert _check(ours, theirs, _prompt()) <= 1e-4
+
+
+def test_granite_parity_ours_to_theirs(tmp_path):
+    pytest.importorskip("transformers")
+    from test_hf_parity import check_ours_to_theirs
+
+    _hf_granite().save_pretrained(tmp_path / "ref")
+    ours = check_ours_to_theirs(load_config(tmp_path / "ref"), tmp_path)
+    cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert (cfg["embedding_multiplier"], cfg["residual_multiplier"], cfg["logits_scaling"],
+            cfg["attention_multiplier"]) == (3.0, 0.4, 2.5, 0.09)
+    assert ours.num_stored() == ours.arch.param_counts().total
+
+
+def test_granite_multipliers_all_matter():
+    """Each of the four multipliers moves the logits on these weights (the parity above is
+    not blind to any of them), and decoding through the caches equals the full forward."""
+    torch = pytest.importorskip("torch")
+    from nas.build import from_transformers
+    from nas.modules.granite import Scalars
+
+    ours = from_transformers(_hf_granite()).eval()
+    prompt = torch.randint(2, 96, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        base = ours(prompt)
+        cache = ours.new_cache()
+        steps = [ours(prompt[:, :6], cache)] + [ours(prompt[:, i:i + 1], cache)
+                                                for i in range(6, 11)]
+        assert float((torch.cat(steps, 1) - base).abs().max()) < 1e-5
+        s = ours.scalars
+        for ident in ({"embedding": 1.0}, {"logits_divisor": 1.0}):
+            ours.scalars = Scalars(**{**s.__dict__, **ident})
+            assert float((ours(prompt) - base).abs().max()) > 1e-2, ident
+        ours.scalars = s
+        for blk in ours.blocks:
+            blk.residual_multiplier = 1.0
+        assert float((ours(prompt) - base).abs().max()) > 1e-2
+        for blk in ours.blocks:
+            blk.residual_multiplier = 0.4
+            if hasattr(blk.mixer, "scale"):
+                blk.mixer.scale = None
+        assert float((ours(prompt) - base).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("field", ["embedding_multiplier", "residual_multiplier",
+                                   "logits_scaling", "attention_multiplier"])
+def test_granite_build_refuses_a_missing_multiplier(field):
+    """transformers would take 1.0 for an absent multiplier; building here refuses instead
+    of defaulting a field that changes the numerics (importing and pricing still work)."""
+    pytest.importorskip("torch")
     from nas.build import build_model
 
-    with pytest.raises(InputError, match="multipliers"):
-        build_model(load_config(GRANITE))
+    cfg = json.loads(GRANITE.read_text())
+    del cfg[field]
+    cfg.update(num_hidden_layers=2, layer_types=["mamba", "attention"], hidden_size=64,
+               mamba_n_heads=4, mamba_d_head=32, num_local_experts=4, num_experts_per_tok=2,
+               vocab_size=128)
+    arch = from_hf(cfg)
+    assert arch.param_counts().total > 0
+    with pytest.raises(InputError, match=field):
+        build_model(arch)
+
+
+def test_other_types_export_as_granite_with_unit_multipliers():
+    """A non-Granite architecture written as granitemoehybrid states its (identity) numerics
+    instead of leaving transformers to default them."""
+    from nas.arch import FFN, Attention, ModelArch
+
+    a = ModelArch(hidden_size=64, vocab_size=128, model_type="llama", blocks=(
+        Attention(num_heads=4, num_kv_heads=2, head_dim=16, rope=False),
+        FFN(width=96, gated=True, activation="silu")))
+    cfg = to_hf(a, "granitemoehybrid")
+    assert all(cfg[k] == 1.0 for k in ("embedding_multiplier", "residual_multiplier",
+                                       "logits_scaling", "attention_multiplier"))
+    assert cfg["num_local_experts"] == 0
+
+
+# ---- init_from_parent on Granite's axes --------------------------------------------------
+@pytest.fixture(scope="module")
+def granite_parent():
+    torch = pytest.importorskip("torch")
+    from nas.build import from_transformers
+
+    parent = from_transformers(_hf_granite(seed=5)).eval()
+    g = torch.Generator().manual_seed(11)
+    return parent, torch.randint(2, 96, (8, 24), generator=g), \
+        torch.randint(2, 96, (4, 24), generator=g)
+
+
+AXES = {  # the axes the shipped example searches, at the tiny model's sizes
+    "mamba-heads-4-to-2": (0, {"num_heads": 2}),
+    "mamba-state-8-to-4": (4, {"state_size": 4}),
+    "kv-heads-2-to-1": (2, {"num_kv_heads": 1}),
+    "experts-4-to-2": (1, {"num_experts": 2}),
+    "expert-width-16-to-8": (3, {"expert_width": 8}),
+    "shared-width-24-to-12": (5, {"shared_width": 12}),
+    "top-k-2-to-1": (7, {"top_k": 1}),
+}
+
+
+@pytest.mark.parametrize("axis", list(AXES))
+def test_granite_inheritance_beats_random_init(granite_parent, axis):
+    torch = pytest.importorskip("torch")
+    from conftest import kl_div
+
+    from nas.build import init_from_parent
+
+    parent, calib, held = granite_parent
+    i, upd = AXES[axis]
+    blocks = list(parent.arch.blocks)
+    blocks[i] = blocks[i].model_copy(update=upd)
+    arch = parent.arch.replace_blocks(blocks)
+    child = init_from_parent(arch, parent, calib)
+    assert "random" not in child.init_report[i], child.init_report[i]
+    rand = init_from_parent(arch, parent, calib)
+    torch.manual_seed(1)
+    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * arch.num_blocks) ** 0.5)
+    kl_init, kl_rand = kl_div(parent, child, held), kl_div(parent, rand, held)
+    assert kl_init < kl_rand, (axis, kl_init, kl_rand, child.init_report[i])
+    assert child.num_stored() == arch.param_counts().total
+    if axis == "top-k-2-to-1":  # routing only: every tensor is the parent's
+        sd, psd = child.state_dict(), parent.state_dict()
+        assert all(torch.equal(sd[k], psd[k]) for k in psd)
+
+
+def test_granite_child_equal_to_parent_is_bitwise_equal(granite_parent):
+    torch = pytest.importorskip("torch")
+    from nas.build import init_from_parent
+
+    parent, calib, held = granite_parent
+    child = init_from_parent(parent.arch, parent, calib)
+    with torch.no_grad():
+        assert torch.equal(child(held), parent(held))
+
+
+def test_granite_bld_trains_the_scaled_branch(granite_parent):
+    """Block-local distillation fits the residual branch the block adds, which Granite
+    scales by residual_multiplier: the parent's own block fits its residual exactly."""
+    import copy
+    from types import SimpleNamespace
+
+    torch = pytest.importorskip("torch")
+    from nas.scoring.bld import train_block
+
+    parent, calib, _ = granite_parent
+    with torch.no_grad():
+        x = parent.embed_tokens(calib)
+        y = parent.blocks[0](x) - x
+    settings = SimpleNamespace(bld_steps=1, bld_lr=0.0, bld_batch=2)
+    out = train_block(copy.deepcopy(parent.blocks[0]), x, y, settings, seed=0)
+    assert out["bld_loss"] < 1e-10
+
+
+def test_granite_build_cli_from_a_transformers_parent(tmp_path, capsys):
+    """``puzzle-nas build --parent`` on a Granite folder transformers wrote (bf16): a
+    heterogeneous child (fewer Mamba heads, a no-op MoE, fewer experts) is written with the
+    puzzle_layers extension, reads back here with the same logits, and a homogeneous child
+    loads in transformers with the same logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_hf_parity import _prompt
+
+    from nas.build import load_pretrained
+    from nas.cli import main
+
+    _hf_granite(seed=2).to(torch.bfloat16).save_pretrained(tmp_path / "hf")
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps(_prompt().tolist()))
+    arch = load_config(tmp_path / "hf")
+    blocks = list(arch.blocks)
+    blocks[0] = blocks[0].model_copy(update={"num_heads": 2})
+    blocks[1] = NoOp()
+    blocks[5] = blocks[5].model_copy(update={"num_experts": 3})
+    hetero = arch.replace_blocks(blocks)
+    homo = arch.replace_blocks([b.model_copy(update={"num_experts": 3, "top_k": 1})
+                                if isinstance(b, MoE) else b for b in arch.blocks])
+    for child, name in [(hetero, "hetero"), (homo, "homo")]:
+        (tmp_path / f"{name}.json").write_text(json.dumps(to_hf(child)))
+        assert main(["build", str(tmp_path / f"{name}.json"), "--parent", str(tmp_path / "hf"),
+                     "--calib", str(calib), "-o", str(tmp_path / name)]) == 0
+    out = capsys.readouterr().out
+    assert "heads 4 -> 2" in out and "experts 4 -> 3" in out
+    cfg = json.loads((tmp_path / "hetero" / "config.json").read_text())
+    assert cfg["model_type"] == "granitemoehybrid" and len(cfg["puzzle_layers"]) == 4
+    ours = load_pretrained(tmp_path / "hetero")
+    assert ours.arch.blocks == hetero.blocks and ours.embed.weight.dtype == torch.bfloat16
+    homo_ours = load_pretrained(tmp_path / "homo", dtype=torch.float32).eval()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "homo", dtype=torch.float32).eval()
+    with torch.no_grad():
+        diff = float((homo_ours(_prompt(5)) - theirs(_prompt(5)).logits).abs().max())
+    assert diff <= 1e-4
+
+
+def test_granite_fused_tensors_are_quantized_by_role():
+    """Precision: the fused experts / shared MLP are fake-quantized in their roles (a dense
+    layer's shared_mlp is its FFN), and the ModelOpt-style quantization_config names the
+    checkpoint's modules (experts as the one fused input_linear / output_linear module),
+    every entry matching a saved tensor, read back per block."""
+    pytest.importorskip("torch")
+    from costmodels.dtypes import DType, PrecisionRecipe, TensorRole
+    from nas.arch import FFN, Attention
+    from nas.build import build_model, hf_layout
+    from nas.quant_config import block_formats, expand, quantization_config
+    from nas.scoring.fakequant import quantize_block
+
+    arch = from_hf({**TINY, "model_type": "granitemoehybrid"}).model_copy(update={"blocks": (
+        Mamba(num_heads=4, head_dim=16, state_size=8, n_groups=2),
+        MoE(num_experts=4, top_k=2, expert_width=16, shared_width=24, norm_topk=True),
+        Attention(num_heads=4, num_kv_heads=2, head_dim=8, rope=False),
+        FFN(width=24, gated=True))})
+    model = build_model(arch)
+    rec = PrecisionRecipe(default=DType.BF16, weights={TensorRole.ROUTED_EXPERTS: DType.FP8,
+                                                       TensorRole.FFN: DType.FP8})
+    moe = quantize_block(model.blocks[1], rec)
+    assert moe["mixer.block_sparse_moe.input_linear.weight"] == "fp8"
+    assert moe["mixer.shared_mlp.input_linear.weight"] == "bf16"  # shared experts: bf16
+    assert quantize_block(model.blocks[3], rec)["mixer.shared_mlp.input_linear.weight"] == "fp8"
+    qc = quantization_config(arch, ["fp8", "nvfp4", "fp8", "bf16"], "granitemoehybrid")
+    assert {"model.layers.0.mamba.in_proj", "model.layers.0.block_sparse_moe.input_linear",
+            "model.layers.0.shared_mlp.output_linear", "model.layers.1.self_attn.q_proj",
+            } <= set(qc["quantized_layers"])
+    names = [n for _, n, _ in hf_layout(model, "granitemoehybrid")]
+    assert len(expand(qc, names)) == len(qc["quantized_layers"]) == 2 + 4 + 4
+    assert [f.get("mamba") or f.get("routed_experts") or f.get("attention")
+            for f in block_formats(arch, qc, "granitemoehybrid")] == ["fp8", "nvfp4", "fp8",
+                                                                       None]
 
 
 def test_refused_families_say_why(monkeypatch):

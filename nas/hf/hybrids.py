@@ -10,18 +10,22 @@ Granite-4.0-H uses none), then a MoE of ``num_local_experts`` SwiGLU experts of 
 ``intermediate_size`` (softmax over the top-k logits = renormalized top-k) plus an ungated
 SwiGLU shared MLP of ``shared_intermediate_size`` (a dense MLP when there are no experts).
 Parameters, weights, KV and state bytes and costs are exact. Granite's muP-style numerics
-(``embedding_multiplier``, ``residual_multiplier``, ``logits_scaling``, the attention
-scale ``attention_multiplier``) and its fused expert tensors (``input_linear``) are kept in
-the config but not computed by :mod:`nas.modules`: building a torch model of this type is
-refused (:data:`NO_TORCH_TYPES`), never approximated. A heterogeneous child writes the
+(``embedding_multiplier``, ``residual_multiplier``, ``logits_scaling``, the attention scale
+``attention_multiplier``) are kept in the config and computed by :mod:`nas.modules.granite`
+(building a model whose config lacks one of them is refused, never defaulted); its fused
+expert tensors (``input_linear`` / ``output_linear``) are the checkpoint layout of
+:class:`nas.modules.granite.GraniteMoEMixer`. A heterogeneous child writes the
 ``puzzle_layers`` extension (one ``{"mixer": <block>, "mlp": <block>}`` per layer, the JSON of
-the :mod:`nas.arch` configs), which stock transformers does not read.
+the :mod:`nas.arch` configs), which stock transformers does not read (our loader does). An
+architecture of another type exported as ``granitemoehybrid`` writes the four multipliers as
+1 (its numerics are the identity there).
 
 Refused at import: the types in :data:`REFUSED_TYPES` (the message says why).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nas.arch import FFN, Attention, Mamba, ModelArch, MoE, _Block
@@ -39,23 +43,37 @@ GRANITE = "granitemoehybrid"
 _MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling",
                 "attention_multiplier")
 
-NO_TORCH_TYPES: dict[str, str] = {
-    GRANITE: "granitemoehybrid models import, count, price and search, but no torch model is "
-             "built: Granite's embedding / residual / logits multipliers and attention scale "
-             "(attention_multiplier) are not computed by nas.modules, nor its fused expert "
-             "tensors (input_linear)",
-}
-"""Model types whose torch model :class:`nas.modules.model.CausalLM` refuses to build, and
-why."""
-
 REFUSED_TYPES: dict[str, str] = {
 }
 """HF model types refused at import, with the reason (``nas.hf.from_hf`` raises it)."""
 
 
+_LAYER_TYPES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention",
+                "full_attention": "attention"}
+
+
+def _time_step_limit(r: Reader) -> dict[str, Any]:
+    """``time_step_limit`` ``[low, high]`` (the Mamba time-step clamp; transformers 5 writes
+    an infinite ``high`` as ``{"__float__": "Infinity"}``), when the config gives one other
+    than ``[0, inf]`` (no clamp, the model's default)."""
+    lim = r.raw("time_step_limit", None)
+    if lim is None:
+        return {}
+    if isinstance(lim, list | tuple):
+        lim = [float(v["__float__"]) if isinstance(v, dict) and set(v) == {"__float__"}
+               and v["__float__"] in ("Infinity", "inf") else v for v in lim]
+    if not (isinstance(lim, list) and len(lim) == 2 and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in lim)
+            and 0 <= lim[0] <= lim[1]):
+        raise r.err("time_step_limit", "expected [low, high] with 0 <= low <= high, got "
+                    f"{r.cfg['time_step_limit']!r}")
+    lim = [float(lim[0]), float(lim[1])]
+    return {} if lim == [0.0, math.inf] else {"time_step_limit": lim}  # [0, inf]: no clamp
+
+
 def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
     mult = {}
-    for k in _MULTIPLIERS:  # numerics kept for the export (nas.modules refuses to build)
+    for k in _MULTIPLIERS:  # computed by nas.modules.granite (which refuses a missing one)
         v = r0.float(k, None)
         if v is not None:
             mult[k] = v
@@ -79,8 +97,11 @@ def _read_rest(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str
     if types is None:
         types = ["mamba"] * n
     if not isinstance(types, list) or len(types) != n or \
-            not all(t in ("mamba", "attention") for t in types):
-        raise r.err("layer_types", f"expected a list of {n} layer types (mamba or attention)")
+            not all(isinstance(t, str) and t in _LAYER_TYPES for t in types):
+        raise r.err("layer_types", f"expected a list of {n} layer types (mamba or attention; "
+                    "transformers 5 spells them linear_attention, full_attention)")
+    types = [_LAYER_TYPES[t] for t in types]
+    kw["_extra"] = {**kw.get("_extra", {}), **_time_step_limit(r)}
     pe = r.raw("position_embedding_type", None)
     if pe not in (None, "nope", "rope"):
         raise r.err("position_embedding_type", f"expected 'rope', 'nope' or null, got {pe!r}")
@@ -159,6 +180,8 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
              and all(m.num_heads * m.head_dim % arch.hidden_size == 0 for m in mambas))
     out = base_config(arch, mt, "rms_norm_eps")
     out.pop("puzzle_layers", None)
+    if arch.model_type != GRANITE:  # another type's numerics: every multiplier is 1
+        out.update({k: 1.0 for k in _MULTIPLIERS})
     out["num_hidden_layers"] = len(mixers)
     out["layer_types"] = ["attention" if isinstance(m, Attention) else "mamba" for m in mixers]
     if atts:

@@ -202,7 +202,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class AttentionMixer(nn.Module):
-    """Grouped-query attention with optional RoPE, sliding window, q/k norm and biases.
+    """Grouped-query attention with optional RoPE, sliding window, q/k norm and biases;
+    ``scale`` is the softmax scale (``None``: ``1 / sqrt(head_dim)``).
 
     KV cache (this block's dict of a :class:`nas.modules.model.Cache`): keys and values are
     written in place into preallocated buffers ``k_buf`` / ``v_buf`` of shape
@@ -216,8 +217,9 @@ class AttentionMixer(nn.Module):
 
     def __init__(self, cfg: Attention, hidden: int, rope_theta: float = 10000.0,
                  eps: float = 1e-5, rope_scaling: dict[str, Any] | None = None,
-                 norm_unit_offset: bool = False):
+                 norm_unit_offset: bool = False, scale: float | None = None):
         super().__init__()
+        self.scale = scale  # softmax scale; None: 1 / sqrt(head_dim) (Granite sets its own)
         self.rope_dim = cfg.rope_dim or cfg.head_dim  # channels rotated per head
         if cfg.rope and cfg.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {cfg.head_dim}")
@@ -302,11 +304,13 @@ class AttentionMixer(nn.Module):
             # one query sees every cached key: the rep query heads of a KV head are the rows
             # of one (rep, d) query block, so K/V are read once and never repeated
             rep = self.n_heads // self.n_kv
-            out = F.scaled_dot_product_attention(q.reshape(b, self.n_kv, rep, d), k, v)
+            out = F.scaled_dot_product_attention(q.reshape(b, self.n_kv, rep, d), k, v,
+                                                 scale=self.scale)
             return out.reshape(b, self.n_heads, 1, d)
         if window is None and past == 0 and kpos is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=n > 1,
-                                                  enable_gqa=self.n_heads != self.n_kv)
+                                                  enable_gqa=self.n_heads != self.n_kv,
+                                                  scale=self.scale)
         qpos = torch.arange(past, past + n, device=q.device)[:, None]
         if kpos is None:
             kpos = torch.arange(s, device=q.device)
@@ -314,7 +318,8 @@ class AttentionMixer(nn.Module):
         if window is not None:
             mask = mask & (qpos - kpos[None, :] < window)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                              enable_gqa=self.n_heads != self.n_kv)
+                                              enable_gqa=self.n_heads != self.n_kv,
+                                              scale=self.scale)
 
     def _append(self, cache: dict[str, Any], k: torch.Tensor, v: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,6 +31,12 @@ from nas.arch import (
 )
 from nas.modules.deltanet import DeltaNetMixer
 from nas.modules.gpt_oss import GptOssMoEMixer, SinkAttentionMixer, is_gpt_oss_moe
+from nas.modules.granite import (
+    GRANITE,
+    GraniteFFNMixer,
+    GraniteMoEMixer,
+    scalars_of,
+)
 from nas.modules.layers import (
     AttentionMixer,
     FFNMixer,
@@ -56,7 +62,8 @@ def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
         return GptOssMoEMixer(cfg, h)
     if isinstance(cfg, Attention):
         return AttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps,
-                              arch.hf_extra.get("rope_scaling"), arch.norm_unit_offset)
+                              arch.hf_extra.get("rope_scaling"), arch.norm_unit_offset,
+                              scale=scalars_of(arch).attention_scale)
     if isinstance(cfg, DeltaNet):  # Qwen3.5 stores the input projections split
         return DeltaNetMixer(cfg, h, arch.norm_eps,
                              split=arch.model_type.startswith("qwen3_5"))
@@ -68,9 +75,9 @@ def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
         lo = max(float(lim[0]), float(extra.get("time_step_min") or 0.0))
         return MambaMixer(cfg, h, arch.norm_eps, dt_limit=(lo, float(lim[1])))
     if isinstance(cfg, MoE):
-        return MoEMixer(cfg, h)
-    if isinstance(cfg, FFN):
-        return FFNMixer(cfg, h)
+        return GraniteMoEMixer(cfg, h) if arch.model_type == GRANITE else MoEMixer(cfg, h)
+    if isinstance(cfg, FFN):  # Granite's dense layer: its shared MLP (fused gate / up)
+        return GraniteFFNMixer(cfg, h) if arch.model_type == GRANITE else FFNMixer(cfg, h)
     if isinstance(cfg, Linear):
         return LinearMixer(h)
     if isinstance(cfg, NoOp):
@@ -79,7 +86,9 @@ def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
 
 
 class Block(nn.Module):
-    """``x + mixer(norm(x))``; a no-op block has neither norm nor mixer and returns ``x``."""
+    """``x + mixer(norm(x))``; a no-op block has neither norm nor mixer and returns ``x``.
+    Granite scales the branch: ``x + residual_multiplier * mixer(norm(x))``
+    (:mod:`nas.modules.granite`; 1 for every other type)."""
 
     def __init__(self, cfg: _Block, arch: ModelArch):
         super().__init__()
@@ -87,12 +96,16 @@ class Block(nn.Module):
         self.mixer = make_mixer(cfg, arch)
         self.norm = RMSNorm(arch.hidden_size, arch.norm_eps, arch.norm_unit_offset) \
             if self.mixer is not None else None
+        self.residual_multiplier = scalars_of(arch).residual
 
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None,
                 offset: int = 0) -> torch.Tensor:
         if self.mixer is None:
             return x
-        return x + self.mixer(self.norm(x), cache, offset)  # type: ignore[misc]
+        y = self.mixer(self.norm(x), cache, offset)  # type: ignore[misc]
+        if self.residual_multiplier != 1.0:
+            y = y * self.residual_multiplier
+        return x + y
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
@@ -118,13 +131,8 @@ class CausalLM(nn.Module):
 
     def __init__(self, arch: ModelArch):
         super().__init__()
-        from nas.hf.hybrids import NO_TORCH_TYPES
-
-        if arch.model_type in NO_TORCH_TYPES:  # numerics nas.modules does not compute
-            from hwprofiles.errors import InputError
-
-            raise InputError(NO_TORCH_TYPES[arch.model_type], field="model_type")
         self.arch = arch
+        self.scalars = scalars_of(arch)  # Granite's multipliers (the identity elsewhere)
         h, v = arch.hidden_size, arch.vocab_size
         self.embed = nn.Embedding(v, h)
         self.blocks = nn.ModuleList(Block(b, arch) for b in arch.blocks)
@@ -144,16 +152,29 @@ class CausalLM(nn.Module):
     def hidden(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
         """Final hidden states (after the final norm) for ``tokens (b, l)``."""
         offset = cache.offset if cache is not None else 0
-        x = self.embed(tokens)
+        x = self.embed_tokens(tokens)
         for i, blk in enumerate(self.blocks):
             x = blk(x, cache.layers[i] if cache is not None else None, offset)
         if cache is not None:
             cache.offset += tokens.shape[1]
         return self.norm(x) if self.norm is not None else x
 
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The residual stream entering the first block: the embeddings (times Granite's
+        ``embedding_multiplier``)."""
+        x = self.embed(tokens)
+        m = self.scalars.embedding
+        return x * m if m != 1.0 else x
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits of final hidden states ``h`` (divided by Granite's ``logits_scaling``)."""
+        z = h @ self.head_weight().t()
+        d = self.scalars.logits_divisor
+        return z / d if d != 1.0 else z
+
     def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
         """Next-token logits ``(b, l, vocab)``; with a cache, continues from its state."""
-        return self.hidden(tokens, cache) @ self.head_weight().t()
+        return self.logits(self.hidden(tokens, cache))
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

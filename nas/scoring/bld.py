@@ -94,6 +94,10 @@ def train_block(block: Block, x: torch.Tensor, y: torch.Tensor, settings: Any,
                 seed: int) -> dict[str, Any]:
     """Train ``block`` in place on inputs ``x`` and parent residual outputs ``y`` (rows,
     length, hidden); returns ``bld_steps`` and the final normalized MSE on all rows."""
+    m = block.residual_multiplier  # Granite scales the branch (1 for every other type)
+    if m != 1.0:
+        return train_residual(block, lambda t: block.mixer(block.norm(t)) * m,  # type: ignore[misc]
+                              x, y, settings, seed)
     return train_residual(block, lambda t: block.mixer(block.norm(t)),  # type: ignore[misc]
                           x, y, settings, seed)
 

@@ -58,14 +58,14 @@ class PrefixCache:
 
     def _run(self, parent: CausalLM, tokens: torch.Tensor, logits: bool
              ) -> dict[str, torch.Tensor]:
-        x = parent.embed(tokens)
+        x = parent.embed_tokens(tokens)
         out = {"h0": x}
         for i, blk in enumerate(parent.blocks):
             x = blk(x)
             out[f"h{i + 1}"] = x
         if logits:
             h = parent.norm(x) if parent.norm is not None else x
-            z = (h @ parent.head_weight().t())[:, :-1].double()
+            z = parent.logits(h)[:, :-1].double()
             lp = z.log_softmax(-1)
             p = lp.exp()
             out["p"] = p

@@ -201,7 +201,7 @@ class Scorer:
             return self.calib_cache.all_hidden(i)
         outs = []
         for t in self.calib:  # naive: run the prefix again
-            x = self.parent.embed(t)
+            x = self.parent.embed_tokens(t)
             for blk in self.parent.blocks[:i]:
                 x = blk(x)
             outs.append(x)
@@ -246,14 +246,14 @@ class Scorer:
             if self.cached:
                 x = self.held_cache.hidden(b, i)
             else:
-                x = p.embed(tokens)
+                x = p.embed_tokens(tokens)
                 for blk in p.blocks[:i]:
                     x = blk(x)
             x = block(x)
             for blk in p.blocks[item.alt.stop:]:  # after the replaced block (or span)
                 x = blk(x)
             h = p.norm(x) if p.norm is not None else x
-            s.add(self.held_cache, b, h @ p.head_weight().t(), tokens)
+            s.add(self.held_cache, b, p.logits(h), tokens)
         return {"kl_div": s.kl / s.n, "lm_loss_delta": (s.loss - self.parent_loss) / s.n,
                 "top1_agreement": s.agree / s.n, "tokens": s.n}
 

@@ -152,6 +152,10 @@ _ROLE_OF = (
     (("in_proj.weight", "out_proj.weight"), "mamba"),
     (("x_proj.weight", "dt_proj.weight"), "mamba"),  # Mamba-1 (nas.modules.mamba1)
     (("experts_gate", "experts_up", "experts_down"), "routed_experts"),
+    # Granite's fused experts and shared MLP (nas.modules.granite), [E, out, in] / [out, in]
+    (("block_sparse_moe.input_linear.weight", "block_sparse_moe.output_linear.weight"),
+     "routed_experts"),
+    (("shared_mlp.input_linear.weight", "shared_mlp.output_linear.weight"), "shared_experts"),
     (("shared_experts.gate_proj.weight", "shared_experts.up_proj.weight",
       "shared_experts.down_proj.weight"), "shared_experts"),
     (("gate_proj.weight", "up_proj.weight", "down_proj.weight"), "ffn"),
@@ -185,6 +189,9 @@ def quantize_block(block: torch.nn.Module, recipe: object) -> dict[str, str]:
         role = weight_role(name)
         if role is None:
             continue
+        if role == "shared_experts" and getattr(block, "cfg", None) is not None \
+                and block.cfg.kind == "ffn":  # type: ignore[union-attr]
+            role = "ffn"  # a dense Granite layer: its shared_mlp is the block's FFN
         fmt = recipe.weight_dtype(role).value  # type: ignore[attr-defined]
         if fmt not in FORMATS:
             raise ValueError(f"{name}: no fake quantization for {fmt!r}")
