@@ -43,7 +43,14 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from costmodels.blocks import price_blocks
 from costmodels.dtypes import PrecisionRecipe, get_recipe
@@ -96,12 +103,38 @@ class Measurement(BaseModel):
     engine: str = ""
     source: str = Field(min_length=3)
     url: str = ""
+    draft_tokens: int = Field(default=0, ge=0, description="speculative decoding with the "
+                              "model's MTP head: draft tokens per step (blank / 0: none)")
+    acceptance: float | None = Field(default=None, ge=1, description="mean accepted tokens "
+                                     "per verification step (with draft_tokens)")
 
     @field_validator("concurrency", "slo", "max_num_seqs", "max_num_batched_tokens",
                      "gpu_memory_utilization", mode="before")
     @classmethod
     def _blank(cls, v: object) -> object:
         return None if v == "" else v
+
+    @field_validator("acceptance", mode="before")
+    @classmethod
+    def _blank_spec(cls, v: object) -> object:
+        return None if v == "" else v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spec_defaults(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("draft_tokens") in ("", None):
+            data = {**data, "draft_tokens": 0}
+        return data
+
+    @model_validator(mode="after")
+    def _spec(self) -> Measurement:
+        if self.draft_tokens and self.acceptance is None:
+            raise ValueError("draft_tokens needs an acceptance (mean accepted tokens per step)")
+        if self.acceptance is not None and not self.draft_tokens:
+            raise ValueError("acceptance needs draft_tokens > 0")
+        if self.acceptance is not None and self.acceptance > self.draft_tokens + 1:
+            raise ValueError(f"acceptance {self.acceptance} exceeds draft_tokens + 1")
+        return self
 
     @property
     def regime(self) -> str:
@@ -140,6 +173,9 @@ class ModelShape:
     table: BlockTable
     nonblock: NonBlockShape
     draft: np.ndarray | None = None
+    mtp_table: BlockTable | None = None
+    """The MTP head's rows (its blocks and the ``2h -> h`` projection), priced as draft rows
+    for measurements taken with speculative decoding (``draft_tokens > 0``)."""
 
 
 def _reserve(m: Measurement, hw: HardwareProfile) -> float:
@@ -174,24 +210,34 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
     base = dict(isl=m.isl, osl=m.osl, concurrency=m.concurrency or 1,
                 max_num_seqs=m.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
                 max_num_batched_tokens=m.max_num_batched_tokens or DEFAULT_TOKEN_BUDGET)
+    table, draft = shape.table, None
+    if m.draft_tokens:  # speculative decoding with the MTP head (draft rows)
+        if shape.mtp_table is None:
+            raise InputError(f"measurement {m.id}: {m.model} has no MTP head to draft with",
+                             field="draft_tokens")
+        draft = np.r_[np.zeros(len(table), bool), np.ones(len(shape.mtp_table), bool)]
+        table = BlockTable.concat([table, shape.mtp_table])
+        base.update(draft_tokens=m.draft_tokens, acceptance=m.acceptance)
+        kw["draft"] = draft
     wl = Workload(**base)
     reserve = _reserve(m, hw)
     if m.slo:
         so, ro = engine_overheads(hw, engine=eng, engines=engines)
-        pt = slo_throughput(shape.table, shape.nonblock, hw, recipe, wl, parse_slo(m.slo),
+        pt = slo_throughput(table, shape.nonblock, hw, recipe, wl, parse_slo(m.slo),
                             reserve_bytes=reserve, step_overhead_s=so, request_overhead_s=ro,
                             **kw)
         return pt.throughput_node_tok_s if m.tp == hw.gpus_per_node.value else \
             pt.throughput_tok_s * m.tp
     if m.concurrency is None:  # the maximum-throughput point: the most that fit
-        b1 = blocks("cap", shape.table, hw, recipe, [wl], **kw)
+        b1 = blocks("cap", table, hw, recipe, [wl], **kw)
         nb1 = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp,
-                             attention_dp=m.attention_dp, engine=eng, engines=engines)
+                             attention_dp=m.attention_dp, engine=eng, engines=engines,
+                             draft=draft is not None)
         cap = max_concurrency(b1, nb1, hw, wl.max_context, reserve_bytes=reserve)
         wl = wl.with_sequences(max(1, min(cap.max_concurrency, wl.max_num_seqs)))
-    b = blocks("main", shape.table, hw, recipe, [wl], **kw)
+    b = blocks("main", table, hw, recipe, [wl], **kw)
     nb = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp, attention_dp=m.attention_dp,
-                        engine=eng, engines=engines)
+                        engine=eng, engines=engines, draft=draft is not None)
     s = summarize(b, nb, hw, reserve_bytes=reserve)
     if m.metric == "throughput":
         return float(s.throughput_tok_s[0] * m.tp)

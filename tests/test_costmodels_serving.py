@@ -10,7 +10,13 @@ import pytest
 import hwprofiles
 from costmodels.blocks import price_blocks
 from costmodels.dtypes import get_recipe
-from costmodels.model import NonBlockShape, max_concurrency, price_model, price_nonblock
+from costmodels.model import (
+    NonBlockShape,
+    max_concurrency,
+    price_model,
+    price_nonblock,
+    summarize,
+)
 from costmodels.serving import concurrency_grid, parse_slo, slo_throughput
 from costmodels.shapes import BlockTable, Kind
 from costmodels.workload import UNLIMITED
@@ -194,3 +200,43 @@ def test_speculative_verify_keeps_a_state_per_draft_position_and_commits_the_acc
     assert spec.memory_bytes[0] - plain.memory_bytes[0] == pytest.approx(
         6 * plain.state_bytes[0], rel=1e-9)
 
+
+def test_a_measurement_taken_with_mtp_is_priced_with_the_mtp_head(tmp_path):
+    """``draft_tokens`` / ``acceptance`` columns of a measurements CSV price the row with the
+    config's MTP head as draft rows; a model without one is refused by name."""
+    from costmodels.calibrate import load_measurements, predict
+    from nas.cli.calibrate import shape_resolver
+
+    repo = Path(__file__).resolve().parents[1]
+    csv = tmp_path / "m.csv"
+    head = ("id,split,gpu,model,precision,tp,ep,attention_dp,isl,osl,concurrency,slo,metric,"
+            "value,engine,source,url,draft_tokens,acceptance\n")
+    csv.write_text(head + "1,fit,b200,nemotron-3-super-120b-a12b,nvfp4-super,8,8,1,8192,8192,"
+                   "256,,tpot_s,0.01,trtllm,a test row,,5,3.45\n"
+                   "2,fit,b200,nemotron-3-super-120b-a12b,nvfp4-super,8,8,1,8192,8192,"
+                   "256,,tpot_s,0.01,trtllm,a test row,\n"
+                   "3,fit,b200,llama-3.1-70b,nvfp4,1,1,0,128,128,8,,tpot_s,0.01,trtllm,a row,,"
+                   "3,2\n")
+    spec, plain, llama = load_measurements(csv)
+    assert (spec.draft_tokens, spec.acceptance, plain.draft_tokens, plain.acceptance) == (
+        5, 3.45, 0, None)
+    shapes = shape_resolver(csv, [str(repo / "tests/data/configs"),
+                                  str(repo / "nas/examples/configs")])
+    b200 = hwprofiles.get("b200")
+    shape = shapes("nemotron-3-super-120b-a12b")
+    table = BlockTable.concat([shape.table, shape.mtp_table])
+    draft = np.r_[np.zeros(len(shape.table), bool), np.ones(len(shape.mtp_table), bool)]
+    rec = get_recipe("nvfp4-super")
+    wl = ["isl=8192,osl=8192,concurrency=256,draft_tokens=5,acceptance=3.45"]
+    blocks = price_blocks(table, b200, rec, wl, tp=8, ep=8, attention_dp=True, draft=draft)
+    nb = price_nonblock(shape.nonblock, b200, rec, wl, tp=8, attention_dp=True, draft=True,
+                        engine="trtllm")
+    assert predict(spec, shape, b200) == pytest.approx(
+        summarize(blocks, nb, b200).tpot_s[0], rel=1e-12)
+    assert predict(plain, shape, b200) > predict(spec, shape, b200)  # 3.45 tokens a step
+    with pytest.raises(InputError, match="no MTP head"):
+        predict(llama, shapes("llama-3.1-70b"), b200)
+    bad = tmp_path / "bad.csv"
+    bad.write_text(head + "1,fit,b200,x,fp8,1,1,0,1,2,,,throughput,1,,src,,5,\n")
+    with pytest.raises(InputError, match="acceptance"):
+        load_measurements(bad)
