@@ -36,6 +36,11 @@ blocks are the attention slot and odd blocks the MLP slot):
   ``block_sparse_moe.input_linear.weight`` (E, 2W, h: gate rows then up rows),
   ``block_sparse_moe.output_linear.weight`` (E, h, W), ``shared_mlp.input_linear.weight``
   (2S, h) and ``shared_mlp.output_linear.weight`` (:mod:`nas.modules.granite`).
+* ``qwen3_5_moe`` (the image-text wrapper ``Qwen3_5MoeForConditionalGeneration``, read as a
+  parent; a model saved from it is the text-only ``qwen3_5_moe_text``): the language model's
+  tensors under ``model.language_model.`` instead of ``model.``; the vision tower
+  (``model.visual.*``) and the MTP head (``mtp.*``) are left out (:data:`LEFT_OUT`,
+  :attr:`CheckpointReader.left_out`).
 
 Each saved file carries per-tensor SHA-256 digests in its safetensors metadata
 (``puzzle_nas_sha256``) so that a modified tensor is caught on load; files from other
@@ -47,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -140,7 +146,26 @@ def hf_layout(model: CausalLM, model_type: str) -> list[tuple[str, str, int | No
                      "model.norm.weight", None))
     if model.lm_head is not None:
         rows.append(("lm_head.weight", "lm_head.weight", None))
+    lm = LANGUAGE_MODEL_PREFIX.get(model_type)
+    if lm is not None:  # an image-text wrapper: its language model's tensors
+        rows = [(k, lm + n[len("model."):] if n.startswith("model.") else n, j)
+                for k, n, j in rows]
     return rows
+
+
+LANGUAGE_MODEL_PREFIX: dict[str, str] = {"qwen3_5_moe": "model.language_model."}
+"""Image-text wrapper types read as a parent (``Qwen3_5MoeForConditionalGeneration``): the
+prefix of their language model's tensors, in place of ``model.``."""
+
+LEFT_OUT: dict[str, tuple[str, str]] = {
+    "qwen3_5_moe": (r"^(model\.visual\.|mtp\.)",
+                    "the vision tower (model.visual.*) and the MTP head (mtp.*) are not "
+                    "modeled: only the language model is read"),
+    "qwen3_5_moe_text": (r"^mtp\.", "the MTP head (mtp.*) is not modeled"),
+    "qwen3_next": (r"^mtp\.", "the MTP head (mtp.*) is not modeled"),
+}
+"""Checkpoint tensors a type's reader leaves out (a regex on the name) and why; transformers
+skips the same ones (``_keys_to_ignore_on_load_unexpected``)."""
 
 
 def hf_state_dict(model: CausalLM, model_type: str) -> dict[str, torch.Tensor]:
@@ -339,7 +364,14 @@ class CheckpointReader:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
             raise InputError(f"missing tensor {missing[0]}{more}: config.json ({mt}) expects "
                              "it", path=str(folder))
-        extra = sorted(k for k in set(self.files) - expected
+        skip = LEFT_OUT.get(mt)
+        self.left_out = sorted(k for k in set(self.files) - expected
+                               if skip is not None and re.match(skip[0], k))
+        """Tensors of the checkpoint not read (:data:`LEFT_OUT`: e.g. a wrapper's vision
+        tower); :attr:`left_out_note` says why (``None`` when there are none)."""
+        self.left_out_note = f"{len(self.left_out)} tensors left out: {skip[1]}" \
+            if self.left_out and skip is not None else None
+        extra = sorted(k for k in set(self.files) - expected - set(self.left_out)
                        if not (self.arch.mtp_blocks and k.startswith("mtp."))
                        and not is_mtp_tensor(self.arch, k))
         if extra and strict:

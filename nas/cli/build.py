@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--parent and --calib go together (the parent's activations on the "
                          "calibration tokens rank what to keep)")
     report: list[str] = []
+    left_out = None  # what the parent checkpoint holds that is not read (a vision tower ...)
     if args.blocks and stand_in is not None and stand_in != list(range(arch.num_blocks)):
         raise InputError("--blocks assembles BLD blocks position by position; this blueprint "
                          "replaces spans of parent blocks (its stand_in), so build it with "
@@ -224,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         from nas.build_checkpoint import CheckpointReader
 
         reader = CheckpointReader(args.parent)
+        left_out = reader.left_out_note
         tokens = read_calibration(args.calib, args.calib_len)
         dtype = getattr(torch, args.dtype) if args.dtype else reader.stored_dtype()
         from nas.build_inherit import MAX_TOKENS
@@ -259,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         "predicted_total": pc.total, "active_params": pc.active,
         "params_by_kind": pc.by_kind_total, "dtype": str(model.embed.weight.dtype)[6:],
         "mtp_blocks_not_built": len(model.arch.mtp_blocks), "init": report,
-        "random_weights": not args.parent,
+        "random_weights": not args.parent, "parent_left_out": left_out,
     }
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -278,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
     if args.parent:
         copied = sum(r.endswith(": copied") for r in report)
         print(f"  initialized from {args.parent}: {copied} blocks copied")
+        if left_out:
+            print(f"  parent: {left_out}")
         for r in report:
             if not r.endswith(": copied"):
                 print(f"    {r}")
