@@ -4,9 +4,9 @@
 torch model computes Granite's embedding / residual / logits multipliers and attention scale
 and reads / writes its fused expert tensors (``input_linear``): logits parity with
 transformers' ``GraniteMoeHybridForCausalLM`` both ways, init_from_parent on every axis the
-shipped example searches, ``puzzle-nas build`` from a transformers-written parent. (``falcon_h1``,
-parallel attention + Mamba within a layer: ``tests/test_family_falcon_h1.py``; ``jamba``:
-``tests/test_family_jamba.py``).
+shipped example searches, ``puzzle-nas build`` from a transformers-written parent
+(``falcon_h1``, parallel attention + Mamba within a layer: ``tests/test_family_falcon_h1.py``;
+``jamba``: ``tests/test_family_jamba.py``).
 
 Granite-4.0-H-Small (https://huggingface.co/ibm-granite/granite-4.0-h-small, model card and
 IBM's Granite 4.0 announcement: "32B total parameters, 9B active"). The sizes in
