@@ -222,43 +222,59 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+#: nas.mip's defaults before issue 15 part 2: restricted runs always ran to the end, and a
+#: given incumbent (a sweep's tighter neighbour) set the first fixing threshold
+PREVIOUS = {"stop": False, "incumbent_threshold": True}
+
+
 @pytest.mark.benchmark(group="mip-extras")
 def test_pareto_sweep_20(benchmark, capsys):
-    """A 20-point sweep three ways, side by side, the answers checked equal point by point:
+    """A 20-point sweep five ways, side by side, the answers checked equal point by point:
     nas.mip.sweep in one process (loosest point reused where it fits, incumbents as
-    cutoffs), the same with 2 worker processes, and a cold sweep (one independent solve
-    per point)."""
+    cutoffs), the same with 2 worker processes, a cold sweep (one independent solve per
+    point), and the sweep and the cold sweep with the previous defaults (:data:`PREVIOUS`).
+    Ratios are to the cold sweep with the previous defaults (the issue's baseline) and to
+    the cold sweep with today's."""
     lib, obj, budgets = INSTANCES["super88-s0"]
     key = "memory_bytes@long-1m"
     tot = next(b.hi for b in budgets if b.key == key) / 0.6
     others = [b for b in budgets if b.key != key]
     values = list(np.linspace(0.35, 1.0, 20) * tot)
     opts = SolveOptions(mip_rel_gap=GAP, threads=1)
+    prev = SolveOptions(mip_rel_gap=GAP, threads=1, **PREVIOUS)
     before = load()
 
-    def run(workers: int):
-        return timed(lambda: sweep(lib, obj, others, key=key, values=values, options=opts,
+    def run(workers: int, o: SolveOptions = opts):
+        return timed(lambda: sweep(lib, obj, others, key=key, values=values, options=o,
                                    workers=workers))
+
+    def cold_sweep(o: SolveOptions):
+        return timed(lambda: [
+            solve(lib, obj, [*others, Budget(key, None, v)], options=o) for v in values])
 
     (sw, t_sweep, c_sweep) = benchmark.pedantic(run, args=(1,), rounds=1, iterations=1)
     sw2, t_par, c_par = run(2)
-    cold, t_cold, c_cold = timed(lambda: [
-        solve(lib, obj, [*others, Budget(key, None, v)], options=opts) for v in values])
-    assert len(sw.results) == len(sw2.results) == 20 and sw.frontier
-    for a, b, c in zip(sw.results, sw2.results, cold):
-        assert a.status == b.status == c.status
+    cold, t_cold, c_cold = cold_sweep(opts)
+    swp, t_swp, c_swp = run(1, prev)
+    coldp, t_coldp, c_coldp = cold_sweep(prev)
+    assert len(sw.results) == len(sw2.results) == len(swp.results) == 20 and sw.frontier
+    for a, b, c, d, e in zip(sw.results, sw2.results, cold, swp.results, coldp):
+        assert a.status == b.status == c.status == d.status == e.status
         if c.ok:
-            for r in (a, b):
+            for r in (a, b, d, e):
                 assert abs(r.objective - c.objective) <= 2 * GAP * max(abs(c.objective), 1.0)
     hard = sorted(((r.seconds, v / tot, r.nodes) for v, r in zip(values, sw.results)),
                   reverse=True)[:3]
     with capsys.disabled():
         print(f"\n[bench_mip] 20-point sweep, answers equal to the cold sweep point by point; "
-              f"{before} before, {load()} after (2 cores, shared)")
+              f"{before} before, {load()} after (2 cores, shared); 'previous' = "
+              f"{PREVIOUS}")
         for name, t, c in (("sweep, 1 process", t_sweep, c_sweep),
-                           ("sweep, 2 workers", t_par, c_par), ("cold", t_cold, c_cold)):
-            print(f"[bench_mip]   {name:<18} {t:7.2f} s wall ({t_cold / t:.2f}x vs cold), "
-                  f"{c:6.2f} s CPU ({c_cold / c:.2f}x)")
+                           ("sweep, 2 workers", t_par, c_par), ("cold", t_cold, c_cold),
+                           ("sweep, previous", t_swp, c_swp), ("cold, previous", t_coldp, c_coldp)):
+            print(f"[bench_mip]   {name:<18} {t:7.2f} s wall ({t_coldp / t:.2f}x vs cold "
+                  f"previous, {t_cold / t:.2f}x vs cold), {c:6.2f} s CPU ({c_coldp / c:.2f}x, "
+                  f"{c_cold / c:.2f}x)")
         print(f"[bench_mip]   {len(sw.frontier)} frontier points, "
               f"{sum(r.seconds == 0 for r in sw.results)} of 20 reused from the loosest; "
               "hardest points (s, fraction of the parent, nodes): "

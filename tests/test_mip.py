@@ -389,8 +389,11 @@ def test_warm_start_gives_the_same_optimum(prob, data):
     # a start that breaks a row is ignored, one that meets them never hides a better child
     lib, obj, budgets = prob
     start = data.draw(st.sampled_from(all_covers(lib)))
+    # the start is a cutoff only, or also sets the first fixing threshold (the old default)
+    opts = SolveOptions(mip_rel_gap=0.0, incumbent_threshold=data.draw(st.booleans()),
+                        stop=data.draw(st.booleans()))
     best = brute(lib, obj, budgets)
-    res = solve(lib, obj, budgets, options=EXACT, warm_start=list(start))
+    res = solve(lib, obj, budgets, options=opts, warm_start=list(start))
     if best is None:
         assert res.status == "infeasible"
     else:
@@ -460,14 +463,16 @@ def test_changing_thread_counts_between_solves():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems(), st.lists(st.integers(-2, 60), min_size=1, max_size=5))
-def test_sweep_points_equal_brute_force(prob, raw):
-    # the sweep reuses the loosest point's child and passes incumbents as cutoffs; every
-    # point must still be the brute-force optimum of its own budget
+@given(problems(), st.lists(st.integers(-2, 60), min_size=1, max_size=5), st.booleans())
+def test_sweep_points_equal_brute_force(prob, raw, incumbent_threshold):
+    # the sweep reuses the loosest point's child and passes incumbents as cutoffs (or, the
+    # old default, also as the first fixing threshold); every point must still be the
+    # brute-force optimum of its own budget
     lib, obj, budgets = prob
     key = budgets[0].key
     others = budgets[1:]
-    sw = sweep(lib, obj, others, key=key, values=[float(v) for v in raw], options=EXACT)
+    opts = SolveOptions(mip_rel_gap=0.0, incumbent_threshold=incumbent_threshold)
+    sw = sweep(lib, obj, others, key=key, values=[float(v) for v in raw], options=opts)
     for v, res in zip(raw, sw.results):
         best = brute(lib, obj, [*others, Budget(key, None, float(v))])
         if best is None:

@@ -146,6 +146,11 @@ def test_stopped_restricted_runs_keep_the_exact_optimum(seed, gap):
     best = ref[0]
     assert res.best_bound is not None and res.best_bound <= best + 1e-12 * abs(best)
     assert best - 1e-9 * abs(best) <= res.objective <= best + max(gap, GAP_FLOOR) * abs(best)
+    # with the rule off every run ends on its own; same optimum within the gap
+    off = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=gap, stop=False))
+    res_off = off.solve()
+    assert "stopped" not in off.runs and res_off.status == "optimal"
+    assert abs(res_off.objective - res.objective) <= max(gap, GAP_FLOOR) * abs(best)
 
 
 @pytest.mark.parametrize("gap,abs_gap", [(1e-4, 0.0), (0.0, 0.0), (1e-3, 50.0)])

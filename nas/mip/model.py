@@ -38,8 +38,12 @@ class SolveOptions:
     ``fixing`` turns on LP reduced-cost fixing before the MIP (see :meth:`MipModel.solve`);
     ``shift`` rewrites each budget row by shortest-path potentials (nonnegative
     coefficients, same feasible set); ``restarts`` allows HiGHS' restarts (re-presolving
-    after root fixings). A known child is given per solve, checked, as
-    :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
+    after root fixings); ``stop`` interrupts a restricted run once its bound shows it
+    cannot be the last (see :meth:`MipModel.solve`); ``incumbent_threshold`` lets a given
+    incumbent set the first fixing threshold (off: it is only a cutoff). ``stop`` and
+    ``incumbent_threshold`` change the work, never the answer's guarantee; their defaults
+    are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
+    as :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
 
     time_limit: float | None = None
     mip_rel_gap: float = 1e-4
@@ -51,6 +55,8 @@ class SolveOptions:
     fixing: bool = True
     shift: bool = False
     restarts: bool = False
+    stop: bool = True
+    incumbent_threshold: bool = False
 
     def __post_init__(self) -> None:
         for name in ("mip_rel_gap", "mip_abs_gap"):
@@ -530,7 +536,8 @@ class MipModel:
         sweep's previous point, as the bound loosens). It is checked here, never handed to
         HiGHS as a MIP start; it is the objective cutoff of every run (HiGHS looks only for
         better children) and is returned when nothing better exists. It does not set the
-        first fixing threshold (a far-off incumbent would free nearly every column).
+        first fixing threshold (a far-off incumbent would free nearly every column) unless
+        ``SolveOptions.incumbent_threshold``.
 
         The feasibility tolerance is set from the data before each run (see the module
         doc); when HiGHS reports optimal but the honest bound misses the allowed gap, the
@@ -549,7 +556,8 @@ class MipModel:
         least HiGHS' bound ``D`` on it, so once ``D - allowed(D) > LB + tau`` (with a child
         in hand; see :meth:`stop_threshold`) the run is interrupted, its child kept as the
         incumbent and ``tau`` raised as above. Only the search for a proof that would not
-        be used is skipped; every answer is still proved by a run that ends on its own.
+        be used is skipped; every answer is still proved by a run that ends on its own
+        (``SolveOptions.stop``, on by default).
         ``runs`` lists the status of each run.
         """
         o = self.opts
@@ -582,11 +590,13 @@ class MipModel:
             except SolverError:
                 pass  # not feasible under the current rows: ignore it
             else:
-                # a cutoff from the first run; tau starts small as without it (set from
-                # it, a sweep's far-off neighbour freed nearly every column: bench_mip's
-                # sweep took 1.5-1.9x the CPU), and the stop rule ends runs that cannot
-                # be the last
+                # a cutoff from the first run; by default tau starts small as without it
+                # (set from it, a sweep's far-off neighbour freed nearly every column:
+                # bench_mip's sweep took 1.5-1.9x the CPU), and the stop rule ends runs
+                # that cannot be the last
                 inc, u = x0, float(self.c_min @ x0)
+                if o.incumbent_threshold:
+                    tau = max(tau, (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12)
         status = "error"
         msg = ""
         bound = -math.inf
@@ -607,7 +617,7 @@ class MipModel:
                 # this run is the last only if its optimum U' has lb0 + tau >= U' - allowed
                 # (U'); once HiGHS' bound D on it shows otherwise, more search here is
                 # wasted: stop holding a child and raise tau (see stop_threshold)
-                stop = math.inf if full else self.stop_threshold(lb0 + tau)
+                stop = math.inf if full or not o.stop else self.stop_threshold(lb0 + tau)
                 st, x, bnd, n, msg = self._run(left(), cut, stop)
                 nodes += n
                 self.runs.append(st)
