@@ -30,6 +30,10 @@ blocks are the attention slot and odd blocks the MLP slot):
   ``c_layernorm``) or ``self_attn.*``, the odd block's norm is ``pre_ff_layernorm`` and its
   tensors ``feed_forward.*`` (MoE router ``feed_forward.router.weight``), and the final
   norm is ``model.final_layernorm.weight``.
+* ``falcon_h1``: as the Llama family, but the even (parallel) block's tensors are
+  ``model.layers.{L}.self_attn.<attention names>`` and ``model.layers.{L}.mamba.<Mamba
+  names>`` side by side, the odd block's norm is ``pre_ff_layernorm`` and its tensors
+  ``feed_forward.*``, and the final norm is ``model.final_layernorm.weight``.
 * ``granitemoehybrid``: as the Llama family, but a Mamba block's tensors are
   ``model.layers.{L}.mamba.<Mamba names>`` and the odd block's are
   ``model.layers.{L}.block_sparse_moe.router.layer.weight``,
@@ -130,6 +134,11 @@ def hf_layout(model: CausalLM, model_type: str) -> list[tuple[str, str, int | No
                 # shared_mlp submodules (nas.modules.granite)
                 mixer = prefix + ("mamba." if model.arch.blocks[i].kind == "mamba" else
                                   "self_attn." if attn_slot else "")
+            if model_type == "falcon_h1":  # Falcon-H1: self_attn. + mamba. side by side,
+                # then feed_forward (nas.modules.parallel names the branches as HF does)
+                norm_name = prefix + ("input_layernorm.weight" if attn_slot
+                                      else "pre_ff_layernorm.weight")
+                mixer = prefix + ("" if attn_slot else "feed_forward.")
         if part == "norm":
             rows.append((key, norm_name, None))
         elif rest in _EXPERT_PARAMS:
@@ -142,8 +151,8 @@ def hf_layout(model: CausalLM, model_type: str) -> list[tuple[str, str, int | No
             rows.append((key, mixer + _mixer_name(rest, model_type, attn_slot), None))
     if model.norm is not None:
         rows.append(("norm.weight", "backbone.norm_f.weight" if nemo else
-                     "model.final_layernorm.weight" if model_type == "jamba" else
-                     "model.norm.weight", None))
+                     "model.final_layernorm.weight" if model_type in ("jamba", "falcon_h1")
+                     else "model.norm.weight", None))
     if model.lm_head is not None:
         rows.append(("lm_head.weight", "lm_head.weight", None))
     lm = LANGUAGE_MODEL_PREFIX.get(model_type)

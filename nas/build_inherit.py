@@ -44,6 +44,9 @@ MLA, fewer query heads       heads ranked by channel contribution into ``o_proj`
                              heads' q_b / kv_b rows and o_proj columns copied
 MLA, smaller kv / q rank     SVD of the (norm-folded) up-projection: top-r directions, the
                              down-projection rotated onto them (:mod:`nas.build_inherit_mla`)
+parallel attention + Mamba   each kept branch by its own rule above (attention, Mamba) on
+                             the block's normed input; a dropped branch is gone and the
+                             other keeps the parent's weights
 gpt-oss sinks, biases        sinks copied; router / expert biases follow kept experts and
                              channels
 anything else                random init (reported)
@@ -71,6 +74,7 @@ from nas.arch import (
     ModelArch,
     MoE,
     NoOp,
+    Parallel,
     _Block,
 )
 from nas.build_checkpoint import CheckpointReader
@@ -82,6 +86,7 @@ from nas.modules.layers import AttentionMixer, FFNMixer, LinearMixer
 from nas.modules.mamba import MambaMixer, ssd_chunked
 from nas.modules.model import CausalLM
 from nas.modules.moe import MoEMixer
+from nas.modules.parallel import ParallelMixer
 from nas.progress import Progress
 
 MAX_TOKENS = 8192  # calibration tokens used for importance (a prefix of the batch)
@@ -310,7 +315,8 @@ def _mamba(p: MambaMixer, c: MambaMixer, pc: Mamba, cc: Mamba, xin: torch.Tensor
         _copy(c.conv1d.bias, p.conv1d.bias[conv_idx])
     for name in ("dt_bias", "A_log", "D"):
         _copy(getattr(c, name), getattr(p, name)[heads])
-    _copy(c.norm.weight, p.norm.weight[iidx])
+    if hasattr(p, "norm") and hasattr(c, "norm"):  # (Falcon-H1's may have no norm weight)
+        _copy(c.norm.weight, p.norm.weight[iidx])
     _copy(c.out_proj.weight, p.out_proj.weight[:, iidx])
     if p.out_proj.bias is not None and c.out_proj.bias is not None:
         _copy(c.out_proj.bias, p.out_proj.bias)
@@ -386,6 +392,34 @@ def _swap_scale(pb: torch.nn.Module, cb: torch.nn.Module, x: torch.Tensor) -> fl
     return s
 
 
+def _parallel(p: ParallelMixer, c: ParallelMixer, pc: Parallel, cc: Parallel,
+              xin: torch.Tensor) -> str:
+    """Falcon-H1's parallel block: each branch the child keeps by its own rule (attention:
+    :func:`_attention`, Mamba: :func:`_mamba`, on the block's normed input); a dropped
+    branch is gone, the kept one inherits the parent's weights."""
+    if (pc.mamba_rms_norm, pc.mamba_norm_before_gate) != \
+            (cc.mamba_rms_norm, cc.mamba_norm_before_gate) and cc.mamba is not None:
+        return "random (Mamba norm variant differs)"
+    notes = []
+    for name, rule in (("attention", _attention), ("mamba", _mamba)):
+        pb, cb = getattr(pc, name), getattr(cc, name)
+        pm, cm = (p.self_attn, c.self_attn) if name == "attention" else (p.mamba, c.mamba)
+        if cb is None:
+            if pb is not None:
+                notes.append(f"{name} dropped")
+        elif pb is None:
+            notes.append(f"{name} random (the parent has no {name} branch)")
+        elif pb == cb:
+            for (_, dst), (_, src) in zip(cm.state_dict(keep_vars=True).items(),  # type: ignore[union-attr]
+                                          pm.state_dict(keep_vars=True).items()):  # type: ignore[union-attr]
+                _copy(dst, src)
+            notes.append(f"{name} copied")
+        else:
+            args = (pm, cm, pb, cb) if name == "attention" else (pm, cm, pb, cb, xin)
+            notes.append(f"{name}: " + rule(*args))  # type: ignore[operator]
+    return "; ".join(notes)
+
+
 def swap_init(cb: torch.nn.Module, pb: torch.nn.Module, src: torch.nn.Module, j: int,
               x: torch.Tensor) -> str:
     """Child block ``cb`` (attention <-> DeltaNet swapped in for parent block ``pb``) as a copy
@@ -436,6 +470,8 @@ def inherit_block(pc: _Block, p: torch.nn.Module | None, cc: _Block, c: torch.nn
         return inherit_mamba1(p, c, pc, cc, xin)  # type: ignore[arg-type]
     if isinstance(cc, MLA):
         return inherit_mla(p, c, pc, cc, xin)  # type: ignore[arg-type]
+    if isinstance(cc, Parallel):
+        return _parallel(p, c, pc, cc, xin)  # type: ignore[arg-type]
     return f"random (no rule for {cc.kind})"  # type: ignore[attr-defined]
 
 

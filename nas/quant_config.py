@@ -11,6 +11,8 @@ for a child whose blocks each have a recipe (``nas.spans``):
   (``backbone.layers.{i}.mixer.in_proj`` for ``nemotron_h*``;
   ``model.layers.{i // 2}.self_attn.q_proj`` / ``.mlp.up_proj`` for paired types;
   ``model.layers.{i // 2}.mamba.x_proj`` / ``.feed_forward.up_proj`` for ``jamba``;
+  ``model.layers.{i // 2}.self_attn.q_proj`` and ``.mamba.in_proj`` (a parallel block) /
+  ``.feed_forward.up_proj`` for ``falcon_h1``;
   ``model.layers.{i // 2}.mamba.in_proj`` / ``.block_sparse_moe.input_linear`` (the fused
   experts, one module) / ``.shared_mlp.input_linear`` for ``granitemoehybrid``);
 * routed experts are written as one fnmatch pattern per projection
@@ -33,7 +35,7 @@ from typing import Any
 
 from costmodels.dtypes import DType, PrecisionRecipe, TensorRole, get_recipe
 from hwprofiles.errors import InputError
-from nas.arch import FFN, MLA, Attention, Linear, Mamba, ModelArch, MoE, _Block
+from nas.arch import FFN, MLA, Attention, Linear, Mamba, ModelArch, MoE, Parallel, _Block
 
 # ModelOpt's names of the formats (hf_quant_config.json ``quant_algo``), with group sizes
 _ALGO: dict[DType, dict[str, Any]] = {
@@ -64,6 +66,16 @@ def _modules(b: _Block, model_type: str, i: int) -> list[tuple[str, TensorRole]]
         if b.kind == "mamba1":  # type: ignore[attr-defined]
             return [(pre + n, TensorRole.MAMBA) for n in ("in_proj", "x_proj", "dt_proj",
                                                           "out_proj")]
+    if model_type == "falcon_h1":  # self_attn. + mamba. side by side, then feed_forward.
+        layer = f"model.layers.{i // 2}."
+        if isinstance(b, Parallel):
+            return ([(layer + "self_attn." + n, TensorRole.ATTENTION)
+                     for n in ("q_proj", "k_proj", "v_proj", "o_proj") if b.attention]
+                    + [(layer + "mamba." + n, TensorRole.MAMBA)
+                       for n in ("in_proj", "out_proj") if b.mamba])
+        if isinstance(b, FFN):
+            return [(layer + "feed_forward." + n, TensorRole.FFN)
+                    for n in ("gate_proj", "up_proj", "down_proj")]
     if model_type == "granitemoehybrid":  # nas.modules.granite's checkpoint layout
         layer = f"model.layers.{i // 2}."
         if isinstance(b, Mamba):
@@ -113,6 +125,11 @@ def _modules(b: _Block, model_type: str, i: int) -> list[tuple[str, TensorRole]]
     return []
 
 
+def _has_kv(b: _Block) -> bool:
+    """Whether the block keeps a KV cache (attention, MLA, a parallel block's attention)."""
+    return isinstance(b, Attention | MLA) or (isinstance(b, Parallel) and b.attention is not None)
+
+
 def quantization_config(arch: ModelArch, recipes: Sequence[str | PrecisionRecipe],
                         model_type: str, version: str = "") -> dict[str, Any] | None:
     """The ``quantization_config`` of ``arch`` exported as ``model_type`` with block ``i`` in
@@ -132,7 +149,7 @@ def quantization_config(arch: ModelArch, recipes: Sequence[str | PrecisionRecipe
                 raise InputError(f"block {i}: no ModelOpt format for {dt.value}",
                                  field="precision")
             layers[name] = dict(_ALGO[dt])
-        if isinstance(b, Attention | MLA):
+        if _has_kv(b):
             mixer = _modules(b, model_type, i)[0][0].rsplit(".", 1)[0]
             kv[mixer] = "FP8" if r.kv_cache == DType.FP8 else (
                 "NONE" if r.kv_cache in _UNQUANTIZED else r.kv_cache.value.upper())
@@ -176,7 +193,7 @@ def block_formats(arch: ModelArch, qc: dict[str, Any] | None, model_type: str
                     raise InputError(f"unknown quant_algo {algo!r}",
                                      field=f"quantization_config.quantized_layers.{name}")
                 d.setdefault(role.value, _FROM_ALGO[algo].value)
-        if isinstance(b, Attention | MLA):
+        if _has_kv(b):
             mixer = mods[0][0].rsplit(".", 1)[0]
             kvf = per_kv.get(mixer, qc.get("kv_cache_quant_algo"))
             if kvf:

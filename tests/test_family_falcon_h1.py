@@ -263,6 +263,178 @@ def test_shipped_example_search_runs(tmp_path):
     assert all(p.attention is None or p.attention.num_kv_heads == 1 for p in pars)
 
 
+# ---- torch: parity with transformers, init_from_parent ----------------------------------
+def _hf_config(**over):
+    transformers = pytest.importorskip("transformers")
+    kw = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_d_ssm=32,
+              mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=8,
+              mamba_d_conv=4, mamba_chunk_size=8, mamba_rms_norm=True,
+              mamba_norm_before_gate=False, attention_in_multiplier=1.2, key_multiplier=0.8,
+              attention_out_multiplier=0.7, ssm_in_multiplier=1.1, ssm_out_multiplier=0.6,
+              mlp_multipliers=[1.5, 0.5], ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3],
+              embedding_multiplier=2.0, lm_head_multiplier=0.5, rope_theta=1e4,
+              time_step_limit=(0.05, 2.0), tie_word_embeddings=False, bos_token_id=1,
+              eos_token_id=None, pad_token_id=0, max_position_embeddings=256)
+    kw.update(over)
+    return transformers.FalconH1Config(**kw)
+
+
+def _hf_model(seed: int = 0, **over):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_hf_parity import randomize
+
+    torch.manual_seed(seed)
+    m = transformers.AutoModelForCausalLM.from_config(_hf_config(**over), dtype=torch.float32)
+    randomize(m, seed)
+    return m.eval()
+
+
+VARIANTS = {  # the three Mamba norm variants; biases everywhere but the conv in one
+    "norm-after-gate": {},
+    "norm-before-gate-biases": {"mamba_norm_before_gate": True, "attention_bias": True,
+                                "mlp_bias": True, "mamba_proj_bias": True,
+                                "projectors_bias": True, "mamba_conv_bias": False},
+    "no-norm": {"mamba_rms_norm": False},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_parity_both_ways(variant, tmp_path):
+    pytest.importorskip("torch")
+    from test_hf_parity import _check, _prompt, check_ours_to_theirs
+
+    from nas.build import load_pretrained
+
+    theirs = _hf_model(**VARIANTS[variant])
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf").eval()
+    assert ours.arch.mup is not None and ours.arch.hf_extra["time_step_limit"] == [0.05, 2.0]
+    assert _check(ours, theirs, _prompt()) <= 1e-4
+    check_ours_to_theirs(load_config(tmp_path / "hf"), tmp_path)
+
+
+def test_multipliers_change_the_logits(tmp_path):
+    """Every muP multiplier is computed: dropping them moves the logits far."""
+    torch = pytest.importorskip("torch")
+    from test_hf_parity import _prompt
+
+    from nas.build import load_pretrained
+
+    _hf_model().save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf").eval()
+    plain = ours.arch.model_copy(update={"mup": None})
+    from nas.modules.model import CausalLM
+
+    other = CausalLM(plain).eval()
+    other.load_state_dict(ours.state_dict())
+    with torch.no_grad():
+        assert float((ours(_prompt()) - other(_prompt())).abs().max()) > 1e-1
+
+
+@pytest.fixture(scope="module")
+def tiny_parent():
+    torch = pytest.importorskip("torch")
+    from nas.build import from_transformers
+
+    parent = from_transformers(_hf_model(seed=5)).eval()
+    g = torch.Generator().manual_seed(11)
+    return parent, torch.randint(2, 96, (8, 24), generator=g), \
+        torch.randint(2, 96, (4, 24), generator=g)
+
+
+AXES = {
+    "kv-heads-2-to-1": lambda p: p.model_copy(update={
+        "attention": p.attention.model_copy(update={"num_kv_heads": 1})}),
+    "mamba-heads-4-to-2": lambda p: p.model_copy(update={
+        "mamba": p.mamba.model_copy(update={"num_heads": 2})}),
+    "state-8-to-4": lambda p: p.model_copy(update={
+        "mamba": p.mamba.model_copy(update={"state_size": 4})}),
+    "drop-attention": lambda p: p.model_copy(update={"attention": None}),
+    "drop-mamba": lambda p: p.model_copy(update={"mamba": None}),
+    "ffn-48-to-24": None,
+}
+
+
+@pytest.mark.parametrize("axis", list(AXES))
+def test_init_from_parent_beats_random_init(tiny_parent, axis):
+    torch = pytest.importorskip("torch")
+    from conftest import kl_div
+
+    from nas.build import init_from_parent
+
+    parent, calib, held = tiny_parent
+    i = 3 if axis.startswith("ffn") else 2
+    blocks = list(parent.arch.blocks)
+    blocks[i] = blocks[i].model_copy(update={"width": 24}) if axis.startswith("ffn") \
+        else AXES[axis](blocks[i])
+    arch = parent.arch.replace_blocks(blocks)
+    child = init_from_parent(arch, parent, calib)
+    assert "random" not in child.init_report[i], child.init_report[i]
+    rand = init_from_parent(arch, parent, calib)
+    torch.manual_seed(1)
+    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * arch.num_blocks) ** 0.5)
+    kl_init, kl_rand = kl_div(parent, child, held), kl_div(parent, rand, held)
+    assert kl_init < kl_rand, (axis, kl_init, kl_rand, child.init_report[i])
+    assert child.num_stored() == arch.param_counts().total
+
+
+def test_searched_child_checkpoint_round_trips(tiny_parent, tmp_path):
+    """A child with a Mamba-only layer, an attention-only layer and a narrower MLP saves as
+    falcon_h1 (puzzle_layers) and loads back with the same logits."""
+    torch = pytest.importorskip("torch")
+    from nas.build import init_from_parent, load_pretrained, save_pretrained
+
+    parent, calib, held = tiny_parent
+    b = list(parent.arch.blocks)
+    b[0] = b[0].model_copy(update={"attention": None})
+    b[1] = b[1].model_copy(update={"width": 24})
+    b[2] = b[2].model_copy(update={"mamba": None})
+    child = init_from_parent(parent.arch.replace_blocks(b), parent, calib)
+    save_pretrained(child, tmp_path / "child")
+    cfg = json.loads((tmp_path / "child" / "config.json").read_text())
+    assert cfg["model_type"] == "falcon_h1" and len(cfg["puzzle_layers"]) == 2
+    again = load_pretrained(tmp_path / "child").eval()
+    with torch.no_grad():
+        assert torch.equal(again(held), child.eval()(held))
+
+
+def test_unchanged_child_is_the_parent(tiny_parent):
+    torch = pytest.importorskip("torch")
+    from nas.build import init_from_parent
+
+    parent, calib, held = tiny_parent
+    child = init_from_parent(parent.arch, parent, calib)
+    with torch.no_grad():
+        assert torch.equal(child(held), parent(held))
+
+
+def test_quantization_config_names_the_checkpoint_modules(tiny_parent):
+    """A Falcon-H1 child's ModelOpt-style quantization_config names both branches' modules
+    (``self_attn.*`` and ``mamba.*`` of a parallel block, ``feed_forward.*``), each pattern
+    matches a saved tensor, the KV-cache format covers the attention branches, and it reads
+    back per block."""
+    from nas.build import build_model, hf_layout
+    from nas.quant_config import block_formats, expand, quantization_config
+
+    parent = tiny_parent[0]
+    b = list(parent.arch.blocks)
+    b[2] = b[2].model_copy(update={"attention": None})
+    arch = parent.arch.replace_blocks(b)
+    qc = quantization_config(arch, ["fp8", "nvfp4", "fp8", "bf16"], "falcon_h1")
+    layers = qc["quantized_layers"]
+    assert {"model.layers.0.self_attn.q_proj", "model.layers.0.mamba.in_proj",
+            "model.layers.0.feed_forward.gate_proj", "model.layers.1.mamba.out_proj"} \
+        <= set(layers)
+    assert not any("layers.1.self_attn" in k or "layers.1.feed_forward" in k for k in layers)
+    assert qc["kv_cache_quant_algo"] == "FP8"  # the one attention branch left
+    names = [n for _, n, _ in hf_layout(build_model(arch), "falcon_h1")]
+    assert len(expand(qc, names)) == 6 + 3 + 2
+    assert [f.get("attention") or f.get("mamba") or f.get("ffn")
+            for f in block_formats(arch, qc, "falcon_h1")] == ["fp8", "nvfp4", "fp8", None]
+
+
 def test_model_arch_is_plain_data():
     """The parallel block and the multipliers are plain (JSON) data of the architecture."""
     arch = load_config(H05)

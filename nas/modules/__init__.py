@@ -8,9 +8,10 @@ from nas.modules.layers import AttentionMixer, FFNMixer, LinearMixer, RMSNorm, a
 from nas.modules.mamba import MambaMixer, ssd_chunked, ssd_step
 from nas.modules.model import Block, Cache, CausalLM, make_mixer
 from nas.modules.moe import MoEMixer
+from nas.modules.parallel import ParallelMixer
 
 __all__ = [
     "AttentionMixer", "Block", "Cache", "CausalLM", "DeltaNetMixer", "FFNMixer", "LinearMixer",
-    "MambaMixer", "MoEMixer", "RMSNorm", "activation", "gated_delta_chunked", "gated_delta_step",
-    "make_mixer", "ssd_chunked", "ssd_step",
+    "MambaMixer", "MoEMixer", "ParallelMixer", "RMSNorm", "activation", "gated_delta_chunked",
+    "gated_delta_step", "make_mixer", "ssd_chunked", "ssd_step",
 ]

@@ -65,7 +65,10 @@ IDENTITY = Scalars()
 def scalars_of(arch: ModelArch) -> Scalars:
     """The scalars of ``arch``'s forward pass: Granite's four multipliers read from its
     config (:data:`MULTIPLIERS`; a missing one is an :class:`InputError` naming it, never a
-    default), the identity for every other model type."""
+    default); Falcon-H1's embedding and LM-head multipliers (``arch.mup``; logits divided by
+    the inverse of ``lm_head``); the identity for every other model type."""
+    if arch.mup is not None:  # Falcon-H1's embedding / LM-head muP multipliers (nas.arch.MuP)
+        return Scalars(embedding=arch.mup.embedding, logits_divisor=1.0 / arch.mup.lm_head)
     if arch.model_type != GRANITE:
         return IDENTITY
     extra = arch.hf_extra

@@ -27,6 +27,7 @@ from nas.arch import (
     ModelArch,
     MoE,
     NoOp,
+    Parallel,
     _Block,
 )
 from nas.modules.deltanet import DeltaNetMixer
@@ -48,6 +49,7 @@ from nas.modules.mamba import MambaMixer
 from nas.modules.mamba1 import Mamba1Mixer
 from nas.modules.mla import MLAMixer
 from nas.modules.moe import MoEMixer
+from nas.modules.parallel import MuPFFNMixer, ParallelMixer
 
 
 def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
@@ -69,13 +71,17 @@ def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
                              split=arch.model_type.startswith("qwen3_5"))
     if isinstance(cfg, Mamba1):  # Jamba's Mamba-1 (dt / B / C norms at the model's eps)
         return Mamba1Mixer(cfg, h, arch.norm_eps)
-    if isinstance(cfg, Mamba):
+    if isinstance(cfg, Mamba | Parallel):
         extra = arch.hf_extra
         lim = extra.get("time_step_limit") or [0.0, math.inf]
         lo = max(float(lim[0]), float(extra.get("time_step_min") or 0.0))
+        if isinstance(cfg, Parallel):  # Falcon-H1: attention + Mamba-2 side by side
+            return ParallelMixer(cfg, arch, dt_limit=(lo, float(lim[1])))
         return MambaMixer(cfg, h, arch.norm_eps, dt_limit=(lo, float(lim[1])))
     if isinstance(cfg, MoE):
         return GraniteMoEMixer(cfg, h) if arch.model_type == GRANITE else MoEMixer(cfg, h)
+    if isinstance(cfg, FFN) and arch.mup is not None:  # Falcon-H1's muP MLP multipliers
+        return MuPFFNMixer(cfg, h, arch.mup)
     if isinstance(cfg, FFN):  # Granite's dense layer: its shared MLP (fused gate / up)
         return GraniteFFNMixer(cfg, h) if arch.model_type == GRANITE else FFNMixer(cfg, h)
     if isinstance(cfg, Linear):

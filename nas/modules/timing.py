@@ -71,7 +71,7 @@ ProgressFn = Callable[[int, int, str], None]
 """``progress(done, total, note)``: called after each timed point (and once at the start)."""
 
 #: block kinds that keep a cache / state between decode steps (filled before a decode)
-STATEFUL = ("attention", "mla", "mamba", "deltanet")
+STATEFUL = ("attention", "mla", "mamba", "deltanet", "parallel")
 
 STATEFUL = (*STATEFUL, "mamba1")  # Jamba's Mamba-1: conv + SSM state
 
