@@ -15,21 +15,18 @@ Run: ``pytest benchmarks/bench_mamba1.py --benchmark-only -s``; ``BENCH_ROUNDS``
 
 from __future__ import annotations
 
-import os
-import statistics
-import time
-
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import mixer_pair  # noqa: E402
+
 from nas.arch import Mamba1  # noqa: E402
 from nas.modules.mamba1 import Mamba1Mixer  # noqa: E402
 
 HIDDEN, EXPAND, STATE, DT_RANK = 1024, 2, 16, 64
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
-PHASES = {"prefill-1x1024": (1, 1024), "prefill-4x1024": (4, 1024), "decode-4@512": (4, 512)}
+PHASES = mixer_pair.PHASES
 RESULTS: list[dict] = []
 
 
@@ -51,65 +48,15 @@ def _pair():
     return hf, ours, cfg
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
-@torch.no_grad()
 def run_case(phase: str) -> dict:
-    from transformers import DynamicCache
-
-    hf, ours, cfg = _pair()
-    b, n = PHASES[phase]
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(b, n, HIDDEN, generator=g)
-    if phase.startswith("prefill"):
-        def run_hf():
-            return hf(x)
-
-        def run_ours():
-            return ours(x)
-    else:
-        step = torch.randn(b, 1, HIDDEN, generator=g)
-        hf_cache = DynamicCache(config=cfg)
-        hf(x, cache=hf_cache)
-        our_cache: dict = {}
-        ours(x, our_cache)
-        saved = {k: v.clone() for k, v in our_cache.items()}
-
-        def run_hf():
-            return hf(step, cache=hf_cache)
-
-        def run_ours():
-            our_cache.update({k: v.clone() for k, v in saved.items()})
-            return ours(step, our_cache)
-    diff = float((run_hf() - run_ours()).abs().max()) if phase.startswith("prefill") else None
-    if diff is not None:
-        assert diff <= 1e-4, diff
-    t_hf, t_ours = [], []
-    for r in range(ROUNDS):
-        first, second = (run_hf, run_ours) if r % 2 else (run_ours, run_hf)
-        a, c = _timed(first), _timed(second)
-        (t_hf if first is run_hf else t_ours).append(a)
-        (t_ours if first is run_hf else t_hf).append(c)
-    row = {"phase": phase, "hf_s": statistics.median(t_hf), "ours_s": statistics.median(t_ours),
-           "max_abs_diff": diff}
-    row["speedup"] = row["hf_s"] / row["ours_s"]
+    row = mixer_pair.run_case(_pair, HIDDEN, phase)
     RESULTS.append(row)
     return row
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
-    yield
-    torch.set_num_threads(old)
-    for r in RESULTS:
-        print(f"\n[bench_mamba1] {r['phase']}: ours {1e3 * r['ours_s']:.1f} ms, HF "
-              f"{1e3 * r['hf_s']:.1f} ms, HF/ours {r['speedup']:.2f}x")
+    yield from mixer_pair.threads_fixture("bench_mamba1", RESULTS)
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
