@@ -21,6 +21,10 @@ transformers = pytest.importorskip("transformers")
 from nas.arch import MoE  # noqa: E402
 from nas.hf import to_hf  # noqa: E402
 
+# One thread, as tests/test_build.py: two torch threads per process oversubscribe a shared
+# 2-core CI box and tiny ops get ~30x slower.
+torch.set_num_threads(1)
+
 TEXT = dict(vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
             tie_word_embeddings=False, bos_token_id=1, eos_token_id=None, pad_token_id=0,
