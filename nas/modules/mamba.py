@@ -143,6 +143,24 @@ def ssd_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     return y, new
 
 
+@torch.no_grad()
+def init_projections_conv_dt(mixer: nn.Module, n: int, dt_min: float, dt_max: float
+                             ) -> torch.Tensor:
+    """The Mamba family's shared init (Mamba-1 and Mamba-2 mixers): zero ``in_proj`` /
+    ``out_proj`` biases, PyTorch's default init of the depthwise ``conv1d`` (bias uniform
+    in +-1/sqrt(kernel)), and the ``dt`` bias for ``n`` channels or heads: the inverse
+    softplus of a log-uniform sample in ``[dt_min, dt_max]`` (seconds-free step sizes)."""
+    for lin in (mixer.in_proj, mixer.out_proj):
+        if lin.bias is not None:
+            nn.init.zeros_(lin.bias)
+    nn.init.kaiming_uniform_(mixer.conv1d.weight, a=math.sqrt(5))
+    if mixer.conv1d.bias is not None:
+        bound = 1 / math.sqrt(mixer.cfg.conv_kernel)
+        nn.init.uniform_(mixer.conv1d.bias, -bound, bound)
+    dt = torch.exp(torch.rand(n) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+    return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+
+
 class MambaMixer(nn.Module):
     """Mamba-2 mixer; cache entries ``conv`` (b, conv channels, kernel-1) and ``ssm``
     (b, heads, head_dim, state)."""
@@ -282,16 +300,7 @@ class MambaMixer(nn.Module):
                          dt_min: float = 1e-3, dt_max: float = 0.1) -> None:
         nn.init.normal_(self.in_proj.weight, std=std)
         nn.init.normal_(self.out_proj.weight, std=out_std)
-        for lin in (self.in_proj, self.out_proj):
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
-        nn.init.kaiming_uniform_(self.conv1d.weight, a=math.sqrt(5))
-        if self.conv1d.bias is not None:
-            bound = 1 / math.sqrt(self.cfg.conv_kernel)
-            nn.init.uniform_(self.conv1d.bias, -bound, bound)
-        dt = torch.exp(torch.rand(self.H) * (math.log(dt_max) - math.log(dt_min))
-                       + math.log(dt_min))
-        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        self.dt_bias.copy_(init_projections_conv_dt(self, self.H, dt_min, dt_max))
         self.A_log.copy_(torch.log(torch.empty(self.H).uniform_(1, 16)))
         nn.init.ones_(self.D)
         nn.init.ones_(self.norm.weight)

@@ -17,7 +17,6 @@ one step of the same recurrence with the carried conv and SSM states.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from torch import nn
 
 from nas.arch import Mamba1
 from nas.modules.layers import RMSNorm
+from nas.modules.mamba import init_projections_conv_dt
 
 
 def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -152,16 +152,7 @@ class Mamba1Mixer(nn.Module):
             nn.init.normal_(lin.weight, std=std)
         nn.init.normal_(self.out_proj.weight, std=out_std)
         nn.init.uniform_(self.dt_proj.weight, -self.R ** -0.5, self.R ** -0.5)
-        for lin in (self.in_proj, self.out_proj):
-            if lin.bias is not None:
-                nn.init.zeros_(lin.bias)
-        nn.init.kaiming_uniform_(self.conv1d.weight, a=math.sqrt(5))
-        if self.conv1d.bias is not None:
-            bound = 1 / math.sqrt(self.cfg.conv_kernel)
-            nn.init.uniform_(self.conv1d.bias, -bound, bound)
-        dt = torch.exp(torch.rand(self.inner) * (math.log(dt_max) - math.log(dt_min))
-                       + math.log(dt_min))
-        self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        self.dt_proj.bias.copy_(init_projections_conv_dt(self, self.inner, dt_min, dt_max))
         self.A_log.copy_(torch.log(torch.arange(1, self.N + 1, dtype=torch.float32))
                          .expand(self.inner, -1))
         nn.init.ones_(self.D)
