@@ -149,8 +149,9 @@ def cbc_fixed(lib: BlockLibrary, objective: str, budgets: list[Budget], gap: flo
     columns with ``d > tau`` are left out and CBC solves the restricted plain model to
     ``gap``; a child using a left-out column costs at least ``LB + tau``, so the restricted
     optimum ``U`` is global once ``LB + tau >= U - allowed gap``, else ``tau`` rises to
-    ``U - LB`` and CBC solves again (nas.mip's rule, without its HiGHS cutoffs). Model and
-    LP building are timed."""
+    ``U - LB`` and CBC solves again (nas.mip's rule, without its HiGHS cutoffs and without
+    stopping a restricted run early: PuLP cannot interrupt CBC). Model and LP building are
+    timed."""
     t = time.perf_counter()
     m = MipModel(lib, objective, budgets, options=SolveOptions(mip_rel_gap=gap, threads=1))
     status, lb0, d = m.lp_bound()
