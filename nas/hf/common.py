@@ -369,10 +369,23 @@ def layer_pairs(arch: ModelArch, mt: str) -> list[tuple[_Block, _Block]]:
 _BLOCK_ADAPTER: TypeAdapter[Any] = TypeAdapter(Block)
 
 
+def write_puzzle_layers(out: dict[str, Any], mixers: list[_Block], mlps: list[_Block],
+                        stock: bool) -> dict[str, Any]:
+    """Set ``out["puzzle_layers"]`` (one ``{"mixer", "mlp"}`` pair of block JSON per layer)
+    unless the stock keys of the dialect describe every layer (``stock``), in which case any
+    carried-over ``puzzle_layers`` is dropped; returns ``out``. The writer side of
+    :func:`read_puzzle_layers`."""
+    out.pop("puzzle_layers", None)
+    if not stock:
+        out["puzzle_layers"] = [{"mixer": x.model_dump(), "mlp": y.model_dump()}
+                                for x, y in zip(mixers, mlps)]
+    return out
+
+
 def read_puzzle_layers(r: Reader, layers: Any, n: int) -> list[_Block]:
     """The ``puzzle_layers`` extension (``qwen3_next``, ``qwen3_5_moe*``,
-    ``granitemoehybrid``): a heterogeneous child as ``n`` layers of ``{"mixer", "mlp"}`` block
-    objects; errors name the layer, the part and the field."""
+    ``granitemoehybrid``, ``jamba``, ``falcon_h1``): a heterogeneous child as ``n`` layers
+    of ``{"mixer", "mlp"}`` block objects; errors name the layer, the part and the field."""
     if not isinstance(layers, list) or len(layers) != n:
         raise r.err("puzzle_layers", f"expected a list of {n} layers (num_hidden_layers)")
     out: list[_Block] = []

@@ -46,6 +46,7 @@ from nas.hf.common import (
     make_block,
     read_puzzle_layers,
     read_time_step_limit,
+    write_puzzle_layers,
 )
 from nas.hf.registry import Dialect, ExportError, register
 
@@ -173,7 +174,6 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
     stock = (len(pars) == len(mixers) and len(ffns) == len(mlps) and len(set(pars)) == 1
              and len(set(ffns)) == 1 and len(atts) == len(mambas) == len(pars))
     out = base_config(arch, mt, "rms_norm_eps")
-    out.pop("puzzle_layers", None)
     out["num_hidden_layers"] = len(mixers)
     out["hidden_act"] = "silu"
     if atts:
@@ -197,10 +197,7 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
         out[key] = getattr(mup, name)
     out["mlp_multipliers"] = [mup.mlp_gate, mup.mlp_down]
     out["ssm_multipliers"] = list(mup.ssm)
-    if not stock:
-        out["puzzle_layers"] = [{"mixer": x.model_dump(), "mlp": y.model_dump()}
-                                for x, y in zip(mixers, mlps)]
-    return out
+    return write_puzzle_layers(out, mixers, mlps, stock)
 
 
 register(Dialect(model_type=MODEL_TYPE, architecture="FalconH1ForCausalLM", read=_read,

@@ -36,6 +36,7 @@ from nas.hf.common import (
     head_dim_of,
     make_block,
     read_puzzle_layers,
+    write_puzzle_layers,
 )
 from nas.hf.registry import Dialect, ExportError, register
 
@@ -179,7 +180,6 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
              and len(set(ffns)) <= 1 and len({a.rope for a in atts}) <= 1
              and all(m.num_heads * m.head_dim % arch.hidden_size == 0 for m in mambas))
     out = base_config(arch, mt, "rms_norm_eps")
-    out.pop("puzzle_layers", None)
     if arch.model_type != GRANITE:  # another type's numerics: every multiplier is 1
         out.update({k: 1.0 for k in _MULTIPLIERS})
     out["num_hidden_layers"] = len(mixers)
@@ -206,10 +206,7 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
     elif ffns:
         out.update(num_local_experts=0, shared_intermediate_size=ffns[0].width,
                    hidden_act=ffns[0].activation)
-    if not stock:
-        out["puzzle_layers"] = [{"mixer": x.model_dump(), "mlp": y.model_dump()}
-                                for x, y in zip(mixers, mlps)]
-    return out
+    return write_puzzle_layers(out, mixers, mlps, stock)
 
 
 register(Dialect(model_type=GRANITE, architecture="GraniteMoeHybridForCausalLM", read=_read,

@@ -45,6 +45,7 @@ from nas.hf.common import (
     head_dim_of,
     make_block,
     read_puzzle_layers,
+    write_puzzle_layers,
 )
 from nas.hf.registry import Dialect, ExportError, register
 
@@ -166,7 +167,7 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
              and all(m.inner_size % h == 0 for m in mambas)
              and not (moes and moes[0].num_experts == 1))
     out = base_config(arch, mt, "rms_norm_eps")
-    for k in ("puzzle_layers", "layers_block_type", "layers_num_experts", "num_local_experts"):
+    for k in ("layers_block_type", "layers_num_experts", "num_local_experts"):
         out.pop(k, None)
     out["num_hidden_layers"] = len(mixers)
     out["hidden_act"] = "silu"
@@ -192,10 +193,7 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
         out["num_experts"] = out.get("num_experts", 1)
     if ffns and not moes:
         out["intermediate_size"] = ffns[0].width
-    if not stock:
-        out["puzzle_layers"] = [{"mixer": x.model_dump(), "mlp": y.model_dump()}
-                                for x, y in zip(mixers, mlps)]
-    return out
+    return write_puzzle_layers(out, mixers, mlps, stock)
 
 
 register(Dialect(model_type=MODEL_TYPE, architecture="JambaForCausalLM", read=_read,

@@ -34,7 +34,14 @@ from __future__ import annotations
 from typing import Any
 
 from nas.arch import FFN, Attention, DeltaNet, ModelArch, MoE, _Block
-from nas.hf.common import Reader, base_config, common_fields, make_block, read_puzzle_layers
+from nas.hf.common import (
+    Reader,
+    base_config,
+    common_fields,
+    make_block,
+    read_puzzle_layers,
+    write_puzzle_layers,
+)
 from nas.hf.registry import Dialect, ExportError, register
 
 MODEL_TYPE = "qwen3_next"
@@ -239,7 +246,6 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
              and len(set(dns)) <= 1 and len(set(atts)) <= 1 and len(set(moes)) <= 1
              and len(set(ffns)) <= 1)
     out = base_config(arch, mt, "rms_norm_eps")
-    out.pop("puzzle_layers", None)
     out["num_hidden_layers"] = len(mixers)
     out["hidden_act"] = "silu"
     if atts:
@@ -269,10 +275,7 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
         out["attn_output_gate"] = True
     if ffns:
         out["intermediate_size"] = ffns[0].width
-    if not stock:
-        out["puzzle_layers"] = [{"mixer": x.model_dump(), "mlp": y.model_dump()}
-                                for x, y in zip(mixers, mlps)]
-    return out
+    return write_puzzle_layers(out, mixers, mlps, stock)
 
 
 register(Dialect(model_type=MODEL_TYPE, architecture="Qwen3NextForCausalLM", read=_read,
