@@ -58,6 +58,20 @@ def test_granite_counts_memory_and_round_trip():
     assert from_hf(json.loads(json.dumps(cfg))) == arch
 
 
+def test_granite_time_step_limit_reads_as_transformers_decodes_it():
+    """The Mamba dt clamp is read by the one reader falcon_h1 uses: transformers' spelling of
+    an infinite bound is no clamp, a finite one is kept, anything else is refused by name."""
+    cfg = json.loads(GRANITE.read_text())
+    cfg["time_step_limit"] = [0.0, {"__float__": "Infinity"}]
+    assert "time_step_limit" not in from_hf(cfg).hf_extra
+    cfg["time_step_limit"] = [0.01, 2]
+    assert from_hf(cfg).hf_extra["time_step_limit"] == [0.01, 2.0]
+    for bad in ([0.0, {"__float__": "inf"}], [2.0, 1.0], [0.5]):
+        cfg["time_step_limit"] = bad
+        with pytest.raises(InputError, match="time_step_limit"):
+            from_hf(cfg)
+
+
 def test_granite_child_round_trip_and_pricing():
     import hwprofiles
     from costmodels.dtypes import get_recipe

@@ -291,9 +291,10 @@ def _refuse_mla_gpt_oss_features(arch: ModelArch, mt: str) -> None:
 
 
 def read_time_step_limit(r: Reader) -> dict[str, Any]:
-    """``{"time_step_limit": [low, high]}`` (the Mamba-2 time-step clamp of ``falcon_h1``;
-    transformers 5 writes an infinite ``high`` as ``{"__float__": "Infinity"}``), empty when
-    the config gives none or the default ``[0, inf]`` (no clamp)."""
+    """``{"time_step_limit": [low, high]}`` (the Mamba-2 time-step clamp of ``falcon_h1`` and
+    ``granitemoehybrid``, on softplus(dt), dimensionless; transformers 5 writes an infinite
+    ``high`` as ``{"__float__": "Infinity"}``, the only spelling its config loader decodes),
+    empty when the config gives none or the default ``[0, inf]`` (no clamp)."""
     lim = r.raw("time_step_limit", None)
     if lim is None:
         return {}

@@ -25,7 +25,6 @@ Refused at import: the types in :data:`REFUSED_TYPES` (the message says why).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from nas.arch import FFN, Attention, Mamba, ModelArch, MoE, _Block
@@ -36,6 +35,7 @@ from nas.hf.common import (
     head_dim_of,
     make_block,
     read_puzzle_layers,
+    read_time_step_limit,
     write_puzzle_layers,
 )
 from nas.hf.registry import Dialect, ExportError, register
@@ -51,25 +51,6 @@ REFUSED_TYPES: dict[str, str] = {
 
 _LAYER_TYPES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention",
                 "full_attention": "attention"}
-
-
-def _time_step_limit(r: Reader) -> dict[str, Any]:
-    """``time_step_limit`` ``[low, high]`` (the Mamba time-step clamp; transformers 5 writes
-    an infinite ``high`` as ``{"__float__": "Infinity"}``), when the config gives one other
-    than ``[0, inf]`` (no clamp, the model's default)."""
-    lim = r.raw("time_step_limit", None)
-    if lim is None:
-        return {}
-    if isinstance(lim, list | tuple):
-        lim = [float(v["__float__"]) if isinstance(v, dict) and set(v) == {"__float__"}
-               and v["__float__"] in ("Infinity", "inf") else v for v in lim]
-    if not (isinstance(lim, list) and len(lim) == 2 and all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in lim)
-            and 0 <= lim[0] <= lim[1]):
-        raise r.err("time_step_limit", "expected [low, high] with 0 <= low <= high, got "
-                    f"{r.cfg['time_step_limit']!r}")
-    lim = [float(lim[0]), float(lim[1])]
-    return {} if lim == [0.0, math.inf] else {"time_step_limit": lim}  # [0, inf]: no clamp
 
 
 def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
@@ -102,7 +83,7 @@ def _read_rest(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str
         raise r.err("layer_types", f"expected a list of {n} layer types (mamba or attention; "
                     "transformers 5 spells them linear_attention, full_attention)")
     types = [_LAYER_TYPES[t] for t in types]
-    kw["_extra"] = {**kw.get("_extra", {}), **_time_step_limit(r)}
+    kw["_extra"] = {**kw.get("_extra", {}), **read_time_step_limit(r)}
     pe = r.raw("position_embedding_type", None)
     if pe not in (None, "nope", "rope"):
         raise r.err("position_embedding_type", f"expected 'rope', 'nope' or null, got {pe!r}")
