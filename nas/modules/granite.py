@@ -241,21 +241,13 @@ class GraniteMoEMixer(MoEMixer):
     def shared_experts(self) -> GraniteSharedMLP:  # type: ignore[override]
         return self.shared_mlp
 
-    def routed(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        T, k = idx.shape
+    def grouped_experts(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """:meth:`MoEMixer.grouped_experts` on the fused tensors: one grouped GEMM for gate
+        and up (``input_linear``), one for down (``output_linear``)."""
         W = self.cfg.expert_width
-        flat = idx.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        tokens = order // k
-        weights = w.reshape(-1)[order]
-        counts = torch.bincount(flat, minlength=self.cfg.num_experts)
-        xs = x.index_select(0, tokens)
         gu = grouped_mm(xs, self.block_sparse_moe.input_linear.weight.transpose(1, 2), counts)
         h = gated_act(self.act, gu[:, :W], gu[:, W:]).contiguous()
-        ye = grouped_mm(h, self.block_sparse_moe.output_linear.weight.transpose(1, 2), counts)
-        out = torch.zeros(T, x.shape[-1], dtype=torch.float32, device=x.device)
-        out.index_add_(0, tokens, ye.float() * weights[:, None])
-        return out.to(x.dtype)
+        return grouped_mm(h, self.block_sparse_moe.output_linear.weight.transpose(1, 2), counts)
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:

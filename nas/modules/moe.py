@@ -94,24 +94,30 @@ class MoEMixer(nn.Module):
         return self.act(up)
 
     def routed(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """Sum of the chosen experts' outputs weighted by ``w`` (in the expert space)."""
+        """Sum of the chosen experts' outputs weighted by ``w`` (in the expert space): the
+        ``T * k`` (token, expert) pairs sorted by expert, run through
+        :meth:`grouped_experts`, summed back per token in float32."""
         T, k = idx.shape
-        E = self.cfg.num_experts
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
         tokens = order // k
         weights = w.reshape(-1)[order]
-        counts = torch.bincount(flat, minlength=E)
+        counts = torch.bincount(flat, minlength=self.cfg.num_experts)
         xs = x.index_select(0, tokens)  # (T*k, in), grouped by expert
+        ye = self.grouped_experts(xs, counts)
+        out = torch.zeros(T, x.shape[-1], dtype=torch.float32, device=x.device)
+        out.index_add_(0, tokens, ye.float() * weights[:, None])
+        return out.to(x.dtype)
+
+    def grouped_experts(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The experts on ``xs (T*k, in)`` sorted by expert, ``counts[e]`` rows for expert
+        ``e``: ``(T*k, out)`` unweighted outputs, one grouped GEMM per projection."""
         up = grouped_mm(xs, self.experts_up.transpose(1, 2), counts)
         if self.cfg.gated:
             h = gated_act(self.act, grouped_mm(xs, self.experts_gate.transpose(1, 2), counts), up)
         else:
             h = self.act(up)
-        ye = grouped_mm(h, self.experts_down.transpose(1, 2), counts)
-        out = torch.zeros(T, x.shape[-1], dtype=torch.float32, device=x.device)
-        out.index_add_(0, tokens, ye.float() * weights[:, None])
-        return out.to(x.dtype)
+        return grouped_mm(h, self.experts_down.transpose(1, 2), counts)
 
     def forward(self, x: torch.Tensor, cache: dict[str, Any] | None = None, offset: int = 0,
                 expert_mask: torch.Tensor | None = None) -> torch.Tensor:
