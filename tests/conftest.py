@@ -82,3 +82,56 @@ def search_example(name: str, tmp_path: Path, sweep: bool = False) -> dict:
     bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
     assert all(b["child_value"] <= b["bound"] * (1 + 1e-9) for b in bp["budgets"])
     return bp
+
+
+def tiny_parent_of(hf_model) -> tuple:
+    """``(parent, calib, held)`` for the family builder tests: our model converted from a
+    tiny random transformers model (``from_transformers``), 8 x 24 calibration and 4 x 24
+    held-out token ids drawn from [2, 96) with seed 11 (torch tests only)."""
+    import torch
+
+    from nas.build import from_transformers
+
+    parent = from_transformers(hf_model).eval()
+    g = torch.Generator().manual_seed(11)
+    return parent, torch.randint(2, 96, (8, 24), generator=g), \
+        torch.randint(2, 96, (4, 24), generator=g)
+
+
+def with_block(arch, i: int, update: dict):
+    """``arch`` with block ``i`` updated by ``update`` (a pydantic ``model_copy`` update)."""
+    blocks = list(arch.blocks)
+    blocks[i] = blocks[i].model_copy(update=update)
+    return arch.replace_blocks(blocks)
+
+
+def check_inheritance_beats_random(parent, arch, i: int, calib, held, label: object = None):
+    """``init_from_parent(arch, parent, calib)`` initializes block ``i`` from the parent (no
+    random init in its report), is closer to the parent on ``held`` (:func:`kl_div`, nats)
+    than the same child with only block ``i`` randomly re-initialized (seed 1, std 0.02 and
+    0.02 / sqrt(2 x blocks) on output projections), and stores exactly the architecture's
+    parameter count. Returns the inherited child."""
+    import torch
+
+    from nas.build import init_from_parent
+
+    child = init_from_parent(arch, parent, calib)
+    assert "random" not in child.init_report[i], child.init_report[i]
+    rand = init_from_parent(arch, parent, calib)
+    torch.manual_seed(1)
+    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * arch.num_blocks) ** 0.5)
+    kl_init, kl_rand = kl_div(parent, child, held), kl_div(parent, rand, held)
+    assert kl_init < kl_rand, (label, kl_init, kl_rand, child.init_report[i])
+    assert child.num_stored() == arch.param_counts().total
+    return child
+
+
+def check_unchanged_child_is_the_parent(parent, calib, held) -> None:
+    """A child with the parent's own architecture computes the parent's logits bit for bit."""
+    import torch
+
+    from nas.build import init_from_parent
+
+    child = init_from_parent(parent.arch, parent, calib)
+    with torch.no_grad():
+        assert torch.equal(child(held), parent(held))

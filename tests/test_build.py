@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from conftest import LLAMA, NANO, SUPER  # noqa: E402
+from conftest import LLAMA, NANO, SUPER, check_inheritance_beats_random  # noqa: E402
 from conftest import kl_div as _kl  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from tiny_parent import PARENT  # noqa: E402
@@ -126,16 +126,8 @@ KINDS = {
 def test_inherited_child_is_closer_to_parent_than_random_init(trained, kind):
     parent, calib, held = trained
     i, block = KINDS[kind]
-    arch = _child(i, block)
-    child = init_from_parent(arch, parent, calib)
-    assert "random" not in child.init_report[i], child.init_report[i]
-    # the same child with only the pruned block randomly initialized (the rest inherited)
-    rand = init_from_parent(arch, parent, calib)
-    torch.manual_seed(1)
-    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * PARENT.num_blocks) ** 0.5)
-    kl_init, kl_rand = _kl(parent, child, held), _kl(parent, rand, held)
-    assert kl_init < kl_rand, (kind, kl_init, kl_rand, child.init_report[i])
-    assert child.num_stored() == arch.param_counts().total
+    # against the same child with only the pruned block randomly initialized
+    check_inheritance_beats_random(parent, _child(i, block), i, calib, held, kind)
 
 
 def test_expert_ranking_beats_keeping_the_other_experts(trained):

@@ -18,8 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import kl_div as _kl
-from conftest import search_example
+from conftest import (
+    check_inheritance_beats_random,
+    search_example,
+    tiny_parent_of,
+    with_block,
+)
 
 from hwprofiles.errors import InputError
 from nas.arch import FFN, MLA, ModelArch, MoE
@@ -294,14 +298,8 @@ def test_other_types_refuse_mla_instead_of_dropping_it(mt):
 # ---- init_from_parent for the MLA axes ------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_parent():
-    torch = pytest.importorskip("torch")
-    from nas.build import from_transformers
-
-    parent = from_transformers(_hf_tiny(seed=5)).eval()
-    g = torch.Generator().manual_seed(11)
-    calib = torch.randint(2, 96, (8, 24), generator=g)
-    held = torch.randint(2, 96, (4, 24), generator=g)
-    return parent, calib, held
+    pytest.importorskip("torch")
+    return tiny_parent_of(_hf_tiny(seed=5))
 
 
 MLA_AXES = {
@@ -314,22 +312,10 @@ MLA_AXES = {
 
 @pytest.mark.parametrize("axis", list(MLA_AXES))
 def test_mla_inheritance_beats_random_init(tiny_parent, axis):
-    torch = pytest.importorskip("torch")
-    from nas.build import init_from_parent
-
+    pytest.importorskip("torch")
     parent, calib, held = tiny_parent
-    i = 2
-    blocks = list(parent.arch.blocks)
-    blocks[i] = blocks[i].model_copy(update=MLA_AXES[axis])
-    arch = parent.arch.replace_blocks(blocks)
-    child = init_from_parent(arch, parent, calib)
-    assert "random" not in child.init_report[i], child.init_report[i]
-    rand = init_from_parent(arch, parent, calib)
-    torch.manual_seed(1)
-    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * arch.num_blocks) ** 0.5)
-    kl_init, kl_rand = _kl(parent, child, held), _kl(parent, rand, held)
-    assert kl_init < kl_rand, (axis, kl_init, kl_rand, child.init_report[i])
-    assert child.num_stored() == arch.param_counts().total
+    check_inheritance_beats_random(parent, with_block(parent.arch, 2, MLA_AXES[axis]), 2, calib,
+                                   held, axis)
 
 
 def test_mla_svd_full_rank_is_exact_and_truncation_is_worse(tiny_parent):

@@ -335,13 +335,10 @@ def test_multipliers_change_the_logits(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_parent():
-    torch = pytest.importorskip("torch")
-    from nas.build import from_transformers
+    pytest.importorskip("torch")
+    from conftest import tiny_parent_of
 
-    parent = from_transformers(_hf_model(seed=5)).eval()
-    g = torch.Generator().manual_seed(11)
-    return parent, torch.randint(2, 96, (8, 24), generator=g), \
-        torch.randint(2, 96, (4, 24), generator=g)
+    return tiny_parent_of(_hf_model(seed=5))
 
 
 AXES = {
@@ -359,25 +356,16 @@ AXES = {
 
 @pytest.mark.parametrize("axis", list(AXES))
 def test_init_from_parent_beats_random_init(tiny_parent, axis):
-    torch = pytest.importorskip("torch")
-    from conftest import kl_div
-
-    from nas.build import init_from_parent
+    pytest.importorskip("torch")
+    from conftest import check_inheritance_beats_random
 
     parent, calib, held = tiny_parent
     i = 3 if axis.startswith("ffn") else 2
     blocks = list(parent.arch.blocks)
     blocks[i] = blocks[i].model_copy(update={"width": 24}) if axis.startswith("ffn") \
         else AXES[axis](blocks[i])
-    arch = parent.arch.replace_blocks(blocks)
-    child = init_from_parent(arch, parent, calib)
-    assert "random" not in child.init_report[i], child.init_report[i]
-    rand = init_from_parent(arch, parent, calib)
-    torch.manual_seed(1)
-    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * arch.num_blocks) ** 0.5)
-    kl_init, kl_rand = kl_div(parent, child, held), kl_div(parent, rand, held)
-    assert kl_init < kl_rand, (axis, kl_init, kl_rand, child.init_report[i])
-    assert child.num_stored() == arch.param_counts().total
+    check_inheritance_beats_random(parent, parent.arch.replace_blocks(blocks), i, calib, held,
+                                   axis)
 
 
 def test_searched_child_checkpoint_round_trips(tiny_parent, tmp_path):
@@ -401,13 +389,10 @@ def test_searched_child_checkpoint_round_trips(tiny_parent, tmp_path):
 
 
 def test_unchanged_child_is_the_parent(tiny_parent):
-    torch = pytest.importorskip("torch")
-    from nas.build import init_from_parent
+    pytest.importorskip("torch")
+    from conftest import check_unchanged_child_is_the_parent
 
-    parent, calib, held = tiny_parent
-    child = init_from_parent(parent.arch, parent, calib)
-    with torch.no_grad():
-        assert torch.equal(child(held), parent(held))
+    check_unchanged_child_is_the_parent(*tiny_parent)
 
 
 def test_quantization_config_names_the_checkpoint_modules(tiny_parent):

@@ -24,7 +24,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import search_example
+from conftest import (
+    check_inheritance_beats_random,
+    check_unchanged_child_is_the_parent,
+    search_example,
+    tiny_parent_of,
+    with_block,
+)
 
 from hwprofiles.errors import InputError
 from nas.arch import Mamba, MoE, NoOp
@@ -215,13 +221,8 @@ def test_other_types_export_as_granite_with_unit_multipliers():
 # ---- init_from_parent on Granite's axes --------------------------------------------------
 @pytest.fixture(scope="module")
 def granite_parent():
-    torch = pytest.importorskip("torch")
-    from nas.build import from_transformers
-
-    parent = from_transformers(_hf_granite(seed=5)).eval()
-    g = torch.Generator().manual_seed(11)
-    return parent, torch.randint(2, 96, (8, 24), generator=g), \
-        torch.randint(2, 96, (4, 24), generator=g)
+    pytest.importorskip("torch")
+    return tiny_parent_of(_hf_granite(seed=5))
 
 
 AXES = {  # the axes the shipped example searches, at the tiny model's sizes
@@ -238,36 +239,18 @@ AXES = {  # the axes the shipped example searches, at the tiny model's sizes
 @pytest.mark.parametrize("axis", list(AXES))
 def test_granite_inheritance_beats_random_init(granite_parent, axis):
     torch = pytest.importorskip("torch")
-    from conftest import kl_div
-
-    from nas.build import init_from_parent
-
     parent, calib, held = granite_parent
     i, upd = AXES[axis]
-    blocks = list(parent.arch.blocks)
-    blocks[i] = blocks[i].model_copy(update=upd)
-    arch = parent.arch.replace_blocks(blocks)
-    child = init_from_parent(arch, parent, calib)
-    assert "random" not in child.init_report[i], child.init_report[i]
-    rand = init_from_parent(arch, parent, calib)
-    torch.manual_seed(1)
-    rand.blocks[i].reset_parameters(0.02, 0.02 / (2 * arch.num_blocks) ** 0.5)
-    kl_init, kl_rand = kl_div(parent, child, held), kl_div(parent, rand, held)
-    assert kl_init < kl_rand, (axis, kl_init, kl_rand, child.init_report[i])
-    assert child.num_stored() == arch.param_counts().total
+    child = check_inheritance_beats_random(parent, with_block(parent.arch, i, upd), i, calib,
+                                           held, axis)
     if axis == "top-k-2-to-1":  # routing only: every tensor is the parent's
         sd, psd = child.state_dict(), parent.state_dict()
         assert all(torch.equal(sd[k], psd[k]) for k in psd)
 
 
 def test_granite_child_equal_to_parent_is_bitwise_equal(granite_parent):
-    torch = pytest.importorskip("torch")
-    from nas.build import init_from_parent
-
-    parent, calib, held = granite_parent
-    child = init_from_parent(parent.arch, parent, calib)
-    with torch.no_grad():
-        assert torch.equal(child(held), parent(held))
+    pytest.importorskip("torch")
+    check_unchanged_child_is_the_parent(*granite_parent)
 
 
 def test_granite_bld_trains_the_scaled_branch(granite_parent):

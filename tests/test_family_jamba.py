@@ -323,20 +323,10 @@ def _child(parent, i, update):
 @pytest.mark.parametrize("update", [{"inner_size": 64}, {"state_size": 4},
                                     {"inner_size": 96, "state_size": 6}])
 def test_inherited_mamba1_is_closer_to_parent_than_random_init(trained_jamba, update):
-    from conftest import kl_div
-
-    from nas.build import init_from_parent
+    from conftest import check_inheritance_beats_random
 
     parent, calib, held = trained_jamba
-    arch = _child(parent, 0, update)
-    child = init_from_parent(arch, parent, calib)
-    assert "random" not in child.init_report[0], child.init_report[0]
-    rand = init_from_parent(arch, parent, calib)
-    torch.manual_seed(1)
-    rand.blocks[0].reset_parameters(0.02, 0.02 / (2 * 6) ** 0.5)
-    kl_init, kl_rand = kl_div(parent, child, held), kl_div(parent, rand, held)
-    assert kl_init < kl_rand, (update, kl_init, kl_rand, child.init_report[0])
-    assert child.num_stored() == arch.param_counts().total
+    check_inheritance_beats_random(parent, _child(parent, 0, update), 0, calib, held, update)
 
 
 def test_init_fewer_channels_keeps_the_function_of_the_kept_channels(trained_jamba):
