@@ -122,3 +122,41 @@ def test_build_from_a_wrapper_parent(wrapper, tmp_path, capsys):
     prompt = _prompt(3)
     with torch.no_grad():
         assert _max_diff(ours(prompt), text(prompt).logits) <= 1e-4
+
+
+def test_score_from_a_wrapper_parent(wrapper, tmp_path, capsys):
+    """``puzzle-nas score --parent <wrapper>`` end to end: the spec's parent is the wrapper's
+    own config.json, every alternative is scored on the language model (the parent's own
+    block at KL 0, a removed MoE above it), and the output says the vision tower was left
+    out, in the words ``puzzle-nas build`` uses (scores.json: parent_left_out)."""
+    import csv
+
+    import numpy as np
+
+    from nas.build_checkpoint import CheckpointReader
+    from nas.cli import main
+
+    _, path = wrapper
+    tokens = torch.randint(2, 96, (4096,), generator=torch.Generator().manual_seed(5))
+    np.save(tmp_path / "tokens.npy", tokens.numpy().astype(np.uint16))
+    spec = {"name": "q35-wrapper", "parent": str(path / "config.json"),
+            "hardware": "h100-sxm", "workloads": {"chat": {"isl": 128, "osl": 128, "batch": 1}},
+            "search_space": {"moe": {"top_k": [1], "noop": True}}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert main(["score", str(tmp_path / "spec.json"), "--parent", str(path), "--data",
+                 str(tmp_path / "tokens.npy"), "-o", str(tmp_path / "scores"), "--seq-len",
+                 "32", "--max-tokens", "256", "--calib-tokens", "256"]) == 0
+    out = capsys.readouterr().out
+    note = CheckpointReader(path).left_out_note
+    assert note and "the vision tower (model.visual.*)" in note
+    assert f"  parent: {note}" in out.splitlines()
+    record = json.loads((tmp_path / "scores" / "scores.json").read_text())
+    assert record["parent_left_out"] == note
+    with open(tmp_path / "scores" / "scores.csv") as f:
+        rows = list(csv.DictReader(f))
+    moe_blocks = {i for i, b in enumerate(CheckpointReader(path).arch.blocks)
+                  if isinstance(b, MoE)}
+    assert {int(r["block"]) for r in rows if r["alternative"] != "parent"} == moe_blocks
+    for r in rows:
+        kl = float(r["kl_div"])
+        assert kl == 0.0 if r["alternative"] == "parent" else kl > 0.0, r

@@ -111,6 +111,8 @@ def run_local(args: argparse.Namespace) -> int:
     print(f"{out / 'scores.csv'}: {record.alternatives} alternatives scored on "
           f"{record.held_tokens_scored:,} held-out tokens ({record.scored_now} now, "
           f"{record.reused} reused), {record.world_size} rank(s), {record.seconds:.1f} s")
+    if record.parent_left_out:
+        print(f"  parent: {record.parent_left_out}")  # as puzzle-nas build says it
     for line in record.summary:
         print("  " + line)
     print(f'  use it: "quality": {{"scores": "{out / "scores.csv"}", "metric": "kl_div"}}')

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from nas.arch import ModelArch
 from nas.build import load_pretrained
+from nas.build_checkpoint import CheckpointReader
 from nas.io import atomic_write_json
 from nas.progress import Progress
 from nas.scoring import bld
@@ -63,6 +64,10 @@ class RunRecord(BaseModel):
     seconds: float
     most_sensitive: list[dict[str, Any]]
     summary: list[str]
+    parent_left_out: str | None = None
+    """What the parent checkpoint holds that is not read, and why (e.g. a wrapper's vision
+    tower): :attr:`nas.build_checkpoint.CheckpointReader.left_out_note`, as ``puzzle-nas
+    build`` reports it; ``None`` when every tensor is read."""
 
 
 def _dist() -> tuple[int, int]:
@@ -133,6 +138,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     rank, world, device = init_distributed(device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    left_out = CheckpointReader(job.parent_dir).left_out_note
     parent = load_pretrained(job.parent_dir).to(device).eval()
     phash = weights_digest(parent)
     items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings,
@@ -220,6 +226,6 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
         held_rows=len(job.split.held), held_tokens_scored=tokens, alternatives=len(items),
         scored_now=len(items) - len(done), reused=len(done), world_size=world, cache=stats,
         seconds=time.perf_counter() - t0, most_sensitive=sens[:5],
-        summary=summary_lines(rows))
+        summary=summary_lines(rows), parent_left_out=left_out)
     atomic_write_json(out / "scores.json", record.model_dump())
     return record
