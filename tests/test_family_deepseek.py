@@ -223,31 +223,22 @@ def _tiny_hf_config():
 
 
 def _hf_tiny(seed: int = 0, **overrides):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from test_hf_parity import randomize
+    pytest.importorskip("transformers")
+    from test_hf_parity import random_hf_model
 
     cfg = _tiny_hf_config()
     for k, v in overrides.items():
         setattr(cfg, k, v)
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    randomize(m, seed)
-    return m.eval()
+    return random_hf_model(cfg, seed)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"q_lora_rank": None, "rope_interleave": False}])
 def test_parity_theirs_to_ours(tmp_path, overrides):
-    from test_hf_parity import _check, _prompt
+    from test_hf_parity import check_theirs_to_ours
 
-    from nas.build import load_pretrained
-
-    theirs = _hf_tiny(**overrides)
-    theirs.save_pretrained(tmp_path / "hf")
-    ours = load_pretrained(tmp_path / "hf").eval()
+    ours = check_theirs_to_ours(_hf_tiny(**overrides), tmp_path)
     assert ours.arch.model_type == "deepseek_v3"
     assert [b.kind for b in ours.arch.blocks] == ["mla", "ffn", "mla", "moe", "mla", "moe"]
-    _check(ours, theirs, _prompt())
 
 
 def test_parity_ours_to_theirs(tmp_path):

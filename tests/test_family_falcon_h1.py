@@ -281,14 +281,10 @@ def _hf_config(**over):
 
 
 def _hf_model(seed: int = 0, **over):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from test_hf_parity import randomize
+    pytest.importorskip("transformers")
+    from test_hf_parity import random_hf_model
 
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(_hf_config(**over), dtype=torch.float32)
-    randomize(m, seed)
-    return m.eval()
+    return random_hf_model(_hf_config(**over), seed)
 
 
 VARIANTS = {  # the three Mamba norm variants; biases everywhere but the conv in one
@@ -303,15 +299,10 @@ VARIANTS = {  # the three Mamba norm variants; biases everywhere but the conv in
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_parity_both_ways(variant, tmp_path):
     pytest.importorskip("torch")
-    from test_hf_parity import _check, _prompt, check_ours_to_theirs
+    from test_hf_parity import check_ours_to_theirs, check_theirs_to_ours
 
-    from nas.build import load_pretrained
-
-    theirs = _hf_model(**VARIANTS[variant])
-    theirs.save_pretrained(tmp_path / "hf")
-    ours = load_pretrained(tmp_path / "hf").eval()
+    ours = check_theirs_to_ours(_hf_model(**VARIANTS[variant]), tmp_path)
     assert ours.arch.mup is not None and ours.arch.hf_extra["time_step_limit"] == [0.05, 2.0]
-    assert _check(ours, theirs, _prompt()) <= 1e-4
     check_ours_to_theirs(load_config(tmp_path / "hf"), tmp_path)
 
 

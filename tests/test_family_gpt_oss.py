@@ -154,9 +154,8 @@ def test_priced_memory_caps_sliding_layers():
 
 # ---- torch modules: parity with transformers ------------------------------------------------
 def _hf_tiny(seed: int = 0):
-    torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from test_hf_parity import randomize
+    from test_hf_parity import random_hf_model
 
     cfg = transformers.GptOssConfig(
         vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
@@ -167,23 +166,15 @@ def _hf_tiny(seed: int = 0):
         rope_parameters={"rope_type": "yarn", "rope_theta": 1.5e5, "factor": 8.0,
                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                          "original_max_position_embeddings": 64})
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    randomize(m, seed)
-    return m.eval()
+    return random_hf_model(cfg, seed)
 
 
 def test_parity_theirs_to_ours(tmp_path):
-    from test_hf_parity import _check, _prompt
+    from test_hf_parity import check_theirs_to_ours
 
-    from nas.build import load_pretrained
-
-    theirs = _hf_tiny()
-    theirs.save_pretrained(tmp_path / "hf")
-    ours = load_pretrained(tmp_path / "hf").eval()
+    ours = check_theirs_to_ours(_hf_tiny(), tmp_path)
     assert ours.arch.model_type == "gpt_oss"
     assert [getattr(b, "sliding_window", 0) for b in ours.arch.blocks[::2]] == [4, None, 4]
-    _check(ours, theirs, _prompt())
 
 
 def test_parity_ours_to_theirs(tmp_path):

@@ -115,15 +115,11 @@ multipliers far from 1 (Granite-4.0-H-Small's are 12, 0.22, 8 and 1/128)."""
 
 
 def _hf_granite(seed: int = 0, **over):
-    torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from test_hf_parity import randomize
+    from test_hf_parity import random_hf_model
 
     cfg = transformers.GraniteMoeHybridConfig(**{**TINY, **over})
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    randomize(m, seed)
-    return m.eval()
+    return random_hf_model(cfg, seed)
 
 
 @pytest.mark.parametrize("over", [{}, {"num_local_experts": 0, "position_embedding_type": "rope",
@@ -132,15 +128,10 @@ def _hf_granite(seed: int = 0, **over):
 def test_granite_parity_theirs_to_ours(over, tmp_path):
     """A transformers Granite checkpoint (fused input_linear experts, shared MLP, Mamba and
     attention layers) loads here and computes its logits and greedy generations."""
-    from test_hf_parity import _check, _prompt
+    from test_hf_parity import check_theirs_to_ours
 
-    from nas.build import load_pretrained
-
-    theirs = _hf_granite(**over)
-    theirs.save_pretrained(tmp_path / "hf")
-    ours = load_pretrained(tmp_path / "hf").eval()
+    ours = check_theirs_to_ours(_hf_granite(**over), tmp_path)
     assert ours.arch.model_type == "granitemoehybrid"
-    assert _check(ours, theirs, _prompt()) <= 1e-4
 
 
 def test_granite_parity_ours_to_theirs(tmp_path):

@@ -197,25 +197,17 @@ def _hf_config(**kw):
 
 
 def _hf_model(seed: int = 0, **kw):
-    from test_hf_parity import randomize
+    from test_hf_parity import random_hf_model
 
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(_hf_config(**kw), dtype=torch.float32)
-    randomize(m, seed)
-    return m.eval()
+    return random_hf_model(_hf_config(**kw), seed)
 
 
 def test_parity_theirs_to_ours(tmp_path):
-    from test_hf_parity import _check, _prompt
+    from test_hf_parity import check_theirs_to_ours
 
-    from nas.build import load_pretrained
-
-    theirs = _hf_model()
-    theirs.save_pretrained(tmp_path / "hf")
-    ours = load_pretrained(tmp_path / "hf").eval()
+    ours = check_theirs_to_ours(_hf_model(), tmp_path)
     assert ours.arch.model_type == "jamba"
     assert [b.kind for b in ours.arch.blocks] == ["mamba1", "ffn", "attention", "moe"] * 2
-    assert _check(ours, theirs, _prompt()) <= 1e-4
 
 
 def test_parity_ours_to_theirs(tmp_path):

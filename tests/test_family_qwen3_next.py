@@ -173,25 +173,18 @@ def _hf_config():
 
 
 def _hf_model(seed: int = 0):
-    from test_hf_parity import randomize
+    from test_hf_parity import random_hf_model
 
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(_hf_config(), dtype=torch.float32)
-    randomize(m, seed)
-    return m.eval()
+    return random_hf_model(_hf_config(), seed)
 
 
 def test_parity_theirs_to_ours(tmp_path):
-    from test_hf_parity import _check, _prompt
+    from test_hf_parity import check_theirs_to_ours
 
     from nas.build import load_pretrained
 
-    theirs = _hf_model()
-    theirs.save_pretrained(tmp_path / "hf")
-    ours = load_pretrained(tmp_path / "hf").eval()
+    ours = check_theirs_to_ours(_hf_model(), tmp_path)
     assert ours.arch.model_type == "qwen3_next" and ours.arch.blocks[2].rope_dim == 8
-    diff = _check(ours, theirs, _prompt())
-    assert diff <= 1e-4
     _zero_centred_norm_matters(load_pretrained(tmp_path / "hf").eval())
     # the 4.x spelling (top-level rope_theta and partial_rotary_factor) reads the same
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -371,7 +364,7 @@ def test_qwen35_counts_and_round_trip():
 
 
 def _hf35_model(seed: int = 0):
-    from test_hf_parity import randomize
+    from test_hf_parity import random_hf_model
 
     cfg = transformers.Qwen3_5MoeTextConfig(
         vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
@@ -385,22 +378,16 @@ def _hf35_model(seed: int = 0):
         rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                          "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
                          "mrope_interleaved": True})
-    torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    randomize(m, seed)
-    return m.eval()
+    return random_hf_model(cfg, seed)
 
 
 def test_qwen35_parity_both_ways(tmp_path):
-    from test_hf_parity import _check, _prompt, randomize
+    from test_hf_parity import _check, _prompt, check_theirs_to_ours, randomize
 
-    from nas.build import build_model, load_pretrained, save_pretrained, to_transformers
+    from nas.build import build_model, save_pretrained, to_transformers
 
-    theirs = _hf35_model()
-    theirs.save_pretrained(tmp_path / "hf")
-    ours = load_pretrained(tmp_path / "hf").eval()
+    ours = check_theirs_to_ours(_hf35_model(), tmp_path)
     assert ours.arch.model_type == "qwen3_5_moe_text" and ours.blocks[0].mixer.split
-    _check(ours, theirs, _prompt())
     mine = build_model(ours.arch, seed=3).eval()
     randomize(mine, 7)
     save_pretrained(mine, tmp_path / "ours")

@@ -99,11 +99,17 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             t.copy_(torch.randn(t.shape, generator=g))
 
 
-def _hf_model(mt: str, seed: int = 0):
+def random_hf_model(cfg, seed: int = 0):
+    """transformers' causal LM of ``cfg`` in float32 with :func:`randomize`'d weights
+    (``seed``), in eval mode: the reference side of every family's parity test."""
     torch.manual_seed(seed)
-    m = transformers.AutoModelForCausalLM.from_config(_configs()[mt], dtype=torch.float32)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     randomize(m, seed)
     return m.eval()
+
+
+def _hf_model(mt: str, seed: int = 0):
+    return random_hf_model(_configs()[mt], seed)
 
 
 def _prompt(seed: int = 1) -> torch.Tensor:
@@ -126,6 +132,16 @@ def _check(ours, theirs, prompt: torch.Tensor) -> float:
     assert torch.equal(ours.generate(prompt, 8), _hf_generate(theirs, prompt))
     assert ours.num_parameters() == theirs.num_parameters()
     return diff
+
+
+def check_theirs_to_ours(theirs, tmp_path):
+    """``theirs`` (a transformers model) saved to ``tmp_path / "hf"`` loads as our model
+    with its logits within :data:`TOL`, its greedy generation and its parameter count
+    (:func:`_check`). Returns our model (shared by every family's parity test)."""
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_pretrained(tmp_path / "hf").eval()
+    _check(ours, theirs, _prompt())
+    return ours
 
 
 def check_ours_to_theirs(arch, tmp_path):
