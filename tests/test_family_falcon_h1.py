@@ -138,6 +138,7 @@ def test_heterogeneous_child_round_trips_and_other_types_refuse_it():
     ("ssm_multipliers", [1.0, 1.0], "5 numbers"),
     ("mlp_multipliers", [1.0, "x"], "finite number"),
     ("lm_head_multiplier", 0.0, "lm_head"),
+    ("key_multiplier", None, "key_multiplier"),  # transformers keeps None: it cannot run
     ("mamba_d_head", 100, "mamba_d_ssm"),
 ])
 def test_unsupported_variants_are_named(key, value, match):
@@ -304,6 +305,35 @@ def test_parity_both_ways(variant, tmp_path):
     ours = check_theirs_to_ours(_hf_model(**VARIANTS[variant]), tmp_path)
     assert ours.arch.mup is not None and ours.arch.hf_extra["time_step_limit"] == [0.05, 2.0]
     check_ours_to_theirs(load_config(tmp_path / "hf"), tmp_path)
+
+
+MUP_KEYS = ("embedding_multiplier", "lm_head_multiplier", "attention_in_multiplier",
+            "key_multiplier", "attention_out_multiplier", "ssm_in_multiplier",
+            "ssm_out_multiplier", "mlp_multipliers", "ssm_multipliers")
+
+
+def test_absent_multipliers_compute_as_transformers_reads_them(tmp_path):
+    """A Falcon-H1 file without the muP multipliers (as the Hub copies of the 3B / 7B
+    configs in tests/data): transformers computes with FalconH1Config's defaults (1.0, null
+    lists [1.0] * n), the import takes exactly those and the logits equal transformers' on
+    that very file."""
+    pytest.importorskip("torch")
+    from test_hf_parity import _check, _prompt
+
+    from nas.build import load_pretrained
+
+    theirs = _hf_model()
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for k in MUP_KEYS:
+        del cfg[k]
+    cfg["ssm_multipliers"] = None
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    again = type(theirs).from_pretrained(tmp_path / "hf").eval()
+    ours = load_pretrained(tmp_path / "hf").eval()
+    m = ours.arch.mup
+    assert (m.embedding, m.lm_head, m.key, m.mlp_gate, m.ssm) == (1.0, 1.0, 1.0, 1.0, (1.0,) * 5)
+    _check(ours, again, _prompt())
 
 
 def test_multipliers_change_the_logits(tmp_path):

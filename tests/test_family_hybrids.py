@@ -176,23 +176,48 @@ def test_granite_multipliers_all_matter():
         assert float((ours(prompt) - base).abs().max()) > 1e-2
 
 
-@pytest.mark.parametrize("field", ["embedding_multiplier", "residual_multiplier",
-                                   "logits_scaling", "attention_multiplier"])
-def test_granite_build_refuses_a_missing_multiplier(field):
-    """transformers would take 1.0 for an absent multiplier; building here refuses instead
-    of defaulting a field that changes the numerics (importing and pricing still work)."""
-    pytest.importorskip("torch")
-    from nas.build import build_model
+MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling",
+               "attention_multiplier")
 
+
+def test_granite_absent_multipliers_compute_as_transformers_reads_them(tmp_path):
+    """A Granite config that leaves the multipliers out: transformers computes with its
+    GraniteMoeHybridConfig defaults (1.0 each, so a softmax scale of 1, not 1/sqrt(d)); the
+    import takes exactly those (written back on export) and the logits equal transformers'
+    on that very file."""
+    torch = pytest.importorskip("torch")
+    from test_hf_parity import _check, _prompt
+
+    from nas.build import load_pretrained
+
+    theirs = _hf_granite(**{k: 1.0 for k in MULTIPLIERS})
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    for k in MULTIPLIERS:
+        del cfg[k]
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    again = type(theirs).from_pretrained(tmp_path / "hf").eval()
+    assert [getattr(again.config, k) for k in MULTIPLIERS] == [1.0] * 4
+    ours = load_pretrained(tmp_path / "hf").eval()
+    assert [ours.arch.hf_extra[k] for k in MULTIPLIERS] == [1.0] * 4
+    assert all(to_hf(ours.arch)[k] == 1.0 for k in MULTIPLIERS)
+    assert ours.scalars.attention_scale == 1.0
+    _check(ours, again, _prompt())
+    with torch.no_grad():  # not blind: the file's own numerics differ from TINY's
+        other = _hf_granite()
+        other.load_state_dict(theirs.state_dict())
+        assert float((ours(_prompt()) - other(_prompt()).logits).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("field", MULTIPLIERS)
+def test_granite_null_or_bad_multiplier_is_named(field):
+    """transformers keeps a null multiplier as None and cannot run the model: refused by
+    name at import, as is a non-number."""
     cfg = json.loads(GRANITE.read_text())
-    del cfg[field]
-    cfg.update(num_hidden_layers=2, layer_types=["mamba", "attention"], hidden_size=64,
-               mamba_n_heads=4, mamba_d_head=32, num_local_experts=4, num_experts_per_tok=2,
-               vocab_size=128)
-    arch = from_hf(cfg)
-    assert arch.param_counts().total > 0
-    with pytest.raises(InputError, match=field):
-        build_model(arch)
+    for bad in (None, "12", True):
+        cfg[field] = bad
+        with pytest.raises(InputError, match=field):
+            from_hf(cfg)
 
 
 def test_other_types_export_as_granite_with_unit_multipliers():

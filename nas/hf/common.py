@@ -290,6 +290,18 @@ def _refuse_mla_gpt_oss_features(arch: ModelArch, mt: str) -> None:
                               f"or clamped SwiGLU (block {i})")
 
 
+def read_multiplier(r: Reader, key: str, default: float) -> float:
+    """A scalar numerics multiplier (Granite's and Falcon-H1's): absent, ``default``, the
+    transformers config class's default, which transformers itself computes with for such a
+    config; an explicit ``null`` is refused naming ``key`` (transformers keeps ``None`` there
+    and cannot run the model); anything else must be a finite number."""
+    if key in r.cfg and r.cfg[key] is None:
+        r.used.add(key)
+        raise r.err(key, f"null; expected a number (leave the field out for transformers' "
+                    f"default {default})")
+    return float(r.float(key, default))
+
+
 def read_time_step_limit(r: Reader) -> dict[str, Any]:
     """``{"time_step_limit": [low, high]}`` (the Mamba-2 time-step clamp of ``falcon_h1`` and
     ``granitemoehybrid``, on softplus(dt), dimensionless; transformers 5 writes an infinite

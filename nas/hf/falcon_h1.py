@@ -17,7 +17,10 @@ muP multipliers (:class:`~nas.arch.MuP`, every one computed by :mod:`nas.modules
 ``ssm_in_multiplier``, ``ssm_multipliers`` (the five parts ``[z | x | B | C | dt]`` of the
 Mamba ``in_proj`` output), ``ssm_out_multiplier``. Where a config leaves one out, the value
 is transformers' ``FalconH1Config`` default (1.0 each, ``[1.0, 1.0]``, ``[1.0] * 5``), as
-transformers itself reads it; the export writes every one.
+transformers itself reads it (so the logits are transformers' on that very file); a null
+scalar multiplier is refused by name (transformers keeps ``None`` and cannot run), a null
+list is its default as in ``FalconH1Config``; the export writes every one. ``granitemoehybrid``
+reads its four multipliers by the same rule (:func:`nas.hf.common.read_multiplier`).
 
 Refused (an :class:`InputError` naming the field): ``hidden_act`` other than silu (it is the
 Mamba conv's activation too), ``mamba_proj_bias != projectors_bias`` (one bias flag for the
@@ -44,6 +47,7 @@ from nas.hf.common import (
     common_fields,
     head_dim_of,
     make_block,
+    read_multiplier,
     read_puzzle_layers,
     read_time_step_limit,
     write_puzzle_layers,
@@ -69,7 +73,7 @@ def _float_list(r: Reader, key: str, n: int) -> list[float]:
 
 
 def _read_mup(r: Reader) -> MuP:
-    kw: dict[str, Any] = {name: r.float(key, 1.0) for key, name in _SCALARS.items()}
+    kw: dict[str, Any] = {name: read_multiplier(r, key, 1.0) for key, name in _SCALARS.items()}
     kw["mlp_gate"], kw["mlp_down"] = _float_list(r, "mlp_multipliers", 2)
     kw["ssm"] = tuple(_float_list(r, "ssm_multipliers", 5))
     if kw["lm_head"] == 0:

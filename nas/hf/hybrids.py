@@ -11,8 +11,11 @@ Granite-4.0-H uses none), then a MoE of ``num_local_experts`` SwiGLU experts of 
 SwiGLU shared MLP of ``shared_intermediate_size`` (a dense MLP when there are no experts).
 Parameters, weights, KV and state bytes and costs are exact. Granite's muP-style numerics
 (``embedding_multiplier``, ``residual_multiplier``, ``logits_scaling``, the attention scale
-``attention_multiplier``) are kept in the config and computed by :mod:`nas.modules.granite`
-(building a model whose config lacks one of them is refused, never defaulted); its fused
+``attention_multiplier``, each a plain factor) are kept in the config and computed by
+:mod:`nas.modules.granite`; a config that leaves one out gets transformers'
+``GraniteMoeHybridConfig`` default, 1.0 (so also ``attention_multiplier``: a softmax scale of
+1, not ``1 / sqrt(head_dim)``), as transformers itself reads such a config, and the export
+writes all four; a null one is refused by name; its fused
 expert tensors (``input_linear`` / ``output_linear``) are the checkpoint layout of
 :class:`nas.modules.granite.GraniteMoEMixer`. A heterogeneous child writes the
 ``puzzle_layers`` extension (one ``{"mixer": <block>, "mlp": <block>}`` per layer, the JSON of
@@ -34,6 +37,7 @@ from nas.hf.common import (
     common_fields,
     head_dim_of,
     make_block,
+    read_multiplier,
     read_puzzle_layers,
     read_time_step_limit,
     write_puzzle_layers,
@@ -54,11 +58,8 @@ _LAYER_TYPES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "att
 
 
 def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
-    mult = {}
-    for k in _MULTIPLIERS:  # computed by nas.modules.granite (which refuses a missing one)
-        v = r0.float(k, None)
-        if v is not None:
-            mult[k] = v
+    # computed by nas.modules.granite; absent: transformers' GraniteMoeHybridConfig default
+    mult = {k: read_multiplier(r0, k, 1.0) for k in _MULTIPLIERS}
     # the shared reader refuses these fields for every other type; read the rest without them
     r = Reader({k: v for k, v in r0.cfg.items() if k not in _MULTIPLIERS}, r0.source,
                r0.prefix)
@@ -66,8 +67,7 @@ def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, An
         blocks, mtp, kw = _read_rest(r, mt)
     finally:
         r0.used |= r.used
-    if mult:
-        kw["_extra"] = {**kw.get("_extra", {}), **mult}
+    kw["_extra"] = {**kw.get("_extra", {}), **mult}
     return blocks, mtp, kw
 
 
@@ -161,8 +161,8 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
              and len(set(ffns)) <= 1 and len({a.rope for a in atts}) <= 1
              and all(m.num_heads * m.head_dim % arch.hidden_size == 0 for m in mambas))
     out = base_config(arch, mt, "rms_norm_eps")
-    if arch.model_type != GRANITE:  # another type's numerics: every multiplier is 1
-        out.update({k: 1.0 for k in _MULTIPLIERS})
+    for k in _MULTIPLIERS:  # every one written; another type's numerics: each is 1
+        out[k] = out.get(k, 1.0) if arch.model_type == GRANITE else 1.0
     out["num_hidden_layers"] = len(mixers)
     out["layer_types"] = ["attention" if isinstance(m, Attention) else "mamba" for m in mixers]
     if atts:

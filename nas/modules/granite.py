@@ -1,8 +1,9 @@
 """IBM Granite-4.0-H (``granitemoehybrid``) numerics and weight layout, as transformers'
 ``granitemoehybrid`` computes them.
 
-Model-level scalars (:class:`Scalars`, read by :func:`scalars_of` from the config, never
-defaulted for a Granite model; the identity for every other type):
+Model-level scalars (:class:`Scalars`, read by :func:`scalars_of` from the config; one left
+out is transformers' ``GraniteMoeHybridConfig`` default 1.0, as transformers computes such a
+config, the rule :mod:`nas.hf.hybrids` imports by; the identity for every other type):
 
 * ``embedding_multiplier``: the embeddings are multiplied by it before the first block;
 * ``residual_multiplier``: every residual branch (mixer and MLP) is multiplied by it before
@@ -28,6 +29,7 @@ unchanged. A dense layer (``num_local_experts: 0``) is the shared MLP alone
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +44,8 @@ from nas.modules.moe import MoEMixer, grouped_mm
 GRANITE = "granitemoehybrid"
 MULTIPLIERS = ("embedding_multiplier", "residual_multiplier", "logits_scaling",
                "attention_multiplier")
-"""Granite's config fields that scale the numerics; each must be present in its config."""
+"""Granite's config fields that scale the numerics (dimensionless); absent: 1.0, as in
+transformers' ``GraniteMoeHybridConfig``."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +67,8 @@ IDENTITY = Scalars()
 
 def scalars_of(arch: ModelArch) -> Scalars:
     """The scalars of ``arch``'s forward pass: Granite's four multipliers read from its
-    config (:data:`MULTIPLIERS`; a missing one is an :class:`InputError` naming it, never a
-    default); Falcon-H1's embedding and LM-head multipliers (``arch.mup``; logits divided by
+    config (:data:`MULTIPLIERS`; a missing one is transformers' default 1.0, anything but a
+    number an :class:`InputError` naming it); Falcon-H1's embedding and LM-head multipliers (``arch.mup``; logits divided by
     the inverse of ``lm_head``); the identity for every other model type."""
     if arch.mup is not None:  # Falcon-H1's embedding / LM-head muP multipliers (nas.arch.MuP)
         return Scalars(embedding=arch.mup.embedding, logits_divisor=1.0 / arch.mup.lm_head)
@@ -74,11 +77,10 @@ def scalars_of(arch: ModelArch) -> Scalars:
     extra = arch.hf_extra
     vals = {}
     for k in MULTIPLIERS:
-        v = extra.get(k)
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise InputError(f"a {GRANITE} model needs {k} (a number) in its config to be "
-                             "built: it scales the numerics and is not defaulted",
-                             field=k)
+        v = extra.get(k, 1.0)  # transformers' GraniteMoeHybridConfig default
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise InputError(f"{GRANITE}: {k} must be a finite number (it scales the "
+                             f"numerics), got {v!r}", field=k)
         vals[k] = float(v)
     if vals["logits_scaling"] == 0:
         raise InputError("logits_scaling divides the logits; it must not be 0",
