@@ -179,6 +179,23 @@ def test_unsupported_fields_are_named(key, value, match):
     assert key in str(exc.value) and "jamba.json" in str(exc.value)
 
 
+def test_absent_kv_heads_is_transformers_default_null_is_heads():
+    """num_key_value_heads as transformers' JambaConfig reads it: left out, its class
+    default 8 (the KV cache and its cost follow); null, one KV head per query head, as
+    Jamba-v0.1's remote-code config class and JambaConfig's own post-init rule read it
+    (transformers 5's strict field check refuses the null before that rule runs)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = json.loads(MINI.read_text())
+    for value, want in ((None, cfg["num_attention_heads"]), ("absent", 8), (4, 4)):
+        c = {k: v for k, v in cfg.items() if k != "num_key_value_heads"}
+        if value != "absent":
+            c["num_key_value_heads"] = value
+        got = {b.num_kv_heads for b in from_hf(c).blocks if isinstance(b, Attention)}
+        assert got == {want}, (value, got)
+        if value is not None:
+            assert transformers.JambaConfig(**c).num_key_value_heads == want
+
+
 # ---- torch: modules and parity with transformers ------------------------------------
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -290,6 +290,16 @@ def _refuse_mla_gpt_oss_features(arch: ModelArch, mt: str) -> None:
                               f"or clamped SwiGLU (block {i})")
 
 
+def read_kv_heads(r: Reader, heads: int, absent: int) -> int:
+    """``num_key_value_heads`` as transformers' ``JambaConfig`` / ``FalconH1Config`` read it:
+    ``absent`` (their class default, 8) when the field is left out, ``heads`` (multi-head
+    attention) when it is null."""
+    r.used.add("num_key_value_heads")
+    if "num_key_value_heads" not in r.cfg:
+        return absent
+    return heads if r.cfg["num_key_value_heads"] is None else r.int("num_key_value_heads")
+
+
 def read_multiplier(r: Reader, key: str, default: float) -> float:
     """A scalar numerics multiplier (Granite's and Falcon-H1's): absent, ``default``, the
     transformers config class's default, which transformers itself computes with for such a

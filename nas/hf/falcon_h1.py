@@ -47,6 +47,7 @@ from nas.hf.common import (
     common_fields,
     head_dim_of,
     make_block,
+    read_kv_heads,
     read_multiplier,
     read_puzzle_layers,
     read_time_step_limit,
@@ -108,9 +109,7 @@ def _read_rest(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str
                     "(transformers' FalconH1Model has attention in every layer); expected "
                     "null")
     heads = r.int("num_attention_heads", 32)
-    r.used.add("num_key_value_heads")
-    kv = r.cfg.get("num_key_value_heads", 8)  # transformers: absent 8, null = heads
-    kv = heads if kv is None else r.int("num_key_value_heads")
+    kv = read_kv_heads(r, heads, 8)  # FalconH1Config: absent 8, null = heads
     bias = r.bool("attention_bias", False)
     att = make_block(Attention, r, num_heads=heads, num_kv_heads=kv,
                      head_dim=head_dim_of(r, h, heads), rope=True, qkv_bias=bias, o_bias=bias)

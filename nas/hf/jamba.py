@@ -44,6 +44,7 @@ from nas.hf.common import (
     common_fields,
     head_dim_of,
     make_block,
+    read_kv_heads,
     read_puzzle_layers,
     write_puzzle_layers,
 )
@@ -79,7 +80,7 @@ def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any
     is_att = _pattern(r, n, "attn_layer_period", "attn_layer_offset", (8, 4))
     heads = r.int("num_attention_heads", 32)
     att = make_block(Attention, r, num_heads=heads,
-                     num_kv_heads=r.int("num_key_value_heads", heads),
+                     num_kv_heads=read_kv_heads(r, heads, 8),  # JambaConfig's rule
                      head_dim=head_dim_of(r, h, heads), rope=False)
     expand = r.int("mamba_expand", 2)
     dt_rank = r.raw("mamba_dt_rank", "auto")
