@@ -122,6 +122,19 @@ class BlockCosts:
             **{k: getattr(self, k)[idx] for k in _ROW_FIELDS},
         )
 
+    @staticmethod
+    def concat(parts: Sequence[BlockCosts]) -> BlockCosts:
+        """The rows of ``parts`` one after the other (same workloads, tp and ep), e.g. a
+        model's main blocks and its MTP head priced with ``draft`` rows."""
+        first = parts[0]
+        for p in parts[1:]:
+            if (p.workloads, p.tp, p.ep) != (first.workloads, first.tp, first.ep):
+                raise ValueError("BlockCosts.concat needs the same workloads, tp and ep")
+        return BlockCosts(
+            workloads=first.workloads, tp=first.tp, ep=first.ep,
+            **{k: np.concatenate([getattr(p, k) for p in parts]) for k in _ROW_FIELDS},
+        )
+
 
 _ROW_FIELDS = ("prefill_s", "decode_s", "runtime_s", "memory_bytes", "weight_bytes",
                "kv_bytes_per_token", "window", "state_bytes_per_sequence",

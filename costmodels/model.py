@@ -338,6 +338,13 @@ def _overlapped(wls: Sequence[Workload], ttft: np.ndarray, tpot: np.ndarray,
     return ttft2, tpot2, cycle2 + host
 
 
+def spec_state_snapshots(workloads: Sequence[Workload]) -> np.ndarray:
+    """``[W]`` recurrent-state snapshots per sequence that speculative decoding keeps beside
+    the request's own state (one per verified position, ``1 + d``; 0 without drafts): a
+    sequence holds ``1 + snapshots`` states (rollback; ``costmodels.blocks.SPEC_STATE_COPY``)."""
+    return np.array([w.draft_tokens + 1.0 if w.draft_tokens > 0 else 0.0 for w in workloads])
+
+
 def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
               rows: Sequence[int] | np.ndarray | None = None,
               reserve_bytes: float = DEFAULT_RESERVE_BYTES,
@@ -365,7 +372,7 @@ def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
     kv = B * np.array([float(b.kv_bytes(c).sum()) for c in ctx])
     # speculative decoding keeps one state snapshot per verified position beside the
     # request's own (rollback; costmodels.blocks.SPEC_STATE_COPY): 1 + (1 + d) states
-    snaps = np.array([w.draft_tokens + 1.0 if w.draft_tokens > 0 else 0.0 for w in wls])
+    snaps = spec_state_snapshots(wls)
     state = B * float(b.state_bytes_per_sequence.sum()) * (1.0 + snaps)
     ws = workload_workspace_bytes(b, nonblock, prefill_chunk)
     mem = memory_bytes(weights, kv / B, state / B, B, ws, reserve_bytes)

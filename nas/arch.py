@@ -443,6 +443,30 @@ def blocks_table(blocks: list[_Block] | tuple[_Block, ...], hidden: int) -> Bloc
     return BlockTable.from_rows([block_row(b, hidden) for b in blocks])
 
 
+def mtp_table(arch: ModelArch) -> BlockTable | None:
+    """The cost rows of ``arch``'s MTP (multi-token prediction) head, or ``None`` without
+    one: its blocks, then the head's 2h->h projection priced as two hidden x hidden LINEAR
+    rows (an approximation: same weights and FLOPs as the 2h x h matrix, norms as a LINEAR
+    row's). Priced with ``draft=True`` rows (``costmodels.blocks.price_blocks``), these are
+    what ``puzzle-nas cost --mtp`` and the search add to the main blocks."""
+    if not arch.mtp_blocks:
+        return None
+    proj = BlockTable.from_rows([{"kind": int(Kind.LINEAR), "hidden": arch.hidden_size}] * 2)
+    return BlockTable.concat([blocks_table(arch.mtp_blocks, arch.hidden_size), proj])
+
+
+def serving_table(arch: ModelArch, mtp: bool) -> tuple[BlockTable, np.ndarray | None]:
+    """``arch``'s main block rows and, with ``mtp`` and an MTP head, the head's rows after
+    them (:func:`mtp_table`), with the ``draft`` mask ``price_blocks`` takes (True on the
+    head's rows; ``None`` when no head is priced)."""
+    table = arch.table
+    head = mtp_table(arch) if mtp else None
+    if head is None:
+        return table, None
+    draft = np.arange(len(table) + len(head)) >= len(table)
+    return BlockTable.concat([table, head]), draft
+
+
 class ParamCounts(BaseModel):
     """Exact parameter counts. Totals include embeddings and LM head and exclude MTP."""
 

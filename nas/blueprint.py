@@ -20,13 +20,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from costmodels.blocks import price_blocks
+from costmodels.blocks import BlockCosts, price_blocks
 from costmodels.measured import BlockMeasurements, load_blocks, price_measured
 from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
 from hwprofiles.errors import InputError
 from hwprofiles.units import gb_gib
 from nas import __version__
-from nas.arch import ModelArch
+from nas.arch import ModelArch, mtp_table
 from nas.hf import to_hf
 from nas.io import (
     atomic_write,
@@ -77,12 +77,21 @@ def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
     else:
         blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, tp=problem.tp,
                               ep=problem.ep, attention_dp=adp)
+    mtp = any(w.draft_tokens > 0 for w in wls)  # speculative decoding with the MTP head
     nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls, tp=problem.tp,
-                        attention_dp=adp)
+                        attention_dp=adp, draft=mtp)
     meas = measured_blocks(problem)
     if meas is not None:  # block runtimes measured (nas.search prices the library the same)
         blocks = price_measured(arch.table, problem.hw, problem.recipe, meas, wls,
                                 tp=problem.tp, ep=problem.ep, attention_dp=adp)
+    if mtp:  # the MTP head's draft rows, priced as nas.search prices them
+        head = mtp_table(arch)
+        if head is None:
+            raise InputError("the model has no MTP head to draft tokens with",
+                             field="workloads.draft_tokens")
+        blocks = BlockCosts.concat([blocks, price_blocks(
+            head, problem.hw, problem.recipe, wls, tp=problem.tp, ep=problem.ep,
+            attention_dp=adp, draft=[True] * len(head))])
     mc = summarize(blocks, nb, problem.hw, reserve_bytes=problem.reserve_bytes)
     out = {}
     d = mc.to_dict()

@@ -23,6 +23,25 @@ the score key is ``quality``. Budgets translate as:
 * relative bounds ("60%") are fractions of the parent's own total of the same key
   (for throughput / per-user speed, the runtime / TPOT bound is the parent's divided by
   the fraction).
+
+Speculative decoding (MTP): a workload with ``draft_tokens = d`` and ``acceptance = A``
+serves with the parent's MTP head drafting d tokens per verification step
+(``costmodels.workload``). The head is not searched: every child keeps the parent's (as
+the seeds' Puzzle-75B did), so its cost is one constant, priced once exactly as
+``puzzle-nas cost --mtp`` prices it (``nas.arch.mtp_table``, draft rows) and added to the
+non-block constants of every key: its d draft passes per step in TTFT / TPOT / runtime,
+its weights in ``weight_bytes`` and memory, its KV and state per sequence in memory, and
+its rows in the workspace maximum. The main blocks are priced with the verify shape (1 + d
+tokens per decoding sequence), the LM head with its draft passes, every time per output
+token divided by A, and memory holds the ``1 + d`` state snapshots speculative decoding
+keeps per sequence (``costmodels.model.spec_state_snapshots``; not in the
+``max_concurrency`` columns, which follow ``costmodels.model.max_concurrency``). The head
+counts in weight bytes, not in ``params`` / ``active_params`` (as ``ModelArch.param_counts``
+keeps MTP apart). A is the user's statement about the workload, the same for the parent and
+every child: a child's real acceptance is unknown until it is trained (the seeds measured
+3.45 for Nemotron-3-Super, 4.34 for their child after training); no per-child acceptance
+is modeled. With several workloads the head is loaded for all of them: one that drafts
+nothing pays its weights and KV but no draft passes.
 """
 
 from __future__ import annotations
@@ -45,6 +64,7 @@ from costmodels.model import (
     concurrency_workspace_bytes,
     max_concurrency,
     price_nonblock,
+    spec_state_snapshots,
     workload_workspace_bytes,
 )
 from costmodels.serving import SLOPoint, concurrency_grid, parse_slo, slo_throughput
@@ -54,7 +74,7 @@ from hwprofiles.schema import HardwareProfile
 from nas import blueprint as bpm
 from nas import mip, space, spans
 from nas import quality as q
-from nas.arch import ModelArch, NoOp, blocks_table
+from nas.arch import ModelArch, NoOp, blocks_table, mtp_table, serving_table
 from nas.blueprint import nonblock_shape
 from nas.hf import from_hf, load_config
 from nas.io import check_output_dir
@@ -93,6 +113,11 @@ class Problem:
         """Usable memory of one GPU (bytes); memory figures are per GPU."""
         return float(self.hw.memory_bytes.value)
 
+    @property
+    def mtp(self) -> bool:
+        """Whether the parent's MTP head serves: some workload drafts tokens with it."""
+        return any(w.draft_tokens > 0 for w in self.workloads.values())
+
 
 def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -> Problem:
     """Load the parent, the hardware profile and the recipe a spec names."""
@@ -114,10 +139,27 @@ def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -
     wls = {name: Workload(name=name, **w.model_dump(exclude={"slo", "concurrency_sweep"},
                                                     exclude_none=True))
            for name, w in spec.workloads.items()}
+    drafting = [n for n, w in wls.items() if w.draft_tokens > 0]
+    if drafting and not parent.mtp_blocks:
+        raise InputError("the parent has no MTP head to draft tokens with (its config has no "
+                         "MTP layers); remove draft_tokens and acceptance, or use a parent "
+                         "with an MTP head", field=f"workloads.{drafting[0]}.draft_tokens")
     reserve, rel = parse_quantity(spec.runtime_reserve, "memory", "runtime_reserve")
     if rel:
         reserve *= float(hw.memory_bytes.value)
     return Problem(spec, base, spec_hash, parent, hw, recipe, wls, reserve)
+
+
+def price_head(problem: Problem) -> BlockCosts | None:
+    """The parent's MTP head priced as draft rows for every workload (``None`` when no
+    workload drafts): the fixed cost every child carries (module docstring)."""
+    if not problem.mtp:
+        return None
+    head = mtp_table(problem.parent)
+    assert head is not None  # resolve() refuses drafts without a head
+    return price_blocks(head, problem.hw, problem.recipe, list(problem.workloads.values()),
+                        tp=problem.tp, ep=problem.ep, attention_dp=problem.attention_dp,
+                        draft=np.ones(len(head), dtype=bool))
 
 
 def _measured_rows(problem: Problem, flat: list[space.Alternative], table: Any,
@@ -156,6 +198,12 @@ class Priced:
     active_params: np.ndarray
     nonblock: NonBlockCosts
     workspace_bytes: dict[str, float]
+    head: BlockCosts | None = None
+    """The parent's MTP head (:func:`price_head`), or ``None`` when no workload drafts."""
+
+    def with_head(self, rows: BlockCosts) -> BlockCosts:
+        """``rows`` followed by the MTP head's rows (``rows`` itself without a head)."""
+        return rows if self.head is None else BlockCosts.concat([rows, self.head])
 
 
 def _flat(alts: list[list[space.Alternative]]) -> list[space.Alternative]:
@@ -181,21 +229,25 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
         bar.update(len(flat))
     rows = _measured_rows(problem, flat, table, wl, rows)
     nb = price_nonblock(nonblock_shape(problem.parent), problem.hw, problem.recipe, wl,
-                        tp=problem.tp, attention_dp=problem.attention_dp)
+                        tp=problem.tp, attention_dp=problem.attention_dp, draft=problem.mtp)
+    head = price_head(problem)
     # activation workspace is a max over blocks, not a sum: hold the parent's (a child is no
-    # wider) as a constant, so memory budgets stay linear and conservative; costmodels'
-    # workspaces of a workload (summarize) and of max_concurrency ("#conc")
+    # wider; with its MTP head) as a constant, so memory budgets stay linear and
+    # conservative; costmodels' workspaces of a workload (summarize) and of max_concurrency
+    # ("#conc")
     parent_rows = rows.take([i for i, a in enumerate(flat) if a.is_parent])
+    if head is not None:
+        parent_rows = BlockCosts.concat([parent_rows, head])
     per_workload = workload_workspace_bytes(parent_rows, nb)
     workspace = {}
     for j, w in enumerate(wl):
         workspace[w.name] = float(per_workload[j])
         workspace[w.name + "#conc"] = concurrency_workspace_bytes(parent_rows, nb, w.max_context)
     if wide:
-        return Priced(rows, wide_params, wide_active, nb, workspace)
+        return Priced(rows, wide_params, wide_active, nb, workspace, head)
     assert table is not None
     return Priced(rows, shapes.params(table).astype(np.float64),
-                  shapes.params(table, active=True).astype(np.float64), nb, workspace)
+                  shapes.params(table, active=True).astype(np.float64), nb, workspace, head)
 
 
 def score(problem: Problem, alts: list[list[space.Alternative]]) -> tuple[np.ndarray, str]:
@@ -224,19 +276,34 @@ def build_library(problem: Problem, alts: list[list[space.Alternative]], priced:
         "weight_bytes": priced.rows.weight_bytes,
     }
     nb = priced.nonblock
-    constants: dict[str, float] = {"params": float(nb_params), "active_params": float(nb_active),
-                                   "weight_bytes": float(nb.weight_bytes)}
-    for j, w in enumerate(problem.workloads.values()):
+    # the MTP head (module docstring): a constant of every key, zero without drafts
+    hd = priced.head
+    constants: dict[str, float] = {
+        "params": float(nb_params), "active_params": float(nb_active),
+        "weight_bytes": float(nb.weight_bytes) + (0.0 if hd is None
+                                                  else float(hd.weight_bytes.sum()))}
+    wls = list(problem.workloads.values())
+    snaps = spec_state_snapshots(wls)
+    for j, w in enumerate(wls):
         n = w.name
+        # speculative decoding's state snapshots: snaps[j] more states per sequence
+        extra = snaps[j] * w.sequences
         costs[f"ttft_s@{n}"] = priced.rows.prefill_s[:, j]
         costs[f"tpot_s@{n}"] = priced.rows.decode_s[:, j]
         costs[f"runtime_s@{n}"] = priced.rows.runtime_s[:, j]
-        costs[f"memory_bytes@{n}"] = priced.rows.memory_bytes[:, j]
+        costs[f"memory_bytes@{n}"] = (priced.rows.memory_bytes[:, j]
+                                      + extra * priced.rows.state_bytes_per_sequence)
         constants[f"ttft_s@{n}"] = float(nb.prefill_s[j])
         constants[f"tpot_s@{n}"] = float(nb.decode_s[j])
         constants[f"runtime_s@{n}"] = float(nb.runtime_s[j])
         constants[f"memory_bytes@{n}"] = (nb.weight_bytes + priced.workspace_bytes[n]
                                           + problem.reserve_bytes)
+        if hd is not None:
+            constants[f"ttft_s@{n}"] += float(hd.prefill_s[:, j].sum())
+            constants[f"tpot_s@{n}"] += float(hd.decode_s[:, j].sum())
+            constants[f"runtime_s@{n}"] += float(hd.runtime_s[:, j].sum())
+            constants[f"memory_bytes@{n}"] += float(
+                hd.memory_bytes[:, j].sum() + extra * hd.state_bytes_per_sequence.sum())
     tags = []
     for a in flat:
         if a.end is not None:  # a span: no kept:<kind> tag (count rules count whole blocks)
@@ -311,9 +378,14 @@ def _concurrency_key(problem: Problem, library: BlockLibrary, priced: Priced | N
         raise InputError("max_concurrency budgets need the priced rows")
     rows = priced.rows
     per_seq = rows.kv_bytes(w.max_context) + rows.state_bytes_per_sequence
+    head = 0.0  # the MTP head's weights and its n sequences' KV and state (a constant)
+    if priced.head is not None:
+        hd = priced.head
+        head = float(hd.weight_bytes.sum() + n * (hd.kv_bytes(w.max_context).sum()
+                                                  + hd.state_bytes_per_sequence.sum()))
     columns[key] = (rows.weight_bytes + n * per_seq,
                     priced.nonblock.weight_bytes + priced.workspace_bytes[wname + "#conc"]
-                    + problem.reserve_bytes)
+                    + problem.reserve_bytes + head)
     return key
 
 
@@ -387,12 +459,12 @@ def budget_rows(problem: Problem, library: BlockLibrary, b: BudgetSpec, index: i
 def parent_max_concurrency(problem: Problem, library: BlockLibrary, priced: Priced | None,
                            wname: str) -> int:
     """Largest concurrency the parent fits at workload ``wname``'s context (per GPU):
-    ``costmodels.model.max_concurrency`` of the parent's rows."""
+    ``costmodels.model.max_concurrency`` of the parent's rows (and its MTP head's)."""
     if priced is None:
         raise InputError("max_concurrency budgets need the priced rows")
     idx = [i for i, lab in enumerate(library.labels) if lab == "parent"]
-    return max_concurrency(priced.rows, priced.nonblock, problem.hw,
-                           problem.workloads[wname].max_context, rows=idx,
+    return max_concurrency(priced.with_head(priced.rows.take(idx)), priced.nonblock,
+                           problem.hw, problem.workloads[wname].max_context,
                            reserve_bytes=problem.reserve_bytes).max_concurrency
 
 
@@ -736,11 +808,12 @@ def slo_workload(problem: Problem) -> str | None:
 def parent_slo_point(problem: Problem, wname: str) -> SLOPoint:
     """The parent's best throughput under ``wname``'s SLO (``costmodels.serving``)."""
     ws = problem.spec.workloads[wname]
-    return slo_throughput(problem.parent.table, nonblock_shape(problem.parent), problem.hw,
+    table, draft = serving_table(problem.parent, problem.mtp)  # with its MTP head if drafting
+    return slo_throughput(table, nonblock_shape(problem.parent), problem.hw,
                           problem.recipe, problem.workloads[wname], parse_slo(ws.slo),
                           tp=problem.tp, ep=problem.ep, reserve_bytes=problem.reserve_bytes,
                           attention_dp=problem.attention_dp,
-                          concurrencies=ws.concurrency_sweep)
+                          concurrencies=ws.concurrency_sweep, draft=draft)
 
 
 def slo_problem(problem: Problem, wname: str, parent_pt: SLOPoint) -> Problem:

@@ -50,6 +50,10 @@ MAX_SEQUENCES = 2**24
 """Batch, concurrency and max_num_seqs: 16,777,216 requests is 8,192x the engines' default
 max_num_seqs (2,048); KV and state memory and the SLO grids grow with it."""
 
+MAX_DRAFT_TOKENS = 64
+"""Tokens drafted per speculative step: 64 is 8x the deepest drafts engines run (EAGLE and
+MTP chains of up to ~8 tokens); acceptance beyond it is not physical."""
+
 
 def _count(n: float) -> str:
     """A count with thousands separators, or in e-notation when it is absurdly long."""
@@ -105,12 +109,31 @@ class WorkloadSpec(_Model):
     concurrency_sweep: list[Annotated[int, Field(ge=1, le=MAX_SEQUENCES)]] | None = Field(
         default=None, max_length=MAX_SWEEP_POINTS, description="concurrencies tried for an SLO workload (default: a grid up "
         "to max_num_seqs)")
+    draft_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_DRAFT_TOKENS,
+        description="speculative decoding with the parent's MTP head: tokens drafted per "
+        "verification step (give acceptance too). The head is kept as it is in every child "
+        "and priced as a fixed cost (its d draft passes, weights, KV and state); the main "
+        "blocks verify 1 + d tokens per step")
+    acceptance: float | None = Field(
+        default=None, ge=1.0, le=MAX_DRAFT_TOKENS + 1,
+        description="with draft_tokens: mean tokens accepted per verification step (bonus "
+        "token included, 1..draft_tokens + 1), a property of the workload you state: the "
+        "same for the parent and every child (a child's real acceptance is only known after "
+        "it is trained; the seeds measured 3.45 for Nemotron-3-Super and 4.34 for their "
+        "child)")
 
     @model_validator(mode="after")
     def _one(self) -> WorkloadSpec:
         check_context(self.isl, self.osl)
         if (self.batch is None) == (self.concurrency is None):
             raise ValueError("give exactly one of batch or concurrency")
+        if (self.draft_tokens is None) != (self.acceptance is None):
+            raise ValueError("give draft_tokens and acceptance together (speculative "
+                             "decoding: tokens drafted per step and tokens accepted per step)")
+        if self.acceptance is not None and self.acceptance > self.draft_tokens + 1:
+            raise ValueError(f"acceptance {self.acceptance:g} exceeds draft_tokens + 1 = "
+                             f"{self.draft_tokens + 1} (tokens a verification step can accept)")
         if self.slo is not None:
             if self.batch is not None:
                 raise ValueError("an SLO workload serves a concurrency (continuous batching)")
@@ -599,6 +622,26 @@ def load_spec(path: str | Path) -> tuple[SearchSpec, Path, str]:
     path = Path(path)
     data = read_json(path)
     return parse_spec(data, str(path)), path.resolve().parent, spec_hash(data)
+
+
+def with_speculation(data: Any, draft_tokens: int | None, acceptance: float | None) -> Any:
+    """A spec object with every workload drafting ``draft_tokens`` tokens per step at
+    ``acceptance`` (``None``: the workload's own field; ``puzzle-nas search --draft-tokens D
+    --acceptance A``). Not a dict / workloads not an object: ``data`` unchanged (validation
+    reports it)."""
+    wls = data.get("workloads") if isinstance(data, dict) else None
+    if not isinstance(wls, dict):
+        return data
+    out = {}
+    for name, w in wls.items():
+        if isinstance(w, dict):
+            w = dict(w)
+            if draft_tokens is not None:
+                w["draft_tokens"] = draft_tokens
+            if acceptance is not None:
+                w["acceptance"] = acceptance
+        out[name] = w
+    return {**data, "workloads": out}
 
 
 def spec_hash(data: Any) -> str:

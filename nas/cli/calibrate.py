@@ -70,6 +70,7 @@ def shape_resolver(csv_path: Path, dirs: list[str]):  # noqa: ANN201 - a cached 
     from costmodels.calibrate import ModelShape
     from costmodels.model import NonBlockShape
     from hwprofiles.errors import InputError
+    from nas.arch import mtp_table
     from nas.hf import load_config
 
     here = Path(__file__).resolve().parents[1] / "examples" / "configs"
@@ -81,17 +82,10 @@ def shape_resolver(csv_path: Path, dirs: list[str]):  # noqa: ANN201 - a cached 
             p = d / f"{name}.json"
             if p.is_file():
                 a = load_config(p)
-                mtp = None
-                if a.mtp_blocks:  # the MTP head, for rows measured with draft_tokens > 0
-                    from costmodels.shapes import BlockTable, Kind
-                    from nas.arch import blocks_table
-
-                    proj = BlockTable.from_rows([{"kind": int(Kind.LINEAR),
-                                                  "hidden": a.hidden_size}] * 2)
-                    mtp = BlockTable.concat([blocks_table(a.mtp_blocks, a.hidden_size), proj])
+                # the MTP head (None without one), for rows measured with draft_tokens > 0
                 return ModelShape(a.block_table(), NonBlockShape(
                     a.hidden_size, a.vocab_size, a.tie_embeddings, a.final_norm),
-                    mtp_table=mtp)
+                    mtp_table=mtp_table(a))
         raise InputError(f"no config {name}.json in {', '.join(str(d) for d in folders)}",
                          path=str(csv_path), field="model")
 

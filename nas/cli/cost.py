@@ -11,8 +11,6 @@ import argparse
 import json
 import math
 
-import numpy as np
-
 from hwprofiles.units import GIB, gb_gib
 
 
@@ -65,9 +63,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-MAX_DRAFT_TOKENS = 64
-"""Tokens drafted per speculative step: 64 is 8x the deepest drafts engines run (EAGLE and
-MTP chains of up to ~8 tokens); acceptance beyond it is not physical."""
 MAX_TP = 72
 """Largest --tp: 72 GPUs, one GB200 NVL72 rack, the largest NVLink domain shipped."""
 
@@ -93,9 +88,9 @@ def run(args: argparse.Namespace) -> int:
     from costmodels.serving import parse_slo, slo_throughput
     from costmodels.workload import parse_workload
     from hwprofiles.errors import InputError
-    from nas.arch import MAX_CONTEXT
+    from nas.arch import MAX_CONTEXT, serving_table
     from nas.hf import load_config
-    from nas.spec import check_workload
+    from nas.spec import MAX_DRAFT_TOKENS, check_workload
 
     if not args.workload and args.context is None:
         raise InputError("give at least one --workload isl=...,osl=...,batch=N or --context N")
@@ -137,16 +132,9 @@ def run(args: argparse.Namespace) -> int:
     reserve = DEFAULT_RESERVE_BYTES if args.reserve_gib is None else args.reserve_gib * GIB
     arch = load_config(args.config)
     arch.check_tp(args.tp, "--tp", attention=not args.attention_dp)
-    table = arch.block_table()
-    draft = None
-    if args.mtp and arch.mtp_blocks:
-        from costmodels.shapes import BlockTable, Kind
-        from nas.arch import blocks_table
-
-        proj = BlockTable.from_rows([{"kind": int(Kind.LINEAR), "hidden": arch.hidden_size}] * 2)
-        n_main = len(table)
-        table = BlockTable.concat([table, blocks_table(arch.mtp_blocks, arch.hidden_size), proj])
-        draft = np.arange(len(table)) >= n_main
+    # the main blocks, then the MTP head's rows (nas.arch.mtp_table; the search prices the
+    # same rows)
+    table, draft = serving_table(arch, args.mtp)
     shape = NonBlockShape(hidden=arch.hidden_size, vocab=arch.vocab_size,
                           tied=arch.tie_embeddings, final_norm=arch.final_norm)
     overhead = None if args.step_overhead_us is None else args.step_overhead_us * 1e-6

@@ -24,6 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the blueprint JSON on stdout instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--acceptance", type=float, default=None, metavar="A",
+                   help="serve every workload with speculative decoding by the parent's MTP "
+                   "head at A accepted tokens per verification step (bonus token included), "
+                   "the same for the parent and every child; overrides the spec's acceptance")
+    p.add_argument("--draft-tokens", type=int, default=None, metavar="D",
+                   help="tokens the MTP head drafts per step for every workload (overrides the "
+                   "spec's draft_tokens; a workload that drafts none needs it with --acceptance)")
     p.set_defaults(func=run)
     s = sub.add_parser("schema", help="print the JSON schema of search specs")
     s.set_defaults(func=run_schema)
@@ -34,6 +41,24 @@ def run_schema(args: argparse.Namespace) -> int:
 
     print(json.dumps(json_schema(), indent=2))
     return 0
+
+
+def _speculative(path: Path, draft_tokens: int | None, acceptance: float | None):  # noqa: ANN202
+    """``load_spec`` of ``path`` with ``nas.spec.with_speculation`` applied (the hash is of
+    the spec as changed)."""
+    from hwprofiles.errors import InputError, read_json
+    from nas.spec import parse_spec, spec_hash, with_speculation
+
+    data = read_json(path)
+    if acceptance is None:
+        raise InputError("needs --acceptance A (tokens accepted per step)", field="--draft-tokens")
+    if draft_tokens is None and isinstance(data, dict):
+        for name, w in (data.get("workloads") or {}).items():
+            if isinstance(w, dict) and w.get("draft_tokens") is None:
+                raise InputError(f"workload {name!r} drafts no tokens: give --draft-tokens D",
+                                 field="--acceptance")
+    data = with_speculation(data, draft_tokens, acceptance)
+    return parse_spec(data, str(path)), path.resolve().parent, spec_hash(data)
 
 
 def _ms(v: float) -> str:
@@ -48,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     from nas.spec import load_spec
 
     path = Path(args.spec) if args.spec else DEFAULT_SPEC
-    spec, base, digest = load_spec(path)
+    if args.acceptance is None and args.draft_tokens is None:
+        spec, base, digest = load_spec(path)
+    else:  # speculative decoding for every workload: the spec as if written with it
+        spec, base, digest = _speculative(path, args.draft_tokens, args.acceptance)
     out = Path(args.out) if args.out else Path("out") / spec.name
     progress = False if (args.quiet or args.json) else None
     if not (args.json or args.quiet):
@@ -64,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
           f"priced on {bp.provenance['profile']} (tp={bp.provenance['tp']}) under "
           f"{bp.provenance['recipe']}; block runtimes "
           f"{bp.provenance.get('block_costs', 'analytic')}")
+    for name, w in spec.workloads.items():
+        if w.draft_tokens:
+            print(f"{name}: speculative decoding, the parent's MTP head drafts {w.draft_tokens} "
+                  f"tokens per step at acceptance {w.acceptance:g} (stated, the same for every "
+                  "child); the head is a fixed cost of every child")
     gap = "-" if s["gap"] is None else f"{s['gap']:.1e}"
     print(f"solver: {s['status']}, objective {s['objective']:.6g}, gap {gap}, "
           f"{s['seconds']:.3f} s")
