@@ -240,3 +240,28 @@ def test_cli_search_acceptance_override(tmp_path, capsys):
     assert main(["search", str(f), "-o", str(tmp_path / "c"), "--quiet",
                  "--acceptance", "3"]) == 2
     assert "--draft-tokens" in capsys.readouterr().err
+
+
+def test_8xb200_example_is_the_seeds_workload_with_mtp(tmp_path):
+    """The shipped 8xB200 example serves 8K/64K at >= 100 tok/s/user with 5 MTP draft
+    tokens at acceptance 3.45; its sweep brackets the parent's SLO point, the kept child
+    reaches 175 % of the parent's SLO throughput within 75.3 B parameters, and the exported
+    child keeps the parent's MTP head."""
+    from conftest import REPO, search_example
+
+    from nas.hf import from_hf
+
+    spec = json.loads((REPO / "nas/examples/nemotron3-super-8xb200.json").read_text())
+    w = spec["workloads"]["server"]
+    assert (w["isl"], w["osl"], w["slo"], w["draft_tokens"], w["acceptance"]) == (
+        8192, 65536, "per_user_tps>=100", 5, 3.45)
+    bp = search_example("nemotron3-super-8xb200", tmp_path)
+    sw = json.loads((tmp_path / "out" / "slo_sweep.json").read_text())
+    grid = w["concurrency_sweep"]
+    assert grid[0] < sw["parent"]["concurrency"] < grid[-1]
+    assert grid[0] < sw["best_concurrency"] < grid[-1]
+    best = [p for p in sw["points"] if p["concurrency"] == sw["best_concurrency"]][0]
+    assert best["throughput_tok_s"] >= 1.75 * sw["parent"]["throughput_tok_s"] * (1 - 1e-9)
+    assert bp["params"]["child_total"] <= 75.3e9
+    parent = load_config(REPO / "nas/examples" / spec["parent"])
+    assert from_hf(bp["child"]).mtp_blocks == parent.mtp_blocks != ()
