@@ -131,6 +131,18 @@ def test_heterogeneous_child_round_trips_and_other_types_refuse_it():
                  mamba_norm_before_gate=False)
 
 
+def test_export_refusals_name_the_block():
+    arch = load_config(H05)
+    blocks = list(arch.blocks)
+    blocks[5] = blocks[5].model_copy(update={"gated": False})
+    with pytest.raises(ExportError, match="block 5: falcon_h1 MLPs are SwiGLU"):
+        to_hf(arch.replace_blocks(blocks), "falcon_h1")
+    blocks = list(arch.blocks)
+    blocks[2] = FFN(width=64)
+    with pytest.raises(ExportError, match="block 2: falcon_h1 has a parallel"):
+        to_hf(arch.replace_blocks(blocks), "falcon_h1")
+
+
 @pytest.mark.parametrize("key,value,match", [
     ("hidden_act", "gelu", "silu"),
     ("projectors_bias", True, "mamba_proj_bias"),

@@ -78,6 +78,14 @@ def test_granite_time_step_limit_reads_as_transformers_decodes_it():
             from_hf(cfg)
 
 
+def test_granite_export_refusals_name_the_block():
+    arch = load_config(GRANITE)
+    blocks = list(arch.blocks)
+    blocks[7] = blocks[7].model_copy(update={"norm_topk": False})
+    with pytest.raises(InputError, match="block 7: granitemoehybrid experts"):
+        to_hf(arch.replace_blocks(blocks), "granitemoehybrid")
+
+
 def test_granite_child_round_trip_and_pricing():
     import hwprofiles
     from costmodels.dtypes import get_recipe

@@ -196,6 +196,18 @@ def test_absent_kv_heads_is_transformers_default_null_is_heads():
             assert transformers.JambaConfig(**c).num_key_value_heads == want
 
 
+def test_export_refusals_name_the_block():
+    arch = load_config(MINI)
+    blocks = list(arch.blocks)
+    blocks[3] = blocks[3].model_copy(update={"norm_topk": True})
+    with pytest.raises(ExportError, match="block 3: jamba experts"):
+        to_hf(arch.replace_blocks(blocks), "jamba")
+    blocks = list(arch.blocks)
+    blocks[2] = FFN(width=64)
+    with pytest.raises(ExportError, match="block 2: jamba has a Mamba-1 or attention mixer"):
+        to_hf(arch.replace_blocks(blocks), "jamba")
+
+
 # ---- torch: modules and parity with transformers ------------------------------------
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

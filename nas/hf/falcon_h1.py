@@ -155,21 +155,23 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
         raise ExportError(f"{mt} needs (parallel mixer, mlp) pairs, plain RMSNorm weights "
                           "and a final norm")
     mixers, mlps = b[0::2], b[1::2]
-    for m in mixers:
+    for i, m in zip(range(0, len(b), 2), mixers):
         if isinstance(m, Parallel) and m.attention is not None and not (
                 m.attention.rope and m.attention.qkv_bias == m.attention.o_bias
                 and not (m.attention.sliding_window or m.attention.qk_norm
                          or m.attention.output_gate or m.attention.rope_dim
                          or m.attention.sinks)):
-            raise ExportError(f"{mt} attention is full RoPE attention with one bias flag")
+            raise ExportError(f"block {i}: {mt} attention is full RoPE attention with one "
+                              "bias flag")
         if not isinstance(m, Parallel | NoOp):
-            raise ExportError(f"{mt} has a parallel attention + Mamba mixer (or a removed "
-                              "one) at every even position")
-    for m in mlps:
+            raise ExportError(f"block {i}: {mt} has a parallel attention + Mamba mixer (or a "
+                              "removed one) at every even position")
+    for i, m in zip(range(1, len(b), 2), mlps):
         if isinstance(m, FFN) and not (m.gated and m.activation == "silu"):
-            raise ExportError(f"{mt} MLPs are SwiGLU")
+            raise ExportError(f"block {i}: {mt} MLPs are SwiGLU")
         if not isinstance(m, FFN | NoOp):
-            raise ExportError(f"{mt} has a dense MLP (or a removed one) at every odd position")
+            raise ExportError(f"block {i}: {mt} has a dense MLP (or a removed one) at every "
+                              "odd position")
     pars = [m for m in mixers if isinstance(m, Parallel)]
     atts = [m.attention for m in pars if m.attention is not None]
     mambas = [(m.mamba, m) for m in pars if m.mamba is not None]

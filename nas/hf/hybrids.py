@@ -136,21 +136,23 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
     if len(b) % 2 or not b or arch.norm_unit_offset:
         raise ExportError(f"{mt} needs (mixer, mlp) pairs and plain RMSNorm weights")
     mixers, mlps = b[0::2], b[1::2]
-    for m in mixers:
+    for i, m in zip(range(0, len(b), 2), mixers):
         if isinstance(m, Attention) and (m.sliding_window or m.qk_norm or m.output_gate
                                          or m.rope_dim or m.qkv_bias != m.o_bias):
-            raise ExportError(f"{mt} attention is plain grouped-query attention")
+            raise ExportError(f"block {i}: {mt} attention is plain grouped-query attention")
         if not isinstance(m, Attention | Mamba) and m.kind not in ("noop", "linear"):  # type: ignore[attr-defined]
-            raise ExportError(f"{mt} has a Mamba or attention mixer at every even position")
-    for m in mlps:
+            raise ExportError(f"block {i}: {mt} has a Mamba or attention mixer at every even "
+                              "position")
+    for i, m in zip(range(1, len(b), 2), mlps):
         if isinstance(m, MoE) and not (m.gated and m.router == "softmax" and m.norm_topk
                                        and not m.router_bias and not m.latent_size
                                        and not m.shared_gate and m.routed_scaling == 1.0):
-            raise ExportError(f"{mt} experts are SwiGLU, softmax top-k, ungated shared MLP")
+            raise ExportError(f"block {i}: {mt} experts are SwiGLU, softmax top-k, ungated "
+                              "shared MLP")
         if isinstance(m, FFN) and (not m.gated or m.bias):
-            raise ExportError(f"{mt} dense MLPs are SwiGLU without bias")
+            raise ExportError(f"block {i}: {mt} dense MLPs are SwiGLU without bias")
         if not isinstance(m, MoE | FFN) and m.kind not in ("noop", "linear"):  # type: ignore[attr-defined]
-            raise ExportError(f"{mt} has a MoE or MLP block at every odd position")
+            raise ExportError(f"block {i}: {mt} has a MoE or MLP block at every odd position")
     atts = [m for m in mixers if isinstance(m, Attention)]
     mambas = [m for m in mixers if isinstance(m, Mamba)]
     moes = [m for m in mlps if isinstance(m, MoE)]

@@ -136,24 +136,25 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
         raise ExportError(f"{mt} needs (mixer, mlp) pairs and plain RMSNorm weights")
     h = arch.hidden_size
     mixers, mlps = b[0::2], b[1::2]
-    for m in mixers:
+    for i, m in zip(range(0, len(b), 2), mixers):
         if isinstance(m, Attention) and (m.rope or m.sliding_window or m.qk_norm
                                          or m.output_gate or m.qkv_bias or m.o_bias):
-            raise ExportError(f"{mt} attention is plain grouped-query attention without "
-                              "positional encoding, window, norms, gate or biases")
+            raise ExportError(f"block {i}: {mt} attention is plain grouped-query attention "
+                              "without positional encoding, window, norms, gate or biases")
         if not isinstance(m, Attention | Mamba1) and m.kind not in ("noop", "linear"):  # type: ignore[attr-defined]
-            raise ExportError(f"{mt} has a Mamba-1 or attention mixer at every even position")
-    for m in mlps:
+            raise ExportError(f"block {i}: {mt} has a Mamba-1 or attention mixer at every even "
+                              "position")
+    for i, m in zip(range(1, len(b), 2), mlps):
         if isinstance(m, MoE) and not (m.gated and m.activation == "silu"
                                        and m.router == "softmax" and not m.norm_topk
                                        and not m.router_bias and not m.latent_size
                                        and not m.shared_width and m.routed_scaling == 1.0):
-            raise ExportError(f"{mt} experts are SwiGLU with a softmax router, unnormalized "
-                              "top-k and no shared expert")
+            raise ExportError(f"block {i}: {mt} experts are SwiGLU with a softmax router, "
+                              "unnormalized top-k and no shared expert")
         if isinstance(m, FFN) and not (m.gated and not m.bias and m.activation == "silu"):
-            raise ExportError(f"{mt} dense MLPs are SwiGLU without bias")
+            raise ExportError(f"block {i}: {mt} dense MLPs are SwiGLU without bias")
         if not isinstance(m, MoE | FFN) and m.kind not in ("noop", "linear"):  # type: ignore[attr-defined]
-            raise ExportError(f"{mt} has a MoE or MLP block at every odd position")
+            raise ExportError(f"block {i}: {mt} has a MoE or MLP block at every odd position")
     atts = [m for m in mixers if isinstance(m, Attention)]
     mambas = [m for m in mixers if isinstance(m, Mamba1)]
     moes = [m for m in mlps if isinstance(m, MoE)]
