@@ -554,6 +554,16 @@ def fit_engines(measurements: Iterable[Measurement],
     return EngineFitResult(out, len(rows), moved, rms0, float(np.sqrt(np.mean(r1 ** 2))))
 
 
+def _probe_value(p: Param, x0: float) -> float:
+    """Where the sensitivity probe moves ``p`` from ``x0``: 10 % down for a curve's scale
+    (10 % of the range up for a scalar), or the other way when that step would leave the
+    bounds, so a figure sitting on a bound is still probed (and stays fittable)."""
+    if p.curve:
+        return 0.9 * x0 if 0.9 * x0 >= p.lo else min(p.hi, x0 / 0.9)
+    step = 0.1 * (p.hi - p.lo)
+    return x0 + step if x0 + step <= p.hi else max(p.lo, x0 - step)
+
+
 def fit_residuals(hw: HardwareProfile, params: Sequence[Param],
                   residuals: Callable[[HardwareProfile], np.ndarray], n: int, label: str,
                   max_nfev: int = 60, only: Sequence[str] | None = None) -> FitResult:
@@ -575,7 +585,7 @@ def fit_residuals(hw: HardwareProfile, params: Sequence[Param],
     for i, p in enumerate(params):
         if only is not None and p.label not in only:
             continue
-        v = max(p.lo, 0.9 * x0[i]) if p.curve else min(p.hi, x0[i] + 0.1 * (p.hi - p.lo))
+        v = _probe_value(p, float(x0[i]))
         if np.max(np.abs(residuals(with_values(hw, [p], [v])) - r0)) > 1e-6:
             active.append(i)
     rms0 = float(np.sqrt(np.mean(r0 ** 2)))

@@ -179,19 +179,29 @@ def _synthetic(hw, plan) -> BlockMeasurements:
 
 def test_fit_recovers_the_profile_the_blocks_were_timed_under():
     plan = plan_points(["isl=512,osl=64,batch=16", "isl=128,osl=256,batch=64"])
-    # the "device": H100 with other efficiencies and kernel overhead
-    data = H100.model_dump(mode="json")
-    for d in data["efficiency"]["matmul"]:
-        data["efficiency"]["matmul"][d]["points"] = [
-            [s, f * 0.7] for s, f in data["efficiency"]["matmul"][d]["points"]]
-    data["kernel_overhead_s"]["value"] = 6e-6
-    true = HardwareProfile.model_validate(data)
+    # start: H100 with every matmul fraction on the fit's lower bound (where a refit can leave
+    # a figure; the fit must still move it); the "device": fractions mid-range and another
+    # kernel overhead
+    from costmodels.calibrate import BOUNDS
+
+    lo, hi, _ = BOUNDS["matmul"]
+
+    def with_matmul(f: float, kernel_s: float | None = None) -> HardwareProfile:
+        data = H100.model_dump(mode="json")
+        for d in data["efficiency"]["matmul"]:
+            data["efficiency"]["matmul"][d]["points"] = [[1.0, f]]
+        if kernel_s is not None:
+            data["kernel_overhead_s"]["value"] = kernel_s
+        return HardwareProfile.model_validate(data)
+
+    start, true = with_matmul(lo), with_matmul((lo + hi) / 2, 6e-6)
     meas = _synthetic(true, plan)
-    before = mape_by_kind(predict_points(meas, H100, BF16))
+    before = mape_by_kind(predict_points(meas, start, BF16))
     assert before[-1]["mape"] > 0.05
-    res = fit_blocks(meas, H100, BF16, max_nfev=60)
+    res = fit_blocks(meas, start, BF16, max_nfev=60)
     after = mape_by_kind(predict_points(meas, res.profile, BF16))
     assert after[-1]["kind"] == "all" and after[-1]["mape"] < 0.01
+    assert any(k == "matmul bf16" for k, _, _ in res.moved)
     assert res.rms_log_after < res.rms_log_before
     assert any(k == "kernel overhead" for k, _, _ in res.moved)
     src = res.profile.kernel_overhead_s.source
