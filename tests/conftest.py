@@ -135,3 +135,19 @@ def check_unchanged_child_is_the_parent(parent, calib, held) -> None:
     child = init_from_parent(parent.arch, parent, calib)
     with torch.no_grad():
         assert torch.equal(child(held), parent(held))
+
+
+def check_cached_decode(model, tokens, prefill: int, tol: float = 1e-5):
+    """Prefill ``tokens[:, :prefill]`` into a fresh cache, then decode the rest one token at a
+    time: the logits equal the full forward's within ``tol`` (float32 max |difference|).
+    Returns ``(full-forward logits, the cache after the last token)``."""
+    import torch
+
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_cache()
+        steps = [model(tokens[:, :prefill], cache)] + [
+            model(tokens[:, i:i + 1], cache) for i in range(prefill, tokens.shape[1])]
+    diff = float((torch.cat(steps, 1) - full).abs().max())
+    assert diff < tol, f"cached decode differs from the full forward by {diff:.3g}"
+    return full, cache

@@ -250,6 +250,8 @@ def test_parity_ours_to_theirs(tmp_path):
 
 
 def test_chunked_scan_equals_the_recurrence_and_cached_decode():
+    from conftest import check_cached_decode
+
     from nas.build import build_model
     from nas.modules.mamba1 import selective_scan
 
@@ -272,13 +274,7 @@ def test_chunked_scan_equals_the_recurrence_and_cached_decode():
                                                             expert_width=16, norm_topk=False),
         Attention(num_heads=4, num_kv_heads=2, head_dim=8, rope=False), FFN(width=24))})
     model = build_model(arch, seed=0).eval()
-    toks = torch.randint(0, 64, (2, 11), generator=g)
-    with torch.no_grad():
-        full = model(toks)
-        cache = model.new_cache()
-        parts = [model(toks[:, :7], cache)] + [model(toks[:, i:i + 1], cache)
-                                               for i in range(7, 11)]
-    assert float((torch.cat(parts, 1) - full).abs().max()) < 1e-5
+    check_cached_decode(model, torch.randint(0, 64, (2, 11), generator=g), 7)
 
 
 # ---- search axes and init_from_parent -------------------------------------------------

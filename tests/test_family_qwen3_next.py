@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import search_example
+from conftest import check_cached_decode, search_example
 
 from costmodels import ops
 from costmodels.blocks import price_blocks
@@ -145,13 +145,7 @@ def test_chunked_equals_recurrent_and_cached_decode():
                                           "rope_dim": 4}),
         MoE(num_experts=4, top_k=2, expert_width=16, shared_width=16, shared_gate=True))})
     model = build_model(tiny, seed=0).eval()
-    toks = torch.randint(0, 64, (2, 11), generator=g)
-    with torch.no_grad():
-        full = model(toks)
-        cache = model.new_cache()
-        parts = [model(toks[:, :7], cache)] + [model(toks[:, i:i + 1], cache)
-                                               for i in range(7, 11)]
-    assert float((torch.cat(parts, 1) - full).abs().max()) < 1e-5
+    check_cached_decode(model, torch.randint(0, 64, (2, 11), generator=g), 7)
 
 
 transformers = pytest.importorskip("transformers")
