@@ -11,9 +11,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from hwprofiles.errors import InputError, first_error, read_json
+from hwprofiles.errors import InputError, norm_name, read_model
 from hwprofiles.schema import HardwareProfile
 
 __all__ = ["HardwareProfile", "InputError", "available", "get", "load"]
@@ -23,13 +21,7 @@ DATA_DIR = Path(__file__).parent / "data"
 
 def load(path: str | Path) -> HardwareProfile:
     """Read and validate a hardware-profile JSON file."""
-    path = Path(path)
-    data = read_json(path)
-    try:
-        return HardwareProfile.model_validate(data)
-    except ValidationError as exc:
-        loc, msg = first_error(exc, "(root)")
-        raise InputError(f"{msg} (hardware profile)", path=str(path), field=loc) from None
+    return read_model(path, HardwareProfile, "hardware profile")
 
 
 @cache
@@ -42,12 +34,8 @@ def _aliases() -> dict[str, str]:
     out: dict[str, str] = {}
     for name, prof in _shipped().items():
         for key in [name, *prof.aliases]:
-            out[_norm(key)] = name
+            out[norm_name(key)] = name
     return out
-
-
-def _norm(s: str) -> str:
-    return s.strip().lower().replace("_", "-").replace(" ", "-")
 
 
 def available() -> list[str]:
@@ -60,7 +48,7 @@ def get(name: str | Path | HardwareProfile) -> HardwareProfile:
     or a profile JSON file when ``name`` is a path to one."""
     if isinstance(name, HardwareProfile):
         return name
-    key = _norm(str(name))
+    key = norm_name(str(name))
     canonical = _aliases().get(key)
     if canonical is not None:
         return _shipped()[canonical]

@@ -12,9 +12,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from hwprofiles.errors import InputError, first_error, read_json
+from hwprofiles.errors import InputError, norm_name, read_model
 from hwprofiles.schema import EngineProfile
 
 ENGINE_DIR = Path(__file__).parent / "data" / "engines"
@@ -26,17 +24,7 @@ published tables most of the measurements come from)."""
 
 def load_engine(path: str | Path) -> EngineProfile:
     """Read and validate an engine-profile JSON file."""
-    path = Path(path)
-    data = read_json(path)
-    try:
-        return EngineProfile.model_validate(data)
-    except ValidationError as exc:
-        loc, msg = first_error(exc, "(root)")
-        raise InputError(f"{msg} (engine profile)", path=str(path), field=loc) from None
-
-
-def _norm(s: str) -> str:
-    return s.strip().lower().replace("_", "-").replace(" ", "-")
+    return read_model(path, EngineProfile, "engine profile")
 
 
 @cache
@@ -51,7 +39,7 @@ def engine_index(profiles: dict[str, EngineProfile] | list[EngineProfile]
     out: dict[str, EngineProfile] = {}
     for e in vals:
         for key in (e.name, *e.aliases):
-            out[_norm(key)] = e
+            out[norm_name(key)] = e
     return out
 
 
@@ -66,7 +54,7 @@ def find_engine(name: str | None, extra: dict[str, EngineProfile] | None = None
     the shipped ones; ``None`` when no profile has that name (or no name is given)."""
     if not name:
         return None
-    key = _norm(str(name))
+    key = norm_name(str(name))
     for pool in (extra or {}, _shipped()):
         hit = engine_index(pool).get(key)
         if hit is not None:

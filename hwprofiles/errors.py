@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
+
+    M = TypeVar("M", bound=BaseModel)
 
 
 class InputError(ValueError):
@@ -78,3 +80,23 @@ def read_json(path: str | Path) -> Any:
     except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits, deep nesting
         raise InputError(f"not readable JSON ({str(exc).splitlines()[0][:120]})",
                          path=str(path)) from None
+
+
+def read_model(path: str | Path, model: type[M], what: str) -> M:
+    """Read a JSON file and validate it as the pydantic ``model``; a missing or unreadable
+    file, bad JSON or an invalid field is a one-line :class:`InputError` naming the file,
+    the field and ``what`` the file was read as (e.g. ``"hardware profile"``)."""
+    from pydantic import ValidationError
+
+    data = read_json(path)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        loc, msg = first_error(exc, "(root)")
+        raise InputError(f"{msg} ({what})", path=str(path), field=loc) from None
+
+
+def norm_name(name: str) -> str:
+    """A shipped profile's name or alias as looked up: case-insensitive, ``_`` and spaces
+    read as ``-`` (``H100_SXM`` -> ``h100-sxm``)."""
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
