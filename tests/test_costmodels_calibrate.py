@@ -114,19 +114,28 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nas", *args], capture_output=True, text=True)
 
 
-def test_cli_calibrate_writes_profile(tmp_path):
-    ms = _synthetic(with_values(H100, [p for p in parameters(H100) if p.label == "memory"],
-                                [0.7]), 2)
-    path = tmp_path / "m.csv"
+CONFIG_ARGS = ("--configs", str(DATA / "configs"),
+               "--configs", str(DATA.parents[1] / "nas" / "examples" / "configs"))
+"""calibrate's --configs for the measurement set's models (tests/data and the examples')."""
+
+
+def _write_measurements(path: Path, ms: list[Measurement]) -> Path:
+    """``ms`` as a measurements CSV at ``path`` (calibrate's input format)."""
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(Measurement.model_fields))
         w.writeheader()
         for m in ms:
             w.writerow({k: ("" if v is None else v) for k, v in m.model_dump().items()})
+    return path
+
+
+def test_cli_calibrate_writes_profile(tmp_path):
+    ms = _synthetic(with_values(H100, [p for p in parameters(H100) if p.label == "memory"],
+                                [0.7]), 2)
+    path = _write_measurements(tmp_path / "m.csv", ms)
     out = tmp_path / "fitted.json"
     p = run_cli("calibrate", str(path), "--hw", "h100-sxm", "-o", str(out),
-                "--configs", str(DATA / "configs"), "--configs",
-                str(DATA.parents[1] / "nas" / "examples" / "configs"), "--max-evals", "20",
+                *CONFIG_ARGS, "--max-evals", "20",
                 "--only", "memory")
     assert p.returncode == 0, p.stderr
     assert "memory" in p.stdout and "->" in p.stdout
@@ -244,16 +253,10 @@ def test_measurements_csv_comments_and_row_numbers(tmp_path):
 def test_cli_calibrate_engines_writes_engine_profiles(tmp_path):
     truth = {"trtllm-cpp": _engine("trtllm-cpp", 3e-3, 2e-3, False)}  # the shipped one's
     ms = _synthetic(H100, 4, "trtllm-cpp", truth)  # overlap flag; other figures to recover
-    path = tmp_path / "m.csv"
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(Measurement.model_fields))
-        w.writeheader()
-        for m in ms:
-            w.writerow({k: ("" if v is None else v) for k, v in m.model_dump().items()})
+    path = _write_measurements(tmp_path / "m.csv", ms)
     out = tmp_path / "engines"
     p = run_cli("calibrate", str(path), "--engines", "-o", str(out), "--max-evals", "30",
-                "--configs", str(DATA / "configs"), "--configs",
-                str(DATA.parents[1] / "nas" / "examples" / "configs"))
+                *CONFIG_ARGS)
     assert p.returncode == 0, p.stderr
     from hwprofiles.engines import load_engine
 
