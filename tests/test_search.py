@@ -43,14 +43,21 @@ def llama_spec(**over) -> dict:
     return spec
 
 
-def prepare(spec: dict):
-    """spec -> (problem, alternatives, library, constraints), the pipeline's first steps."""
+def pipeline(spec: dict):
+    """spec -> (problem, alternatives, priced, library, constraints), the pipeline's first
+    steps (resolve, alternatives, price, score, library, constraints)."""
     problem = search.resolve(parse_spec(spec), ".")
     alts = search.alternatives(problem)
     priced = search.price(problem, alts, progress=False)
     q, _ = search.score(problem, alts)
     lib = search.build_library(problem, alts, priced, q)
-    return problem, alts, lib, search.constraints(problem, lib, priced)
+    return problem, alts, priced, lib, search.constraints(problem, lib, priced)
+
+
+def prepare(spec: dict):
+    """spec -> (problem, alternatives, library, constraints), the pipeline's first steps."""
+    problem, alts, _, lib, cons = pipeline(spec)
+    return problem, alts, lib, cons
 
 
 def solve_spec(spec: dict):

@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 from conftest import LLAMA, SUPER
+from test_search import pipeline
 
 from costmodels.model import price_model
 from costmodels.serving import parse_slo
@@ -43,12 +44,8 @@ def super_spec(**over) -> dict:
 
 
 def solve(s: dict):
-    problem = search.resolve(parse_spec(s), ".")
-    alts = search.alternatives(problem)
-    priced = search.price(problem, alts, progress=False)
-    q, _ = search.score(problem, alts)
-    lib = search.build_library(problem, alts, priced, q)
-    cons = search.constraints(problem, lib, priced)
+    """spec -> (problem, alternatives, priced, library, first result), solved."""
+    problem, alts, priced, lib, cons = pipeline(s)
     res = search.solve(problem, lib, cons)[0]
     return problem, alts, priced, lib, res
 
