@@ -521,11 +521,8 @@ def _price_mamba1(c: _Pricing, r: _Rows) -> None:
         out.append(c.state_t(_scale(ops.conv_decode(dseq * q1, inner, K, a, wo, c.csb), on),
                              on))
         fs, bs = ops.mamba1_scan_decode(dseq, inner, N, a, c.ssb)
-        # verifying 1 + d tokens steps the state 1 + d times and keeps each state for
-        # rollback: one read, 1 + d writes, 1 + d token inputs/outputs (as for Mamba-2)
-        st_io = dseq * inner * N * c.ssb
-        out.append(c.state_t((fs * q1, (bs - 2.0 * st_io) * q1 + st_io * (1.0 + q1)),
-                             K_M1_SCAN * on))
+        st_io = dseq * inner * N * c.ssb  # verify steps: as Mamba-2's (_verify_state_bytes)
+        out.append(c.state_t((fs * q1, _verify_state_bytes(bs, st_io, q1)), K_M1_SCAN * on))
     r.out_m.append(c.elem_t(ops.conv_prefill(c.Bp, c.S, inner, K, a, wo, c.csb), 1))
     r.out_m.append(c.state_t(ops.mamba1_scan_prefill(c.Bp, c.S, inner, N, a, c.ssb),
                              K_M1_SCAN))

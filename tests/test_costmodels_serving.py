@@ -170,6 +170,28 @@ def test_attention_data_parallel_layout():
     assert kv_tp > dp8.kv_bytes[0]  # 2 KV heads replicated over 8 GPUs under TP
 
 
+def test_speculative_verify_commits_the_accepted_state_on_every_recurrent_kind(monkeypatch):
+    """Mamba-2, Gated DeltaNet and Mamba-1 verification steps all pay the commit of the
+    accepted state (``SPEC_STATE_COPY`` transfers): without it their decode time under drafts
+    is lower, and a plain decode step does not depend on it."""
+    import costmodels.blocks as cb
+
+    rows = BlockTable.from_rows([
+        MAMBA,
+        dict(kind=Kind.DELTANET, hidden=4096, dn_k_heads=16, dn_v_heads=32, dn_k_dim=128,
+             dn_v_dim=128, conv_kernel=4),
+        dict(kind=Kind.MAMBA1, hidden=4096, m1_inner=8192, state=16, dt_rank=256,
+             conv_kernel=4)])
+    rec = get_recipe("bf16")
+    wls = ["isl=1024,osl=1024,concurrency=64,draft_tokens=5,acceptance=3",
+           "isl=1024,osl=1024,concurrency=64"]
+    with_copy = price_blocks(rows, H100, rec, wls).decode_s
+    monkeypatch.setattr(cb, "SPEC_STATE_COPY", 0.0)
+    without = price_blocks(rows, H100, rec, wls).decode_s
+    assert (with_copy[:, 0] > without[:, 0]).all()  # every kind, with drafts
+    assert with_copy[:, 1] == pytest.approx(without[:, 1], rel=1e-12)  # plain decoding
+
+
 def test_speculative_verify_keeps_a_state_per_draft_position_and_commits_the_accepted_one():
     """A Mamba verification step of ``1 + d`` tokens reads the state once, writes one
     snapshot per position (rollback) and copies the accepted one to the request's slot
