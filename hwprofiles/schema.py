@@ -166,7 +166,9 @@ class Interconnect(BaseModel):
 
 
 class EngineFigures(BaseModel):
-    """A serving engine's host overheads on this device (``costmodels.model``)."""
+    """A serving engine's host overheads written into a device profile: the older
+    per-device layout, read only for an engine no engine profile (:class:`EngineProfile`,
+    ``hwprofiles.engines``) names (``costmodels.model.engine_figures``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -199,15 +201,18 @@ class HardwareProfile(BaseModel):
     interconnect: Interconnect
     gpus_per_node: Figure
     step_overhead_s: Figure | None = None
-    """Serving-engine seconds per engine step on this device (scheduling, sampling, graph
-    launch) not hidden behind GPU work; absent: 0."""
+    """Older per-device layout (the shipped profiles have none: host overheads belong to
+    the serving engine, :class:`EngineProfile`): serving-engine seconds per engine step
+    (scheduling, sampling, graph launch), used only when no engine is named
+    (``costmodels.model.engine_figures``; absent with ``request_overhead_s`` too: the
+    default engine profile's)."""
     request_overhead_s: Figure | None = None
-    """Serving-engine host seconds per request (admission, tokenization, scheduling,
-    retirement) in the engine loop: added to TTFT, and B of them to every cycle of B
-    requests (``costmodels.model``); absent: 0."""
+    """Older per-device layout, as ``step_overhead_s``: serving-engine host seconds per
+    request (admission, tokenization, scheduling, retirement), added to TTFT and B of them
+    to every cycle of B requests (``costmodels.model``)."""
     engines: dict[str, EngineFigures] = Field(default_factory=dict)
-    """Per serving engine (e.g. ``vllm``, ``sglang``) its own step / request overheads; an
-    engine not listed, or no engine named, takes the top-level figures above."""
+    """Older per-device layout: per serving engine its step / request overheads on this
+    device, read only for an engine no engine profile names."""
     moe_imbalance: Figure | None = None
     """MoE routing imbalance under expert parallelism: routed tokens on the busiest of the
     ``ep`` GPUs over the mean (>= 1); the busiest GPU sets the step. Absent: 1."""
@@ -318,17 +323,27 @@ class HardwareProfile(BaseModel):
                      ic.latency.source))
         rows.append(("GPUs per node", f"{int(self.gpus_per_node.value)}",
                      self.gpus_per_node.source))
+        legacy = False
         for key, label in (("step_overhead_s", "engine step overhead"),
                            ("request_overhead_s", "engine request overhead")):
             f = getattr(self, key)
-            rows.append((label, "not given (0)" if f is None else f"{f.value * 1e3:.2f} ms",
-                         "" if f is None else f.source))
+            if f is not None:  # the older per-device layout
+                legacy = True
+                rows.append((label, f"{f.value * 1e3:.2f} ms", f.source))
         for name, ef in self.engines.items():
             for key, label in (("step_overhead_s", "step"), ("request_overhead_s", "request")):
                 f = getattr(ef, key)
                 if f is not None:
+                    legacy = True
                     rows.append((f"engine {name}: {label} overhead", f"{f.value * 1e3:.2f} ms",
                                  f.source))
+        if not legacy:
+            from hwprofiles.engines import available_engines
+
+            rows.append(("serving-engine overheads", "per engine",
+                         "not a device figure: each engine's profile in hwprofiles/data/engines "
+                         f"({', '.join(available_engines())}), shared by "
+                         "every device (puzzle-nas calibrate --engines fits them)"))
         f = self.moe_imbalance
         rows.append(("MoE routing imbalance (EP)", "not given (1)" if f is None
                      else f"{f.value:.2f}", "" if f is None else f.source))

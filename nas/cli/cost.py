@@ -37,10 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="runtime memory reserve per GPU in GiB (default 2)")
     p.add_argument("--step-overhead-us", type=float, default=None,
                    help="serving-engine overhead per engine step, microseconds (default: the "
-                   "profile's step_overhead_s, 0 where it has none)")
+                   "TensorRT-LLM engine profile's, hwprofiles/data/engines/trtllm.json, or a "
+                   "device profile's own in the older per-device layout)")
     p.add_argument("--request-overhead-ms", type=float, default=None,
                    help="serving-engine overhead per request added to TTFT, milliseconds "
-                   "(default: the profile's request_overhead_s)")
+                   "(default: the TensorRT-LLM engine profile's)")
     p.add_argument("--slo", default=None, metavar="SLO",
                    help="'per_user_tps>=100' and/or 'ttft<=2s': for each workload, sweep the "
                    "concurrency and report the best throughput that meets the SLO and fits")
