@@ -39,7 +39,7 @@ import hwprofiles
 from costmodels.blocks import price_blocks
 from costmodels.calibrate import fidelity_plot, format_table, load_measurements, mape_table, score
 from costmodels.dtypes import get_recipe
-from costmodels.model import engine_overheads, max_concurrency, price_nonblock
+from costmodels.model import max_concurrency, price_nonblock
 from costmodels.serving import slo_throughput
 from costmodels.shapes import BlockTable
 from nas.cli.calibrate import shape_resolver
@@ -70,7 +70,6 @@ def seeds_ratio(hw, mtp: bool, engines=None) -> dict:
     Priced as ``costmodels.calibrate.predict`` prices the CSV's seed rows."""
     recipe = get_recipe("nvfp4-super")
     shapes = shape_resolver(CSV, [str(SUPER.parent), str(CHILD.parent)])
-    so, ro = engine_overheads(hw, engine=ENGINE, engines=engines)
     out = {}
     for who, path in (("parent", SUPER), ("child", CHILD)):
         shape = shapes(path.stem)
@@ -81,7 +80,7 @@ def seeds_ratio(hw, mtp: bool, engines=None) -> dict:
             wl += f",draft_tokens={DRAFT_TOKENS},acceptance={ACCEPTANCE[who]}"
         out[who] = slo_throughput(table, shape.nonblock, hw, recipe, wl, "per_user_tps>=100",
                                   tp=8, ep=8, attention_dp=True, draft=draft,
-                                  step_overhead_s=so, request_overhead_s=ro)
+                                  engine=ENGINE, engines=engines)
     out["ratio"] = out["child"].throughput_node_tok_s / out["parent"].throughput_node_tok_s
     return out
 

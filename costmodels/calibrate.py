@@ -57,7 +57,6 @@ from costmodels.dtypes import PrecisionRecipe, get_recipe
 from costmodels.memory import DEFAULT_RESERVE_BYTES
 from costmodels.model import (
     NonBlockShape,
-    engine_overheads,
     max_concurrency,
     price_nonblock,
     summarize,
@@ -221,11 +220,9 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
         kw["draft"] = draft
     wl = Workload(**base)
     reserve = _reserve(m, hw)
-    if m.slo:
-        so, ro = engine_overheads(hw, engine=eng, engines=engines)
+    if m.slo:  # priced for the row's engine as the other rows are (overlap included)
         pt = slo_throughput(table, shape.nonblock, hw, recipe, wl, parse_slo(m.slo),
-                            reserve_bytes=reserve, step_overhead_s=so, request_overhead_s=ro,
-                            **kw)
+                            reserve_bytes=reserve, engine=eng, engines=engines, **kw)
         return pt.throughput_node_tok_s if m.tp == hw.gpus_per_node.value else \
             pt.throughput_tok_s * m.tp
     if m.concurrency is None:  # the maximum-throughput point: the most that fit

@@ -132,10 +132,9 @@ def engine_figures(hw: HardwareProfile, engine: str | None = None,
     profile has them, else :data:`hwprofiles.engines.DEFAULT_ENGINE`'s). An engine named
     by neither raises :class:`InputError`."""
     prof = find_engine(engine, dict(engines) if engines else None)
-    if prof is None and engine and engine not in hw.engines:
-        if hw.step_overhead_s is None and hw.request_overhead_s is None:
-            raise InputError(f"unknown serving engine {engine!r}; expected one of "
-                             f"{', '.join(available_engines())}", field="engine")
+    if prof is None and engine and engine not in hw.engines:  # a misspelt name is not 'none'
+        raise InputError(f"unknown serving engine {engine!r}; expected one of "
+                         f"{', '.join(available_engines())}", field="engine")
     legacy = hw.engines.get(engine) if engine else None
     has_legacy = legacy is not None or (not engine and (
         hw.step_overhead_s is not None or hw.request_overhead_s is not None))

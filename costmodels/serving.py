@@ -17,7 +17,7 @@ the SLO and fits.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +30,7 @@ from costmodels.model import ModelCosts, NonBlockShape, max_concurrency, price_n
 from costmodels.shapes import BlockTable
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError
-from hwprofiles.schema import HardwareProfile
+from hwprofiles.schema import EngineProfile, HardwareProfile
 
 
 class SLO(BaseModel):
@@ -149,7 +149,8 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
                    concurrencies: Sequence[int] | None = None,
                    step_overhead_s: float | None = None,
                    request_overhead_s: float | None = None, attention_dp: bool = False,
-                   draft: np.ndarray | Sequence[bool] | None = None) -> SLOPoint:
+                   draft: np.ndarray | Sequence[bool] | None = None, engine: str | None = None,
+                   engines: Mapping[str, EngineProfile] | None = None) -> SLOPoint:
     """Best throughput of ``workload`` (its isl/osl/engine limits; its own concurrency is
     ignored) over a concurrency sweep, subject to ``slo`` and to memory.
 
@@ -157,11 +158,14 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
     that fits at ``isl + osl`` tokens (capped by ``max_num_seqs``). A point qualifies when
     it fits (``memory_bytes <= device``) and meets the SLO; the best qualifying point wins
     (``concurrency == 0`` when none does). ``attention_dp`` / ``draft``: see
-    :func:`costmodels.blocks.price_blocks`.
+    :func:`costmodels.blocks.price_blocks`; ``engine`` / ``engines`` and the overheads (s
+    per step / per request): see :func:`costmodels.model.price_nonblock` (a named engine
+    that overlaps scheduling hides its step overhead, as for any other workload).
     """
     kw = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft)
     nkw = dict(tp=tp, step_overhead_s=step_overhead_s, request_overhead_s=request_overhead_s,
-               attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)))
+               attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)),
+               engine=engine, engines=engines)
     wl = parse_workload(workload)
     if wl.batch is not None:
         wl = Workload.model_validate({**wl.model_dump(), "batch": None, "concurrency": 1})

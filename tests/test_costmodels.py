@@ -316,8 +316,9 @@ def test_expert_width_enters_grouped_gemm_efficiency():
 
 def test_grouped_gemm_tokens_curve_prices_few_tokens_per_expert_lower():
     """Routed tokens per expert set the grouped GEMM's compute fraction (the shipped
-    curve ``0.705 * M / (M + 91)`` fitted to DeepGEMM): the same routed FLOPs spread over
-    4x more experts (4x fewer tokens each) run at that curve's lower fraction."""
+    token-tile curve ``peak * M / (ceil(M / t) * t + 91 * t / 128)``, DeepGEMM's fit at
+    M >= 128): the same routed FLOPs spread over 4x more experts (4x fewer tokens each)
+    run at that curve's lower fraction."""
     c = H100.efficiency.grouped_matmul_tokens
     few = dict(kind=Kind.MOE, hidden=4096, experts=512, top_k=8, expert_width=2048)
     many = dict(few, experts=128)
@@ -440,5 +441,6 @@ def test_engine_profiles_take_precedence_over_a_device_profiles_own_figures():
     # engines passed in win over the shipped ones
     mine = _engine("sglang", 1e-3, 5e-3, False)
     assert engine_figures(old, "sglang", {"sglang": mine}) == (1e-3, 5e-3, False)
-    with pytest.raises(InputError, match="unknown serving engine"):
-        engine_figures(H100, "no-such-engine")
+    for hw in (H100, old):  # a device's own figures do not stand in for a misspelt engine
+        with pytest.raises(InputError, match="unknown serving engine"):
+            engine_figures(hw, "no-such-engine")
