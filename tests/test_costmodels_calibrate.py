@@ -266,3 +266,8 @@ def test_cli_calibrate_engines_writes_engine_profiles(tmp_path):
     assert "trtllm-cpp step overhead" in p.stdout and e.aliases  # the shipped one, refitted
     p = run_cli("calibrate", str(path), "-o", str(tmp_path / "x.json"))
     assert p.returncode == 2 and "--hw" in p.stderr
+    (tmp_path / "a-file").write_text("")  # refused before the fit, in one line
+    p = run_cli("calibrate", str(path), "--engines", "-o", str(tmp_path / "a-file"),
+                *CONFIG_ARGS)
+    assert p.returncode == 2 and "expected a folder" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

@@ -188,12 +188,12 @@ def run_engines(args: argparse.Namespace, ms: list, shapes, engines) -> int:  # 
     def profile(name: str):  # noqa: ANN202
         return devices.get(name) or hwprofiles.get(name)
 
-    chosen = [m for m in ms if args.split == "all" or m.split == args.split]
-    res = fit_engines(chosen, profile, shapes, engines=engines, max_nfev=args.max_evals)
     out = Path(args.output)
-    if out.exists() and not out.is_dir():
+    if out.exists() and not out.is_dir():  # before the fit, which takes minutes
         raise InputError("expected a folder for the engine profiles", path=str(out),
                          field="--output")
+    chosen = [m for m in ms if args.split == "all" or m.split == args.split]
+    res = fit_engines(chosen, profile, shapes, engines=engines, max_nfev=args.max_evals)
     out.mkdir(parents=True, exist_ok=True)
     for name, e in res.engines.items():
         atomic_write_json(out / f"{name}.json", e.model_dump(mode="json"))
