@@ -450,8 +450,8 @@ def price_model(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
                 request_overhead_s: float | None = None, attention_dp: bool = False,
                 draft: np.ndarray | Sequence[bool] | None = None) -> ModelCosts:
     """One call: price every block and the non-block term, then :func:`summarize`
-    (overheads ``None``: the profile's; ``attention_dp`` / ``draft``: see
-    :func:`costmodels.blocks.price_blocks`)."""
+    (overheads in seconds, ``None``: the default engine's, :func:`engine_figures`;
+    ``attention_dp`` / ``draft``: see :func:`costmodels.blocks.price_blocks`)."""
     wls = tuple(parse_workload(w) for w in workloads)
     blocks = price_blocks(table, hw, recipe, wls, tp=tp, ep=ep, attention_dp=attention_dp,
                           draft=draft)
