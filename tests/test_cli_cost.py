@@ -91,6 +91,8 @@ def test_cost_super_nvfp4_1m_context(capsys):
     (["--workload", "isl=128,osl=128,concurrency=1", "--slo", "speed>=3"], "per_user_tps"),
     (["--slo", "per_user_tps>=10"], "--workload"),
     (["--workload", "isl=128,osl=128,concurrency=1", "--acceptance", "2"], "--mtp"),
+    (["--workload", "isl=128,osl=128,concurrency=1", "--mtp", "--acceptance", "2"],
+     "no MTP head"),
 ])
 def test_cost_bad_input_exit_2(capsys, argv, needle):
     rc, out, err = _run(capsys, "cost", str(LLAMA), "--hw", "h100", *argv)

@@ -133,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
     reserve = DEFAULT_RESERVE_BYTES if args.reserve_gib is None else args.reserve_gib * GIB
     arch = load_config(args.config)
     arch.check_tp(args.tp, "--tp", attention=not args.attention_dp)
+    if args.acceptance is not None and not arch.mtp_blocks:  # as the search refuses it
+        raise InputError("the config has no MTP head to draft tokens with (no MTP layers); "
+                         "drop --mtp --acceptance", field="--acceptance")
     # the main blocks, then the MTP head's rows (nas.arch.mtp_table; the search prices the
     # same rows)
     table, draft = serving_table(arch, args.mtp)
