@@ -338,12 +338,10 @@ class HardwareProfile(BaseModel):
                     rows.append((f"engine {name}: {label} overhead", f"{f.value * 1e3:.2f} ms",
                                  f.source))
         if not legacy:
-            from hwprofiles.engines import available_engines
-
             rows.append(("serving-engine overheads", "per engine",
                          "not a device figure: each engine's profile in hwprofiles/data/engines "
-                         f"({', '.join(available_engines())}), shared by "
-                         "every device (puzzle-nas calibrate --engines fits them)"))
+                         "(trtllm by default), shared by every device (puzzle-nas calibrate "
+                         "--engines fits them)"))
         f = self.moe_imbalance
         rows.append(("MoE routing imbalance (EP)", "not given (1)" if f is None
                      else f"{f.value:.2f}", "" if f is None else f.source))
