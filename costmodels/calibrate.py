@@ -1,4 +1,5 @@
-"""Fit a hardware profile's efficiency fractions and engine overheads to measurements.
+"""Fit a hardware profile's efficiency fractions, or the serving engines' overheads, to
+measurements.
 
 A measurement is one published (or ``puzzle-nas profile``-measured) serving figure: a model
 on ``tp`` GPUs of a device at a precision, a workload (isl, osl, and a concurrency, or the

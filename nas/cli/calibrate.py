@@ -1,7 +1,8 @@
 """``puzzle-nas calibrate MEASUREMENTS.csv --hw NAME -o PROFILE.json``: fit a profile.
 
-Fits the efficiency fractions and engine overheads of a hardware profile to the
-measurements taken on it (``costmodels.calibrate``: bounded least squares on log errors,
+Fits the efficiency fractions, kernel overhead, link latency and MoE imbalance of a
+hardware profile to the measurements taken on it, each row priced with its engine's
+profile held fixed (``costmodels.calibrate``: bounded least squares on log errors,
 no per-model or per-point factors), prints the figures that moved and the error before
 and after, and writes the fitted profile (each fitted figure's source says "fitted to N
 measurements from ..."). ``--split fit`` uses only the rows marked for fitting, so the
@@ -24,10 +25,12 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "calibrate", help="fit a hardware profile's efficiencies and overheads to measurements",
-        description="Fit a hardware profile's efficiency fractions (bounded to (0, 1]) and "
-        "engine overheads to serving measurements (a CSV with sources: published tables or "
-        "`puzzle-nas profile` runs) and write the fitted profile.")
+        "calibrate", help="fit a hardware profile's efficiencies (or, with --engines, the "
+        "serving engines' overheads) to measurements",
+        description="Fit a hardware profile's efficiency fractions (bounded to (0, 1]) to "
+        "serving measurements (a CSV with sources: published tables or `puzzle-nas profile` "
+        "runs) and write the fitted profile; with --engines fit the serving engines' per-step "
+        "and per-request overheads on the rows of every device instead.")
     p.add_argument("measurements", nargs="?",
                    help="measurements CSV (see costmodels.calibrate.Measurement); or --blocks")
     p.add_argument("--blocks", default=None, metavar="BLOCKS.json",
