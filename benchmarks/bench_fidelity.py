@@ -32,7 +32,6 @@ import argparse
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import hwprofiles
@@ -41,7 +40,6 @@ from costmodels.calibrate import fidelity_plot, format_table, load_measurements,
 from costmodels.dtypes import get_recipe
 from costmodels.model import max_concurrency, price_nonblock
 from costmodels.serving import slo_throughput
-from costmodels.shapes import BlockTable
 from nas.cli.calibrate import shape_resolver
 from nas.hf import load_config
 from nas.search import nonblock_shape
@@ -74,9 +72,8 @@ def seeds_ratio(hw, mtp: bool, engines=None) -> dict:
     for who, path in (("parent", SUPER), ("child", CHILD)):
         shape = shapes(path.stem)
         table, draft, wl = shape.table, None, "isl=8192,osl=65536,concurrency=1"
-        if mtp:
-            draft = np.r_[np.zeros(len(table), bool), np.ones(len(shape.mtp_table), bool)]
-            table = BlockTable.concat([table, shape.mtp_table])
+        if mtp:  # the main rows, then the MTP head's as draft rows (as calibrate's rows)
+            table, draft = shape.with_mtp_head()
             wl += f",draft_tokens={DRAFT_TOKENS},acceptance={ACCEPTANCE[who]}"
         out[who] = slo_throughput(table, shape.nonblock, hw, recipe, wl, "per_user_tps>=100",
                                   tp=8, ep=8, attention_dp=True, draft=draft,

@@ -172,10 +172,16 @@ class ModelShape:
 
     table: BlockTable
     nonblock: NonBlockShape
-    draft: np.ndarray | None = None
     mtp_table: BlockTable | None = None
     """The MTP head's rows (its blocks and the ``2h -> h`` projection), priced as draft rows
     for measurements taken with speculative decoding (``draft_tokens > 0``)."""
+
+    def with_mtp_head(self) -> tuple[BlockTable, np.ndarray]:
+        """The main rows followed by the MTP head's and the ``draft`` mask ``price_blocks``
+        takes (True on the head's rows); the model must have a head (:attr:`mtp_table`)."""
+        assert self.mtp_table is not None
+        draft = np.r_[np.zeros(len(self.table), bool), np.ones(len(self.mtp_table), bool)]
+        return BlockTable.concat([self.table, self.mtp_table]), draft
 
 
 def _reserve(m: Measurement, hw: HardwareProfile) -> float:
@@ -215,8 +221,7 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
         if shape.mtp_table is None:
             raise InputError(f"measurement {m.id}: {m.model} has no MTP head to draft with",
                              field="draft_tokens")
-        draft = np.r_[np.zeros(len(table), bool), np.ones(len(shape.mtp_table), bool)]
-        table = BlockTable.concat([table, shape.mtp_table])
+        table, draft = shape.with_mtp_head()
         base.update(draft_tokens=m.draft_tokens, acceptance=m.acceptance)
         kw["draft"] = draft
     wl = Workload(**base)
