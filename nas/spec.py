@@ -268,13 +268,13 @@ class ParallelSpace(_Axis):
 
 SPAN_KINDS = ("attention", "mamba", "moe", "ffn")
 MAX_SPAN = 3
+"""Longest span a multi-block replacement covers: Puzzletron's multi-layer replacements
+replace short runs; every extra block of length multiplies the span alternatives."""
 MAX_SPAN_RULES = 64
 """Span rules, and replacements per rule: each rule adds up to (blocks x replacements)
 alternatives; 64 is far past any span family a search needs."""
 MAX_RECIPES = 16
 """Recipes per block kind: more than the named recipes there are."""
-"""Longest span a multi-block replacement covers: Puzzletron's multi-layer replacements
-replace short runs; every extra block of length multiplies the span alternatives."""
 
 
 class SpanBlock(_Model):
