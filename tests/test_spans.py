@@ -302,6 +302,20 @@ def test_spans_never_make_the_search_worse():
     assert rw.totals["quality"] <= rn.totals["quality"] + 1e-9
 
 
+def _noop_and_drop1_child(small):
+    """``small`` with its span 2 replaced by a no-op and its span 3 by one block fewer: the
+    shorter child and its ``stand_in`` positions (the parent block each child block is)."""
+    rules = parse_spec(super_spec([
+        {"kinds": ["mamba", "moe"], "replace_with": [{"noop": True}]},
+        {"kinds": ["attention", "moe", "mamba"], "replace_with": [{"drop_one": True}]},
+    ])).search_space.spans
+    alts = spans.span_alternatives(small, rules)
+    chosen = [next(a for a in alts[0] if a.label == "span2:noop"),
+              next(a for a in alts[2] if a.label == "span3:drop1")]
+    kids, _, origin = spans.child_blocks(small, chosen, get_recipe("bf16"))
+    return small.replace_blocks(kids), spans.stand_in(small, kids, origin)
+
+
 def test_init_from_parent_for_a_shorter_child():
     """A child with a removed span and a merged span, built from a (random) parent: each
     kept block is its parent block's tensors, the child computes what the parent-depth
@@ -312,16 +326,7 @@ def test_init_from_parent_for_a_shorter_child():
 
     small = ModelArch_small()
     parent = build_model(small, seed=0)
-    rules = parse_spec(super_spec([
-        {"kinds": ["mamba", "moe"], "replace_with": [{"noop": True}]},
-        {"kinds": ["attention", "moe", "mamba"], "replace_with": [{"drop_one": True}]},
-    ])).search_space.spans
-    alts = spans.span_alternatives(small, rules)
-    chosen = [next(a for a in alts[0] if a.label == "span2:noop"),
-              next(a for a in alts[2] if a.label == "span3:drop1")]
-    kids, names, origin = spans.child_blocks(small, chosen, get_recipe("bf16"))
-    child = small.replace_blocks(kids)
-    pos = spans.stand_in(small, kids, origin)
+    child, pos = _noop_and_drop1_child(small)
     assert pos == [2, 4] and child.num_blocks == 2
     tokens = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     model = init_from_parent_spans(child, pos, parent, tokens)
@@ -402,16 +407,7 @@ def test_cli_build_initializes_a_span_child_from_its_stand_in_blocks(tmp_path, c
 
     small = ModelArch_small()
     parent_dir = save_pretrained(build_model(small, seed=0), tmp_path / "parent")
-    rules = parse_spec(super_spec([
-        {"kinds": ["mamba", "moe"], "replace_with": [{"noop": True}]},
-        {"kinds": ["attention", "moe", "mamba"], "replace_with": [{"drop_one": True}]},
-    ])).search_space.spans
-    alts = spans.span_alternatives(small, rules)
-    chosen = [next(a for a in alts[0] if a.label == "span2:noop"),
-              next(a for a in alts[2] if a.label == "span3:drop1")]
-    kids, _, origin = spans.child_blocks(small, chosen, get_recipe("bf16"))
-    child = small.replace_blocks(kids)
-    pos = spans.stand_in(small, kids, origin)
+    child, pos = _noop_and_drop1_child(small)
     bp = tmp_path / "blueprint.json"
     bp.write_text(json.dumps({"child": to_hf(child), "stand_in": pos}))
     calib = tmp_path / "calib.json"
