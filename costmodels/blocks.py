@@ -532,10 +532,7 @@ def _price_mamba1(c: _Pricing, r: _Rows) -> None:
 _PRICE_KIND = {Kind.ATTENTION: _price_attention, Kind.MAMBA: _price_mamba,
                Kind.MOE: _price_moe, Kind.FFN: _price_ffn, Kind.LINEAR: _price_linear,
                Kind.DELTANET: _price_deltanet, Kind.MLA: _price_mla,
-               Kind.PARALLEL: _price_parallel}
-
-
-_PRICE_KIND[Kind.MAMBA1] = _price_mamba1
+               Kind.PARALLEL: _price_parallel, Kind.MAMBA1: _price_mamba1}
 
 
 def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe,
