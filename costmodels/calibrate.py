@@ -109,14 +109,9 @@ class Measurement(BaseModel):
                                      "per verification step (with draft_tokens)")
 
     @field_validator("concurrency", "slo", "max_num_seqs", "max_num_batched_tokens",
-                     "gpu_memory_utilization", mode="before")
+                     "gpu_memory_utilization", "acceptance", mode="before")
     @classmethod
     def _blank(cls, v: object) -> object:
-        return None if v == "" else v
-
-    @field_validator("acceptance", mode="before")
-    @classmethod
-    def _blank_spec(cls, v: object) -> object:
         return None if v == "" else v
 
     @model_validator(mode="before")
