@@ -201,6 +201,40 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out
 
 
+def append_to_buffers(cache: dict[str, Any],
+                      parts: tuple[tuple[str, str, torch.Tensor], ...], dim: int
+                      ) -> list[torch.Tensor]:
+    """Write each ``(buffer key, view key, tensor)`` of ``parts`` (batch first, this chunk's
+    tokens along ``dim``) after the ``cache["len"]`` cached tokens, in place in preallocated
+    buffers ``cache[buffer key]`` of ``capacity`` tokens (``cache["capacity"]`` when given,
+    else grown geometrically: amortized O(1) per token; reallocated when the dtype or device
+    changes); sets ``cache[view key]`` to each buffer's filled part and returns those views.
+    A cache holding another batch size is refused (``ValueError``)."""
+    first = parts[0][2]
+    b, n = first.shape[0], first.shape[dim]
+    used = cache.get("len", 0)
+    need = used + n
+    old = cache.get(parts[0][0])
+    if old is not None and old.shape[0] != b:
+        raise ValueError(f"KV cache holds a batch of {old.shape[0]}, got {b}")
+    if (old is None or old.shape[dim] < need or old.dtype != first.dtype
+            or old.device != first.device):
+        cap = max(need, int(cache.get("capacity") or 0),
+                  2 * old.shape[dim] if old is not None else 0)
+        for buf, _, t in parts:
+            new = t.new_empty(*t.shape[:dim], cap, *t.shape[dim + 1:])
+            if old is not None and used:
+                new.narrow(dim, 0, used).copy_(cache[buf].narrow(dim, 0, used))
+            cache[buf] = new
+    cache["len"] = need
+    out = []
+    for buf, view, t in parts:
+        cache[buf].narrow(dim, used, n).copy_(t)
+        cache[view] = cache[buf].narrow(dim, 0, need)
+        out.append(cache[view])
+    return out
+
+
 class AttentionMixer(nn.Module):
     """Grouped-query attention with optional RoPE, sliding window, q/k norm and biases;
     ``scale`` is the softmax scale (``None``: ``1 / sqrt(head_dim)``).
@@ -324,26 +358,8 @@ class AttentionMixer(nn.Module):
     def _append(self, cache: dict[str, Any], k: torch.Tensor, v: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v`` after the cached tokens (in place); the filled part of the cache."""
-        b, _, n, d = k.shape
-        used = cache.get("len", 0)
-        need = used + n
-        kb = cache.get("k_buf")
-        if kb is not None and kb.shape[0] != b:
-            raise ValueError(f"KV cache holds a batch of {kb.shape[0]}, got {b}")
-        if kb is None or kb.shape[2] < need or kb.dtype != k.dtype or kb.device != k.device:
-            cap = max(need, int(cache.get("capacity") or 0),
-                      2 * kb.shape[2] if kb is not None else 0)  # amortized O(1) growth
-            nk = k.new_empty(b, self.n_kv, cap, d)
-            nv = v.new_empty(b, self.n_kv, cap, d)
-            if kb is not None and used:
-                nk[:, :, :used] = kb[:, :, :used]
-                nv[:, :, :used] = cache["v_buf"][:, :, :used]
-            cache["k_buf"], cache["v_buf"] = nk, nv
-        cache["k_buf"][:, :, used:need] = k
-        cache["v_buf"][:, :, used:need] = v
-        cache["len"] = need
-        cache["k"], cache["v"] = cache["k_buf"][:, :, :need], cache["v_buf"][:, :, :need]
-        return cache["k"], cache["v"]
+        k, v = append_to_buffers(cache, (("k_buf", "k", k), ("v_buf", "v", v)), dim=2)
+        return k, v
 
     def _attend_ring(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      cache: dict[str, Any], window: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nas.arch import MLA
-from nas.modules.layers import RMSNorm, apply_rope, rope_tables
+from nas.modules.layers import RMSNorm, append_to_buffers, apply_rope, rope_tables
 
 LATENT_NORM_EPS = 1e-6
 
@@ -128,7 +128,8 @@ class MLAMixer(nn.Module):
         past = 0
         if cache is not None:
             past = cache.get("len", 0)
-            c, k_rot = self._append(cache, c, k_rot)
+            c, k_rot = append_to_buffers(
+                cache, (("latent_buf", "latent", c), ("rot_buf", "k_rot", k_rot)), dim=1)
         s = c.shape[1]
         kv = self.kv_b_proj(c).view(b, s, H, nope + V)
         k_nope, v = kv.split([nope, V], dim=-1)
@@ -141,34 +142,6 @@ class MLAMixer(nn.Module):
             mask = torch.arange(s, device=x.device)[None, :] <= qpos
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, H * V))
-
-    @staticmethod
-    def _append(cache: dict[str, Any], c: torch.Tensor, k_rot: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this chunk's latents and RoPE keys after the cached ones, in place in
-        buffers of ``capacity`` tokens (grown geometrically); the filled parts
-        ``cache["latent"] (b, len, kv_lora_rank)`` and ``cache["k_rot"] (b, len, rope)``."""
-        b, n, _ = c.shape
-        used = cache.get("len", 0)
-        need = used + n
-        lb = cache.get("latent_buf")
-        if lb is not None and lb.shape[0] != b:
-            raise ValueError(f"KV cache holds a batch of {lb.shape[0]}, got {b}")
-        if lb is None or lb.shape[1] < need or lb.dtype != c.dtype or lb.device != c.device:
-            cap = max(need, int(cache.get("capacity") or 0),
-                      2 * lb.shape[1] if lb is not None else 0)
-            nl = c.new_empty(b, cap, c.shape[-1])
-            nr = k_rot.new_empty(b, cap, k_rot.shape[-1])
-            if lb is not None and used:
-                nl[:, :used] = lb[:, :used]
-                nr[:, :used] = cache["rot_buf"][:, :used]
-            cache["latent_buf"], cache["rot_buf"] = nl, nr
-        cache["latent_buf"][:, used:need] = c
-        cache["rot_buf"][:, used:need] = k_rot
-        cache["len"] = need
-        cache["latent"] = cache["latent_buf"][:, :need]
-        cache["k_rot"] = cache["rot_buf"][:, :need]
-        return cache["latent"], cache["k_rot"]
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
