@@ -477,14 +477,12 @@ def fit_engines(measurements: Iterable[Measurement],
     params = [(n, k) for n in names for k in keys]
     x0 = np.array([getattr(start[n], k).value for n, k in params])
 
-    def built(x: np.ndarray, source: str | None = None) -> dict[str, EngineProfile]:
+    def built(x: np.ndarray) -> dict[str, EngineProfile]:
+        """The engine profiles with figures ``x`` (their sources kept: a trial point)."""
         out = dict(start)
         for n in names:
-            upd = {}
-            for (pn, k), v in zip(params, x):
-                if pn == n:
-                    upd[k] = Figure(value=float(v),
-                                    source=source or getattr(start[n], k).source)
+            upd = {k: Figure(value=float(v), source=getattr(start[n], k).source)
+                   for (pn, k), v in zip(params, x) if pn == n}
             out[n] = start[n].model_copy(update=upd)
         return out
 
