@@ -32,7 +32,6 @@ parent), ``distill.json`` (:class:`DistillRecord`: settings, hashes, the KD curv
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import math
@@ -56,6 +55,7 @@ from nas.io import atomic_write_json, staged_dir
 from nas.modules.model import CausalLM
 from nas.progress import Progress
 from nas.scoring.digest import weights_digest
+from nas.scoring.runner import init_distributed, rank_and_world
 
 VERSION = "distill v1"
 KILL_ENV = "PUZZLE_NAS_DISTILL_KILL_AFTER"  # fault injection for tests: SIGKILL after step N
@@ -210,12 +210,6 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tokens: 
     return kl + lm_weight * ce, kl, ce
 
 
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 @torch.no_grad()
 def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: int = 8
              ) -> dict[str, float]:
@@ -223,7 +217,7 @@ def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: in
     with a next token; rows sharded over ranks and summed): ``kl_div`` (mean KL(teacher ||
     student), nats), ``lm_loss`` (mean cross-entropy, nats), ``accuracy`` (next-token top-1
     accuracy), ``top1_agreement`` (argmax equal to the teacher's)."""
-    rank, world = _world()
+    rank, world = rank_and_world()
     was = student.training
     student.eval()
     dev = student.embed.weight.device
@@ -312,18 +306,6 @@ def plot_curve(path: Path, record: DistillRecord) -> Path | None:
 
 
 # ---- the run ----------------------------------------------------------------------------
-def init_distributed(device: str) -> tuple[int, int, str]:
-    """Join the torchrun group when launched by torchrun (gloo on CPU, nccl on CUDA);
-    returns (rank, world size, device)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(hours=12))
-    rank, world = _world()
-    if device == "cuda":
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    return rank, world, device
-
-
 def _point(step: int, s: DistillSettings, ev: dict[str, float],
            train_loss: float | None) -> CurvePoint:
     return CurvePoint(step=step, tokens=step * s.batch_size * s.seq_len, train_loss=train_loss,

@@ -70,18 +70,20 @@ class RunRecord(BaseModel):
     build`` reports it; ``None`` when every tensor is read."""
 
 
-def _dist() -> tuple[int, int]:
+def rank_and_world() -> tuple[int, int]:
+    """This process's (rank, world size): ``(0, 1)`` outside a torch.distributed group."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
 def init_distributed(device: str) -> tuple[int, int, str]:
-    """Join the torchrun group when launched by torchrun; returns (rank, world, device)."""
+    """Join the torchrun group when launched by torchrun (gloo on CPU, nccl on CUDA);
+    returns (rank, world size, device)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         backend = "nccl" if device.startswith("cuda") else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(hours=12))
-    rank, world = _dist()
+    rank, world = rank_and_world()
     if device == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     return rank, world, device
