@@ -254,10 +254,8 @@ def _swaps(parent: ModelArch, b: _Block, i: int, s: SearchSpace) -> list[_Block]
 
 _GEN = {"attention": ("attention", _attention), "ffn": ("ffn", _ffn), "moe": ("moe", _moe),
         "mamba": ("mamba", _mamba), "deltanet": ("deltanet", _deltanet),
-        "mla": ("mla", _mla), "parallel": ("parallel", _parallel)}
-
-
-_GEN["mamba1"] = ("mamba1", _mamba1)
+        "mla": ("mla", _mla), "parallel": ("parallel", _parallel),
+        "mamba1": ("mamba1", _mamba1)}
 
 
 def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative]]:
@@ -305,10 +303,6 @@ _VALUE_AXES = (
      "must be <= a DeltaNet block's num_v_heads and a multiple of a k_heads tried ({})"),
     ("deltanet", "k_heads", DeltaNet, "num_k_heads",
      "must be <= a DeltaNet block's num_k_heads and divide a v_heads tried ({})"),
-)
-
-
-_VALUE_AXES += (
     ("mamba1", "inner_sizes", Mamba1, "inner_size",
      "must be <= a Mamba-1 block's inner_size ({})"),
     ("mamba1", "state_sizes", Mamba1, "state_size",
