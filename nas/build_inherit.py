@@ -111,6 +111,14 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src.to(dst.dtype))
 
 
+def _copy_all(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """Every tensor of ``src`` into ``dst``'s, in state-dict order (same config, so the same
+    layout), cast to ``dst``'s dtype."""
+    for (_, d), (_, s) in zip(dst.state_dict(keep_vars=True).items(),
+                              src.state_dict(keep_vars=True).items()):
+        _copy(d, s)
+
+
 # ---- per-kind rules ---------------------------------------------------------------------
 def _attention(p: AttentionMixer, c: AttentionMixer, pc: Attention, cc: Attention) -> str:
     if (pc.num_heads, pc.head_dim) != (cc.num_heads, cc.head_dim):
@@ -410,9 +418,7 @@ def _parallel(p: ParallelMixer, c: ParallelMixer, pc: Parallel, cc: Parallel,
         elif pb is None:
             notes.append(f"{name} random (the parent has no {name} branch)")
         elif pb == cb:
-            for (_, dst), (_, src) in zip(cm.state_dict(keep_vars=True).items(),  # type: ignore[union-attr]
-                                          pm.state_dict(keep_vars=True).items()):  # type: ignore[union-attr]
-                _copy(dst, src)
+            _copy_all(cm, pm)  # type: ignore[arg-type]
             notes.append(f"{name} copied")
         else:
             args = (pm, cm, pb, cb) if name == "attention" else (pm, cm, pb, cb, xin)
@@ -425,9 +431,7 @@ def swap_init(cb: torch.nn.Module, pb: torch.nn.Module, src: torch.nn.Module, j:
     """Child block ``cb`` (attention <-> DeltaNet swapped in for parent block ``pb``) as a copy
     of parent block ``src`` (block ``j``, :func:`swap_source`), its output projection scaled
     by :func:`_swap_scale` on the residual stream ``x`` entering ``pb``; what was done."""
-    for (_, dst), (_, sv) in zip(cb.state_dict(keep_vars=True).items(),
-                                 src.state_dict(keep_vars=True).items()):
-        _copy(dst, sv)
+    _copy_all(cb, src)
     return f"swap: copied from parent block {j} (output scale {_swap_scale(pb, cb, x):.3g})"
 
 
@@ -575,9 +579,7 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
                 cb = mat.block(i, dtype=compute).to(device)
                 pc, cc = pa.blocks[i], child_arch.blocks[i]
                 if pc == cc:
-                    for (_, dst), (_, src) in zip(cb.state_dict(keep_vars=True).items(),
-                                                  pb.state_dict(keep_vars=True).items()):
-                        _copy(dst, src)
+                    _copy_all(cb, pb)
                     what = "copied"
                 elif {pc.kind, cc.kind} == {"attention", "deltanet"}:  # type: ignore[attr-defined]
                     j = swap_source(pa, i, cc)
