@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
+from nas.cli import run_ranks
 
 OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png")
 
@@ -157,11 +156,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of the "
                          f"{args.nproc} ranks (--nproc)")
     _check(args)  # bad input: one line and exit 2 here, before any rank starts
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={args.nproc}", "-m", "nas.cli.distill", *forward_args(args)]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(cmd, env=env)
+    return run_ranks("nas.cli.distill", args.nproc, forward_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
+from nas.cli import run_ranks
 
 
 def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
@@ -125,11 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc == 1:
         return run_local(args)
     _job(args)  # bad input: one line and exit 2 here, before any rank starts
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={args.nproc}", "-m", "nas.scoring", *_forward(args)]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(cmd, env=env)
+    return run_ranks("nas.scoring", args.nproc, _forward(args))
 
 
 def _forward(args: argparse.Namespace) -> list[str]:
