@@ -243,15 +243,14 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
                 records.append(rec)
                 current = Path(rec.distilled)
                 continue
-        atomic_write_json(sdir / "spec.json", sdata)
         # 1. score the stage's parent (stage 0 may reuse a score run of the parent)
-        scores = sdir / "scores"
-        if k == 0 and parent_scores is not None:
-            scores = Path(parent_scores)
-            (sdir / "spec.json").write_text(json.dumps(
-                dict(sdata, quality={"scores": str((scores / "scores.csv").resolve()),
-                                     "metric": spec.quality.metric}), indent=2) + "\n")
-        else:
+        reuse = Path(parent_scores) if k == 0 and parent_scores is not None else None
+        scores = reuse or sdir / "scores"
+        if reuse is not None:
+            sdata = dict(sdata, quality={"scores": str((scores / "scores.csv").resolve()),
+                                         "metric": spec.quality.metric})
+        atomic_write_json(sdir / "spec.json", sdata)
+        if reuse is None:
             log(f"stage {k}: scoring {current}")
             job = prepare(sdir / "spec.json", current, data, score_settings, tokenizer,
                           bin_dtype)
@@ -260,8 +259,9 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         sspec, sbase, shash = load_spec(sdir / "spec.json")
         res = search.run(sspec, sbase, sdir / "search", shash, progress=progress)
         bp = res.blueprints[0]
-        log(f"stage {k}: {sum(c['change'] != 'parent' for c in bp.choices)} of "
-            f"{len(bp.choices)} blocks changed, params {bp.params['child_total']:,}")
+        changed = sum(c["change"] != "parent" for c in bp.choices)
+        log(f"stage {k}: {changed} of {len(bp.choices)} blocks changed, "
+            f"params {bp.params['child_total']:,}")
         # 3. build from the BLD blocks
         child_arch = from_hf(bp.child, source=str(sdir / "search" / "blueprint.json"))
         child = assemble_child(child_arch, load_pretrained(current), scores)
@@ -280,7 +280,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
             scores=str(scores), blueprint=str(sdir / "search" / "blueprint.json"),
             child=str(sdir / "child"), distilled=str(dist_dir / "model"), params=bp.params,
             predicted=bp.predicted,
-            changed_blocks=sum(c["change"] != "parent" for c in bp.choices),
+            changed_blocks=changed,
             kd_curve=[p.model_dump() for p in rec_d.curve], final=rec_d.final.model_dump(),
             teacher_eval=rec_d.teacher_eval.model_dump(), key=key,
             seconds=time.perf_counter() - t1)
