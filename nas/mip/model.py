@@ -518,6 +518,13 @@ class MipModel:
         span = float(np.max(np.abs(d[free]))) if free.any() else 0.0
         return max(4 * g * abs(lb0), 2 * a, 2 * g, 1e-3 * max(abs(lb0), 1e-3 * span)), span
 
+    def threshold_for(self, u: float, lb0: float) -> float:
+        """The fixing threshold ``tau`` (HiGHS units, above the LP bound ``lb0``) that puts
+        ``lb0 + tau`` half the allowed gap below the incumbent's objective ``u`` (a hair
+        above, against rounding): a restricted run that finds nothing better then proves
+        ``u`` within the allowed gap."""
+        return (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
+
     def stop_threshold(self, t: float) -> float:
         """The least dual bound ``D`` of a restricted run that proves ``D - allowed(D) >
         t`` (HiGHS units): past it, the run's optimum ``U'`` (``>= D``) has ``U' -
@@ -596,7 +603,7 @@ class MipModel:
                 # that cannot be the last
                 inc, u = x0, float(self.c_min @ x0)
                 if o.incumbent_threshold:
-                    tau = max(tau, (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12)
+                    tau = max(tau, self.threshold_for(u, lb0))
         status = "error"
         msg = ""
         bound = -math.inf
@@ -634,7 +641,7 @@ class MipModel:
                     if val < u:
                         u, inc = val, x
                     bound = max(bound, min(lb0 + tau, u))
-                    tau = (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
+                    tau = self.threshold_for(u, lb0)
                     continue
                 if st == "cutoff":
                     # no child below the cutoff among the free columns, and a child using
@@ -644,7 +651,7 @@ class MipModel:
                     if full or lb0 + tau >= u - self.allowed_gap(u):
                         status = "optimal"
                         break
-                    tau = (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
+                    tau = self.threshold_for(u, lb0)
                     continue
                 if st == "infeasible":
                     if inc is not None and lb0 + tau >= u - self.allowed_gap(u):
@@ -684,7 +691,7 @@ class MipModel:
                 if full or lb0 + tau >= u - self.allowed_gap(u):
                     status = "optimal"
                     break
-                tau = (u - 0.5 * self.allowed_gap(u) - lb0) * (1 + 1e-9) + 1e-12
+                tau = self.threshold_for(u, lb0)
         finally:
             self._bounds(self.col_lo, self.col_hi)
         if status == "infeasible":
