@@ -202,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
     cfg, source = read_child_config(args.config)
     arch = from_hf(cfg, source=source)
     stand_in = read_stand_in(args.config, arch.num_blocks)
+    if stand_in == list(range(arch.num_blocks)):
+        stand_in = None  # every child block from its own position: no spans
     check_output(args)
     if args.blocks and (not args.parent or args.calib):
         raise InputError("--blocks takes --parent (the blocks the child keeps) and no --calib")
@@ -210,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
                          "calibration tokens rank what to keep)")
     report: list[str] = []
     left_out = None  # what the parent checkpoint holds that is not read (a vision tower ...)
-    if args.blocks and stand_in is not None and stand_in != list(range(arch.num_blocks)):
+    if args.blocks and stand_in is not None:
         raise InputError("--blocks assembles BLD blocks position by position; this blueprint "
                          "replaces spans of parent blocks (its stand_in), so build it with "
                          "--parent and --calib")
@@ -230,19 +232,20 @@ def run(args: argparse.Namespace) -> int:
         dtype = getattr(torch, args.dtype) if args.dtype else reader.stored_dtype()
         from nas.build_inherit import MAX_TOKENS
 
-        if stand_in is not None and stand_in != list(range(arch.num_blocks)):
+        if stand_in is not None:
             # a child with spans: laid out at the parent's depth (no-ops in the removed
             # places), initialized there, the no-ops dropped (nas.build_spans)
             from nas.build_spans import expanded, init_from_parent_spans
 
             wide = expanded(arch, reader.arch, stand_in)
-            check_memory(estimate_build_memory(wide, dtype, reader.arch,
-                                               min(tokens.numel(), MAX_TOKENS)), args.force)
+        else:
+            wide = arch
+        check_memory(estimate_build_memory(wide, dtype, reader.arch,
+                                           min(tokens.numel(), MAX_TOKENS)), args.force)
+        if stand_in is not None:
             model = init_from_parent_spans(arch, stand_in, args.parent, tokens,
                                            seed=args.seed, dtype=dtype)
         else:
-            check_memory(estimate_build_memory(arch, dtype, reader.arch,
-                                               min(tokens.numel(), MAX_TOKENS)), args.force)
             model = init_from_parent(arch, args.parent, tokens, seed=args.seed, dtype=dtype)
         report = model.init_report  # type: ignore[assignment]
     else:
