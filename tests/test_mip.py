@@ -480,3 +480,30 @@ def test_sweep_points_equal_brute_force(prob, raw, incumbent_threshold):
         else:
             assert res.status == "optimal"
             assert res.objective == pytest.approx(best, abs=1e-6)
+
+
+def test_cut_options_reach_highs_and_keep_the_answer():
+    """``node_cuts`` and ``cut_pool`` are HiGHS settings (the defaults chosen by
+    bench_mip.py); every combination proves the same optimum, and a malformed pool is
+    refused by name."""
+    lib = synthetic_library(24, seed=5)
+    tot = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(lib.num_blocks)])
+    budgets = [Budget("memory_bytes@long-1m", None, 0.5 * tot["memory_bytes@long-1m"]),
+               Budget("runtime_s@rag-32k", None, 0.7 * tot["runtime_s@rag-32k"])]
+    got = []
+    for node_cuts, pool in ((False, (100, 5)), (True, None), (False, None), (True, (7, 0))):
+        m = MipModel(lib, "kl_div", budgets,
+                     options=SolveOptions(node_cuts=node_cuts, cut_pool=pool))
+        assert m.h.getOptionValue("mip_allow_cut_separation_at_nodes")[1] is node_cuts
+        want = (10000, 30) if pool is None else pool
+        assert (m.h.getOptionValue("mip_pool_soft_limit")[1],
+                m.h.getOptionValue("mip_pool_age_limit")[1]) == want
+        got.append(m.solve())
+    ref = got[0]
+    assert all(r.status == "optimal" for r in got)
+    for r in got[1:]:
+        assert abs(r.objective - ref.objective) <= 1e-4 * abs(ref.objective)
+        assert r.best_bound <= ref.objective + 1e-12 and ref.best_bound <= r.objective + 1e-12
+    for bad in ((0, 5), (100, 2000), (100,), 100, (1.5, 5)):
+        with pytest.raises(InputError, match="cut_pool"):
+            SolveOptions(cut_pool=bad)

@@ -40,9 +40,15 @@ class SolveOptions:
     coefficients, same feasible set); ``restarts`` allows HiGHS' restarts (re-presolving
     after root fixings); ``stop`` interrupts a restricted run once its bound shows it
     cannot be the last (see :meth:`MipModel.solve`); ``incumbent_threshold`` lets a given
-    incumbent set the first fixing threshold (off: it is only a cutoff). ``stop`` and
-    ``incumbent_threshold`` change the work, never the answer's guarantee; their defaults
-    are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
+    incumbent set the first fixing threshold (off: it is only a cutoff). ``node_cuts``
+    lets HiGHS separate cuts at every node, not only at the root
+    (``mip_allow_cut_separation_at_nodes``); ``cut_pool`` is HiGHS' cut pool
+    ``(mip_pool_soft_limit, mip_pool_age_limit)``, None for HiGHS' defaults (10,000,
+    30): the budget rows give HiGHS thousands of cuts and conflicts to propagate at every
+    node, and a small pool that forgets unused cuts soon costs less than it loses.
+    ``stop``, ``incumbent_threshold``, ``node_cuts`` and ``cut_pool`` change the work,
+    never the answer's guarantee; their defaults are chosen by
+    ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
     as :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
 
     time_limit: float | None = None
@@ -57,6 +63,8 @@ class SolveOptions:
     restarts: bool = False
     stop: bool = True
     incumbent_threshold: bool = False
+    node_cuts: bool = False
+    cut_pool: tuple[int, int] | None = (100, 5)
 
     def __post_init__(self) -> None:
         for name in ("mip_rel_gap", "mip_abs_gap"):
@@ -69,6 +77,14 @@ class SolveOptions:
                              f"{self.time_limit!r}")
         if self.threads is not None and int(self.threads) < 1:
             raise InputError(f"threads must be >= 1, got {self.threads!r}")
+        if self.cut_pool is not None:
+            pool = self.cut_pool
+            ok = (isinstance(pool, (tuple, list)) and len(pool) == 2
+                  and all(isinstance(v, int) and not isinstance(v, bool) for v in pool)
+                  and pool[0] >= 1 and 0 <= pool[1] <= 1000)
+            if not ok:
+                raise InputError("cut_pool must be (soft limit >= 1, age limit 0..1000) as "
+                                 f"integers, or None, got {pool!r}")
 
 
 
@@ -163,16 +179,21 @@ def _sync_scheduler(h: Any, threads: int | None) -> None:
     _SCHEDULER[0] = want
 
 
-def _new_highs(verbose: bool, restarts: bool) -> Any:
+def _new_highs(o: SolveOptions) -> Any:
     import highspy
 
-    with _fd1_redirected(verbose):
+    with _fd1_redirected(o.verbose):
         h = highspy.Highs()
-    h.setOptionValue("output_flag", bool(verbose))
-    h.setOptionValue("log_to_console", bool(verbose))
+    h.setOptionValue("output_flag", bool(o.verbose))
+    h.setOptionValue("log_to_console", bool(o.verbose))
     # SolveOptions.restarts: off by default, chosen by benchmarks/bench_mip.py (after
     # reduced-cost fixing the models are small and re-presolving costs more than it saves).
-    h.setOptionValue("mip_allow_restart", bool(restarts))
+    h.setOptionValue("mip_allow_restart", bool(o.restarts))
+    # SolveOptions.node_cuts and cut_pool: see there
+    h.setOptionValue("mip_allow_cut_separation_at_nodes", bool(o.node_cuts))
+    if o.cut_pool is not None:
+        h.setOptionValue("mip_pool_soft_limit", int(o.cut_pool[0]))
+        h.setOptionValue("mip_pool_age_limit", int(o.cut_pool[1]))
     return h
 
 
@@ -312,7 +333,7 @@ class MipModel:
         self.A = A.tocsr()
         self.sense = -1 if self.objective.sense == "max" else 1
         self.c_min = self.sense * c / self.obj_scale  # minimized, scaled objective
-        self.h = _new_highs(self.opts.verbose, self.opts.restarts)
+        self.h = _new_highs(self.opts)
         # HiGHS always minimizes c_min (a "max" objective is negated here), so its dual
         # bound and objective cutoffs are in the same min-form units as everything below
         st = self.h.passModel(
