@@ -18,8 +18,8 @@ Solvers, each on one thread to the same relative gap, model building included
 - ``nas.mip``: the default (LP reduced-cost fixing on; shortest-path budget shift and
   HiGHS restarts off);
 - ``nas.mip fixing=off``, ``nas.mip shift=on``, ``nas.mip restarts=on``, ``nas.mip
-  node_cuts=on``, ``nas.mip cut_pool=HiGHS``: one preprocessing or HiGHS choice changed
-  each, so every default is chosen by this measurement;
+  node_cuts=on``, ``nas.mip cut_pool=HiGHS``, ``nas.mip sub_mips=on``: one preprocessing
+  or HiGHS choice changed each, so every default is chosen by this measurement;
 - ``highs-default``: HiGHS with its default options on the plain model;
 - ``pulp-cbc``: the plain formulation through PuLP + CBC (Puzzletron, NVlabs/puzzle);
 - ``cbc-fixed``: CBC with the same fixing (nas.mip's LP reduced-cost fixing, then PuLP +
@@ -119,6 +119,7 @@ SOLVERS = {
     "nas.mip restarts=on": ours(restarts=True),
     "nas.mip node_cuts=on": ours(node_cuts=True),
     "nas.mip cut_pool=HiGHS": ours(cut_pool=None),
+    "nas.mip sub_mips=on": ours(sub_mips=True),
     "highs-default": baseline(highs_default),
     "pulp-cbc": baseline(pulp_cbc),
     "cbc-fixed": baseline(cbc_fixed),
@@ -130,6 +131,7 @@ LEGEND = {
     "nas.mip restarts=on": "nas.mip, HiGHS restarts on",
     "nas.mip node_cuts=on": "nas.mip, HiGHS cut separation at every node",
     "nas.mip cut_pool=HiGHS": "nas.mip, HiGHS' default cut pool (10,000 cuts, age 30)",
+    "nas.mip sub_mips=on": "nas.mip, HiGHS' RINS and RENS heuristics on",
     "highs-default": "HiGHS with default options on the plain model",
     "pulp-cbc": "Puzzletron-style PuLP+CBC on the plain model",
     "cbc-fixed": "CBC with the same fixing (nas.mip's LP fixing, then PuLP+CBC)",
@@ -229,8 +231,9 @@ def load() -> str:
 
 #: nas.mip's defaults before issue 15 part 2: restricted runs always ran to the end, a
 #: given incumbent (a sweep's tighter neighbour) set the first fixing threshold, and HiGHS
-#: separated cuts at every node into its default cut pool
-PREVIOUS = {"stop": False, "incumbent_threshold": True, "node_cuts": True, "cut_pool": None}
+#: separated cuts at every node into its default cut pool and ran RINS and RENS
+PREVIOUS = {"stop": False, "incumbent_threshold": True, "node_cuts": True, "cut_pool": None,
+            "sub_mips": True}
 
 
 @pytest.mark.benchmark(group="mip-extras")

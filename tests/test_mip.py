@@ -483,7 +483,7 @@ def test_sweep_points_equal_brute_force(prob, raw, incumbent_threshold):
 
 
 def test_cut_options_reach_highs_and_keep_the_answer():
-    """``node_cuts`` and ``cut_pool`` are HiGHS settings (the defaults chosen by
+    """``node_cuts``, ``cut_pool`` and ``sub_mips`` are HiGHS settings (the defaults chosen by
     bench_mip.py); every combination proves the same optimum, and a malformed pool is
     refused by name."""
     lib = synthetic_library(24, seed=5)
@@ -491,10 +491,13 @@ def test_cut_options_reach_highs_and_keep_the_answer():
     budgets = [Budget("memory_bytes@long-1m", None, 0.5 * tot["memory_bytes@long-1m"]),
                Budget("runtime_s@rag-32k", None, 0.7 * tot["runtime_s@rag-32k"])]
     got = []
-    for node_cuts, pool in ((False, (100, 5)), (True, None), (False, None), (True, (7, 0))):
+    for node_cuts, pool, subs in ((False, (100, 5), False), (True, None, True),
+                                  (False, None, True), (True, (7, 0), False)):
         m = MipModel(lib, "kl_div", budgets,
-                     options=SolveOptions(node_cuts=node_cuts, cut_pool=pool))
+                     options=SolveOptions(node_cuts=node_cuts, cut_pool=pool, sub_mips=subs))
         assert m.h.getOptionValue("mip_allow_cut_separation_at_nodes")[1] is node_cuts
+        assert m.h.getOptionValue("mip_heuristic_run_rins")[1] is subs
+        assert m.h.getOptionValue("mip_heuristic_run_rens")[1] is subs
         want = (10000, 30) if pool is None else pool
         assert (m.h.getOptionValue("mip_pool_soft_limit")[1],
                 m.h.getOptionValue("mip_pool_age_limit")[1]) == want

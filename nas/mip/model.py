@@ -46,9 +46,11 @@ class SolveOptions:
     ``(mip_pool_soft_limit, mip_pool_age_limit)``, None for HiGHS' defaults (10,000,
     30): the budget rows give HiGHS thousands of cuts and conflicts to propagate at every
     node, and a small pool that forgets unused cuts soon costs less than it loses.
-    ``stop``, ``incumbent_threshold``, ``node_cuts`` and ``cut_pool`` change the work,
-    never the answer's guarantee; their defaults are chosen by
-    ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
+    ``sub_mips`` runs HiGHS' RINS and RENS heuristics (``mip_heuristic_run_rins`` /
+    ``_rens``), small MIPs around the LP solution that took most of a run's time at the
+    root on the libraries here. ``stop``, ``incumbent_threshold``, ``node_cuts``,
+    ``cut_pool`` and ``sub_mips`` change the work, never the answer's guarantee; their
+    defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
     as :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
 
     time_limit: float | None = None
@@ -65,6 +67,7 @@ class SolveOptions:
     incumbent_threshold: bool = False
     node_cuts: bool = False
     cut_pool: tuple[int, int] | None = (100, 5)
+    sub_mips: bool = False
 
     def __post_init__(self) -> None:
         for name in ("mip_rel_gap", "mip_abs_gap"):
@@ -189,8 +192,10 @@ def _new_highs(o: SolveOptions) -> Any:
     # SolveOptions.restarts: off by default, chosen by benchmarks/bench_mip.py (after
     # reduced-cost fixing the models are small and re-presolving costs more than it saves).
     h.setOptionValue("mip_allow_restart", bool(o.restarts))
-    # SolveOptions.node_cuts and cut_pool: see there
+    # SolveOptions.node_cuts, cut_pool and sub_mips: see there
     h.setOptionValue("mip_allow_cut_separation_at_nodes", bool(o.node_cuts))
+    h.setOptionValue("mip_heuristic_run_rins", bool(o.sub_mips))
+    h.setOptionValue("mip_heuristic_run_rens", bool(o.sub_mips))
     if o.cut_pool is not None:
         h.setOptionValue("mip_pool_soft_limit", int(o.cut_pool[0]))
         h.setOptionValue("mip_pool_age_limit", int(o.cut_pool[1]))
