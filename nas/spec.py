@@ -116,7 +116,7 @@ class WorkloadSpec(_Model):
         "and priced as a fixed cost (its d draft passes, weights, KV and state); the main "
         "blocks verify 1 + d tokens per step")
     acceptance: float | None = Field(
-        default=None, ge=1.0, le=MAX_DRAFT_TOKENS + 1,
+        default=None, ge=1.0, le=MAX_DRAFT_TOKENS + 1, allow_inf_nan=False,
         description="with draft_tokens: mean tokens accepted per verification step (bonus "
         "token included, 1..draft_tokens + 1), a property of the workload you state: the "
         "same for the parent and every child (a child's real acceptance is only known after "

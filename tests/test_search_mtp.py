@@ -203,6 +203,9 @@ def test_draft_without_mtp_head_is_refused():
     ({"draft_tokens": 0, "acceptance": 1.0}, "draft_tokens"),
     ({"draft_tokens": 65, "acceptance": 2.0}, "draft_tokens"),
     ({"draft_tokens": 3, "acceptance": 0.5}, "acceptance"),
+    # NaN compares false with both bounds: named as what it is, not as out of range
+    ({"draft_tokens": 3, "acceptance": float("nan")}, "acceptance: Input should be a finite"),
+    ({"draft_tokens": 3, "acceptance": float("inf")}, "acceptance: Input should be a finite"),
 ])
 def test_spec_draft_fields_are_checked(update, match):
     w = {k: v for k, v in WORKLOAD.items() if k not in ("draft_tokens", "acceptance")}
