@@ -325,3 +325,55 @@ def test_diverse_pool_10(benchmark, capsys):
               f"{t_cold:.2f} s wall ({t_cold / t_pool:.2f}x), {c_cold:.2f} s CPU "
               f"({c_cold / c_pool:.2f}x); nodes {[r.nodes for r in pool]}; objectives "
               f"{objs[0]:.6f}..{objs[-1]:.6f}")
+
+
+def example_library() -> tuple[BlockLibrary, Objective, list[Budget], list]:
+    """The library, objective, budget rows and count rules that ``puzzle-nas search`` builds
+    for the shipped ``nemotron3-super-h100.json`` (structural prior; every layer of one
+    configuration priced alike)."""
+    import json
+    from pathlib import Path
+
+    from nas import search
+    from nas.spec import parse_spec
+
+    path = Path(search.__file__).parent / "examples" / "nemotron3-super-h100.json"
+    problem = search.resolve(parse_spec(json.loads(path.read_text())), path.parent)
+    alts = search.alternatives(problem)
+    priced = search.price(problem, alts, False)
+    quality, _ = search.score(problem, alts)
+    lib = search.build_library(problem, alts, priced, quality)
+    cons = search.constraints(problem, lib, priced)
+    return cons.extend(lib), cons.objective, list(cons.budgets), list(cons.counts)
+
+
+@pytest.mark.benchmark(group="mip-extras")
+def test_example_library_sweep_20(benchmark, capsys):
+    """A 20-point sweep of the Super example's own library (its first budget key, 35-100 %
+    of the parent) with the classes of alike layers (default) and without, side by side,
+    the answers checked equal point by point."""
+    lib, obj, budgets, counts = example_library()
+    key = budgets[0].key
+    tot = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(lib.num_blocks)])
+    values = list(np.linspace(0.35, 1.0, 20) * tot[key])
+    before = load()
+
+    def run(aggregate: bool):
+        o = SolveOptions(mip_rel_gap=GAP, threads=1, aggregate=aggregate)
+        return timed(lambda: sweep(lib, obj, budgets[1:], key=key, values=values,
+                                   counts=counts, options=o))
+
+    (on, t_on, c_on) = benchmark.pedantic(run, args=(True,), rounds=1, iterations=1)
+    off, t_off, c_off = run(False)
+    for a, b in zip(on.results, off.results):
+        assert a.status == b.status
+        if b.ok:
+            assert abs(a.objective - b.objective) <= 2 * GAP * max(abs(b.objective), 1.0)
+    m = MipModel(lib, obj, budgets, counts=counts)
+    solved = sum(r.seconds > 0 and r.ok for r in on.results)
+    with capsys.disabled():
+        print(f"\n[bench_mip] example library ({lib.num_replacements} replacements, "
+              f"{sum(c.size for c in m.classes)} of them in {len(m.classes)} classes), "
+              f"20-point sweep of {key}, {solved} points solved, answers equal; {before} "
+              f"before, {load()} after: classes {t_on:.2f} s wall ({c_on:.2f} s CPU), "
+              f"without {t_off:.2f} s ({c_off:.2f} s CPU): {t_off / t_on:.2f}x")

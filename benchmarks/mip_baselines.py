@@ -153,7 +153,9 @@ def cbc_fixed(lib: BlockLibrary, objective: str, budgets: list[Budget], gap: flo
     stopping a restricted run early: PuLP cannot interrupt CBC). Model and LP building are
     timed."""
     t = time.perf_counter()
-    m = MipModel(lib, objective, budgets, options=SolveOptions(mip_rel_gap=gap, threads=1))
+    # the plain model's columns (no class counts), which the CBC model below has too
+    m = MipModel(lib, objective, budgets,
+                 options=SolveOptions(mip_rel_gap=gap, threads=1, aggregate=False))
     status, lb0, d = m.lp_bound()
     assert status == "optimal", status
     c, A, lo, hi = plain_model(lib, objective, budgets)

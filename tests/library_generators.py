@@ -22,6 +22,7 @@ def synthetic_library(
     pattern: str = "MEMEMEM*EMEMEMEM",
     workloads: Sequence[str] = ("chat-4k", "rag-32k", "long-1m"),
     pair_noops: bool = True,
+    runtime_noise: float = 0.03,
 ) -> BlockLibrary:
     """A structured, Nemotron-Super-like library for tests and benchmarks.
 
@@ -36,6 +37,11 @@ def synthetic_library(
     ``runtime_s@w``. Score ``kl_div`` falls as a block keeps more of the parent
     (quality improves with cost), with per-block sensitivity and lognormal noise.
     Constants: embeddings/LM-head parameters, memory and runtime.
+
+    ``runtime_noise``: the lognormal sigma of a per-replacement factor on each runtime, as
+    in a library of measured blocks. 0 prices every layer of one configuration alike, as
+    :mod:`nas.search` does (the interchangeable classes of
+    :func:`nas.mip.model.interchangeable_classes`).
     """
     rng = np.random.default_rng(seed)
     kinds = (pattern * (num_blocks // len(pattern) + 1))[:num_blocks]
@@ -124,7 +130,7 @@ def synthetic_library(
         # decode step time: weight + state reads at ~3.3 TB/s, plus per-block overhead
         t = (a_a * bytes_w + conc * (ctx * kv_per_tok + ss_a)) / 3.3e12
         t = t + np.where(p_a > 0, 6e-6, 0.0) * (en_ - st_)
-        t = t * rng.lognormal(0.0, 0.03, size=t.size)
+        t = t * rng.lognormal(0.0, runtime_noise, size=t.size)
         costs[f"memory_bytes@{w}"] = mem
         costs[f"runtime_s@{w}"] = t
         constants[f"memory_bytes@{w}"] = 2 * 131072 * 4096 * 2.0 + 2e9
@@ -184,3 +190,45 @@ def nvlabs_shaped_library(num_layers: int = 80, *, seed: int = 0) -> BlockLibrar
                     "metrics": {"kl_div": kl, "lm_loss": 1.64 + 0.05 * kl}}
         lib[f"layer_{layer}"] = variants
     return from_puzzle(lib, source=f"nvlabs_shaped_library({num_layers}, seed={seed})")
+
+
+def typed_library(num_blocks: int = 24, *, seed: int = 0, groups: int = 3,
+                  spans: bool = True) -> BlockLibrary:
+    """A library shaped like the ones :mod:`nas.search` builds: blocks of two kinds (``A``,
+    ``B``, alternating), each kind with its own variants priced alike in every layer
+    (``mem``, ``time``, ``params``), and a structural-prior-like score: a variant's KL times
+    one of ``groups`` per-layer sensitivities, so layers of one kind and group are
+    interchangeable (the classes of :func:`nas.mip.model.interchangeable_classes`).
+    ``spans`` adds a two-block no-op over every fourth pair of blocks. Tags: the kind,
+    ``no_op`` and ``kept``."""
+    rng = np.random.default_rng(seed)
+    kinds = "AB" * (num_blocks // 2 + 1)
+    variants = {k: [(float(m), float(t), float(p), float(q)) for m, t, p, q in zip(
+        rng.uniform(1, 10, 5), rng.uniform(0.1, 1, 5), rng.uniform(1, 5, 5),
+        np.sort(rng.uniform(0.0, 1.0, 5)))] + [(0.0, 0.0, 0.0, 3.0)] for k in "AB"}
+    sens = rng.choice(rng.uniform(0.5, 2.0, groups), size=num_blocks)
+    start, end, labels, tags = [], [], [], []
+    cols: dict[str, list[float]] = {"mem": [], "time": [], "params": []}
+    kl: list[float] = []
+    for b in range(num_blocks):
+        k = kinds[b]
+        for j, (m, t, p, q) in enumerate(variants[k]):
+            start.append(b)
+            end.append(b + 1)
+            last = j == len(variants[k]) - 1
+            labels.append(f"{k} {'no_op' if last else f'v{j}'}")
+            tags.append([k, "no_op" if last else "kept"])
+            for key, v in zip(("mem", "time", "params"), (m, t, p)):
+                cols[key].append(v)
+            kl.append(q * sens[b])
+    if spans:
+        for b in range(0, num_blocks - 1, 4):
+            start.append(b)
+            end.append(b + 2)
+            labels.append("pair no_op")
+            tags.append(["pair", "no_op"])
+            for key in cols:
+                cols[key].append(0.0)
+            kl.append(2.5 * (sens[b] + sens[b + 1]))
+    return BlockLibrary(num_blocks, start, end, cols, {"kl": kl}, labels=labels, tags=tags,
+                        constants={"mem": 5.0}, source=f"typed(seed={seed})")

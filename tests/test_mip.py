@@ -361,7 +361,7 @@ def test_lp_relaxation_honours_the_time_limit():
     m = MipModel(lib, "kl_div", budgets)
     assert m.lp_bound(1e-6)[:2] == ("error", -math.inf)  # stopped: no bound claimed
     status, lb, d = m.lp_bound(None)
-    assert status == "optimal" and math.isfinite(lb) and d.size == lib.num_replacements
+    assert status == "optimal" and math.isfinite(lb) and d.size == m.num_columns
 
 
 @pytest.mark.parametrize("fixing", [True, False])

@@ -9,11 +9,11 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from library_generators import nvlabs_shaped_library, synthetic_library
+from library_generators import nvlabs_shaped_library, synthetic_library, typed_library
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from nas.library import BlockLibrary
-from nas.mip import GAP_FLOOR, Budget, MipModel, SolveOptions, solve, sweep
+from nas.mip import GAP_FLOOR, Budget, CountRule, MipModel, SolveOptions, diverse_pool, solve, sweep
 
 OBJ = "metrics.kl_div"
 
@@ -27,7 +27,10 @@ def exact(lib: BlockLibrary, budgets: list[Budget], obj: str = OBJ
     """scipy.milp (its own HiGHS build, default tolerances) on the plain model (objective
     ``obj`` as given, no shift, no fixing) with mip_rel_gap 0: (objective, chosen) or None."""
     R, L = lib.num_replacements, lib.num_blocks
-    cover = sp.csr_matrix((np.ones(R), (lib.start, np.arange(R))), shape=(L, R))
+    lens = lib.lengths  # a replacement covers every block of its span
+    blocks = np.concatenate([np.arange(a, b) for a, b in zip(lib.start, lib.end)])
+    cover = sp.csr_matrix((np.ones(blocks.size), (blocks, np.repeat(np.arange(R), lens))),
+                          shape=(L, R))
     rows, lo, hi = [cover], [np.ones(L)], [np.ones(L)]
     for b in budgets:  # rows divided by their largest coefficient (see mip_baselines)
         v, c = lib.values(b.key), lib.constant(b.key)
@@ -166,3 +169,110 @@ def test_stop_threshold_is_the_least_bound_that_rules_a_run_out(t, gap, abs_gap)
         assert u - m.allowed_gap(u) > t
     below = d - 1e-6 * max(1.0, abs(d))
     assert below - m.allowed_gap(below) <= t
+
+
+# ---------------------------------------------------------------- interchangeable classes
+def typed_totals(lib: BlockLibrary) -> dict[str, float]:
+    return lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(lib.num_blocks)])
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), blocks=st.integers(4, 30), groups=st.integers(1, 4),
+       mem=st.floats(0.2, 0.95), run=st.one_of(st.none(), st.floats(0.2, 0.95)),
+       spans=st.booleans())
+def test_classes_keep_the_exact_optimum(seed, blocks, groups, mem, run, spans):
+    """Counts over classes of alike layers (continuous members) prove the same optimum as
+    scipy.milp on the plain binary model, at gap 0."""
+    lib = typed_library(blocks, seed=seed, groups=groups, spans=spans)
+    tot = typed_totals(lib)
+    budgets = [Budget("mem", None, mem * tot["mem"])]
+    if run is not None:
+        budgets.append(Budget("time", None, run * tot["time"]))
+    m = MipModel(lib, "kl", budgets, options=SolveOptions(mip_rel_gap=0.0))
+    assert m.classes and m.num_columns == lib.num_replacements + len(m.classes)
+    ref = exact(lib, budgets, "kl")
+    res = m.solve()
+    if ref is None:
+        assert res.status == "infeasible"
+        return
+    assert res.status == "optimal", res
+    assert abs(res.objective - ref[0]) <= GAP_FLOOR * max(abs(ref[0]), 1.0)
+    assert res.best_bound <= ref[0] + 1e-12 * max(abs(ref[0]), 1.0)
+    assert res.chosen.size and np.all(np.isin(res.chosen, np.arange(lib.num_replacements)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_classes_with_pins_forbids_counts_and_floors(seed):
+    """Pins, forbids, count rules and lower budget bounds with classes: the same optimum as
+    the plain binary model (aggregate off), both at gap 0."""
+    lib = typed_library(20, seed=seed, groups=2)
+    tot = typed_totals(lib)
+    rng = np.random.default_rng(seed)
+    kept = np.flatnonzero([lab.endswith("v0") for lab in lib.labels])
+    pin = [int(rng.choice(kept))]
+    forbid = [int(r) for r in rng.choice(np.flatnonzero([lab.endswith("v1") for lab in
+                                                         lib.labels]), 4, replace=False)]
+    budgets = [Budget("mem", None, 0.6 * tot["mem"]), Budget("params", 0.4 * tot["params"],
+                                                           None)]
+    counts = [CountRule("no_op", None, 6), CountRule("kept", 9, None, "blocks")]
+    got = [solve(lib, "kl", budgets, counts=counts, pin=pin, forbid=forbid,
+                 options=SolveOptions(mip_rel_gap=0.0, aggregate=agg)) for agg in (True, False)]
+    assert got[0].status == got[1].status == "optimal"
+    assert abs(got[0].objective - got[1].objective) <= GAP_FLOOR * max(abs(got[1].objective), 1)
+    assert pin[0] in got[0].chosen and not set(forbid) & set(got[0].chosen.tolist())
+    assert got[0].totals["params"] >= 0.4 * tot["params"] * (1 - 1e-12)
+
+
+def test_pool_and_sweep_with_classes():
+    """A pool's diversity rows make the members integers again; a sweep keeps its classes:
+    both give the plain model's optima."""
+    lib = typed_library(24, seed=4, groups=2)
+    tot = typed_totals(lib)
+    budgets = [Budget("mem", None, 0.55 * tot["mem"])]
+    pools = [diverse_pool(lib, "kl", budgets, n=5, min_distance=2,
+                          options=SolveOptions(mip_rel_gap=0.0, aggregate=agg))
+             for agg in (True, False)]
+    assert len(pools[0]) == len(pools[1]) == 5
+    assert abs(pools[0][0].objective - pools[1][0].objective) <= 1e-9 * abs(pools[1][0].objective)
+    for k, r in enumerate(pools[0]):  # each differs from every earlier one in >= 2 blocks
+        for e in pools[0][:k]:
+            assert sum(a != b for a, b in zip(r.choices, e.choices)) >= 2
+    values = list(np.linspace(0.3, 0.9, 5) * tot["time"])
+    sws = [sweep(lib, "kl", budgets, key="time", values=values,
+                 options=SolveOptions(mip_rel_gap=0.0, aggregate=agg)) for agg in (True, False)]
+    for a, b in zip(*(s.results for s in sws)):
+        assert a.status == b.status
+        if b.ok:
+            assert abs(a.objective - b.objective) <= GAP_FLOOR * max(abs(b.objective), 1.0)
+
+
+def test_fractional_members_are_made_whole():
+    """A heuristic answer with fractional members (two optimal layouts of the same counts
+    averaged) comes back 0/1, with the same counts, meeting every row, no worse."""
+    lib = typed_library(16, seed=2, groups=1, spans=False)
+    tot = typed_totals(lib)
+    m = MipModel(lib, "kl", [Budget("mem", None, 0.6 * tot["mem"])],
+                 options=SolveOptions(mip_rel_gap=0.0))
+    res = m.solve()
+    R = lib.num_replacements
+    # swap the choices of two blocks of one kind that took members of different classes
+    cls = np.full(R, -1)
+    for k, mem in enumerate(m.classes):
+        cls[mem] = k
+    ch = np.asarray(res.choices)
+    pair = next((a, b) for a in range(lib.num_blocks) for b in range(a + 2, lib.num_blocks, 2)
+                if cls[ch[a]] >= 0 and cls[ch[b]] >= 0 and cls[ch[a]] != cls[ch[b]])
+    a, b = pair
+    x1 = np.zeros(R)
+    x1[res.chosen] = 1.0
+    x2 = x1.copy()
+    twin = {(int(lib.start[r]), int(cls[r])): r for r in range(R) if cls[r] >= 0}
+    x2[[ch[a], ch[b]]] = 0.0
+    x2[[twin[(a, int(cls[ch[b]]))], twin[(b, int(cls[ch[a]]))]]] = 1.0
+    frac = m.with_counts(0.5 * (x1 + x2))
+    assert np.any((frac[:R] > 0.1) & (frac[:R] < 0.9))
+    whole = m.integral(frac)
+    assert np.all((whole[:R] == 0) | (whole[:R] == 1))
+    assert np.array_equal(whole[R:], frac[R:])  # same counts
+    m.verify(whole)
+    assert m.c_min @ whole <= m.c_min @ frac + 1e-9

@@ -279,7 +279,10 @@ def test_diverse_pool_from_spec():
         for j in range(i):
             diff = sum(a != b for a, b in zip(pool[i].choices, pool[j].choices))
             assert diff >= 3
-    assert pool[0].objective <= pool[1].objective <= pool[2].objective
+    # each is the best child left within the gap (1e-4 here): no later one beats the
+    # first by more than that (equal children sum their KL in another order)
+    gap = problem.spec.solver.gap
+    assert all(r.objective >= pool[0].objective - gap * abs(pool[0].objective) for r in pool)
 
 
 def test_copy_of_spec_is_not_mutated():

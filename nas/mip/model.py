@@ -68,6 +68,7 @@ class SolveOptions:
     node_cuts: bool = False
     cut_pool: tuple[int, int] | None = (100, 5)
     sub_mips: bool = False
+    aggregate: bool = True
 
     def __post_init__(self) -> None:
         for name in ("mip_rel_gap", "mip_abs_gap"):
@@ -215,6 +216,38 @@ def allowed_mask(lib: BlockLibrary, pin: Sequence[int], forbid: Sequence[int]) -
     return ok
 
 
+def interchangeable_classes(A: Any, num_blocks: int, lengths: np.ndarray, dead: np.ndarray,
+                            obj: np.ndarray) -> list[np.ndarray]:
+    """Classes of interchangeable replacements: live single-block columns with the same
+    objective coefficient ``obj`` and the same coefficient in every row past the
+    ``num_blocks`` cover rows of ``A`` (CSC; budgets and count rules). Only classes of two
+    or more are returned, each as sorted indices.
+
+    A real library prices every layer of one configuration alike, and a structural prior
+    scores many layers alike too, so most of its replacements fall into such classes (the
+    Nemotron-3-Super example: 78 classes hold 1,575 of its 1,576 replacements). With
+    ``n_k`` the number of blocks that take a member of class ``k``, the objective and every
+    budget and count row are functions of the ``n_k`` and the other columns alone; once
+    those are integers, the members left form a transportation problem (each member is in
+    one block row and one class row), whose vertices are 0/1. So the members can be
+    continuous and the search branches on the ``n_k`` ("two more blocks take this
+    variant") instead of on which of 40 alike blocks takes it; the optimum is the same.
+    Classes alike in cost but not in objective are not formed: measured, branching on
+    their counts made some points 2-15x slower. A row over single members (a pool's
+    diversity row) breaks the argument, and :meth:`MipModel.add_diversity` makes them
+    integers again."""
+    L = num_blocks
+    groups: dict[bytes, list[int]] = {}
+    for r in np.flatnonzero((lengths == 1) & ~dead):
+        a, b = A.indptr[r], A.indptr[r + 1]
+        rows, vals = A.indices[a:b], A.data[a:b]
+        past = rows >= L
+        key = rows[past].astype(np.int64).tobytes() + vals[past].astype(np.float64).tobytes() \
+            + np.float64(obj[r]).tobytes()
+        groups.setdefault(key, []).append(int(r))
+    return [np.array(g, dtype=np.int64) for g in groups.values() if len(g) > 1]
+
+
 def dead_columns(lib: BlockLibrary) -> np.ndarray:
     """bool[R]: replacements on no path 0 -> L."""
     fwd, bwd = lib.reach()
@@ -323,12 +356,48 @@ class MipModel:
             row_hi.append(np.array([np.inf if cr.max is None else float(cr.max)]))
             nrow += 1
         A = sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                          shape=(nrow, R)).tocsc()
+                          shape=(nrow, R)).tocoo()
+        #: member indices of each class of interchangeable replacements (see
+        #: interchangeable_classes); class k's count is column R + k
+        self.classes = interchangeable_classes(A.tocsc(), L, lens, self.dead, c) \
+            if self.opts.aggregate else []
+        C = len(self.classes)
+        self.member = np.zeros(R, dtype=bool)
+        lo = np.zeros(R + C)
+        hi = np.ones(R + C)
+        if C:
+            # x[r] of a member keeps its cover row and moves its budget and count
+            # coefficients (the same for every member) to its class count n_k; the class
+            # row n_k - sum x[r] = 0 links them
+            first = np.array([m[0] for m in self.classes])
+            for m in self.classes:
+                self.member[m] = True
+            self._class_of = np.full(R, -1, dtype=np.int64)
+            for k, m in enumerate(self.classes):
+                self._class_of[m] = k
+            keep = ~(self.member[A.col] & (A.row >= L))
+            Ac = A.tocsc()
+            sig = [Ac[L:, first].tocoo()]
+            n_rows = [sig[0].row + L, nrow + np.arange(C)]
+            n_cols = [R + sig[0].col, R + np.arange(C)]
+            n_vals = [sig[0].data, np.ones(C)]
+            sizes = np.array([m.size for m in self.classes])
+            mem = np.concatenate(self.classes)
+            n_rows.append(nrow + np.repeat(np.arange(C), sizes))
+            n_cols.append(mem)
+            n_vals.append(-np.ones(mem.size))
+            A = sp.coo_matrix(
+                (np.concatenate([A.data[keep], *n_vals]),
+                 (np.concatenate([A.row[keep], *n_rows]),
+                  np.concatenate([A.col[keep], *n_cols]))), shape=(nrow + C, R + C))
+            row_lo.append(np.zeros(C))
+            row_hi.append(np.zeros(C))
+            nrow += C
+            hi[R:] = sizes
+        A = A.tocsc()
         A.sort_indices()
-        lo = np.zeros(R)
-        hi = np.ones(R)
         hi[self.forbid] = 0.0
-        hi[self.dead] = 0.0
+        hi[:R][self.dead] = 0.0
         lo[self.pin] = 1.0
         self.col_lo, self.col_hi = lo, hi
         self.row_lo = np.concatenate(row_lo)
@@ -337,15 +406,19 @@ class MipModel:
 
         self.A = A.tocsr()
         self.sense = -1 if self.objective.sense == "max" else 1
-        self.c_min = self.sense * c / self.obj_scale  # minimized, scaled objective
+        # minimized, scaled objective (class counts cost nothing themselves)
+        self.c_min = np.concatenate([self.sense * c / self.obj_scale, np.zeros(C)])
         self.h = _new_highs(self.opts)
         # HiGHS always minimizes c_min (a "max" objective is negated here), so its dual
         # bound and objective cutoffs are in the same min-form units as everything below
+        integ = np.ones(R + C, dtype=np.int32)
+        integ[:R][self.member] = 0  # 0/1 at every vertex once the counts are integers
         st = self.h.passModel(
-            R, nrow, int(A.nnz), 1, 1, 0.0,
+            R + C, nrow, int(A.nnz), 1, 1, 0.0,
             self.c_min, lo, hi, self.row_lo, self.row_hi,
             A.indptr.astype(np.int32), A.indices.astype(np.int32), A.data.astype(np.float64),
-            np.ones(R, dtype=np.int32))
+            integ)
+        self._cur_lo, self._cur_hi = lo, hi
         if int(st) < 0:
             raise SolverError(f"HiGHS rejected the model ({st})")
         o = self.opts
@@ -361,6 +434,12 @@ class MipModel:
         _sync_scheduler(self.h, o.threads)
 
     # ---------------------------------------------------------------- helpers
+    @property
+    def num_columns(self) -> int:
+        """HiGHS columns: one per replacement, then one count per class of
+        interchangeable replacements (see :func:`interchangeable_classes`)."""
+        return int(self.c_min.size)
+
     def _index(self, i: int, what: str) -> int:
         i = int(i)
         if not 0 <= i < self.lib.num_replacements:
@@ -394,7 +473,8 @@ class MipModel:
     def _unconstrained_min(self) -> float:
         """Least objective (HiGHS units, minimized) over all children, budgets ignored: a
         lower bound on the optimum by shortest path over the replacement graph."""
-        p = self.lib.path_values(self.c_min, ~self.dead & (self.col_hi > 0.5))[-1]
+        R = self.lib.num_replacements
+        p = self.lib.path_values(self.c_min[:R], ~self.dead & (self.col_hi[:R] > 0.5))[-1]
         return float(p) if math.isfinite(p) else 0.0
 
     def set_budget(self, i: int, lo: float | None, hi: float | None) -> None:
@@ -418,8 +498,14 @@ class MipModel:
         rhs = float(self.lib.num_blocks - min_distance)
         self.h.addRow(-np.inf, rhs, idx.size, idx, coef)
         self.diversity.append((idx.astype(np.int64), int(min_distance)))
+        if self.member.any():
+            # a row over single members: a fixed count no longer leaves 0/1 vertices, so the
+            # members are integers again (the counts stay, as redundant integers)
+            mem = np.flatnonzero(self.member).astype(np.int32)
+            self.h.changeColsIntegrality(mem.size, mem, np.ones(mem.size, dtype=np.int32))
+            self.member[:] = False
         row = sp.csr_matrix((coef, (np.zeros(idx.size, dtype=np.int64), idx)),
-                            shape=(1, self.lib.num_replacements))
+                            shape=(1, self.c_min.size))
         self.A = sp.vstack([self.A, row], format="csr")
         self.row_lo = np.append(self.row_lo, -np.inf)
         self.row_hi = np.append(self.row_hi, rhs)
@@ -474,7 +560,7 @@ class MipModel:
         has_sol = int(info.primal_solution_status) == 2  # kSolutionStatusFeasible
         bound = float(info.mip_dual_bound)
         if self._interrupted and has_sol:
-            x = np.asarray(self.h.getSolution().col_value, dtype=np.float64)
+            x = self.integral(np.asarray(self.h.getSolution().col_value, dtype=np.float64))
             return "stopped", x, float(stop_above), nodes, ""
         if cutoff is not None and not has_sol and ms in (
                 MS.kInfeasible, MS.kObjectiveBound, MS.kOptimal):
@@ -492,7 +578,7 @@ class MipModel:
             if ms == MS.kTimeLimit:
                 msg += " before finding any feasible child"
             return "error", None, -math.inf, nodes, f"{msg} ({run_status})"
-        x = np.asarray(self.h.getSolution().col_value, dtype=np.float64)
+        x = self.integral(np.asarray(self.h.getSolution().col_value, dtype=np.float64))
         if not math.isfinite(bound):
             bound = -math.inf
         # HiGHS prunes nodes within mip_feasibility_tolerance of the incumbent, so children
@@ -500,9 +586,74 @@ class MipModel:
         u = float(self.c_min @ np.round(x))
         return status, x, min(bound, u - self.feastol), nodes, ""
 
+    def integral(self, x: np.ndarray) -> np.ndarray:
+        """``x`` (HiGHS' solution, class counts included) with 0/1 members: given the
+        counts and the other columns, the members form a transportation problem (see
+        :func:`interchangeable_classes`). HiGHS' answer is usually a vertex, hence 0/1
+        already; when a heuristic leaves members fractional, the least-objective
+        assignment of the blocks left to the counts' slots (within the run's bounds,
+        exact by ``linear_sum_assignment``) replaces them: same rows, objective no
+        higher. Returned unchanged when it cannot be repaired (``verify`` then names the
+        broken row)."""
+        lib, R = self.lib, self.lib.num_replacements
+        xm = x[:R][self.member]
+        if not self.member.any() or np.all(np.abs(xm - np.round(xm)) <= 1e-6):
+            return x
+        from scipy.optimize import linear_sum_assignment
+
+        y = np.where(self.member, 0.0, np.round(x[:R]))
+        fixed = np.flatnonzero(y > 0.5)
+        cover = np.zeros(lib.num_blocks + 1, dtype=np.int64)
+        np.add.at(cover, lib.start[fixed], 1)
+        np.add.at(cover, lib.end[fixed], -1)
+        left = np.flatnonzero(np.cumsum(cover)[:-1] == 0)
+        counts = np.round(x[R:]).astype(np.int64)
+        slot_class = np.repeat(np.arange(len(self.classes)), np.maximum(counts, 0))
+        if slot_class.size != left.size:
+            return x
+        # per block left and class: the member it would take (forced when the run's bounds
+        # pin one, else the cheapest allowed)
+        pos = {int(b): i for i, b in enumerate(left)}
+        take: dict[tuple[int, int], int] = {}
+        forced: dict[int, int] = {}
+        for k, mem in enumerate(self.classes):
+            for r in mem:
+                i = pos.get(int(lib.start[r]))
+                if i is None or self._cur_hi[r] < 0.5:
+                    continue
+                if self._cur_lo[r] > 0.5:
+                    forced[i] = int(r)
+                old = take.get((i, k))
+                if old is None or self.c_min[r] < self.c_min[old]:
+                    take[(i, k)] = int(r)
+        for i, r in forced.items():
+            take = {ik: rr for ik, rr in take.items() if ik[0] != i}
+            take[(i, int(self._class_of[r]))] = r
+        cost = np.full((left.size, slot_class.size), np.inf)
+        for (i, k), r in take.items():
+            cost[i, slot_class == k] = self.c_min[r]
+        big = 1.0 + 2.0 * float(np.abs(self.c_min).sum()) * max(left.size, 1)
+        rows, cols = linear_sum_assignment(np.where(np.isfinite(cost), cost, big))
+        if not np.all(np.isfinite(cost[rows, cols])):
+            return x
+        for i, j in zip(rows, cols):
+            y[take[(int(i), int(slot_class[j]))]] = 1.0
+        return self.with_counts(y)
+
+    def with_counts(self, x: np.ndarray) -> np.ndarray:
+        """A 0/1 vector over the replacements, extended by its class counts (the model's
+        columns)."""
+        R = self.lib.num_replacements
+        out = np.zeros(self.c_min.size)
+        out[:R] = x[:R]
+        for k, mem in enumerate(self.classes):
+            out[R + k] = x[mem].sum()
+        return out
+
     def lp_bound(self, time_limit: float | None = None) -> tuple[str, float, np.ndarray]:
         """Solve the LP relaxation (within ``time_limit`` seconds); return (status, a valid
-        lower bound on the min-form scaled objective ``c_min``, reduced costs) from weak
+        lower bound on the min-form scaled objective ``c_min``, reduced costs of the
+        :attr:`num_columns` columns: replacements, then class counts) from weak
         duality with the row duals (sign-clipped, so the bound holds for any duals HiGHS
         returns). Status is optimal, infeasible, or error (stopped, e.g. by the limit)."""
         self._set("solve_relaxation", True)
@@ -609,7 +760,7 @@ class MipModel:
         if lp_status != "optimal" or not math.isfinite(lb0):
             # no LP bound (fixing off, or the LP stopped): nothing is ever fixed, and the
             # loop below is one run of the full model (plus the tightening re-run)
-            lb0, d, tau, span = -math.inf, np.zeros(self.lib.num_replacements), math.inf, 0.0
+            lb0, d, tau, span = -math.inf, np.zeros(self.c_min.size), math.inf, 0.0
         else:
             tau, span = self.first_threshold(lb0, d)
         inc: np.ndarray | None = None
@@ -618,6 +769,7 @@ class MipModel:
         if incumbent is not None:
             x0 = np.zeros(self.lib.num_replacements)
             x0[np.asarray(incumbent, dtype=np.int64)] = 1.0
+            x0 = self.with_counts(x0)
             try:
                 self.verify(x0)
             except SolverError:
@@ -727,6 +879,7 @@ class MipModel:
         return self._result(status, inc, bound, nodes, t0, "")
 
     def _bounds(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        self._cur_lo, self._cur_hi = lo, hi
         idx = np.arange(lo.size, dtype=np.int32)
         self.h.changeColsBounds(lo.size, idx, lo, hi)
 
@@ -769,8 +922,10 @@ class MipModel:
         """Check a 0/1 vector against every row; return the chosen indices sorted by start;
         raise :class:`SolverError` naming the first broken row."""
         lib, tol = self.lib, self.opts.tolerance
-        if x.size != lib.num_replacements:
-            raise SolverError(f"HiGHS returned {x.size} values for {lib.num_replacements} columns")
+        if x.size not in (lib.num_replacements, self.c_min.size):
+            raise SolverError(f"HiGHS returned {x.size} values for {lib.num_replacements} "
+                              "replacements")
+        x = x[:lib.num_replacements]
         if np.any(np.abs(x - np.round(x)) > 1e-5):
             raise SolverError("HiGHS returned a fractional solution")
         chosen = np.flatnonzero(x > 0.5)
