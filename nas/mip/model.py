@@ -48,9 +48,11 @@ class SolveOptions:
     node, and a small pool that forgets unused cuts soon costs less than it loses.
     ``sub_mips`` runs HiGHS' RINS and RENS heuristics (``mip_heuristic_run_rins`` /
     ``_rens``), small MIPs around the LP solution that took most of a run's time at the
-    root on the libraries here. ``stop``, ``incumbent_threshold``, ``node_cuts``,
-    ``cut_pool`` and ``sub_mips`` change the work, never the answer's guarantee; their
-    defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
+    root on the libraries here. ``aggregate`` gives each class of replacements alike in
+    objective and every row one integer count and branches on it (see
+    :func:`interchangeable_classes`). ``stop``, ``incumbent_threshold``, ``node_cuts``,
+    ``cut_pool``, ``sub_mips`` and ``aggregate`` change the work, never the answer's
+    guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
     as :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
 
     time_limit: float | None = None
