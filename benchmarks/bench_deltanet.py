@@ -40,10 +40,7 @@ def _pair():
     hf = Qwen3NextGatedDeltaNet(cfg, 0).eval()
     ours = DeltaNetMixer(DeltaNet(num_k_heads=NK, num_v_heads=NV, head_k_dim=DK, head_v_dim=DV),
                          HIDDEN, cfg.rms_norm_eps).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn_like(p) * (p.shape[-1] ** -0.5 if p.dim() > 1 else 0.5))
-        ours.load_state_dict(hf.state_dict())
+    mixer_pair.copy_random(hf, ours)
     return hf, ours, cfg
 
 

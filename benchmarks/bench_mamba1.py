@@ -41,10 +41,7 @@ def _pair():
     hf = JambaMambaMixer(cfg, 0).eval()
     ours = Mamba1Mixer(Mamba1(inner_size=EXPAND * HIDDEN, state_size=STATE, dt_rank=DT_RANK),
                        HIDDEN, cfg.rms_norm_eps).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.copy_(torch.randn_like(p) * (p.shape[-1] ** -0.5 if p.dim() > 1 else 0.5))
-        ours.load_state_dict(hf.state_dict())
+    mixer_pair.copy_random(hf, ours)
     return hf, ours, cfg
 
 

@@ -28,6 +28,15 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 @torch.no_grad()
+@torch.no_grad()
+def copy_random(hf: torch.nn.Module, ours: torch.nn.Module) -> None:
+    """Give transformers' module random weights of a sane scale (matrices ~1/sqrt(fan-in),
+    vectors 0.5) and load the same into ours."""
+    for p in hf.parameters():
+        p.copy_(torch.randn_like(p) * (p.shape[-1] ** -0.5 if p.dim() > 1 else 0.5))
+    ours.load_state_dict(hf.state_dict())
+
+
 def run_case(pair: Callable[[], tuple], hidden: int, phase: str) -> dict:
     """Time ``phase`` on the modules ``pair()`` returns; see the module docstring."""
     from transformers import DynamicCache
