@@ -361,10 +361,16 @@ class MipModel:
                           shape=(nrow, R)).tocoo()
         #: member indices of each class of interchangeable replacements (see
         #: interchangeable_classes); class k's count is column R + k
-        self.classes = interchangeable_classes(A.tocsc(), L, lens, self.dead, c) \
+        Ac = A.tocsc()
+        self.classes = interchangeable_classes(Ac, L, lens, self.dead, c) \
             if self.opts.aggregate else []
         C = len(self.classes)
-        self.member = np.zeros(R, dtype=bool)
+        #: class of each replacement (-1: none); members are continuous until a diversity
+        #: row (see add_diversity)
+        self._class_of = np.full(R, -1, dtype=np.int64)
+        for k, m in enumerate(self.classes):
+            self._class_of[m] = k
+        self.member = self._class_of >= 0
         lo = np.zeros(R + C)
         hi = np.ones(R + C)
         if C:
@@ -372,13 +378,7 @@ class MipModel:
             # coefficients (the same for every member) to its class count n_k; the class
             # row n_k - sum x[r] = 0 links them
             first = np.array([m[0] for m in self.classes])
-            for m in self.classes:
-                self.member[m] = True
-            self._class_of = np.full(R, -1, dtype=np.int64)
-            for k, m in enumerate(self.classes):
-                self._class_of[m] = k
             keep = ~(self.member[A.col] & (A.row >= L))
-            Ac = A.tocsc()
             sig = [Ac[L:, first].tocoo()]
             n_rows = [sig[0].row + L, nrow + np.arange(C)]
             n_cols = [R + sig[0].col, R + np.arange(C)]
@@ -613,27 +613,26 @@ class MipModel:
         slot_class = np.repeat(np.arange(len(self.classes)), np.maximum(counts, 0))
         if slot_class.size != left.size:
             return x
-        # per block left and class: the member it would take (forced when the run's bounds
-        # pin one, else the cheapest allowed)
+        # per block left and class: the member it would take, the cheapest the run allows;
+        # a block whose member the run's bounds pin takes that one and no other class
         pos = {int(b): i for i, b in enumerate(left)}
         take: dict[tuple[int, int], int] = {}
-        forced: dict[int, int] = {}
-        for k, mem in enumerate(self.classes):
-            for r in mem:
-                i = pos.get(int(lib.start[r]))
-                if i is None or self._cur_hi[r] < 0.5:
-                    continue
-                if self._cur_lo[r] > 0.5:
-                    forced[i] = int(r)
-                old = take.get((i, k))
-                if old is None or self.c_min[r] < self.c_min[old]:
-                    take[(i, k)] = int(r)
-        for i, r in forced.items():
-            take = {ik: rr for ik, rr in take.items() if ik[0] != i}
-            take[(i, int(self._class_of[r]))] = r
+        forced: dict[int, tuple[int, int]] = {}
+        for r in np.flatnonzero((self._class_of >= 0) & (self._cur_hi[:R] > 0.5)):
+            i = pos.get(int(lib.start[r]))
+            if i is None:
+                continue
+            k = int(self._class_of[r])
+            if self._cur_lo[r] > 0.5:
+                forced[i] = (k, int(r))
+            old = take.get((i, k))
+            if old is None or self.c_min[r] < self.c_min[old]:
+                take[(i, k)] = int(r)
+        take.update({(i, k): r for i, (k, r) in forced.items()})
         cost = np.full((left.size, slot_class.size), np.inf)
         for (i, k), r in take.items():
-            cost[i, slot_class == k] = self.c_min[r]
+            if i not in forced or forced[i][0] == k:
+                cost[i, slot_class == k] = self.c_min[r]
         big = 1.0 + 2.0 * float(np.abs(self.c_min).sum()) * max(left.size, 1)
         rows, cols = linear_sum_assignment(np.where(np.isfinite(cost), cost, big))
         if not np.all(np.isfinite(cost[rows, cols])):
@@ -643,14 +642,12 @@ class MipModel:
         return self.with_counts(y)
 
     def with_counts(self, x: np.ndarray) -> np.ndarray:
-        """A 0/1 vector over the replacements, extended by its class counts (the model's
+        """A vector over the replacements, extended by its class counts (the model's
         columns)."""
         R = self.lib.num_replacements
-        out = np.zeros(self.c_min.size)
-        out[:R] = x[:R]
-        for k, mem in enumerate(self.classes):
-            out[R + k] = x[mem].sum()
-        return out
+        counts = np.bincount(self._class_of[self._class_of >= 0],
+                             weights=x[:R][self._class_of >= 0], minlength=len(self.classes))
+        return np.concatenate([x[:R], counts])
 
     def lp_bound(self, time_limit: float | None = None) -> tuple[str, float, np.ndarray]:
         """Solve the LP relaxation (within ``time_limit`` seconds); return (status, a valid
