@@ -240,7 +240,7 @@ PREVIOUS = {"stop": False, "incumbent_threshold": True, "node_cuts": True, "cut_
 def test_pareto_sweep_20(benchmark, capsys):
     """A 20-point sweep five ways, side by side, the answers checked equal point by point:
     nas.mip.sweep in one process (loosest point reused where it fits, incumbents as
-    cutoffs), the same with 2 worker processes, a cold sweep (one independent solve per
+    cutoffs), the same with 2 worker threads, a cold sweep (one independent solve per
     point), and the sweep and the cold sweep with the previous defaults (:data:`PREVIOUS`).
     Ratios are to the cold sweep with the previous defaults (the issue's baseline) and to
     the cold sweep with today's."""

@@ -472,7 +472,7 @@ class SweepSpec(_Model):
     workload: str | None = Field(default=None, description="workload whose batch is swept")
     batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(
         default=None, max_length=MAX_SWEEP_POINTS)
-    workers: int = Field(default=1, ge=1, le=64, description="processes that solve the grid "
+    workers: int = Field(default=1, ge=1, le=64, description="threads that solve the grid "
                          "points (nas.mip.sweep's workers; the same answers, on more cores)")
 
     @model_validator(mode="after")

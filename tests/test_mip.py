@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import threading
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from nas.mip import (
     InfeasibleError,
     MipModel,
     Objective,
+    Result,
     SolveOptions,
     SolverError,
     diverse_pool,
@@ -322,6 +325,70 @@ def test_sweep_frontier():
     objs = [sw.results[i].objective for i in sw.frontier]
     costs = [sw.results[i].totals[key] for i in sw.frontier]
     assert costs == sorted(costs) and objs == sorted(objs, reverse=True)
+
+
+def sweep_case() -> tuple[BlockLibrary, list[str], str, list[float]]:
+    lib = synthetic_library(12, seed=3, pair_noops=True)
+    base = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(12)])
+    key = "memory_bytes@chat-4k"
+    return lib, [f"params<={base['params'] * 0.9}"], key, list(np.linspace(0.3, 1.0, 6) * base[key])
+
+
+def test_threaded_sweep_keeps_stdout_and_reports_in_the_calling_thread(capfd):
+    # the worker threads' HiGHS runs redirect no file descriptor (HiGHS' log goes through a
+    # callback), so what the caller prints meanwhile reaches stdout; progress is called in
+    # the calling thread, once per point
+    lib, budgets, key, values = sweep_case()
+    where: list[bool] = []
+
+    def progress(i: int, res: Result) -> None:
+        where.append(threading.current_thread() is threading.main_thread())
+        print(f"point {i} {res.status}", flush=True)
+
+    sw = sweep(lib, "kl_div", budgets, key=key, values=values, workers=2, progress=progress,
+               options=EXACT)
+    out, _ = capfd.readouterr()
+    assert sorted(int(line.split()[1]) for line in out.splitlines()) == list(range(6))
+    assert len(where) == 6 and all(where)
+    one = sweep(lib, "kl_div", budgets, key=key, values=values, options=EXACT)
+    for a, b in zip(sw.results, one.results):
+        assert a.status == b.status
+        if b.ok:
+            assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-12)
+
+
+def test_a_solve_leaves_file_descriptor_1_alone(monkeypatch):
+    # a run that pointed fd 1 at /dev/null would hide, for its duration, whatever every
+    # other thread of the process prints (a threaded sweep's progress, the caller's log)
+    m = MipModel(tiny(), "q", ["mem<=20"], options=SolveOptions(verbose=True))
+    moved: list[int] = []
+    real = os.dup2
+
+    def dup2(fd: int, fd2: int, *a: object) -> int:
+        moved.append(fd2)
+        return real(fd, fd2, *a)
+
+    monkeypatch.setattr(os, "dup2", dup2)
+    assert m.solve().status == "optimal"
+    m.set_budget(0, None, 10.0)
+    m.solve()
+    assert moved == []
+
+
+def test_threaded_sweep_raises_what_a_worker_raised(monkeypatch):
+    real = MipModel.solve
+    calls: list[int] = []
+
+    def failing(self: MipModel, incumbent: np.ndarray | None = None) -> Result:
+        calls.append(1)
+        if len(calls) == 3:
+            raise SolverError("HiGHS failed on the third point")
+        return real(self, incumbent)
+
+    monkeypatch.setattr(MipModel, "solve", failing)
+    lib, budgets, key, values = sweep_case()
+    with pytest.raises(SolverError, match="third point"):
+        sweep(lib, "kl_div", budgets, key=key, values=values, workers=2, options=EXACT)
 
 
 def test_sweep_workers_must_be_positive():

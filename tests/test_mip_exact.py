@@ -98,9 +98,9 @@ def test_regression_outlier_scaled_under_tolerance():
     check(lib, [budget], 0.0, fixing=False)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, 2, 3])
 def test_sweep_points_are_exact(workers):
-    # with 2 worker processes too: each point is still its own exact optimum
+    # with 2 and 3 worker threads too: each point is still its own exact optimum
     lib = nvlabs_shaped_library(30, seed=7)
     tot = parent_totals(lib)["stats.memory_mib"]
     values = list(np.linspace(0.35, 0.95, 5) * tot)

@@ -238,7 +238,7 @@ def test_sweep_start_stop_grid_and_points():
         _, _, _, res, _ = solve_spec(one)
         assert p["status"] == res.status == "optimal"
         assert p["quality"] == pytest.approx(res.totals["quality"], rel=2e-6)
-    # the spec's workers solve the same grid in other processes: the same points
+    # the spec's workers solve the same grid in other threads: the same points
     two = search.resolve(parse_spec(_sweep_spec({"start": "130%", "stop": "160%", "num": 3,
                                                  "workers": 2})), ".")
     out2 = search.run_sweep(two, lib, cons, priced)

@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sweep", default=None, metavar="KEY=A:B:N",
                    help="re-solve with KEY<=v for N values from A to B; prints the Pareto frontier")
     p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="with --sweep: solve the points in N processes (default 1)")
+                   help="with --sweep: solve the points in N threads (default 1)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="seconds per solve")
     p.add_argument("--gap", type=float, default=1e-4,
                    help="relative MIP gap (default 1e-4); 0 means optimal within 1e-9 relative")

@@ -7,6 +7,7 @@ import contextlib
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -145,31 +146,50 @@ class Result:
 
 
 
+_FD1_LOCK = threading.Lock()
+_FD1: list[Any] = [0, -1, -1]  # threads inside _fd1_redirected, saved fd 1, its target
+
+
 @contextlib.contextmanager
 def _fd1_redirected(to_stderr: bool) -> Iterator[None]:
     """Point file descriptor 1 at stderr (``to_stderr``) or /dev/null for the duration:
-    HiGHS writes its banner and log with C stdio, which ``sys.stdout`` cannot catch."""
+    HiGHS prints its banner with C stdio when an instance is made (before any option can
+    be set), which ``sys.stdout`` cannot catch. Thread-safe: the first thread in redirects
+    and the last one out restores (threads that overlap share the first one's target)."""
+    with _FD1_LOCK:
+        if _FD1[0] == 0:
+            try:
+                sys.stdout.flush()
+            except (AttributeError, ValueError):
+                pass
+            try:
+                saved = os.dup(1)
+            except OSError:  # no fd 1 at all
+                saved = -1
+            if saved >= 0:
+                target = os.dup(2) if to_stderr else os.open(os.devnull, os.O_WRONLY)
+                os.dup2(target, 1)
+                _FD1[1:] = [saved, target]
+        _FD1[0] += 1
     try:
-        sys.stdout.flush()
-    except (AttributeError, ValueError):
-        pass
-    try:
-        saved = os.dup(1)
-    except OSError:  # no fd 1 at all
-        yield
-        return
-    target = os.dup(2) if to_stderr else os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(target, 1)
         yield
     finally:
-        with contextlib.suppress(Exception):
-            import ctypes
+        with _FD1_LOCK:
+            _FD1[0] -= 1
+            if _FD1[0] == 0 and _FD1[1] >= 0:
+                with contextlib.suppress(Exception):
+                    import ctypes
 
-            ctypes.CDLL(None).fflush(None)
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(target)
+                    ctypes.CDLL(None).fflush(None)
+                os.dup2(_FD1[1], 1)
+                os.close(_FD1[1])
+                os.close(_FD1[2])
+                _FD1[1:] = [-1, -1]
+
+
+def _log_to_stderr(e: Any) -> None:
+    """HiGHS' logging callback with ``SolveOptions.verbose``: its log goes to stderr."""
+    sys.stderr.write(e.message)
 
 
 _SCHEDULER: list[int | None] = [None]  # thread count HiGHS' global scheduler was started with
@@ -190,8 +210,12 @@ def _new_highs(o: SolveOptions) -> Any:
 
     with _fd1_redirected(o.verbose):
         h = highspy.Highs()
+    # the log goes through a callback, never through fd 1: runs need no redirection (which
+    # would be process-wide), so models can run in several threads at once (nas.mip.sweep)
     h.setOptionValue("output_flag", bool(o.verbose))
-    h.setOptionValue("log_to_console", bool(o.verbose))
+    h.setOptionValue("log_to_console", False)
+    if o.verbose:
+        h.cbLogging.subscribe(_log_to_stderr)
     # SolveOptions.restarts: off by default, chosen by benchmarks/bench_mip.py (after
     # reduced-cost fixing the models are small and re-presolving costs more than it saves).
     h.setOptionValue("mip_allow_restart", bool(o.restarts))
@@ -553,8 +577,7 @@ class MipModel:
         # test caught it mis-valuing such a start after presolve (returning it as "optimal"
         # when it was not): every run starts clean, a known child is only a cutoff.
         self.h.clearSolver()
-        with _fd1_redirected(self.opts.verbose):
-            run_status = self.h.run()
+        run_status = self.h.run()
         ms = self.h.getModelStatus()
         info = self.h.getInfo()
         nodes = int(max(info.mip_node_count, 0))
@@ -660,8 +683,7 @@ class MipModel:
             self._set("time_limit", math.inf if time_limit is None else float(time_limit))
             self._set("objective_bound", math.inf)
             self.h.clearSolver()
-            with _fd1_redirected(self.opts.verbose):
-                self.h.run()
+            self.h.run()
             import highspy
 
             ms = self.h.getModelStatus()

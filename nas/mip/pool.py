@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -127,29 +129,6 @@ def pareto_front(points: Sequence[tuple[float, float]], sense: Literal["min", "m
     return out
 
 
-# the model of a sweep worker process (built once per process by _sweep_worker_init)
-_WORKER: dict[str, Any] = {}
-
-
-def _sweep_worker_init(library: BlockLibrary, objective: Objective, budgets: list[Budget],
-                       counts: Sequence[CountRule | str], pin: Sequence[int],
-                       forbid: Sequence[int], options: SolveOptions | None, idx: int,
-                       lo: float | None) -> None:
-    _WORKER["model"] = MipModel(library, objective, budgets, counts=counts, pin=pin,
-                                forbid=forbid, options=options)
-    _WORKER["idx"], _WORKER["lo"] = idx, lo
-
-
-def _sweep_worker_solve(value: float | None, incumbent: np.ndarray | None) -> Result | None:
-    """Solve the worker's model at ``total(key) <= value``; None does nothing (a task that
-    makes the pool start its processes, which build their model as they start)."""
-    if value is None:
-        return None
-    m = _WORKER["model"]
-    m.set_budget(_WORKER["idx"], _WORKER["lo"], value)
-    return explained(m, m.solve(incumbent=incumbent), max_resolves=0)
-
-
 def sweep(
     library: BlockLibrary,
     objective: str | Objective,
@@ -169,19 +148,21 @@ def sweep(
 
     The loosest point is solved first; every point whose bound its child meets has the
     same optimum (the feasible set only shrinks), so it is reused, not re-solved. The other
-    points are solved from the tightest to the loosest, each given a child of a tighter
-    point as a checked incumbent (it stays feasible as the bound loosens; see
-    :meth:`MipModel.solve`).
+    points are solved from the tightest to the loosest, each given as a checked incumbent
+    the best child found so far whose total meets its bound (a tighter point's child stays
+    feasible as the bound loosens; see :meth:`MipModel.solve`).
 
-    ``workers > 1`` solves those points in that many processes (spawned; each builds the
-    model once and takes the next point as it finishes one; the incumbent is the best
-    child of the tighter points done by then). Every point is solved to the same gap as
-    alone, so the answers are the same optimum within the gap whatever the number of
-    workers. Scripts that call it with ``workers > 1`` need the usual
-    ``if __name__ == "__main__":`` guard of process pools.
+    ``workers > 1`` solves the points in that many threads, each with its own HiGHS model
+    (HiGHS releases Python's lock while it runs, so the threads use as many cores; no
+    process is started): while one thread solves the loosest point the others start on
+    the tightest, and each thread takes the next point as it finishes one. Every point is
+    solved to the same gap as alone, so the answers are the same optimum within the gap
+    whatever the number of workers (which child is returned at a tie within the gap may
+    differ between runs).
 
-    Results come back in the order of ``values``; ``progress(i, result)`` is called as each
-    point is done. Infeasible points carry their explanation in ``message``."""
+    Results come back in the order of ``values``; ``progress(i, result)`` is called in the
+    calling thread as each point is done. Infeasible points carry their explanation in
+    ``message``."""
     bl = [b if isinstance(b, Budget) else Budget.parse(b) for b in budgets]
     library.kind(key)
     vals = [float(v) for v in values]
@@ -206,44 +187,14 @@ def sweep(
             progress(i, res)
 
     order = sorted(range(len(vals)), key=lambda j: vals[j])
-    loosest = order[-1]
-    pool = None
-    if int(workers) > 1 and len(vals) > 2:
-        # the workers start (imports, model) while this process solves the loosest point
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        n = min(int(workers), len(vals) - 1)
-        pool = ProcessPoolExecutor(
-            n, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_sweep_worker_init,
-            initargs=(library, m.objective, bl, m.counts, m.pin, m.forbid, m.opts, idx, lo))
-        for _ in range(n):
-            pool.submit(_sweep_worker_solve, None, None)
-    try:
-        m.set_budget(idx, lo, vals[loosest])
-        top = explained(m, m.solve(), max_resolves=0)  # shortest-path explanation only
-        done_point(loosest, top)
-        todo = []
-        for i in order[:-1]:
-            if top.status == "optimal" and top.totals[key] <= vals[i]:
-                done_point(i, replace(top, seconds=0.0, message=(
-                    f"the child at {key}<={vals[loosest]:g} meets this bound: same optimum")))
-            else:
-                todo.append(i)
-        if pool is not None and len(todo) > 1:
-            _sweep_parallel(pool, n, vals, todo, m.objective.sense, done_point)
-        else:
-            prev: np.ndarray | None = None
-            for i in todo:
-                m.set_budget(idx, lo, vals[i])
-                res = explained(m, m.solve(incumbent=prev), max_resolves=0)
-                done_point(i, res)
-                if res.ok:
-                    prev = res.chosen
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    plan = _SweepPlan(key, vals, [order[-1], *order[:-1]], m.objective.sense, idx, lo)
+    n = min(int(workers), len(vals))
+    if n == 1:
+        plan.work(m, done_point)
+    else:
+        plan.work_threads([m] + [MipModel(library, m.objective, bl, counts=m.counts, pin=m.pin,
+                                          forbid=m.forbid, options=m.opts)
+                                 for _ in range(n - 1)], done_point)
     done = [r for r in results if r is not None]
     pts = [(r.totals[key], r.objective) for r in done if r.ok and r.objective is not None]
     ok_idx = [i for i, r in enumerate(done) if r.ok and r.objective is not None]
@@ -251,32 +202,92 @@ def sweep(
     return Sweep(key, vals, done, front)
 
 
-def _sweep_parallel(pool: Any, n: int, vals: list[float], todo: list[int], sense: str,
-                    done_point: Callable[[int, Result], None]) -> None:
-    """Hand the points ``todo`` (tightest first) to ``pool``'s ``n`` workers one at a time; each
-    goes with the best child found so far at a tighter bound (feasible at its own)."""
-    from concurrent.futures import FIRST_COMPLETED, wait
+class _SweepPlan:
+    """The points of a sweep still to solve (the loosest first, then the tightest up),
+    the loosest point's result (which answers every point whose bound its child meets),
+    and the children found so far (a checked incumbent for every point whose bound they
+    meet); shared by the worker threads under one lock. ``idx`` and ``lo``: the swept
+    budget's row and lower bound."""
 
-    sgn = 1.0 if sense == "min" else -1.0
-    found: list[tuple[float, float, np.ndarray]] = []  # (bound, sgn * objective, chosen)
-    queue = list(todo)
-    running: dict[Any, int] = {}
+    def __init__(self, key: str, vals: list[float], order: list[int], sense: str, idx: int,
+                 lo: float | None) -> None:
+        self.key, self.vals, self.queue, self.idx, self.lo = key, vals, order, idx, lo
+        self.loosest = order[0]
+        self.top: Result | None = None
+        self.sgn = 1.0 if sense == "min" else -1.0
+        self.found: list[tuple[float, float, np.ndarray]] = []  # (total, sgn * obj, chosen)
+        self.lock = threading.Lock()
 
-    def submit() -> None:
-        i = queue.pop(0)
-        tighter = [(o, c) for v, o, c in found if v <= vals[i]]
-        inc = min(tighter, key=lambda t: t[0])[1] if tighter else None
-        running[pool.submit(_sweep_worker_solve, vals[i], inc)] = i
+    def take(self) -> tuple[int, np.ndarray | None, Result | None] | None:
+        """The next point, its incumbent and (instead, for a point the loosest child
+        meets) its result; None when no point is left."""
+        with self.lock:
+            if not self.queue:
+                return None
+            i = self.queue.pop(0)
+            v, top = self.vals[i], self.top
+            if top is not None and top.status == "optimal" and top.totals[self.key] <= v:
+                lv = self.vals[self.loosest]
+                return i, None, replace(top, seconds=0.0, message=(
+                    f"the child at {self.key}<={lv:g} meets this bound: same optimum"))
+            fits = [(o, c) for t, o, c in self.found if t <= v]
+            return i, (min(fits, key=lambda f: f[0])[1] if fits else None), None
 
-    while queue and len(running) < n:
-        submit()
-    while running:
-        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-        for f in finished:
-            i = running.pop(f)
-            res = f.result()
-            done_point(i, res)
+    def solve(self, m: MipModel, task: tuple[int, np.ndarray | None, Result | None]) -> Result:
+        """The result of a task from :meth:`take`, solved on ``m`` unless reused."""
+        i, incumbent, reused = task
+        if reused is not None:
+            return reused
+        m.set_budget(self.idx, self.lo, self.vals[i])
+        # infeasible points: the shortest-path explanation only
+        res = explained(m, m.solve(incumbent=incumbent), max_resolves=0)
+        with self.lock:
+            if i == self.loosest:
+                self.top = res
             if res.ok and res.objective is not None:
-                found.append((vals[i], sgn * res.objective, res.chosen))
-        while queue and len(running) < n:
-            submit()
+                self.found.append((res.totals[self.key], self.sgn * res.objective, res.chosen))
+        return res
+
+    def work(self, m: MipModel, done_point: Callable[[int, Result], None]) -> None:
+        """Solve the points one after the other on ``m``."""
+        while (task := self.take()) is not None:
+            done_point(task[0], self.solve(m, task))
+
+    def work_threads(self, models: list[MipModel],
+                     done_point: Callable[[int, Result], None]) -> None:
+        """Solve the points in one thread per model; results (or the first exception) come
+        back to this thread, which calls ``done_point``. On an exception (or Ctrl-C) here,
+        the threads take no further point and finish the run they are in."""
+        out: queue.SimpleQueue[tuple[int, Result | None, BaseException | None]] = \
+            queue.SimpleQueue()
+        stop = threading.Event()
+
+        def run(m: MipModel) -> None:
+            try:
+                while not stop.is_set() and (task := self.take()) is not None:
+                    out.put((task[0], self.solve(m, task), None))
+            except BaseException as e:  # raised again in the calling thread
+                out.put((-1, None, e))
+            finally:
+                out.put((-1, None, None))  # this thread is done
+
+        threads = [threading.Thread(target=run, args=(m,), daemon=True) for m in models]
+        for t in threads:
+            t.start()
+        try:
+            running = len(threads)
+            while running:
+                try:
+                    i, res, err = out.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if err is not None:
+                    raise err
+                if res is None:
+                    running -= 1
+                else:
+                    done_point(i, res)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
