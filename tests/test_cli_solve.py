@@ -107,6 +107,15 @@ def test_diverse_and_sweep(lib_path, capsys):
                  f"{key}={0.4 * tot[key]}:{tot[key]}:5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert len(out["sweep"]["results"]) == 5 and out["sweep"]["frontier"]
+    # 2 worker threads: the same statuses and objectives within the gap, and a JSON
+    # document on stdout that nothing the threads did cut short
+    assert main(["solve", str(lib_path), "--objective", "kl_div", "--sweep",
+                 f"{key}={0.4 * tot[key]}:{tot[key]}:5", "--workers", "2", "--json"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    for a, b in zip(out["sweep"]["results"], two["sweep"]["results"]):
+        assert a["status"] == b["status"]
+        if a["objective"] is not None:
+            assert b["objective"] == pytest.approx(a["objective"], rel=2e-4)
     assert main(["solve", str(lib_path), "--objective", "kl_div", "--sweep",
                  f"{key}={0.4 * tot[key]}:{tot[key]}:5"]) == 0
     assert "Pareto frontier" in capsys.readouterr().out
