@@ -350,25 +350,27 @@ def example_library() -> tuple[BlockLibrary, Objective, list[Budget], list]:
 @pytest.mark.benchmark(group="mip-extras")
 def test_example_library_sweep_20(benchmark, capsys):
     """A 20-point sweep of the Super example's own library (its first budget key, 35-100 %
-    of the parent) with the classes of alike layers (default) and without, side by side,
-    the answers checked equal point by point."""
+    of the parent) with the classes of alike layers (default) and without, and with the
+    classes on 2 worker threads, side by side, the answers checked equal point by point."""
     lib, obj, budgets, counts = example_library()
     key = budgets[0].key
     tot = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(lib.num_blocks)])
     values = list(np.linspace(0.35, 1.0, 20) * tot[key])
     before = load()
 
-    def run(aggregate: bool):
+    def run(aggregate: bool, workers: int = 1):
         o = SolveOptions(mip_rel_gap=GAP, threads=1, aggregate=aggregate)
         return timed(lambda: sweep(lib, obj, budgets[1:], key=key, values=values,
-                                   counts=counts, options=o))
+                                   counts=counts, options=o, workers=workers))
 
     (on, t_on, c_on) = benchmark.pedantic(run, args=(True,), rounds=1, iterations=1)
     off, t_off, c_off = run(False)
-    for a, b in zip(on.results, off.results):
-        assert a.status == b.status
+    two, t_two, c_two = run(True, 2)
+    for a, b, c in zip(on.results, off.results, two.results):
+        assert a.status == b.status == c.status
         if b.ok:
-            assert abs(a.objective - b.objective) <= 2 * GAP * max(abs(b.objective), 1.0)
+            for r in (a, c):
+                assert abs(r.objective - b.objective) <= 2 * GAP * max(abs(b.objective), 1.0)
     m = MipModel(lib, obj, budgets, counts=counts)
     solved = sum(r.seconds > 0 and r.ok for r in on.results)
     with capsys.disabled():
@@ -376,4 +378,6 @@ def test_example_library_sweep_20(benchmark, capsys):
               f"{sum(c.size for c in m.classes)} of them in {len(m.classes)} classes), "
               f"20-point sweep of {key}, {solved} points solved, answers equal; {before} "
               f"before, {load()} after: classes {t_on:.2f} s wall ({c_on:.2f} s CPU), "
-              f"without {t_off:.2f} s ({c_off:.2f} s CPU): {t_off / t_on:.2f}x")
+              f"without {t_off:.2f} s ({c_off:.2f} s CPU): {t_off / t_on:.2f}x; classes on 2 "
+              f"worker threads {t_two:.2f} s wall ({c_two:.2f} s CPU): {t_off / t_two:.2f}x vs "
+              f"without, {t_on / t_two:.2f}x vs 1 thread")

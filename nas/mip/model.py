@@ -146,8 +146,13 @@ class Result:
 
 
 
-_FD1_LOCK = threading.Lock()
-_FD1: list[Any] = [0, -1, -1]  # threads inside _fd1_redirected, saved fd 1, its target
+class _Fd1:
+    """Process-wide state of :func:`_fd1_redirected`: how many threads are inside, and the
+    saved fd 1 and its stand-in while they are (-1: none)."""
+
+    lock = threading.Lock()
+    depth = 0
+    saved = target = -1
 
 
 @contextlib.contextmanager
@@ -156,35 +161,32 @@ def _fd1_redirected(to_stderr: bool) -> Iterator[None]:
     HiGHS prints its banner with C stdio when an instance is made (before any option can
     be set), which ``sys.stdout`` cannot catch. Thread-safe: the first thread in redirects
     and the last one out restores (threads that overlap share the first one's target)."""
-    with _FD1_LOCK:
-        if _FD1[0] == 0:
+    with _Fd1.lock:
+        if _Fd1.depth == 0:
             try:
                 sys.stdout.flush()
             except (AttributeError, ValueError):
                 pass
-            try:
-                saved = os.dup(1)
-            except OSError:  # no fd 1 at all
-                saved = -1
-            if saved >= 0:
-                target = os.dup(2) if to_stderr else os.open(os.devnull, os.O_WRONLY)
-                os.dup2(target, 1)
-                _FD1[1:] = [saved, target]
-        _FD1[0] += 1
+            with contextlib.suppress(OSError):  # no fd 1 at all: nothing to redirect
+                _Fd1.saved = os.dup(1)
+                _Fd1.target = os.dup(2) if to_stderr else os.open(os.devnull, os.O_WRONLY)
+                os.dup2(_Fd1.target, 1)
+        _Fd1.depth += 1
     try:
         yield
     finally:
-        with _FD1_LOCK:
-            _FD1[0] -= 1
-            if _FD1[0] == 0 and _FD1[1] >= 0:
+        with _Fd1.lock:
+            _Fd1.depth -= 1
+            if _Fd1.depth == 0 and _Fd1.saved >= 0:
                 with contextlib.suppress(Exception):
                     import ctypes
 
                     ctypes.CDLL(None).fflush(None)
-                os.dup2(_FD1[1], 1)
-                os.close(_FD1[1])
-                os.close(_FD1[2])
-                _FD1[1:] = [-1, -1]
+                os.dup2(_Fd1.saved, 1)
+                os.close(_Fd1.saved)
+                if _Fd1.target >= 0:
+                    os.close(_Fd1.target)
+                _Fd1.saved = _Fd1.target = -1
 
 
 def _log_to_stderr(e: Any) -> None:
