@@ -220,6 +220,35 @@ def test_diverse_pool_is_the_greedy_sequence(prob, d, n):
                     if all(sum(a != b for a, b in zip(blocks(c), blocks(p))) >= d for p in prev)]
 
 
+def test_found_children_meet_every_row_and_start_the_next_pool_solve():
+    # the children HiGHS found on the way are kept; after a diversity row only those that
+    # differ enough remain, best first, each meeting every row (the pool's next incumbent)
+    lib = synthetic_library(40, seed=5, pair_noops=True)
+    base = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(40)])
+    budgets = [f"params<={0.7 * base['params']}",
+               f"memory_bytes@chat-4k<={0.6 * base['memory_bytes@chat-4k']}"]
+    m = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=1e-4, threads=1))
+    first = m.solve()
+    known = m.found_children()
+    assert known and sorted(known[0].tolist()) == sorted(first.chosen.tolist())
+    m.add_diversity(first.chosen, 3)
+    later = m.found_children()
+    assert later, "HiGHS found no runner-up to keep"
+    values = [float(m.c[c].sum()) for c in later]
+    assert values == sorted(values)
+    for c in later:
+        x = np.zeros(lib.num_replacements)
+        x[c] = 1.0
+        m.verify(x)  # every row, the diversity row included
+        assert sum(a != b for a, b in zip(m.choices_of(c), first.choices)) >= 3
+    second = m.solve(incumbent=later[0] if later else None)
+    alone = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=1e-4, threads=1))
+    alone.add_diversity(first.chosen, 3)
+    ref = alone.solve()
+    assert second.status == ref.status == "optimal"
+    assert second.objective == pytest.approx(ref.objective, rel=2e-4)
+
+
 # --------------------------------------------------------------------------- examples
 
 

@@ -322,6 +322,9 @@ class MipModel:
         #: status of each HiGHS run of the last :meth:`solve` (optimal, cutoff, stopped, ...)
         self.runs: list[str] = []
         self._callback_on = False
+        #: HiGHS' improving solutions of every run so far (model columns, as HiGHS gave
+        #: them); see :meth:`found_children`
+        self._found: list[np.ndarray] = []
         self._interrupted = False
         self._stop_above = self._stop_below = math.inf
 
@@ -551,6 +554,24 @@ class MipModel:
             self._interrupted = True
         e.interrupt(bool(stop))
 
+    def _on_improving_solution(self, e: Any) -> None:
+        """HiGHS' improving-solution callback: keep the child (see :meth:`found_children`)."""
+        self._found.append(np.array(e.data_out.mip_solution, dtype=np.float64))
+
+    def found_children(self) -> list[np.ndarray]:
+        """Children HiGHS found in this model's runs so far (each as replacement indices,
+        best first, duplicates dropped) that meet every current row, diversity rows
+        included: an earlier solve's runner-up is a checked incumbent for the next solve of
+        a pool (see :func:`nas.mip.diverse_pool`)."""
+        out: dict[bytes, tuple[float, np.ndarray]] = {}
+        for x in self._found:
+            try:
+                chosen = self.verify(self.integral(x))
+            except SolverError:
+                continue
+            out.setdefault(chosen.tobytes(), (float(self.c_min[chosen].sum()), chosen))
+        return [c for _, c in sorted(out.values(), key=lambda t: t[0])]
+
     def _run(self, time_limit: float | None, cutoff: float | None = None,
              stop_above: float = math.inf
              ) -> tuple[str, np.ndarray | None, float, int, str]:
@@ -572,8 +593,9 @@ class MipModel:
         self._stop_below = math.inf if cutoff is None else \
             float(cutoff) - 1e-9 * max(1.0, abs(float(cutoff)))
         self._interrupted = False
-        if math.isfinite(stop_above) and not self._callback_on:
+        if not self._callback_on:
             self.h.cbMipInterrupt.subscribe(self._on_mip_interrupt)
+            self.h.cbMipImprovingSolution.subscribe(self._on_improving_solution)
             self._callback_on = True
         # HiGHS 1.16 reuses the previous run's solution as a MIP start, and the property
         # test caught it mis-valuing such a start after presolve (returning it as "optimal"

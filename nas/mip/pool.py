@@ -83,7 +83,10 @@ def diverse_pool(
                  options=options)
     out: list[Result] = []
     for i in range(n):
-        res = m.solve()
+        # the best child an earlier run found that differs enough from every solution so
+        # far (checked against every row) is the incumbent
+        known = m.found_children()
+        res = m.solve(incumbent=known[0] if known else None)
         if i == 0:
             res = explained(m, res)
         if progress is not None:
