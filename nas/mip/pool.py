@@ -74,7 +74,12 @@ def diverse_pool(
     """Up to ``n`` solutions, each the best child that differs from every earlier one in at
     least ``min_distance`` parent blocks (a block differs when the replacement covering it
     differs). Stops early when no further child exists; raises :class:`InfeasibleError`
-    when not even the first one does. ``progress(i, result)`` is called after each solve."""
+    when not even the first one does. ``progress(i, result)`` is called after each solve.
+
+    Each solve starts from the best child that HiGHS found on the way in an earlier one
+    and that differs enough from every solution so far (a runner-up, checked against every
+    row; see :meth:`MipModel.found_children`): it is the incumbent, never a MIP start, so
+    the answers are the same optimum within the gap, found with fewer nodes."""
     if n < 1:
         raise InputError(f"pool size must be >= 1, got {n}")
     if not 1 <= min_distance <= library.num_blocks:
