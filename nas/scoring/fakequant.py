@@ -46,7 +46,7 @@ def round_e4m3(x: torch.Tensor) -> torch.Tensor:
 
 def round_e2m1(x: torch.Tensor) -> torch.Tensor:
     """``x`` rounded to FP4 E2M1 (nearest, ties to the even mantissa, saturating at 6)."""
-    a = x.abs().to(torch.float64).clamp(max=E2M1_MAX)
+    a = x.abs().to(torch.float64).clamp(max=E2M1_MAX).contiguous()  # bucketize copies otherwise
     idx = torch.bucketize(a, _MIDS, right=False)  # a tie goes to the lower value...
     tie = torch.zeros_like(a, dtype=torch.bool)
     for m, up in zip(_MIDS.tolist(), _UP_ON_TIE.tolist()):
