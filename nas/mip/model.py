@@ -322,9 +322,9 @@ class MipModel:
         #: status of each HiGHS run of the last :meth:`solve` (optimal, cutoff, stopped, ...)
         self.runs: list[str] = []
         self._callback_on = False
-        #: HiGHS' improving solutions of every run so far (model columns, as HiGHS gave
-        #: them); see :meth:`found_children`
-        self._found: list[np.ndarray] = []
+        #: HiGHS' improving solutions of every run so far, sparse (the model columns that
+        #: are nonzero, and their values); see :meth:`found_children`
+        self._found: list[tuple[np.ndarray, np.ndarray]] = []
         self._interrupted = False
         self._stop_above = self._stop_below = math.inf
 
@@ -556,7 +556,9 @@ class MipModel:
 
     def _on_improving_solution(self, e: Any) -> None:
         """HiGHS' improving-solution callback: keep the child (see :meth:`found_children`)."""
-        self._found.append(np.array(e.data_out.mip_solution, dtype=np.float64))
+        x = np.asarray(e.data_out.mip_solution, dtype=np.float64)
+        nz = np.flatnonzero(np.abs(x) > 1e-9)
+        self._found.append((nz, x[nz].copy()))
 
     def found_children(self) -> list[np.ndarray]:
         """Children HiGHS found in this model's runs so far (each as replacement indices,
@@ -564,7 +566,9 @@ class MipModel:
         included: an earlier solve's runner-up is a checked incumbent for the next solve of
         a pool (see :func:`nas.mip.diverse_pool`)."""
         out: dict[bytes, tuple[float, np.ndarray]] = {}
-        for x in self._found:
+        for nz, vals in self._found:
+            x = np.zeros(self.num_columns)
+            x[nz] = vals
             try:
                 chosen = self.verify(self.integral(x))
             except SolverError:
