@@ -292,8 +292,10 @@ def test_pareto_sweep_20(benchmark, capsys):
 
 @pytest.mark.benchmark(group="mip-extras")
 def test_diverse_pool_10(benchmark, capsys):
-    """A pool of 10 on one kept model vs cold (a fresh model per solve, with the earlier
-    solutions' diversity rows), side by side; the same greedy sequence within the gap."""
+    """A pool of 10 on one kept model (each solve starting from an earlier run's runner-up,
+    see nas.mip.diverse_pool) vs cold (a fresh model per solve, with the earlier
+    solutions' diversity rows and no runner-up), side by side; the same greedy sequence
+    within the gap."""
     lib, obj, budgets = INSTANCES["super88-s0"]
     opts = SolveOptions(mip_rel_gap=GAP, threads=1)
     before = load()
