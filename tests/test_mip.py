@@ -404,17 +404,44 @@ def test_a_solve_leaves_file_descriptor_1_alone(monkeypatch):
     assert moved == []
 
 
+@pytest.mark.parametrize("seed,frac", [(0, 0.5), (2, 0.6), (3, 0.6)])
+def test_a_solve_paused_after_its_first_run_goes_on_on_another_model(seed, frac):
+    # solve_steps yields the gap left between runs; the model sent back (another of the
+    # same rows) runs the rest, and the answer is the one the solve gives in one go
+    lib = synthetic_library(40, seed=seed, pair_noops=True)
+    base = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(40)])
+    budgets = [f"params<={0.7 * base['params']}",
+               f"memory_bytes@chat-4k<={frac * base['memory_bytes@chat-4k']}",
+               f"runtime_s@chat-4k<={0.6 * base['runtime_s@chat-4k']}"]
+    opts = SolveOptions(mip_rel_gap=0.0, threads=1)
+    one = MipModel(lib, "kl_div", budgets, options=opts).solve()
+    a, b = (MipModel(lib, "kl_div", budgets, options=opts) for _ in range(2))
+    steps = a.solve_steps()
+    gap = next(steps)
+    assert gap > 0  # a first run that could not be the last left this much gap
+    with pytest.raises(StopIteration) as done:
+        steps.send(b)
+        while True:
+            next(steps)
+    res = done.value.value
+    assert res.status == one.status == "optimal" and len(b.runs) >= 2
+    assert res.objective == pytest.approx(one.objective, rel=2e-9, abs=1e-12)  # both exact
+    assert res.seconds > 0
+    # the first model is free again: its bounds are the model's own
+    assert np.array_equal(a._cur_lo, a.col_lo) and np.array_equal(a._cur_hi, a.col_hi)
+
+
 def test_threaded_sweep_raises_what_a_worker_raised(monkeypatch):
-    real = MipModel.solve
+    real = MipModel.solve_steps
     calls: list[int] = []
 
-    def failing(self: MipModel, incumbent: np.ndarray | None = None) -> Result:
+    def failing(self: MipModel, incumbent: np.ndarray | None = None):  # noqa: ANN202
         calls.append(1)
         if len(calls) == 3:
             raise SolverError("HiGHS failed on the third point")
         return real(self, incumbent)
 
-    monkeypatch.setattr(MipModel, "solve", failing)
+    monkeypatch.setattr(MipModel, "solve_steps", failing)
     lib, budgets, key, values = sweep_case()
     with pytest.raises(SolverError, match="third point"):
         sweep(lib, "kl_div", budgets, key=key, values=values, workers=2, options=EXACT)

@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -793,18 +793,40 @@ class MipModel:
         (``SolveOptions.stop``, on by default).
         ``runs`` lists the status of each run.
         """
-        o = self.opts
+        steps = self.solve_steps(incumbent)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def solve_steps(self, incumbent: np.ndarray | None = None
+                    ) -> Generator[float, MipModel | None, Result]:
+        """:meth:`solve` one HiGHS run at a time: a generator that yields before every run
+        after the first (and returns the :class:`Result`). It yields the remaining relative
+        gap, ``(U - bound) / allowed gap`` (inf without a child yet): a sweep runs every
+        point's first run, then the rest of the points with the largest gap first. The
+        value sent back is the model that runs the rest (another :class:`MipModel` of the
+        same library, rows and options, with the same row bounds; None: this one), so a
+        solve can move to another thread's model between runs. ``seconds`` counts the
+        time spent in the steps, not between them; so does ``time_limit``."""
+        o, m = self.opts, self
         t0 = time.perf_counter()
+        spent = [0.0, t0]  # seconds in earlier steps, start of this one
+
+        def elapsed() -> float:
+            return spent[0] + time.perf_counter() - spent[1]
+
         left = (lambda: None) if o.time_limit is None else \
-            (lambda: max(0.0, o.time_limit - (time.perf_counter() - t0)))
+            (lambda: max(0.0, o.time_limit - elapsed()))
         nodes = 0
         lp_status, lb0, d = "skipped", -math.inf, np.zeros(0)
         if o.fixing:
-            lp_status, lb0, d = self.lp_bound(left())
+            lp_status, lb0, d = m.lp_bound(left())
             if lp_status == "infeasible":
-                return self._result("infeasible", None, -math.inf, nodes, t0, "")
+                return m._result(elapsed(), "infeasible", None, -math.inf, nodes, "")
         est = max(abs(lb0) if math.isfinite(lb0) else 0.0, abs(self._unconstrained_min()))
-        self._set_feastol(self._tolerance_for(est))
+        m._set_feastol(self._tolerance_for(est))
         free = (self.col_lo == 0) & (self.col_hi == 1)
         if lp_status != "optimal" or not math.isfinite(lb0):
             # no LP bound (fixing off, or the LP stopped): nothing is ever fixed, and the
@@ -814,7 +836,8 @@ class MipModel:
             tau, span = self.first_threshold(lb0, d)
         inc: np.ndarray | None = None
         u = math.inf
-        self.runs = []
+        runs: list[str] = []
+        self.runs = runs
         if incumbent is not None:
             x0 = np.zeros(self.lib.num_replacements)
             x0[np.asarray(incumbent, dtype=np.int64)] = 1.0
@@ -837,27 +860,40 @@ class MipModel:
         retightened = False
         try:
             while True:
+                if runs:
+                    # between runs: hand back the gap left, go on with the model sent
+                    m._bounds(m.col_lo, m.col_hi)
+                    hint = math.inf if inc is None else \
+                        (u - max(bound, lb0)) / self.allowed_gap(u)
+                    t1 = time.perf_counter()
+                    spent[0] += t1 - spent[1]
+                    nxt = yield hint
+                    spent[1] = time.perf_counter()
+                    if nxt is not None and nxt is not m:
+                        nxt._set_feastol(m.feastol)
+                        nxt.runs = runs
+                        m = nxt
                 fix0 = free & (d > tau)
                 fix1 = free & (-d > tau)
                 full = not (fix0.any() or fix1.any())
                 lo, hi = self.col_lo.copy(), self.col_hi.copy()
                 hi[fix0] = 0.0
                 lo[fix1] = 1.0
-                self._bounds(lo, hi)
+                m._bounds(lo, hi)
                 # with an incumbent, HiGHS searches only for children better than half the
                 # allowed gap below it (a cutoff, never a MIP start; half, so that the
                 # bound it proves clears the gap by more than rounding)
-                cut = None if inc is None else u - 0.5 * self.allowed_gap(u) + self.feastol
+                cut = None if inc is None else u - 0.5 * self.allowed_gap(u) + m.feastol
                 # this run is the last only if its optimum U' has lb0 + tau >= U' - allowed
                 # (U'); once HiGHS' bound D on it shows otherwise, more search here is
                 # wasted: stop holding a child and raise tau (see stop_threshold)
                 stop = math.inf if full or not o.stop else self.stop_threshold(lb0 + tau)
-                st, x, bnd, n, msg = self._run(left(), cut, stop)
+                st, x, bnd, n, msg = m._run(left(), cut, stop)
                 nodes += n
-                self.runs.append(st)
+                runs.append(st)
                 if _DEBUG:
                     print(f"tau={tau:.3g} free={int(free.sum() - fix0.sum() - fix1.sum())} "
-                          f"st={st} n={n} feastol={self.feastol:.3g} lb0={lb0:.6g} "
+                          f"st={st} n={n} feastol={m.feastol:.3g} lb0={lb0:.6g} "
                           f"bnd={bnd:.6g} u={u:.6g} "
                           f"t={time.perf_counter() - t0:.3f}", file=sys.stderr)
                 if st == "stopped":
@@ -908,11 +944,11 @@ class MipModel:
                     status = "feasible"
                     break
                 if (u - bnd > self.allowed_gap(u) and not retightened
-                        and self.feastol > _FEASTOL_MIN):
+                        and m.feastol > _FEASTOL_MIN):
                     # HiGHS' optimum is within feastol, which the allowed gap at this
                     # incumbent cannot absorb: tighten and re-solve the same restriction
                     retightened = True
-                    self._set_feastol(self._tolerance_for(abs(u)))
+                    m._set_feastol(self._tolerance_for(abs(u)))
                     continue
                 bound = max(bound, global_lb)
                 if full or lb0 + tau >= u - self.allowed_gap(u):
@@ -920,21 +956,21 @@ class MipModel:
                     break
                 tau = self.threshold_for(u, lb0)
         finally:
-            self._bounds(self.col_lo, self.col_hi)
+            m._bounds(m.col_lo, m.col_hi)
         if status == "infeasible":
-            return self._result("infeasible", None, -math.inf, nodes, t0, "")
+            return m._result(elapsed(), "infeasible", None, -math.inf, nodes, "")
         if inc is None:
-            return self._result("error", None, -math.inf, nodes, t0, msg)
-        return self._result(status, inc, bound, nodes, t0, "")
+            return m._result(elapsed(), "error", None, -math.inf, nodes, msg)
+        return m._result(elapsed(), status, inc, bound, nodes, "")
 
     def _bounds(self, lo: np.ndarray, hi: np.ndarray) -> None:
         self._cur_lo, self._cur_hi = lo, hi
         idx = np.arange(lo.size, dtype=np.int32)
         self.h.changeColsBounds(lo.size, idx, lo, hi)
 
-    def _result(self, st: str, x: np.ndarray | None, bound_min: float, nodes: int, t0: float,
+    def _result(self, secs: float, st: str, x: np.ndarray | None, bound_min: float, nodes: int,
                 msg: str) -> Result:
-        secs = time.perf_counter() - t0
+        """The verified :class:`Result` of a solve that spent ``secs`` seconds."""
         if st == "infeasible":
             message = "infeasible"
             return Result("infeasible", None, None, None, nodes, secs, message=message)

@@ -162,11 +162,14 @@ def sweep(
 
     ``workers > 1`` solves the points in that many threads, each with its own HiGHS model
     (HiGHS releases Python's lock while it runs, so the threads use as many cores; no
-    process is started): while one thread solves the loosest point the others start on
-    the tightest, and each thread takes the next point as it finishes one. Every point is
-    solved to the same gap as alone, so the answers are the same optimum within the gap
-    whatever the number of workers (which child is returned at a tie within the gap may
-    differ between runs).
+    process is started). While one thread solves the loosest point the others start on
+    the tightest. Every other point is paused after its first HiGHS run (which finishes
+    the easy ones; see :meth:`MipModel.solve_steps`), and once all have started, the
+    threads go on with the paused solves, the largest gap left first: the hard points
+    start early instead of one of them keeping a thread busy alone at the end. Every
+    point is solved to the same gap as alone, so the answers are the same optimum within
+    the gap whatever the number of workers (which child is returned at a tie within the
+    gap may differ between runs).
 
     Results come back in the order of ``values``; ``progress(i, result)`` is called in the
     calling thread as each point is done. Infeasible points carry their explanation in
@@ -213,9 +216,10 @@ def sweep(
 class _SweepPlan:
     """The points of a sweep still to solve (the loosest first, then the tightest up),
     the loosest point's result (which answers every point whose bound its child meets),
-    and the children found so far (a checked incumbent for every point whose bound they
-    meet); shared by the worker threads under one lock. ``idx`` and ``lo``: the swept
-    budget's row and lower bound."""
+    the children found so far (a checked incumbent for every point whose bound they
+    meet) and, with threads, the solves paused after their first run; shared by the
+    worker threads under one lock. ``idx`` and ``lo``: the swept budget's row and lower
+    bound."""
 
     def __init__(self, key: str, vals: list[float], order: list[int], sense: str, idx: int,
                  lo: float | None) -> None:
@@ -224,31 +228,56 @@ class _SweepPlan:
         self.top: Result | None = None
         self.sgn = 1.0 if sense == "min" else -1.0
         self.found: list[tuple[float, float, np.ndarray]] = []  # (total, sgn * obj, chosen)
+        #: (gap left, point, its solve) after a first run (see MipModel.solve_steps)
+        self.paused: list[tuple[float, int, Any]] = []
         self.lock = threading.Lock()
 
-    def take(self) -> tuple[int, np.ndarray | None, Result | None] | None:
-        """The next point, its incumbent and (instead, for a point the loosest child
-        meets) its result; None when no point is left."""
+    def take(self) -> tuple[int, np.ndarray | None, Result | None, Any] | None:
+        """The next task: a point to start, with its incumbent, or (instead, for a point
+        the loosest child meets) its result; once every point is started, the paused solve
+        with the largest gap left (the last field). None when nothing is left."""
         with self.lock:
-            if not self.queue:
-                return None
-            i = self.queue.pop(0)
-            v, top = self.vals[i], self.top
-            if top is not None and top.status == "optimal" and top.totals[self.key] <= v:
-                lv = self.vals[self.loosest]
-                return i, None, replace(top, seconds=0.0, message=(
-                    f"the child at {self.key}<={lv:g} meets this bound: same optimum"))
-            fits = [(o, c) for t, o, c in self.found if t <= v]
-            return i, (min(fits, key=lambda f: f[0])[1] if fits else None), None
+            if self.queue:
+                i = self.queue.pop(0)
+                v, top = self.vals[i], self.top
+                if top is not None and top.status == "optimal" and top.totals[self.key] <= v:
+                    lv = self.vals[self.loosest]
+                    return i, None, replace(top, seconds=0.0, message=(
+                        f"the child at {self.key}<={lv:g} meets this bound: same optimum")), None
+                fits = [(o, c) for t, o, c in self.found if t <= v]
+                return i, (min(fits, key=lambda f: f[0])[1] if fits else None), None, None
+            if self.paused:
+                k = max(range(len(self.paused)), key=lambda j: self.paused[j][0])
+                _, i, steps = self.paused.pop(k)
+                return i, None, None, steps
+            return None
 
-    def solve(self, m: MipModel, task: tuple[int, np.ndarray | None, Result | None]) -> Result:
-        """The result of a task from :meth:`take`, solved on ``m`` unless reused."""
-        i, incumbent, reused = task
+    def solve(self, m: MipModel, task: tuple[int, np.ndarray | None, Result | None, Any],
+              pause: bool = False) -> Result | None:
+        """The result of a task from :meth:`take`, solved on ``m`` unless reused. With
+        ``pause``, a point other than the loosest is paused after its first HiGHS run
+        (None is returned; :meth:`take` hands it out again, hardest first)."""
+        i, incumbent, reused, steps = task
         if reused is not None:
             return reused
         m.set_budget(self.idx, self.lo, self.vals[i])
+        try:
+            if steps is not None:  # a paused solve goes on here, on this thread's model
+                steps.send(m)
+                while True:
+                    next(steps)
+            if not pause or i == self.loosest:
+                res = m.solve(incumbent=incumbent)
+            else:
+                steps = m.solve_steps(incumbent)
+                gap = next(steps)
+                with self.lock:
+                    self.paused.append((gap, i, steps))
+                return None
+        except StopIteration as done:
+            res = done.value
         # infeasible points: the shortest-path explanation only
-        res = explained(m, m.solve(incumbent=incumbent), max_resolves=0)
+        res = explained(m, res, max_resolves=0)
         with self.lock:
             if i == self.loosest:
                 self.top = res
@@ -259,13 +288,17 @@ class _SweepPlan:
     def work(self, m: MipModel, done_point: Callable[[int, Result], None]) -> None:
         """Solve the points one after the other on ``m``."""
         while (task := self.take()) is not None:
-            done_point(task[0], self.solve(m, task))
+            res = self.solve(m, task)
+            assert res is not None
+            done_point(task[0], res)
 
     def work_threads(self, models: list[MipModel],
                      done_point: Callable[[int, Result], None]) -> None:
-        """Solve the points in one thread per model; results (or the first exception) come
-        back to this thread, which calls ``done_point``. On an exception (or Ctrl-C) here,
-        the threads take no further point and finish the run they are in."""
+        """Solve the points in one thread per model: every point's first HiGHS run, then the
+        paused solves with the largest gap left first (the hardest start first, so that no
+        thread is left alone with a long one at the end). Results (or the first exception)
+        come back to this thread, which calls ``done_point``. On an exception (or Ctrl-C)
+        here, the threads take no further task and finish the run they are in."""
         out: queue.SimpleQueue[tuple[int, Result | None, BaseException | None]] = \
             queue.SimpleQueue()
         stop = threading.Event()
@@ -273,7 +306,9 @@ class _SweepPlan:
         def run(m: MipModel) -> None:
             try:
                 while not stop.is_set() and (task := self.take()) is not None:
-                    out.put((task[0], self.solve(m, task), None))
+                    res = self.solve(m, task, pause=True)
+                    if res is not None:
+                        out.put((task[0], res, None))
             except BaseException as e:  # raised again in the calling thread
                 out.put((-1, None, e))
             finally:
