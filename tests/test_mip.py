@@ -241,7 +241,7 @@ def test_found_children_meet_every_row_and_start_the_next_pool_solve():
         x[c] = 1.0
         m.verify(x)  # every row, the diversity row included
         assert sum(a != b for a, b in zip(m.choices_of(c), first.choices)) >= 3
-    second = m.solve(incumbent=later[0] if later else None)
+    second = m.solve(incumbent=later[0])
     alone = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=1e-4, threads=1))
     alone.add_diversity(first.chosen, 3)
     ref = alone.solve()

@@ -865,8 +865,7 @@ class MipModel:
                     m._bounds(m.col_lo, m.col_hi)
                     hint = math.inf if inc is None else \
                         (u - max(bound, lb0)) / self.allowed_gap(u)
-                    t1 = time.perf_counter()
-                    spent[0] += t1 - spent[1]
+                    spent[0] += time.perf_counter() - spent[1]
                     nxt = yield hint
                     spent[1] = time.perf_counter()
                     if nxt is not None and nxt is not m:
