@@ -27,6 +27,10 @@ Status = Literal["optimal", "feasible", "infeasible", "error"]
 GAP_FLOOR = 1e-9
 #: HiGHS' smallest accepted feasibility tolerance, and its default MIP one.
 _FEASTOL_MIN, _FEASTOL_MAX = 1e-10, 1e-6
+#: ``SolveOptions.lazy_rows``: a budget or count row is left out of the HiGHS runs when the
+#: LP relaxation's solution leaves it this many of its largest coefficients of slack (one
+#: replacement swapped for any other cannot break it from there)
+LAZY_SLACK = 1.0
 
 
 @dataclass
@@ -51,9 +55,12 @@ class SolveOptions:
     ``_rens``), small MIPs around the LP solution that took most of a run's time at the
     root on the libraries here. ``aggregate`` gives each class of replacements alike in
     objective and every row one integer count and branches on it (see
-    :func:`interchangeable_classes`). ``stop``, ``incumbent_threshold``, ``node_cuts``,
-    ``cut_pool``, ``sub_mips`` and ``aggregate`` change the work, never the answer's
-    guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
+    :func:`interchangeable_classes`). ``lazy_rows`` leaves out of the HiGHS runs the budget
+    and count rows that the LP relaxation leaves slack by at least their largest coefficient
+    (:data:`LAZY_SLACK`), checks every child against them and puts back (re-running) any
+    row a child breaks (see :meth:`MipModel.solve`). ``stop``, ``incumbent_threshold``,
+    ``node_cuts``, ``cut_pool``, ``sub_mips``, ``aggregate`` and ``lazy_rows`` change the
+    work, never the answer's guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
     as :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
 
     time_limit: float | None = None
@@ -72,6 +79,7 @@ class SolveOptions:
     cut_pool: tuple[int, int] | None = (100, 5)
     sub_mips: bool = False
     aggregate: bool = True
+    lazy_rows: bool = True
 
     def __post_init__(self) -> None:
         for name in ("mip_rel_gap", "mip_abs_gap"):
@@ -327,6 +335,7 @@ class MipModel:
         self._found: list[tuple[np.ndarray, np.ndarray]] = []
         self._interrupted = False
         self._stop_above = self._stop_below = math.inf
+        self.lp_activity: np.ndarray | None = None
 
         # objective, in typical-coefficient units (see the module doc)
         c = np.zeros(R)
@@ -545,11 +554,14 @@ class MipModel:
     # ---------------------------------------------------------------- solve
     def _on_mip_interrupt(self, e: Any) -> None:
         """HiGHS' MIP interrupt callback: stop the run once it holds a child below the
-        cutoff and its dual bound exceeds ``_stop_above`` (see :meth:`_run`). HiGHS keeps
+        cutoff and its dual bound exceeds ``_stop_above``, and not before its root node is
+        done (see :meth:`_run`): the root's heuristics often find a far better child than the
+        first one, and the next run's threshold and cutoff come from that child. HiGHS keeps
         the interrupt flag between runs, so it is written on every call."""
         out = e.data_out
         stop = (out.mip_primal_bound < self._stop_below
-                and out.mip_dual_bound > self._stop_above)
+                and out.mip_dual_bound > self._stop_above
+                and out.mip_node_count >= 1)
         if stop:
             self._interrupted = True
         e.interrupt(bool(stop))
@@ -577,7 +589,7 @@ class MipModel:
         return [c for _, c in sorted(out.values(), key=lambda t: t[0])]
 
     def _run(self, time_limit: float | None, cutoff: float | None = None,
-             stop_above: float = math.inf
+             stop_above: float = math.inf, relax: np.ndarray | None = None
              ) -> tuple[str, np.ndarray | None, float, int, str]:
         """One HiGHS run. Returns (status, x, dual bound in min-form scaled units, nodes,
         message); status is optimal / feasible / infeasible / error, or ``cutoff`` when a
@@ -586,7 +598,17 @@ class MipModel:
         ``stop_above`` is finite and the run was interrupted holding a child (below the
         cutoff) while its dual bound exceeded ``stop_above``: x is that child, the bound
         returned is ``stop_above`` (HiGHS' bound, which is higher, holds for this
-        restriction only)."""
+        restriction only). The rows ``relax`` are left out of this run (the model without
+        them is a relaxation: its bounds, cutoffs and infeasibility hold for the whole
+        model; its child may break them, see :meth:`broken_rows`)."""
+        if relax is not None and relax.size:
+            idx = relax.astype(np.int32)
+            free = np.full(idx.size, np.inf)
+            self.h.changeRowsBounds(idx.size, idx, -free, free)
+            try:
+                return self._run(time_limit, cutoff, stop_above)
+            finally:
+                self.h.changeRowsBounds(idx.size, idx, self.row_lo[idx], self.row_hi[idx])
         import highspy
 
         self._set("time_limit", float(time_limit) if time_limit is not None else math.inf)
@@ -720,7 +742,10 @@ class MipModel:
                 return "infeasible", math.inf, np.zeros(0)
             if ms != highspy.HighsModelStatus.kOptimal:
                 return "error", -math.inf, np.zeros(0)
-            y0 = np.asarray(self.h.getSolution().row_dual, dtype=np.float64)
+            sol = self.h.getSolution()
+            y0 = np.asarray(sol.row_dual, dtype=np.float64)
+            #: row activities of the last LP solution (see lazy_candidates)
+            self.lp_activity = np.asarray(sol.row_value, dtype=np.float64)
         finally:
             self._set("solve_relaxation", False)
         best = (-math.inf, np.zeros(0))
@@ -734,6 +759,29 @@ class MipModel:
             if lb > best[0]:
                 best = (lb, d)
         return "optimal", best[0], best[1]
+
+    def lazy_candidates(self) -> np.ndarray:
+        """Budget and count rows (indices into the model's rows) that the last LP
+        relaxation's solution (:meth:`lp_bound`) leaves slack by at least
+        :data:`LAZY_SLACK` times their largest coefficient: :meth:`solve` leaves them out of
+        the HiGHS runs (``SolveOptions.lazy_rows``). On the bench_mip sweeps 4 of the 7
+        budget rows are that slack at every point, and every node of the search paid for
+        them (cuts, propagation, LP rows)."""
+        if self.lp_activity is None:
+            return np.zeros(0, dtype=np.int64)
+        L = self.lib.num_blocks
+        rows = np.arange(L, L + len(self.budgets) + len(self.counts))
+        act = self.lp_activity[rows]
+        slack = np.minimum(self.row_hi[rows] - act, act - self.row_lo[rows])
+        big = np.abs(self.A[rows]).max(axis=1).toarray().ravel()
+        return rows[slack >= LAZY_SLACK * np.maximum(big, 1e-300)]
+
+    def broken_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Those of ``rows`` that ``x`` (HiGHS' solution, class counts included) breaks by
+        more than the feasibility tolerance HiGHS keeps rows to."""
+        act = self.A[rows] @ x
+        return rows[(act > self.row_hi[rows] + self.feastol)
+                    | (act < self.row_lo[rows] - self.feastol)]
 
     def first_threshold(self, lb0: float, d: np.ndarray) -> tuple[float, float]:
         """``(tau, span)``: the first reduced-cost fixing threshold after an LP bound
@@ -790,7 +838,15 @@ class MipModel:
         in hand; see :meth:`stop_threshold`) the run is interrupted, its child kept as the
         incumbent and ``tau`` raised as above. Only the search for a proof that would not
         be used is skipped; every answer is still proved by a run that ends on its own
-        (``SolveOptions.stop``, on by default).
+        (``SolveOptions.stop``, on by default). A run is not stopped before its root node is
+        done: the root's heuristics often improve much on the first child.
+
+        With ``SolveOptions.lazy_rows`` (default) the budget and count rows that the LP
+        solution leaves slack by :data:`LAZY_SLACK` of their largest coefficient are left
+        out of the runs (:meth:`lazy_candidates`). A run without them solves a relaxation, so
+        its bound, its cutoff and its infeasibility hold for the whole model; every child is
+        checked against them, and one that breaks a row puts that row back and the run is
+        repeated ("lazy row broken" in ``runs``). The answer is verified against every row.
         ``runs`` lists the status of each run.
         """
         steps = self.solve_steps(incumbent)
@@ -834,6 +890,9 @@ class MipModel:
             lb0, d, tau, span = -math.inf, np.zeros(self.c_min.size), math.inf, 0.0
         else:
             tau, span = self.first_threshold(lb0, d)
+        # rows the LP leaves far from binding stay out of the runs (see lazy_candidates)
+        lazy = m.lazy_candidates() if o.lazy_rows and lp_status == "optimal" \
+            else np.zeros(0, dtype=np.int64)
         inc: np.ndarray | None = None
         u = math.inf
         runs: list[str] = []
@@ -887,8 +946,15 @@ class MipModel:
                 # (U'); once HiGHS' bound D on it shows otherwise, more search here is
                 # wasted: stop holding a child and raise tau (see stop_threshold)
                 stop = math.inf if full or not o.stop else self.stop_threshold(lb0 + tau)
-                st, x, bnd, n, msg = m._run(left(), cut, stop)
+                st, x, bnd, n, msg = m._run(left(), cut, stop, lazy)
                 nodes += n
+                broken = np.zeros(0, dtype=np.int64) if x is None else m.broken_rows(x, lazy)
+                if broken.size:
+                    # the child breaks a row left out: put it back and repeat the run (the
+                    # run's bound held, but its child and its stop do not count)
+                    lazy = np.setdiff1d(lazy, broken)
+                    runs.append("lazy row broken")
+                    continue
                 runs.append(st)
                 if _DEBUG:
                     print(f"tau={tau:.3g} free={int(free.sum() - fix0.sum() - fix1.sum())} "
