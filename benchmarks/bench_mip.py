@@ -18,7 +18,8 @@ Solvers, each on one thread to the same relative gap, model building included
 - ``nas.mip``: the default (LP reduced-cost fixing on; shortest-path budget shift and
   HiGHS restarts off);
 - ``nas.mip fixing=off``, ``nas.mip shift=on``, ``nas.mip restarts=on``, ``nas.mip
-  node_cuts=on``, ``nas.mip cut_pool=HiGHS``, ``nas.mip sub_mips=on``: one preprocessing
+  node_cuts=on``, ``nas.mip cut_pool=HiGHS``, ``nas.mip sub_mips=on``, ``nas.mip
+  lazy_rows=off``: one preprocessing
   or HiGHS choice changed each, so every default is chosen by this measurement;
 - ``highs-default``: HiGHS with its default options on the plain model;
 - ``pulp-cbc``: the plain formulation through PuLP + CBC (Puzzletron, NVlabs/puzzle);
@@ -120,6 +121,7 @@ SOLVERS = {
     "nas.mip node_cuts=on": ours(node_cuts=True),
     "nas.mip cut_pool=HiGHS": ours(cut_pool=None),
     "nas.mip sub_mips=on": ours(sub_mips=True),
+    "nas.mip lazy_rows=off": ours(lazy_rows=False),
     "highs-default": baseline(highs_default),
     "pulp-cbc": baseline(pulp_cbc),
     "cbc-fixed": baseline(cbc_fixed),
@@ -132,6 +134,7 @@ LEGEND = {
     "nas.mip node_cuts=on": "nas.mip, HiGHS cut separation at every node",
     "nas.mip cut_pool=HiGHS": "nas.mip, HiGHS' default cut pool (10,000 cuts, age 30)",
     "nas.mip sub_mips=on": "nas.mip, HiGHS' RINS and RENS heuristics on",
+    "nas.mip lazy_rows=off": "nas.mip, every budget row in every HiGHS run",
     "highs-default": "HiGHS with default options on the plain model",
     "pulp-cbc": "Puzzletron-style PuLP+CBC on the plain model",
     "cbc-fixed": "CBC with the same fixing (nas.mip's LP fixing, then PuLP+CBC)",
@@ -230,10 +233,11 @@ def load() -> str:
 
 
 #: nas.mip's defaults before issue 15 part 2: restricted runs always ran to the end, a
-#: given incumbent (a sweep's tighter neighbour) set the first fixing threshold, and HiGHS
-#: separated cuts at every node into its default cut pool and ran RINS and RENS
+#: given incumbent (a sweep's tighter neighbour) set the first fixing threshold, every
+#: budget row was in every run, and HiGHS separated cuts at every node into its default
+#: cut pool and ran RINS and RENS
 PREVIOUS = {"stop": False, "incumbent_threshold": True, "node_cuts": True, "cut_pool": None,
-            "sub_mips": True}
+            "sub_mips": True, "lazy_rows": False}
 
 
 @pytest.mark.benchmark(group="mip-extras")

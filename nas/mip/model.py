@@ -58,7 +58,8 @@ class SolveOptions:
     :func:`interchangeable_classes`). ``lazy_rows`` leaves out of the HiGHS runs the budget
     and count rows that the LP relaxation leaves slack by at least their largest coefficient
     (:data:`LAZY_SLACK`), checks every child against them and puts back (re-running) any
-    row a child breaks (see :meth:`MipModel.solve`). ``stop``, ``incumbent_threshold``,
+    row a child breaks (see :meth:`MipModel.solve`; it needs the LP, so it acts with
+    ``fixing`` only). ``stop``, ``incumbent_threshold``,
     ``node_cuts``, ``cut_pool``, ``sub_mips``, ``aggregate`` and ``lazy_rows`` change the
     work, never the answer's guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
     as :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
