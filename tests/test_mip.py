@@ -141,8 +141,7 @@ def problems(draw):
 # --------------------------------------------------------------------------- properties
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def every_row_lazy(on: bool):
+def every_row_lazy(on: bool) -> contextlib.AbstractContextManager:
     """With ``on``, every budget and count row is left out of the HiGHS runs (LAZY_SLACK
     -inf): binding rows too, so children break them and the put-back loop must still give
     the exact answer."""
@@ -150,6 +149,7 @@ def every_row_lazy(on: bool):
         contextlib.nullcontext()
 
 
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), st.booleans(), st.booleans())
 def test_optimum_equals_brute_force(prob, fixing, all_lazy):
     lib, obj, budgets = prob
