@@ -36,6 +36,8 @@ Run: ``pytest benchmarks/bench_mip.py --benchmark-only -s``.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import resource
 import statistics
@@ -292,6 +294,59 @@ def test_pareto_sweep_20(benchmark, capsys):
               f"{sum(r.seconds == 0 for r in sw.results)} of 20 reused from the loosest; "
               "hardest points (s, fraction of the parent, nodes): "
               + ", ".join(f"{s:.2f} s @ {f:.3f} ({n})" for s, f, n in hard))
+
+
+#: seeds of the Super-shaped library that test_sweep_rules_over_seeds sweeps: one
+#: instance's branch-and-bound time scatters by 2x with small changes, so the choice of
+#: ``lazy_rows`` and ``stop_after_root`` rests on many
+SWEEP_SEEDS = range(16)
+
+
+@pytest.mark.benchmark(group="mip-extras")
+def test_sweep_rules_over_seeds(benchmark, capsys):
+    """The 20-point sweep of test_pareto_sweep_20 on super88 seeds 0-15 (1 thread), four
+    ways, side by side per seed: defaults, ``lazy_rows`` off, ``stop_after_root`` off, and
+    both off; CPU seconds per seed, their total, and the geometric mean of the per-seed
+    ratios to the defaults (answers checked equal within the gap, point by point)."""
+    ways = {"defaults": {}, "lazy_rows=off": {"lazy_rows": False},
+            "stop_after_root=off": {"stop_after_root": False},
+            "both off": {"lazy_rows": False, "stop_after_root": False}}
+    cpu: dict[str, list[float]] = {w: [] for w in ways}
+
+    def run_all() -> None:
+        for seed in SWEEP_SEEDS:
+            lib, obj, budgets = super_instance(seed)
+            key = "memory_bytes@long-1m"
+            tot = next(b.hi for b in budgets if b.key == key) / 0.6
+            others = [b for b in budgets if b.key != key]
+            values = list(np.linspace(0.35, 1.0, 20) * tot)
+            sweeps = []
+            for w, kw in ways.items():
+                o = SolveOptions(mip_rel_gap=GAP, threads=1, **kw)
+                sw, _, c = timed(functools.partial(sweep, lib, obj, others, key=key,
+                                                   values=values, options=o))
+                cpu[w].append(c)
+                sweeps.append(sw)
+            for rs in zip(*(sw.results for sw in sweeps)):
+                assert len({r.status for r in rs}) == 1
+                if rs[0].ok:
+                    ref = rs[0].objective
+                    assert all(abs(r.objective - ref) <= 2 * GAP * max(abs(ref), 1.0)
+                               for r in rs)
+
+    before = load()
+    benchmark.pedantic(run_all, rounds=1, iterations=1)
+    base = cpu["defaults"]
+    with capsys.disabled():
+        print(f"\n[bench_mip] 20-point sweeps of super88 seeds {SWEEP_SEEDS.start}-"
+              f"{SWEEP_SEEDS.stop - 1}, 1 thread, CPU s; {before} before, {load()} after")
+        for w, cs in cpu.items():
+            ratios = [c / b for c, b in zip(cs, base)]
+            gm = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+            print(f"[bench_mip]   {w:<20} total {sum(cs):7.1f} s, geometric mean of ratios "
+                  f"to the defaults {gm:.2f}, seeds faster/slower by >10 %: "
+                  f"{sum(r < 0.9 for r in ratios)}/{sum(r > 1.1 for r in ratios)}; "
+                  + " ".join(f"{c:.1f}" for c in cs))
 
 
 @pytest.mark.benchmark(group="mip-extras")

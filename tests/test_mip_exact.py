@@ -158,6 +158,11 @@ def test_stopped_restricted_runs_keep_the_exact_optimum(seed, gap):
     res_off = off.solve()
     assert "stopped" not in off.runs and res_off.status == "optimal"
     assert abs(res_off.objective - res.objective) <= max(gap, GAP_FLOOR) * abs(best)
+    # stopping at the root too (stop_after_root off): same optimum within the gap
+    root = solve(lib, "kl_div", budgets,
+                 options=SolveOptions(mip_rel_gap=gap, stop_after_root=False))
+    assert root.status == "optimal"
+    assert abs(root.objective - res.objective) <= max(gap, GAP_FLOOR) * abs(best)
 
 
 @pytest.mark.parametrize("gap", [1e-4, 0.0])

@@ -59,9 +59,11 @@ class SolveOptions:
     and count rows that the LP relaxation leaves slack by at least their largest coefficient
     (:data:`LAZY_SLACK`), checks every child against them and puts back (re-running) any
     row a child breaks (see :meth:`MipModel.solve`; it needs the LP, so it acts with
-    ``fixing`` only). ``stop``, ``incumbent_threshold``,
-    ``node_cuts``, ``cut_pool``, ``sub_mips``, ``aggregate`` and ``lazy_rows`` change the
-    work, never the answer's guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
+    ``fixing`` only). ``stop_after_root`` lets ``stop`` interrupt a run only once its root
+    node is done (the root's heuristics often improve much on the first child, and the
+    next run's threshold and cutoff come from it). ``stop``, ``stop_after_root``,
+    ``incumbent_threshold``, ``node_cuts``, ``cut_pool``, ``sub_mips``, ``aggregate`` and
+    ``lazy_rows`` change the work, never the answer's guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
     as :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
 
     time_limit: float | None = None
@@ -81,6 +83,7 @@ class SolveOptions:
     sub_mips: bool = False
     aggregate: bool = True
     lazy_rows: bool = True
+    stop_after_root: bool = True
 
     def __post_init__(self) -> None:
         for name in ("mip_rel_gap", "mip_abs_gap"):
@@ -555,14 +558,13 @@ class MipModel:
     # ---------------------------------------------------------------- solve
     def _on_mip_interrupt(self, e: Any) -> None:
         """HiGHS' MIP interrupt callback: stop the run once it holds a child below the
-        cutoff and its dual bound exceeds ``_stop_above``, and not before its root node is
-        done (see :meth:`_run`): the root's heuristics often find a far better child than the
-        first one, and the next run's threshold and cutoff come from that child. HiGHS keeps
-        the interrupt flag between runs, so it is written on every call."""
+        cutoff and its dual bound exceeds ``_stop_above`` (see :meth:`_run`), with
+        ``SolveOptions.stop_after_root`` not before its root node is done. HiGHS keeps the
+        interrupt flag between runs, so it is written on every call."""
         out = e.data_out
         stop = (out.mip_primal_bound < self._stop_below
                 and out.mip_dual_bound > self._stop_above
-                and out.mip_node_count >= 1)
+                and (out.mip_node_count >= 1 or not self.opts.stop_after_root))
         if stop:
             self._interrupted = True
         e.interrupt(bool(stop))
@@ -840,7 +842,8 @@ class MipModel:
         incumbent and ``tau`` raised as above. Only the search for a proof that would not
         be used is skipped; every answer is still proved by a run that ends on its own
         (``SolveOptions.stop``, on by default). A run is not stopped before its root node is
-        done: the root's heuristics often improve much on the first child.
+        done (``SolveOptions.stop_after_root``): the root's heuristics often improve much on
+        the first child.
 
         With ``SolveOptions.lazy_rows`` (default) the budget and count rows that the LP
         solution leaves slack by :data:`LAZY_SLACK` of their largest coefficient are left
