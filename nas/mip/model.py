@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -17,9 +18,16 @@ import numpy as np
 
 from hwprofiles.errors import InputError
 from nas.library import BlockLibrary
+from nas.mip import interrupt
 from nas.mip.constraints import Budget, CountRule, InfeasibleError, Objective, SolverError
 
 _DEBUG = bool(os.environ.get("PUZZLE_NAS_MIP_DEBUG"))
+#: fault injection for tests: ``EVENT:N:SIG[:LABEL]`` makes the process send itself SIG
+#: (``INT`` or ``TERM``) from inside the N-th (from 1, process-wide) HiGHS callback of kind
+#: EVENT (``interrupt``, ``improving``), or just before the N-th HiGHS run (``run``, LPs
+#: included); the count starts again whenever the value changes (a new LABEL) and after
+#: the signal is sent
+SIGNAL_ENV = "PUZZLE_NAS_MIP_SIGNAL_AT"
 Status = Literal["optimal", "feasible", "infeasible", "error"]
 
 
@@ -201,9 +209,42 @@ def _fd1_redirected(to_stderr: bool) -> Iterator[None]:
                 _Fd1.saved = _Fd1.target = -1
 
 
+class _Inject:
+    """State of :data:`SIGNAL_ENV`: the value parsed, and the calls counted since."""
+
+    lock = threading.Lock()
+    spec = ""
+    at: tuple[str, int, int] | None = None
+    seen = 0
+
+
+def _inject(event: str) -> None:
+    """Send the signal :data:`SIGNAL_ENV` asks for, when this ``event`` is the one."""
+    spec = os.environ.get(SIGNAL_ENV, "")
+    if not spec and _Inject.at is None:
+        return
+    with _Inject.lock:
+        if spec != _Inject.spec:
+            _Inject.spec, _Inject.seen, _Inject.at = spec, 0, None
+            if spec:
+                ev, n, sig = spec.split(":")[:3]
+                _Inject.at = (ev, int(n), int(getattr(signal, "SIG" + sig)))
+        at = _Inject.at
+        if at is None or at[0] != event:
+            return
+        _Inject.seen += 1
+        if _Inject.seen != at[1]:
+            return
+        _Inject.seen = 0
+    os.kill(os.getpid(), at[2])
+
+
 def _log_to_stderr(e: Any) -> None:
-    """HiGHS' logging callback with ``SolveOptions.verbose``: its log goes to stderr."""
-    sys.stderr.write(e.message)
+    """HiGHS' logging callback with ``SolveOptions.verbose``: its log goes to stderr (an
+    exception never leaves a callback: HiGHS would swallow it, see :mod:`nas.mip.interrupt`;
+    a log line that cannot be written is dropped)."""
+    with contextlib.suppress(BaseException):
+        sys.stderr.write(e.message)
 
 
 _SCHEDULER: list[int | None] = [None]  # thread count HiGHS' global scheduler was started with
@@ -338,6 +379,8 @@ class MipModel:
         #: are nonzero, and their values); see :meth:`found_children`
         self._found: list[tuple[np.ndarray, np.ndarray]] = []
         self._interrupted = False
+        #: an exception raised in a HiGHS callback, raised again after the run
+        self._cb_error: BaseException | None = None
         self._stop_above = self._stop_below = math.inf
         self.lp_activity: np.ndarray | None = None
 
@@ -560,20 +603,36 @@ class MipModel:
         """HiGHS' MIP interrupt callback: stop the run once it holds a child below the
         cutoff and its dual bound exceeds ``_stop_above`` (see :meth:`_run`), with
         ``SolveOptions.stop_after_root`` not before its root node is done. HiGHS keeps the
-        interrupt flag between runs, so it is written on every call."""
-        out = e.data_out
-        stop = (out.mip_primal_bound < self._stop_below
-                and out.mip_dual_bound > self._stop_above
-                and (out.mip_node_count >= 1 or not self.opts.stop_after_root))
-        if stop:
-            self._interrupted = True
-        e.interrupt(bool(stop))
+        interrupt flag between runs, so it is written on every call. A recorded SIGINT /
+        SIGTERM stops the run at once (:mod:`nas.mip.interrupt`); an exception never leaves
+        the callback (HiGHS would swallow it): it stops the run and is raised after it."""
+        try:
+            _inject("interrupt")
+            if interrupt.pending() or self._cb_error is not None:
+                e.interrupt(True)
+                return
+            out = e.data_out
+            stop = (out.mip_primal_bound < self._stop_below
+                    and out.mip_dual_bound > self._stop_above
+                    and (out.mip_node_count >= 1 or not self.opts.stop_after_root))
+            if stop:
+                self._interrupted = True
+            e.interrupt(bool(stop))
+        except BaseException as exc:  # raised again by _run
+            self._cb_error = self._cb_error or exc
+            with contextlib.suppress(BaseException):
+                e.interrupt(True)
 
     def _on_improving_solution(self, e: Any) -> None:
-        """HiGHS' improving-solution callback: keep the child (see :meth:`found_children`)."""
-        x = np.asarray(e.data_out.mip_solution, dtype=np.float64)
-        nz = np.flatnonzero(np.abs(x) > 1e-9)
-        self._found.append((nz, x[nz].copy()))
+        """HiGHS' improving-solution callback: keep the child (see :meth:`found_children`;
+        an exception is kept for :meth:`_run`, never let out)."""
+        try:
+            _inject("improving")
+            x = np.asarray(e.data_out.mip_solution, dtype=np.float64)
+            nz = np.flatnonzero(np.abs(x) > 1e-9)
+            self._found.append((nz, x[nz].copy()))
+        except BaseException as exc:  # raised again by _run
+            self._cb_error = self._cb_error or exc
 
     def found_children(self) -> list[np.ndarray]:
         """Children HiGHS found in this model's runs so far (each as replacement indices,
@@ -630,7 +689,7 @@ class MipModel:
         # test caught it mis-valuing such a start after presolve (returning it as "optimal"
         # when it was not): every run starts clean, a known child is only a cutoff.
         self.h.clearSolver()
-        run_status = self.h.run()
+        run_status = self._highs_run()
         ms = self.h.getModelStatus()
         info = self.h.getInfo()
         nodes = int(max(info.mip_node_count, 0))
@@ -663,6 +722,22 @@ class MipModel:
         # better by less than that are unseen: the bound it proved is at most U - feastol.
         u = float(self.c_min @ np.round(x))
         return status, x, min(bound, u - self.feastol), nodes, ""
+
+    def _highs_run(self) -> Any:
+        """``Highs.run()`` with SIGINT / SIGTERM recorded, not raised inside HiGHS'
+        callbacks: a signal stops the run, and :class:`~nas.mip.interrupt.Interrupted` is
+        raised after it (and before it, when one came earlier), as is an exception a
+        callback kept; see :mod:`nas.mip.interrupt`."""
+        self._cb_error = None
+        with interrupt.deferred():
+            _inject("run")
+            interrupt.check()
+            status = self.h.run()
+            err, self._cb_error = self._cb_error, None
+            interrupt.check()
+            if err is not None:
+                raise err
+        return status
 
     def integral(self, x: np.ndarray) -> np.ndarray:
         """``x`` (HiGHS' solution, class counts included) with 0/1 members: given the
@@ -736,7 +811,7 @@ class MipModel:
             self._set("time_limit", math.inf if time_limit is None else float(time_limit))
             self._set("objective_bound", math.inf)
             self.h.clearSolver()
-            self.h.run()
+            self._highs_run()
             import highspy
 
             ms = self.h.getModelStatus()
