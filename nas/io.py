@@ -9,6 +9,8 @@
   files. SIGINT and SIGTERM are held back during the swap.
 * :func:`check_output_dir` / :func:`check_output_file`: the output location checked (created,
   writable, not holding foreign files) before any work starts.
+* :func:`output_lock`: one run at a time per output location; a second is refused at once
+  (the last to finish would otherwise replace the other's results without a word).
 
 Files and folders get the usual umask permissions. Problems with the output location are
 one-line :class:`~hwprofiles.errors.InputError` s naming it.
@@ -105,6 +107,74 @@ def check_output_dir(path: str | Path, ours: Callable[[str], bool] | None = None
     _mkdirs(path.parent, what, path)
     _probe_writable(path, what)
     return path
+
+
+def lock_path(path: str | Path) -> Path:
+    """The lock file of output location ``path`` (:func:`output_lock`): ``.NAME.lock``
+    beside it."""
+    path = Path(os.path.abspath(path))
+    return path.parent / f".{path.name}.lock"
+
+
+@contextlib.contextmanager
+def output_lock(path: str | Path, what: str = "output") -> Iterator[None]:
+    """Hold output location ``path`` for the block, so that two runs never write the same
+    place: a second run is refused at once with a one-line :class:`InputError` naming
+    ``path`` and the run that holds it (exit 2). The lock is an ``flock`` on
+    :func:`lock_path` (a killed run's is released by the kernel; the file is removed when
+    the block ends). Without ``fcntl`` (not POSIX) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    lock = lock_path(path)
+    _mkdirs(lock.parent, what, Path(path))
+    with _signals_held():  # a Ctrl-C never leaves the lock file behind
+        fd = _take_lock(fcntl, lock, path, what)
+    try:
+        yield
+    finally:
+        with _signals_held():
+            with contextlib.suppress(OSError):
+                os.unlink(lock)  # while still locked: a waiter re-checks the inode
+            os.close(fd)
+
+
+def _take_lock(fcntl: Any, lock: Path, path: str | Path, what: str) -> int:
+    """The descriptor of ``lock``, flocked and holding this pid (see :func:`output_lock`)."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise InputError(f"cannot write in {lock.parent} ({_why(exc)})", path=str(path),
+                             field=what) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.read(fd, 64).decode(errors="replace").strip()
+            except OSError:
+                holder = ""
+            os.close(fd)
+            who = f"pid {holder}" if holder.isdigit() else "another process"
+            raise InputError(f"another puzzle-nas run ({who}) is writing this output now; "
+                             "wait for it to finish or choose another folder",
+                             path=str(path), field=what) from None
+        try:  # the holder may have removed the file just before this lock: lock the new one
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except OSError:
+            same = False
+        if same:
+            try:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+            except OSError as exc:
+                os.close(fd)
+                raise InputError(f"cannot write in {lock.parent} ({_why(exc)})",
+                                 path=str(path), field=what) from None
+            return fd
+        os.close(fd)
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -77,7 +77,7 @@ from nas import quality as q
 from nas.arch import ModelArch, NoOp, blocks_table, mtp_table, serving_table
 from nas.blueprint import nonblock_shape
 from nas.hf import from_hf, load_config
-from nas.io import check_output_dir
+from nas.io import check_output_dir, output_lock
 from nas.library import BlockLibrary
 from nas.mip import interrupt
 from nas.progress import Progress
@@ -903,7 +903,15 @@ def solve_slo(problem: Problem, alts: list[list[space.Alternative]], quality: np
 
 def run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: str = "",
         progress: bool | None = None) -> SearchOutcome:
-    """spec -> blueprint(s), ``report.md``, ``library.json`` and ``pareto.png`` in ``out_dir``."""
+    """spec -> blueprint(s), ``report.md``, ``library.json`` and ``pareto.png`` in ``out_dir``.
+    One run at a time per ``out_dir`` (:func:`nas.io.output_lock`): a second is refused with
+    an ``InputError`` before any work."""
+    with output_lock(out_dir, "output folder"):
+        return _run(spec, base_dir, out_dir, spec_hash, progress)
+
+
+def _run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: str,
+         progress: bool | None) -> SearchOutcome:
     import time
 
     t: dict[str, float] = {}

@@ -143,3 +143,46 @@ def test_signal_at_a_moment_keeps_old_or_new_set(tmp_path, kind, sig, delay_s):
     else:
         assert sorted(snapshot(out)) == sorted(before)
     assert sorted(os.listdir(tmp_path)) == sorted(["run", spec.name])
+
+
+# ---- one run at a time per output folder ----------------------------------------------
+def test_second_search_on_the_same_output_is_refused(tmp_path, capsys):
+    """A search whose output folder another run is writing exits 2 at once, naming the
+    folder and the run, and leaves the folder alone; the lock file goes with its run."""
+    from nas.io import lock_path, output_lock
+
+    spec, out, before = earlier_set(tmp_path, "single")
+    capsys.readouterr()
+    with output_lock(out, "output folder"):
+        assert main(["search", str(spec), "-o", str(out), "--quiet"]) == 2
+        line = one_line(capsys.readouterr().err)
+        assert str(out) in line and f"pid {os.getpid()}" in line
+        assert "another puzzle-nas run" in line
+        assert snapshot(out) == before
+    assert not lock_path(out).exists()
+    assert main(["search", str(spec), "-o", str(out), "--quiet"]) == 0
+    assert sorted(os.listdir(tmp_path)) == sorted(["run", spec.name])
+
+
+def test_second_search_process_is_refused(tmp_path):
+    """The same across processes: one process holds the folder, a search in another exits
+    2; once the first is done (here: killed, so the kernel drops its lock) a search runs."""
+    spec, out, before = earlier_set(tmp_path, "single")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from nas.io import output_lock\n"
+         f"with output_lock({str(out)!r}):\n    print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        p = _popen(spec, out, {})
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 2, err
+        assert f"pid {holder.pid}" in one_line(err.split("\n", 1)[1])
+        assert snapshot(out) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # a SIGKILLed holder leaves its lock file, but not its lock: the next run takes it
+    # (and removes the file at its end)
+    assert main(["search", str(spec), "-o", str(out), "--quiet"]) == 0
+    assert sorted(os.listdir(tmp_path)) == sorted(["run", spec.name])
