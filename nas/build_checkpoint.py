@@ -72,7 +72,7 @@ from nas.build_fp8 import unscale_fp8
 from nas.build_mxfp4 import packed_names, unpack_mxfp4
 from nas.hf import NEMOTRON_H, ExportError, load_config, to_hf
 from nas.hf.deepseek import is_mtp_tensor
-from nas.io import check_output_dir, swap_in_dir
+from nas.io import check_output_dir, swap_in_dir, temp_prefix
 from nas.modules.granite import GRANITE
 from nas.modules.model import CausalLM
 
@@ -268,7 +268,7 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
     names = [WEIGHTS] if len(shards) == 1 else \
         [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
     sd = model.state_dict()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
     try:
         wmap: dict[str, str] = {}
         total = 0

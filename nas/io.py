@@ -11,6 +11,10 @@
   writable, not holding foreign files) before any work starts.
 * :func:`output_lock`: one run at a time per output location; a second is refused at once
   (the last to finish would otherwise replace the other's results without a word).
+* Temp entries are named ``.NAME.<pid>-<random>.tmp`` (or ``.old``) after their writer
+  (:func:`temp_prefix`): a killed run's (SIGKILL, a crash: no clean-up ran) are removed by
+  the next run that checks the location (:func:`remove_stale_temps`), once their writer's
+  process is gone.
 
 Files and folders get the usual umask permissions. Problems with the output location are
 one-line :class:`~hwprofiles.errors.InputError` s naming it.
@@ -72,6 +76,53 @@ def _probe_writable(target: Path, what: str) -> None:
                          field=what) from None
 
 
+def temp_prefix(path: str | Path) -> str:
+    """Name prefix of a temp entry beside ``path`` (``.NAME.<pid>-``): the writer's pid,
+    so that :func:`remove_stale_temps` knows a killed writer's leftovers."""
+    return f".{Path(path).name}.{os.getpid()}-"
+
+
+def _writer_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone else's process
+        return True
+    return True
+
+
+def remove_stale_temps(path: str | Path) -> list[Path]:
+    """Remove the temp entries beside ``path`` (``.NAME.<pid>-*.tmp`` / ``.old``, see
+    :func:`temp_prefix`) whose writer process is gone: what a SIGKILLed or crashed run left
+    (a checkpoint's can be GBs). Entries of a live process, and names without a pid, are
+    left alone. Returns what was removed."""
+    import re
+
+    path = Path(os.path.abspath(path))
+    pat = re.compile(re.escape(f".{path.name}.") + r"(\d+)-[A-Za-z0-9_]+\.(?:tmp|old)$")
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return []
+    gone = []
+    for name in names:
+        m = pat.match(name)
+        if m is None or _writer_alive(int(m.group(1))):
+            continue
+        entry = path.parent / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        if not os.path.lexists(entry):
+            gone.append(entry)
+    return gone
+
+
 def check_output_file(path: str | Path, what: str = "output") -> Path:
     """Check that file ``path`` can be written (its folder created and writable; ``path``
     not a folder) before any work starts."""
@@ -80,6 +131,7 @@ def check_output_file(path: str | Path, what: str = "output") -> Path:
         raise InputError("is a folder, expected a file path", path=str(path), field=what)
     _mkdirs(path.parent, what, path)
     _probe_writable(path, what)
+    remove_stale_temps(path)
     return path
 
 
@@ -106,6 +158,7 @@ def check_output_dir(path: str | Path, ours: Callable[[str], bool] | None = None
                              "folder", path=str(path), field=what)
     _mkdirs(path.parent, what, path)
     _probe_writable(path, what)
+    remove_stale_temps(path)
     return path
 
 
@@ -235,7 +288,7 @@ def swap_in_dir(staged: Path, path: Path) -> None:
         if _exchange(staged, path):
             shutil.rmtree(staged, ignore_errors=True)  # ``staged`` now holds the old set
             return
-        old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+        old = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".old", dir=path.parent))
         os.rmdir(old)
         os.rename(path, old)
         os.rename(staged, path)
@@ -250,7 +303,7 @@ def staged_dir(path: str | Path, what: str = "output") -> Iterator[Path]:
     path = Path(path)
     _mkdirs(path.parent, what)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
     except OSError as exc:
         raise InputError(f"cannot write there ({_why(exc)})", path=str(path.parent),
                          field=what) from None
@@ -284,7 +337,7 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     path = Path(path)
     _mkdirs(path.parent, "output")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent)
     except OSError as exc:
         raise InputError(f"cannot write there ({_why(exc)})", path=str(path.parent),
                          field="output") from None

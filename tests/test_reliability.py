@@ -186,3 +186,47 @@ def test_second_search_process_is_refused(tmp_path):
     # (and removes the file at its end)
     assert main(["search", str(spec), "-o", str(out), "--quiet"]) == 0
     assert sorted(os.listdir(tmp_path)) == sorted(["run", spec.name])
+
+
+# ---- a SIGKILLed build's staged checkpoint ---------------------------------------------
+@pytest.fixture
+def tiny_build(tmp_path):
+    """``(parent folder, child config)``: a tiny llama parent checkpoint and a child."""
+    pytest.importorskip("torch")
+    from nas.arch import FFN, Attention, ModelArch
+    from nas.build import build_model, save_pretrained
+    from nas.hf import to_hf
+
+    att = Attention(num_heads=4, num_kv_heads=2, head_dim=8)
+    parent = ModelArch(hidden_size=32, vocab_size=64, model_type="llama",
+                       blocks=(att, FFN(width=64)) * 2)
+    pdir = save_pretrained(build_model(parent, seed=0), tmp_path / "parent")
+    cfg = tmp_path / "child.json"
+    cfg.write_text(json.dumps(to_hf(parent.replace_blocks([att, FFN(width=32)] * 2))))
+    return pdir, cfg
+
+
+def test_sigkilled_build_leftovers_are_removed_by_the_next_run(tmp_path, tiny_build):
+    """SIGKILL just as the staged checkpoint is complete (no clean-up can run) leaves a
+    hidden ``.child.<pid>-*.tmp`` folder; the next build removes it (its writer is gone),
+    but not the temp entries of a live process nor names it did not make."""
+    _, cfg = tiny_build
+    out = tmp_path / "child"
+    code = ("import os, signal, sys\nimport nas.build_checkpoint as bc\n"
+            "bc.swap_in_dir = lambda staged, path: os.kill(os.getpid(), signal.SIGKILL)\n"
+            "from nas.cli import main\n"
+            f"sys.exit(main(['build', {str(cfg)!r}, '-o', {str(out)!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    left = [n for n in os.listdir(tmp_path) if n.startswith(".child.")]
+    assert len(left) == 1 and left[0].endswith(".tmp"), left
+    assert os.listdir(tmp_path / left[0])  # the whole staged checkpoint
+    live = tmp_path / f".child.{os.getpid()}-abc.tmp"  # a live writer's (ours)
+    live.mkdir()
+    foreign = tmp_path / ".child.not-a-pid.tmp"
+    foreign.mkdir()
+    assert main(["build", str(cfg), "-o", str(out)]) == 0
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".")) == sorted(
+        [live.name, foreign.name])
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]

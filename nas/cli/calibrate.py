@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from pathlib import Path
 
 
@@ -112,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodels.calibrate import fit, format_table, load_measurements, mape_table, score
     from hwprofiles.engines import load_engine
     from hwprofiles.errors import InputError
+    from nas.io import atomic_write_text, check_output_file
 
     if args.blocks is not None:
         return run_blocks(args)
@@ -145,19 +144,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("give -o PROFILE.json (or --report)", field="--output")
     if args.max_evals < 1:
         raise InputError(f"must be >= 1, got {args.max_evals}", field="--max-evals")
+    out = check_output_file(args.output, "--output")
     chosen = [m for m in ms if args.split == "all" or m.split == args.split]
     res = fit(chosen, hw, shapes, max_nfev=args.max_evals, only=args.only,
               engines=engines or None)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(res.profile.model_dump(mode="json"), indent=2) + "\n")
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(out, json.dumps(res.profile.model_dump(mode="json"), indent=2) + "\n")
     if args.json:
         print(json.dumps({"device": hw.name, "measurements": res.n, "output": str(out),
                           "rms_log_error_before": res.rms_log_before,
