@@ -132,13 +132,26 @@ def test_the_parent_block_through_the_cached_path_scores_exactly_zero(work, scor
         assert m["lm_loss_delta"] == pytest.approx(0.0, abs=1e-12) and m["top1_agreement"] == 1
 
 
-def test_noop_is_worse_than_a_narrower_ffn_which_is_worse_than_the_parent(scored):
+def test_kl_grows_as_the_cut_deepens_and_a_noop_is_worst_of_its_kind(scored):
+    """Only orderings that are properties of trained parents. Retrained with seeds 0-11 and
+    under torch's AVX-512 / AVX2 / scalar kernels (27 parents), every ordering asserted
+    here held in all 27. Not asserted: the attention no-op above one KV head (held in 23 of
+    27; 0.53 vs 0.53 at seed 2), and an FFN no-op above the linear stand-in (18 of 27)."""
     _, rows = scored
-    for block in (1, 6):  # the two FFN blocks
+    for block in range(PARENT.num_blocks):
+        assert _by(rows, block)["parent"] == 0.0
+    for block in (1, 6):  # the two FFN blocks: width 256 -> 128 -> 64 -> nothing
         kl = _by(rows, block)
-        assert kl["noop"] > kl["width=64"] > kl["width=128"] > kl["parent"] == 0.0, kl
-    attn = _by(rows, 0)
-    assert attn["noop"] > attn["num_kv_heads=1"] > attn["num_kv_heads=2"] > 0.0
+        assert kl["noop"] > kl["width=64"] > kl["width=128"] > 0.0, kl
+    attn = _by(rows, 0)  # 4 KV heads -> 2 -> 1
+    assert attn["num_kv_heads=1"] > attn["num_kv_heads=2"] > 0.0, attn
+    attn = _by(rows, 4)  # 2 KV heads -> 1 -> nothing
+    assert attn["noop"] > attn["num_kv_heads=1"] > 0.0, attn
+    mamba = _by(rows, 2)  # state 16 -> 8 -> nothing
+    assert mamba["noop"] > mamba["state_size=8"] > 0.0, mamba
+    for block in (3, 5):  # a no-op MoE is worse than every narrower MoE
+        kl = _by(rows, block)
+        assert kl["noop"] > max(v for k, v in kl.items() if k != "noop"), kl
 
 
 def test_prefix_cached_scores_equal_naive_full_forward_scores(work, scored, tmp_path):
