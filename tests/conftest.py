@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,6 +32,25 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.benchmark_storage = "file://" + os.path.join(scratch, "benchmarks")
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Once torch is imported, it computes on one thread in every test, whatever the machine's
+    core count and whichever test module imported torch first (its default thread count
+    differs between machines, and so would the rounding of its reductions)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Say the test order on the last lines, even under ``-q``: pytest-randomly's seed, so a
+    failing order can be replayed with ``-p randomly --randomly-seed=N``."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int):
+        terminalreporter.write_line(f"test order: random, replay with: pytest --randomly-seed={seed}")
+    else:
+        terminalreporter.write_line("test order: as in the files (pytest-randomly off)")
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     while _SCRATCH:
         shutil.rmtree(_SCRATCH.pop(), ignore_errors=True)
@@ -44,13 +64,11 @@ def configs() -> Path:
 @pytest.fixture(scope="session")
 def trained_parent():
     """``(model, calib, held, data)``: the tiny hybrid parent of ``tiny_parent`` trained on
-    English text, once per session (torch tests only)."""
+    English text, read from its frozen checkpoint once per session (torch tests only)."""
     pytest.importorskip("torch")
-    import torch
-    from tiny_parent import train_parent
+    from tiny_parent import frozen_parent
 
-    torch.set_num_threads(1)
-    return train_parent()
+    return frozen_parent()
 
 
 def kl_div(parent, child, tokens) -> float:
