@@ -5,8 +5,9 @@ One command (README, "Proof on a trained model")::
     python examples/tiny-hybrid/run.py                 # full run, writes results.md/.png here
     python examples/tiny-hybrid/run.py --smoke -o DIR  # tiny sizes, a few minutes
 
-1. **Data.** The CPython standard library sources of this interpreter
-   (``sysconfig.get_paths()["stdlib"]``, ``*.py`` outside test folders), split into
+1. **Data.** The CPython 3.11.7 standard library sources (``*.py`` outside test
+   folders), shipped as ``corpus.jsonl.xz`` (digest checked; ``--write-corpus PATH``
+   gathers the same from the running interpreter, which is how it was made), split into
    training and held-out **by file** (a file is held out when the SHA-256 of its relative
    path is 0 mod 10). A byte-level BPE (``tokenizers``) is trained on the training files.
 2. **Parent.** The Nemotron-H-style hybrid of ``spec.json`` (Mamba-2, attention and MoE
@@ -95,12 +96,52 @@ def _digest(obj: Any) -> str:
 
 
 # ---- 1. data ----------------------------------------------------------------------------
+CORPUS = HERE / "corpus.jsonl.xz"
+CORPUS_SHA256 = "99b893d756e553b4f35d77729db80f653558c5ef179b8c905ca8916f8bed602c"
+
+
 def stdlib_files() -> tuple[Path, list[Path]]:
-    """The stdlib root and its ``.py`` files outside test / idle / site-packages folders."""
+    """The running interpreter's stdlib root and its ``.py`` files outside test / idle /
+    site-packages folders (only for ``--write-corpus``: the experiment reads CORPUS)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"test", "tests", "idlelib", "site-packages", "__pycache__"}
     files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
     return root, files
+
+
+def write_corpus(path: Path) -> str:
+    """Gather :func:`stdlib_files` of this interpreter into ``path`` (xz-compressed JSON
+    lines ``{"path": relative path, "text": UTF-8 text, undecodable bytes replaced}``, in
+    path order); returns its SHA-256. How CORPUS was made, on CPython 3.11.7."""
+    import lzma
+
+    root, files = stdlib_files()
+    lines = [json.dumps({"path": str(p.relative_to(root)),
+                         "text": p.read_text(encoding="utf-8", errors="replace")}) + "\n"
+             for p in files]
+    data = lzma.compress("".join(lines).encode(), preset=9 | lzma.PRESET_EXTREME)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_corpus(path: Path = CORPUS, sha256: str | None = CORPUS_SHA256) -> dict[str, str]:
+    """``{relative path: text}`` of the frozen corpus: the 674 stdlib ``.py`` files of
+    CPython 3.11.7 outside test / idle folders, shipped with the example so that the
+    README's figures do not depend on the interpreter that runs it (PSF License). The file's
+    digest is checked unless ``sha256`` is None."""
+    import lzma
+
+    data = path.read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise RuntimeError(f"{path}: sha256 {hashlib.sha256(data).hexdigest()}, expected "
+                           f"{sha256} (the frozen corpus was changed; restore it from git)")
+    out: dict[str, str] = {}
+    for line in lzma.decompress(data).decode().splitlines():
+        row = json.loads(line)
+        out[row["path"]] = row["text"]
+    return out
 
 
 def held_out(rel: str) -> bool:
@@ -112,15 +153,14 @@ def prepare_data(cfg: Config, vocab: int, cache: Path) -> dict[str, Path]:
     """``train.npy``, ``held.npy`` (uint16 ids) and ``tokenizer.json`` in a cache folder."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    root, files = stdlib_files()
-    rels = [str(p.relative_to(root)) for p in files]
-    key = _digest(["data v1", sys.version, rels, [p.stat().st_size for p in files], vocab,
-                   cfg.max_train_tokens, cfg.max_held_tokens, cfg.bpe_chars])
+    texts = read_corpus()
+    rels = sorted(texts)
+    key = _digest(["data v2", CORPUS_SHA256, vocab, cfg.max_train_tokens,
+                   cfg.max_held_tokens, cfg.bpe_chars])
     folder = cache / f"data-{key}"
     out = {n: folder / n for n in ("train.npy", "held.npy", "tokenizer.json", "split.json")}
     if all(p.is_file() for p in out.values()):
         return out
-    texts = {r: p.read_text(encoding="utf-8", errors="replace") for r, p in zip(rels, files)}
     train_files = [r for r in rels if not held_out(r)]
     held_files = [r for r in rels if held_out(r)]
     tok = Tokenizer(models.BPE())
@@ -158,7 +198,7 @@ def prepare_data(cfg: Config, vocab: int, cache: Path) -> dict[str, Path]:
     np.save(tmp / "held.npy", held)
     tok.save(str(tmp / "tokenizer.json"))
     (tmp / "split.json").write_text(json.dumps({
-        "stdlib": str(root), "train_files": len(train_files), "held_files": len(held_files),
+        "corpus": CORPUS.name, "train_files": len(train_files), "held_files": len(held_files),
         "train_tokens": int(len(train)), "held_tokens": int(len(held)),
         "vocab": tok.get_vocab_size()}, indent=1))
     shutil.rmtree(folder, ignore_errors=True)
@@ -333,7 +373,7 @@ def write_markdown(path: Path, res: dict[str, Any], cfg: Config) -> None:
         "",
         f"Parent: {res['parent']['parameters']:,} parameters ({res['parent']['pattern']}), "
         f"trained {res['parent_training']['tokens']:,} tokens from scratch on the CPython "
-        f"{sys.version_info.major}.{sys.version_info.minor} stdlib "
+        "3.11.7 stdlib sources (`corpus.jsonl.xz`) "
         f"({res['split']['train_files']} training files, {res['split']['held_files']} "
         f"held-out files, BPE vocabulary {res['split']['vocab']}).",
         f"Budget ({res['budget_text']}); every child is built from the BLD blocks "
@@ -486,7 +526,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--report-only", action="store_true", help="rewrite results.md / .png "
                    "from -o's results.json (no computation)")
+    p.add_argument("--write-corpus", metavar="PATH", default=None,
+                   help="write this interpreter's stdlib sources as a corpus file and exit")
     args = p.parse_args(argv)
+    if args.write_corpus:
+        print(f"wrote {args.write_corpus}: sha256 {write_corpus(Path(args.write_corpus))}")
+        return 0
     if args.report_only:
         return report_only(args)
     import torch
