@@ -24,21 +24,36 @@ _SCRATCH: list[str] = []
 def pytest_configure(config: pytest.Config) -> None:
     """Keep the suite from writing into the checkout: hypothesis' example database and
     pytest-benchmark's storage go to a scratch folder removed at the end (the user's own
-    ``HYPOTHESIS_STORAGE_DIRECTORY`` or ``--benchmark-storage`` win)."""
+    ``HYPOTHESIS_STORAGE_DIRECTORY`` or ``--benchmark-storage`` win). pytest-randomly
+    shuffles the order but leaves the random seeds to ``pytest_runtest_setup``."""
     scratch = tempfile.mkdtemp(prefix="puzzle-nas-tests-")
     _SCRATCH.append(scratch)
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(scratch, "hypothesis"))
+    if getattr(config.option, "randomly_reset_seed", None) is not None:
+        # pytest-randomly decides the order only: its per-test reseeding would draw every
+        # test's random inputs from the run's seed; pytest_runtest_setup seeds them fixed
+        config.option.randomly_reset_seed = False
     if getattr(config.option, "benchmark_storage", None) == "file://./.benchmarks":
         config.option.benchmark_storage = "file://" + os.path.join(scratch, "benchmarks")
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Once torch is imported, it computes on one thread in every test, whatever the machine's
-    core count and whichever test module imported torch first (its default thread count
-    differs between machines, and so would the rounding of its reductions)."""
+    """Every test starts from the same global random state and, once torch is imported, runs
+    torch on one thread: whatever ran before it (random order included), whichever module
+    imported torch first, and whatever the machine's core count (torch's default thread
+    count, and so the rounding of its reductions, differs between machines)."""
+    import random
+
+    random.seed(0)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(0)
     torch = sys.modules.get("torch")
-    if torch is not None and torch.get_num_threads() != 1:
-        torch.set_num_threads(1)
+    if torch is not None:
+        torch.manual_seed(0)
+        if torch.get_num_threads() != 1:
+            torch.set_num_threads(1)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
