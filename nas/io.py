@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import shutil
@@ -74,6 +75,32 @@ def _probe_writable(target: Path, what: str) -> None:
     except OSError as exc:
         raise InputError(f"cannot write in {target.parent} ({_why(exc)})", path=str(target),
                          field=what) from None
+
+
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EIO)
+#: what libraries that do not raise OSError say about a failed write (safetensors quotes
+#: the OS error; sqlite, torch.save and tempfile have their own words)
+_WRITE_WORDS = tuple(os.strerror(e) for e in _WRITE_ERRNOS) + (
+    "database or disk is full", "disk I/O error", "file write failed",
+    "No usable temporary directory")
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """The one-line reason when ``exc`` (or an exception it came from) is a failed write: a
+    full disk, a file-size limit, a quota, a read-only or failing disk; None otherwise (a
+    bug keeps its traceback). The CLI prints it as one line (exit 1): every output is a
+    temp file or a staged folder until it is complete, so nothing half-written is left."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+            return os.strerror(e.errno)  # not the file: a temp name means nothing to a user
+        text = " ".join(str(e).split())
+        if any(w in text for w in _WRITE_WORDS):
+            return text[:300]
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def temp_prefix(path: str | Path) -> str:
@@ -222,7 +249,9 @@ def _take_lock(fcntl: Any, lock: Path, path: str | Path, what: str) -> int:
             try:
                 os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()}\n".encode())
-            except OSError as exc:
+            except OSError as exc:  # a full disk: nothing can be written, fail before work
+                with contextlib.suppress(OSError):
+                    os.unlink(lock)
                 os.close(fd)
                 raise InputError(f"cannot write in {lock.parent} ({_why(exc)})",
                                  path=str(path), field=what) from None

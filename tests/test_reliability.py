@@ -10,14 +10,17 @@ the run ended as "interrupted" or "error" and a degraded set was written with ex
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ SOLVERS: dict[str, dict[str, Any]] = {
 solutions: the moments below are all inside the solve."""
 
 CODES = {"INT": 130, "TERM": 143}
+REPO = Path(__file__).resolve().parents[1]
 
 
 def spec_file(folder: Path, kind: str) -> Path:
@@ -230,3 +234,116 @@ def test_sigkilled_build_leftovers_are_removed_by_the_next_run(tmp_path, tiny_bu
     assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".")) == sorted(
         [live.name, foreign.name])
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+
+
+# ---- a full disk: RLIMIT_FSIZE for every command that writes ---------------------------
+@contextlib.contextmanager
+def file_size_limit(n: int) -> Iterator[None]:
+    """Writes past ``n`` bytes of any file fail with EFBIG for the block, as on a full disk
+    (Python ignores SIGXFSZ, so the write raises instead of the process dying)."""
+    assert signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+@pytest.fixture
+def writers(tmp_path):
+    """Per command that writes: its argv with ``OUT`` for the output, and a file-size limit
+    that makes it fail part-way through its writes."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from nas.arch import FFN, Attention, ModelArch
+    from nas.build import build_model, save_pretrained
+    from nas.hf import to_hf
+
+    att = Attention(num_heads=4, num_kv_heads=2, head_dim=8)
+    parent = ModelArch(hidden_size=32, vocab_size=64, model_type="llama",
+                       blocks=(att, FFN(width=64)) * 2)
+    pdir = save_pretrained(build_model(parent, seed=0), tmp_path / "parent")
+    cfg = tmp_path / "child.json"
+    cfg.write_text(json.dumps(to_hf(parent.replace_blocks([att, FFN(width=32)] * 2))))
+    child = save_pretrained(build_model(parent.replace_blocks([att, FFN(width=32)] * 2),
+                                        seed=1), tmp_path / "childck")
+    tokens = tmp_path / "tokens.npy"
+    np.save(tokens, np.random.default_rng(0).integers(0, 64, 20000).astype(np.int32))
+    sspec = tmp_path / "score.json"
+    sspec.write_text(json.dumps({
+        **TINY_SPEC, "parent": str(pdir / "config.json"),
+        "search_space": {"attention": {"kv_heads": [1], "noop": True},
+                         "ffn": {"fractions": [0.5], "round_to": 8, "noop": True}}}))
+    data = REPO / "tests" / "data"
+    return {
+        "search": (["search", str(spec_file(tmp_path, "sweep")), "-o", "OUT", "--quiet"],
+                   20000),
+        "search-small": (["search", str(spec_file(tmp_path, "pool")), "-o", "OUT", "--quiet"],
+                         100),
+        "build": (["build", str(cfg), "-o", "OUT"], 5000),
+        "build-small": (["build", str(cfg), "-o", "OUT"], 100),
+        "distill": (["distill", str(child), "--teacher", str(pdir), "--data", str(tokens),
+                     "-o", "OUT", "--tokens", "1024", "--seq-len", "32", "--batch", "4",
+                     "--eval-tokens", "256", "--checkpoint-every", "4", "--eval-every", "8"],
+                    20000),
+        "score": (["score", str(sspec), "--parent", str(pdir), "--data", str(tokens), "-o",
+                   "OUT", "--seq-len", "32", "--batch-size", "4", "--max-tokens", "256"],
+                  8000),
+        "calibrate": (["calibrate", str(data / "serving_measurements.csv"), "--hw",
+                       "h100-sxm", "-o", "OUT", "--configs", str(data / "configs"),
+                       "--configs", str(REPO / "nas" / "examples" / "configs"),
+                       "--max-evals", "5", "--only", "memory"], 1000),
+        "profile": (["profile", "--device", "cpu", "--quick", "--threads", "1", "-o", "OUT"],
+                    1000),
+    }
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (names relative to it) with its digest."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["search", "search-small", "build", "build-small",
+                                     "distill", "score", "calibrate", "profile"])
+def test_a_full_disk_is_one_line_and_leaves_the_earlier_outputs(tmp_path, writers, capsys,
+                                                                 monkeypatch, command):
+    """Each command that writes, run once to completion, then again on a 'full disk'
+    (writes past a few KB fail): exit 1, one line saying it could not write, no traceback,
+    the earlier outputs byte for byte, and no temp entry left (every file under the folder,
+    hidden ones included, is compared)."""
+    if command == "profile":
+        from hwprofiles import probe
+        from hwprofiles.probe import ProbePlan
+
+        tiny = ProbePlan(gemm_sizes=(16, 32), gemm_unaligned=(33,), m_sweep=(1, 17),
+                         m_sweep_nk=64, mem_bytes=(4096, 65536), attn_seqs=(16, 32),
+                         attn_shape=(1, 2, 16), repeats=2, warmup=1, min_time_s=1e-4,
+                         max_call_s=1.0, launch_iters=10)
+        monkeypatch.setattr(probe, "default_plan", lambda *a, **k: tiny)
+    argv, limit = writers[command]
+    where = tmp_path / "w"
+    where.mkdir()
+    out = where / ("out.json" if command in ("calibrate", "profile") else "out")
+    argv = [str(out) if a == "OUT" else a for a in argv]
+    # a finished distillation has nothing left to write: the disk fills during the first
+    # run, and a run after it (disk freed) resumes from what was left and completes
+    earlier = command != "distill"
+    if earlier:
+        assert main(argv) == 0
+    before = _tree(where)
+    capsys.readouterr()
+    with file_size_limit(limit):
+        rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    line = one_line(err)
+    assert f"puzzle-nas {argv[0]}: error: {out}: cannot write (" in line, line
+    if earlier:
+        assert _tree(where) == before
+    else:
+        assert not [p for p in where.rglob(".*")], list(where.rglob("*"))
+        assert main(argv) == 0
+        assert (out / "model" / "model.safetensors").exists()

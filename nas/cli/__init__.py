@@ -75,8 +75,10 @@ def _who(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code (0 ok, 2 bad input, 3 infeasible, 130 interrupted
-    by SIGINT, 143 terminated by SIGTERM; an interrupted command leaves nothing half-written:
+    """Entry point; returns the exit code (0 ok, 1 a write failed during the run (a full
+    disk) or an internal solver error, 2 bad input (an output location that cannot be
+    written, found before any work, included), 3 infeasible, 130 interrupted by SIGINT, 143
+    terminated by SIGTERM; an interrupted or failed command leaves nothing half-written:
     every output is a temp file or a staged folder until it is complete)."""
     old_term = None
     try:
@@ -109,10 +111,21 @@ def main(argv: list[str] | None = None) -> int:
             # a solver answer that breaks a row is a bug, not bad input: one line, exit 1
             # (nas.mip is looked up, not imported: only a command that solved can raise it)
             mip = sys.modules.get("nas.mip.constraints")
-            if mip is None or not isinstance(exc, mip.SolverError):
+            if mip is not None and isinstance(exc, mip.SolverError):
+                print(f"puzzle-nas {args.command}: internal solver error (please report "
+                      f"it): {exc}", file=sys.stderr)
+                return 1
+            # a write that failed (full disk, file-size limit, quota): one line, exit 1
+            from nas.io import write_failure
+
+            why = write_failure(exc)
+            if why is None:
                 raise
-            print(f"puzzle-nas {args.command}: internal solver error (please report it): "
-                  f"{exc}", file=sys.stderr)
+            out = getattr(args, "output", None) or getattr(args, "out", None)
+            where = f"{out}: " if out else ""
+            print(f"puzzle-nas {args.command}: error: {where}cannot write ({why}); the "
+                  "earlier outputs are as they were, nothing half-written was left behind",
+                  file=sys.stderr)
             return 1
     except BrokenPipeError:
         return 0

@@ -56,6 +56,10 @@ class Store:
             self.conn.execute(_SCHEMA)
             cols = [r[1] for r in self.conn.execute("PRAGMA table_info(results)")]
         except sqlite3.DatabaseError as exc:
+            from nas.io import write_failure
+
+            if write_failure(exc) is not None:  # a full disk, not a broken store
+                raise
             raise InputError(f"not a puzzle-nas score store ({exc})", path=str(path)) from None
         if cols != _COLS:
             raise InputError(f"score store has columns {cols}, expected {_COLS}",
