@@ -254,25 +254,48 @@ def _save_checkpoint(folder: Path, student: CausalLM, opt: torch.optim.Optimizer
         (tmp / "state.json").write_text(state.model_dump_json(indent=1) + "\n")
 
 
+def _damaged(folder: Path, name: str, why: str) -> InputError:
+    """A one-line error for a checkpoint file that cannot be read, saying what to do."""
+    why = " ".join(why.split())[:200]
+    return InputError(f"the checkpoint is damaged ({why}); delete the folder {folder} to "
+                      "start this run over from step 0 (or put back a good copy of it)",
+                      path=str(folder / name))
+
+
 def _load_checkpoint(folder: Path, key: str, student: CausalLM,
                      opt: torch.optim.Optimizer) -> _State | None:
     """The checkpoint's state (student and optimizer loaded in place), or ``None`` when
-    there is none or it belongs to another run (other settings, data or weights)."""
+    there is none or it belongs to another run (other settings, data or weights). A file of
+    it that cannot be read (truncated, bit-flipped, missing) is a one-line
+    :class:`InputError` naming it and saying what to delete (only one checkpoint is kept:
+    a second would double the disk a run needs)."""
     if not (folder / "state.json").is_file():
         return None
     try:
         state = _State.model_validate(read_json(folder / "state.json"))
     except ValidationError as exc:
         loc, msg = first_error(exc)
-        raise InputError(msg, path=str(folder / "state.json"), field=loc) from None
+        raise _damaged(folder, "state.json", f"{loc}: {msg}") from None
+    except InputError as exc:
+        raise _damaged(folder, "state.json", str(exc).rsplit(": ", 1)[-1]) from None
     if state.key != key:
         return None
     from safetensors.torch import load_file
 
     dev = student.embed.weight.device
-    student.load_state_dict(load_file(str(folder / "model.safetensors"), device=str(dev)))
-    opt.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True,
-                                   map_location=dev))
+    try:
+        student.load_state_dict(load_file(str(folder / "model.safetensors"), device=str(dev)))
+    except MemoryError:
+        raise
+    except Exception as exc:  # safetensors' and torch's errors: a damaged file
+        raise _damaged(folder, "model.safetensors", f"{type(exc).__name__}: {exc}") from None
+    try:
+        opt.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True,
+                                       map_location=dev))
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise _damaged(folder, "optimizer.pt", f"{type(exc).__name__}: {exc}") from None
     return state
 
 

@@ -347,3 +347,43 @@ def test_a_full_disk_is_one_line_and_leaves_the_earlier_outputs(tmp_path, writer
         assert not [p for p in where.rglob(".*")], list(where.rglob("*"))
         assert main(argv) == 0
         assert (out / "model" / "model.safetensors").exists()
+
+
+# ---- a damaged distill checkpoint ------------------------------------------------------
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _flip(p: Path) -> None:
+    b = bytearray(p.read_bytes())
+    for i in range(8, len(b), max(1, len(b) // 64)):
+        b[i] ^= 0xFF
+    p.write_bytes(bytes(b))
+
+
+@pytest.mark.parametrize("name,damage", [
+    ("model.safetensors", _truncate), ("model.safetensors", _flip),
+    ("optimizer.pt", _truncate), ("optimizer.pt", _flip), ("optimizer.pt", Path.unlink),
+    ("state.json", lambda p: p.write_text('{"key": "x", "step": ')),
+    ("state.json", lambda p: p.write_text('{"key": 1}')),
+])
+def test_a_damaged_distill_checkpoint_says_what_to_delete(tmp_path, writers, capsys, name,
+                                                           damage):
+    """Resuming from a damaged checkpoint file is one line naming the file and the folder to
+    delete (exit 2), no traceback; once it is deleted the run starts over and completes."""
+    argv = [str(tmp_path / "d") if a == "OUT" else a for a in writers["distill"][0]]
+    out = tmp_path / "d"
+    assert main(argv) == 0  # 8 steps, a checkpoint kept at step 4
+    ckpt = out / "checkpoint"
+    assert (ckpt / "state.json").is_file()
+    (out / "distill.json").unlink()  # unfinished again: the next run resumes at step 4
+    damage(ckpt / name)
+    capsys.readouterr()
+    assert main(argv) == 2
+    line = one_line(capsys.readouterr().err)
+    assert str(ckpt / name) in line and f"delete the folder {ckpt}" in line, line
+    import shutil
+
+    shutil.rmtree(ckpt)
+    assert main(argv) == 0
+    assert json.loads((out / "distill.json").read_text())["resumed_from_step"] == 0
