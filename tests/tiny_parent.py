@@ -105,12 +105,16 @@ def frozen_parent():  # type: ignore[no-untyped-def]
     trained: the same parent on every machine."""
     import torch
 
-    from nas.build import load_pretrained
+    from nas.build import build_model, load_pretrained
 
     for name, want in FROZEN_SHA256.items():
         _check(FROZEN / name, want)
     data = torch.tensor(list(english_bytes()), dtype=torch.long)
-    return (load_pretrained(FROZEN).eval(), *_splits(data))
+    # the weights into a model of PARENT itself: the checkpoint's config says model_type
+    # nemotron_h_puzzle and spells out Mamba's default time-step limits, the same numerics
+    model = build_model(PARENT, seed=0)
+    model.load_state_dict(load_pretrained(FROZEN).state_dict(), strict=True)
+    return (model.eval(), *_splits(data))
 
 
 def held_out_loss(model, held) -> float:  # type: ignore[no-untyped-def]
