@@ -341,8 +341,9 @@ class CheckpointReader:
     :meth:`materialize` loads one submodule's tensors (``"embed"``, ``"blocks.3"``, ...) into
     it in a chosen dtype and :meth:`release` sends them back to the meta device, so a parent
     can be streamed one block at a time. Errors name the tensor (missing, misshaped,
-    unexpected unless ``strict=False``, or not matching its recorded SHA-256) or the file
-    (truncated or corrupt). MTP tensors (``mtp.*``) are skipped: MTP blocks are not built.
+    unexpected unless ``strict=False``, not matching its recorded SHA-256, stored as
+    integers, or holding NaN / infinite values) or the file (truncated or corrupt). MTP
+    tensors (``mtp.*``) are skipped: MTP blocks are not built.
     """
 
     def __init__(self, path: str | Path, strict: bool = True):
@@ -439,6 +440,15 @@ class CheckpointReader:
             if name in self._digests[file] and _digest(t) != self._digests[file][name]:
                 raise InputError(f"tensor {name} does not match its recorded SHA-256 (the "
                                  "file was modified or is corrupt)", path=str(file))
+            if not t.is_floating_point():
+                raise InputError(f"tensor {name} is stored as {str(t.dtype)[6:]}, expected "
+                                 "floating-point weights (bf16, fp16, fp32, fp8)",
+                                 path=str(file))
+            bad = _non_finite(t)
+            if bad:
+                raise InputError(f"tensor {name} holds {bad:,} NaN or infinite values (of "
+                                 f"{t.numel():,}); a child would inherit them: repair or "
+                                 "re-export the checkpoint", path=str(file))
             if dtype is not None:
                 t = t.to(dtype)
             if j is None:
@@ -470,6 +480,19 @@ class CheckpointReader:
         self.model.get_submodule(name).to("meta")
 
 
+def _non_finite(t: torch.Tensor, chunk: int = 1 << 24) -> int:
+    """How many NaN / infinite values ``t`` holds (in chunks: the mask of a whole large
+    tensor would be as large as a bf16 copy of it)."""
+    flat = t.reshape(-1)
+    exact = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    bad = 0
+    for i in range(0, flat.numel(), chunk):
+        c = flat[i:i + chunk]
+        c = c if c.dtype in exact else c.float()  # fp8: isfinite needs a wider type
+        bad += int(c.numel() - torch.isfinite(c).sum())
+    return bad
+
+
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
            "F64": torch.float64}
 
@@ -483,8 +506,9 @@ def load_pretrained(path: str | Path, strict: bool = True,
     the peak memory is the model plus one tensor.
 
     Raises :class:`InputError` naming the tensor for a missing, misshaped, unexpected
-    (unless ``strict=False``) or modified tensor, and naming the file for a truncated or
-    corrupt one. ``dtype`` casts the weights (default: as stored).
+    (unless ``strict=False``), modified, integer or non-finite (NaN / inf) tensor, and
+    naming the file for a truncated or corrupt one. ``dtype`` casts the weights (default:
+    as stored).
     """
     reader = CheckpointReader(path, strict)
     model = reader.model

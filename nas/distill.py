@@ -420,6 +420,10 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
                 lv /= world
             losses.append(float(lv))
             n = step + 1
+            if not math.isfinite(losses[-1]):  # every rank holds the same (all-reduced) loss
+                raise InputError(f"training diverged: the loss is {losses[-1]} at step {n} of "
+                                 f"{s.steps} (learning rate {lr_at(step, s):.3g}); lower the "
+                                 "learning rate", field="--lr")
             if n % s.eval_every == 0 or n == s.steps:
                 tl = float(np.mean(losses[-s.eval_every:]))
                 curve.append(_point(n, s, evaluate(student, teacher, ho), tl))

@@ -150,9 +150,17 @@ def remove_stale_temps(path: str | Path) -> list[Path]:
     return gone
 
 
+def _not_empty(path: str | Path, what: str, expected: str) -> None:
+    """An empty (or blank) path is refused: ``Path("")`` would quietly mean the current
+    folder."""
+    if isinstance(path, str) and not path.strip():
+        raise InputError(f"is empty, expected {expected}", field=what)
+
+
 def check_output_file(path: str | Path, what: str = "output") -> Path:
     """Check that file ``path`` can be written (its folder created and writable; ``path``
     not a folder) before any work starts."""
+    _not_empty(path, what, "a file path")
     path = Path(path)
     if path.is_dir():
         raise InputError("is a folder, expected a file path", path=str(path), field=what)
@@ -167,6 +175,7 @@ def check_output_dir(path: str | Path, ours: Callable[[str], bool] | None = None
     """Check output folder ``path`` before any work starts: not a file, its parent created and
     writable, and, when it exists, holding only entries ``ours(name)`` accepts (the files an
     earlier run wrote; anything else would be deleted by the swap, so it is refused)."""
+    _not_empty(path, what, "a folder path")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise InputError("exists and is not a folder", path=str(path), field=what)

@@ -607,12 +607,38 @@ def solve(problem: Problem, library: BlockLibrary, cons: Constraints,
         return [res]
     s = problem.spec.solver
     if s.diverse > 1:
-        return mip.diverse_pool(library, cons.objective, cons.budgets, n=s.diverse,
+        first: list[mip.Result] = []
+
+        def progress(i: int, r: mip.Result) -> None:
+            if i == 0:
+                first.append(r)
+            if on_solve is not None:
+                on_solve()
+
+        pool = mip.diverse_pool(library, cons.objective, cons.budgets, n=s.diverse,
                                 min_distance=s.min_distance, counts=cons.counts,
-                                options=options_of(problem),
-                                progress=None if on_solve is None else lambda i, r: on_solve())
-    return [mip.solve(library, cons.objective, cons.budgets, counts=cons.counts,
-                      options=options_of(problem)).raise_if_infeasible()]
+                                options=options_of(problem), progress=progress)
+        if not pool and first:
+            check_in_time(problem, first[0])
+        return pool
+    res = mip.solve(library, cons.objective, cons.budgets, counts=cons.counts,
+                    options=options_of(problem))
+    check_in_time(problem, res)
+    return [res.raise_if_infeasible()]
+
+
+def check_in_time(problem: Problem, res: mip.Result) -> None:
+    """Raise a one-line ``InputError`` (naming ``solver.time_limit``) when the solve ran out
+    of time before HiGHS found any child: a limit too small for this library, not a solver
+    failure."""
+    limit = problem.spec.solver.time_limit
+    if res.status != "error" or limit is None:
+        return
+    if "Time limit" in res.message or res.seconds >= 0.95 * limit:
+        raise InputError(f"no child found within the time limit of {limit:g} s (HiGHS had "
+                         f"not found any child that meets every budget after "
+                         f"{res.seconds:.3g} s); raise the limit or remove it",
+                         field="solver.time_limit")
 
 
 def fixed_recipe_forbid(library: BlockLibrary) -> np.ndarray:

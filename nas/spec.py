@@ -44,6 +44,9 @@ METRICS = WORKLOAD_METRICS + GLOBAL_METRICS
 RATE_METRICS = ("throughput", "per_user_tps")
 """Budgets on a rate: the bound turns into a time (tokens / rate), so it must be > 0."""
 HIGHER_IS_BETTER = ("per_user_tps", "throughput", "max_concurrency", "kept_blocks")
+NONNEGATIVE_METRICS = tuple(m for m in METRICS if m not in RATE_METRICS + ("quality",))
+"""Metrics that are never negative: a negative bound is a mistake (refused, exit 2), not an
+infeasible model (user scores may be negative, so ``quality`` may be bounded below 0)."""
 
 
 MAX_SEQUENCES = 2**24
@@ -434,6 +437,9 @@ class BudgetSpec(_Model):
             if metric in RATE_METRICS and not num > 0:
                 raise ValueError(f"a {metric} bound must be > 0 (it becomes a time bound, "
                                  f"tokens / rate), got {v!r}")
+            if metric in NONNEGATIVE_METRICS and num < 0:  # NaN: "device", resolved later
+                raise ValueError(f"a {metric} bound must be >= 0 (a {metric} is never "
+                                 f"negative), got {v!r}")
         return v
 
 

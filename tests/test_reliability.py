@@ -14,6 +14,7 @@ import contextlib
 import copy
 import hashlib
 import json
+import math
 import os
 import resource
 import signal
@@ -387,3 +388,106 @@ def test_a_damaged_distill_checkpoint_says_what_to_delete(tmp_path, writers, cap
     shutil.rmtree(ckpt)
     assert main(argv) == 0
     assert json.loads((out / "distill.json").read_text())["resumed_from_step"] == 0
+
+
+# ---- parent weights a child must not inherit -------------------------------------------
+@pytest.mark.parametrize("what", ["nan", "inf", "int32"])
+def test_parent_weights_nan_or_integer_are_refused(tmp_path, tiny_build, capsys, what):
+    """A parent tensor holding NaN / inf, or stored as int32, is refused (exit 2) naming
+    the tensor and the file, by build and by load_pretrained (score and distill read
+    parents with it); nothing is written."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from hwprofiles.errors import InputError
+    from nas.build import load_pretrained
+
+    pdir, cfg = tiny_build
+    f = pdir / "model.safetensors"
+    sd = load_file(str(f))
+    name = next(k for k in sd if k.endswith("mlp.down_proj.weight"))
+    t = sd[name].clone()
+    if what == "int32":
+        t = (t * 100).to(torch.int32)
+    else:
+        t.view(-1)[3] = math.nan if what == "nan" else math.inf
+    sd[name] = t
+    save_file(sd, str(f))  # no recorded digests: the check is on the values
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps(list(range(64)) * 2))
+    capsys.readouterr()
+    out = tmp_path / "child"
+    assert main(["build", str(cfg), "--parent", str(pdir), "--calib", str(calib),
+                 "-o", str(out)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert str(f) in line and name in line, line
+    assert ("int32" in line) if what == "int32" else ("1 NaN or infinite values" in line)
+    assert not out.exists()
+    with pytest.raises(InputError, match=name):
+        load_pretrained(pdir)
+
+
+# ---- accepted silently before: now refused or warned -----------------------------------
+@pytest.mark.parametrize("argv", [
+    ["search", "SPEC", "-o", ""], ["search", "SPEC", "-o", "  "],
+    ["build", "CFG", "-o", ""], ["score", "SPEC", "--parent", "P", "--data", "D", "-o", ""],
+    ["profile", "--device", "cpu", "--quick", "-o", ""],
+    ["calibrate", "M.csv", "--hw", "h100-sxm", "-o", ""],
+])
+def test_an_empty_output_path_is_refused(tmp_path, capsys, monkeypatch, argv):
+    """``-o ''`` used to mean the current folder (search: the default folder; score wrote
+    its files into the current folder): now exit 2 naming -o, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    spec = spec_file(tmp_path, "single")
+    argv = [str(spec) if a == "SPEC" else a for a in argv]
+    assert main(argv) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "-o" in line and "is empty" in line, line
+    assert sorted(os.listdir(tmp_path)) == [spec.name]
+
+
+def test_a_huge_learning_rate_warns_and_a_diverged_run_stops(tmp_path, writers, capsys):
+    """``distill --lr 1e6``: a warning line up front, and the run stops with one line when
+    the loss becomes NaN (exit 2 naming --lr) instead of writing a NaN child."""
+    argv = [str(tmp_path / "d") if a == "OUT" else a for a in writers["distill"][0]]
+    assert main([*argv, "--lr", "1e6"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert "Traceback" not in "\n".join(err) and len(err) == 2, err
+    assert err[0].startswith("puzzle-nas distill: warning: --lr 1e+06 is far above")
+    assert err[1].startswith("puzzle-nas distill: error: --lr: training diverged: the loss "
+                             "is nan at step"), err[1]
+    assert not (tmp_path / "d" / "model").exists()
+    assert main([*argv, "--lr", "2e-3"]) == 0  # a usual rate: no warning
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_too_small_time_limit_says_so(tmp_path, capsys):
+    """A solver time limit too small for HiGHS to find any child: one line naming
+    solver.time_limit (exit 2), not "internal solver error"."""
+    spec = json.loads((REPO / "nas" / "examples" / "nemotron3-super-h100.json").read_text())
+    spec["solver"] = {"time_limit": 1e-6}
+    spec["parent"] = str(REPO / "nas" / "examples" / spec["parent"])
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(spec))
+    assert main(["search", str(path), "-o", str(tmp_path / "o"), "--quiet"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "solver.time_limit: no child found within the time limit of 1e-06 s" in line
+    assert "internal solver error" not in line and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("budget", [
+    {"metric": "memory", "workload": "chat", "max": "-5 GiB"},
+    {"metric": "memory", "workload": "chat", "max": "-50%"},
+    {"metric": "memory", "workload": "chat", "max": -3},
+    {"metric": "ttft", "workload": "chat", "max": "-5 ms"},
+    {"metric": "weight_memory", "max": "-1 GB"},
+    {"metric": "total_params", "max": -1e9},
+])
+def test_a_negative_budget_is_bad_input_not_infeasible(tmp_path, capsys, budget):
+    spec = copy.deepcopy(TINY_SPEC)
+    spec["budgets"] = [budget]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(spec))
+    assert main(["search", str(path), "-o", str(tmp_path / "o"), "--quiet"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert f"budgets[0].max: a {budget['metric']} bound must be >= 0" in line, line

@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
             if not getattr(args, "func", None):
                 parser.print_help()
                 return 2
+            if isinstance(getattr(args, "output", None), str) and not args.output.strip():
+                # Path("") is the current folder: an empty -o would write (or replace) there
+                raise InputError("is empty, expected a path", field="-o/--output")
             rc = args.func(args)
         except InputError as exc:
             print(f"puzzle-nas {args.command}: error: {exc}", file=sys.stderr)

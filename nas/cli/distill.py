@@ -147,7 +147,22 @@ def forward_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+#: a peak learning rate above this is warned about (AdamW fine-tuning uses ~1e-5 to 1e-3)
+LR_WARN = 0.1
+
+
+def lr_warning(lr: float, flag: str = "--lr") -> str | None:
+    """A one-line warning for a learning rate far above AdamW's usual range, or None."""
+    if lr > LR_WARN:
+        return (f"warning: {flag} {lr:g} is far above the usual AdamW range for distillation "
+                "(1e-5 to 1e-3); the run will likely diverge (it stops if the loss becomes "
+                "NaN or infinite)")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    if (warn := lr_warning(args.lr)) is not None:
+        print(f"puzzle-nas distill: {warn}", file=sys.stderr)
     if args.nproc < 1:
         raise InputError("--nproc must be >= 1")
     if args.nproc == 1:

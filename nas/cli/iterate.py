@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError
@@ -58,10 +59,13 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise InputError("iterate needs torch: pip install 'puzzle-nas[torch]'") from None
+    from nas.cli.distill import lr_warning
     from nas.distill import DistillSettings
     from nas.iterate import run_iterate
     from nas.scoring.job import Settings
 
+    if (warn := lr_warning(args.kd_lr, "--kd-lr")) is not None:
+        print(f"puzzle-nas iterate: {warn}", file=sys.stderr)
     if not (Path(args.parent) / "config.json").is_file():
         raise InputError("not a checkpoint folder (config.json + safetensors)",
                          path=args.parent, field="--parent")

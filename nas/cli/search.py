@@ -68,6 +68,7 @@ def _ms(v: float) -> str:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from hwprofiles.errors import InputError
     from nas.blueprint import budget_in_user_terms
     from nas.search import run as run_search
     from nas.spec import load_spec
@@ -77,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
         spec, base, digest = load_spec(path)
     else:  # speculative decoding for every workload: the spec as if written with it
         spec, base, digest = _speculative(path, args.draft_tokens, args.acceptance)
+    if args.out is not None and not args.out.strip():  # Path("") would mean "."
+        raise InputError("is empty, expected a folder path (leave -o out for the default, "
+                         f"out/{spec.name})", field="-o")
     out = Path(args.out) if args.out else Path("out") / spec.name
     progress = False if (args.quiet or args.json) else None
     if not (args.json or args.quiet):
