@@ -69,6 +69,9 @@ from nas.arch import ModelArch
 from nas.build_fp8 import block_size as fp8_block_size
 from nas.build_fp8 import scale_name as fp8_scale_name
 from nas.build_fp8 import unscale_fp8
+from nas.build_modelopt import dequantize as modelopt_dequantize
+from nas.build_modelopt import layout as modelopt_layout
+from nas.build_modelopt import quant_config as modelopt_config
 from nas.build_mxfp4 import packed_names, unpack_mxfp4
 from nas.hf import NEMOTRON_H, ExportError, load_config, to_hf
 from nas.hf.deepseek import is_mtp_tensor
@@ -369,6 +372,13 @@ class CheckpointReader:
                            if (sc := fp8_scale_name(name)) is not None and sc in self.files}
         self.fp8_block = fp8_block_size(self.arch.hf_extra.get("quantization_config"))
         expected |= set(self.fp8_scales.values())
+        # ModelOpt FP8 / NVFP4 exports (NVIDIA's Nemotron checkpoints): weight + its scales
+        qc = modelopt_config(folder, self.arch.hf_extra)
+        self.modelopt = None if qc is None else modelopt_layout(
+            qc, set(self.files), expected, str(folder))
+        """The :class:`nas.build_modelopt.ModelOptLayout` of a ModelOpt checkpoint, else None."""
+        if self.modelopt is not None:
+            expected |= self.modelopt.names
         missing = [name for _, name, _ in self.layout if name not in self.files]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -381,6 +391,9 @@ class CheckpointReader:
         tower); :attr:`left_out_note` says why (``None`` when there are none)."""
         self.left_out_note = f"{len(self.left_out)} tensors left out: {skip[1]}" \
             if self.left_out and skip is not None else None
+        if self.modelopt is not None:
+            self.left_out_note = "; ".join(n for n in (self.left_out_note, self.modelopt.note())
+                                           if n)
         extra = sorted(k for k in set(self.files) - expected - set(self.left_out)
                        if not (self.arch.mtp_blocks and k.startswith("mtp."))
                        and not is_mtp_tensor(self.arch, k))
@@ -392,9 +405,12 @@ class CheckpointReader:
         self._digests: dict[Path, dict[str, str]] = {}
         self._shapes = {k: tuple(v.shape) for k, v in
                         self.model.state_dict(keep_vars=True).items()}
+        self._buffers = {k for k, _ in self.model.named_buffers()}
 
     def stored_dtype(self) -> torch.dtype:
-        """The dtype the embedding table is stored in."""
+        """The dtype the embedding table is stored in: the checkpoint's non-quantized dtype
+        (no published layout quantizes the embedding), which is the compute dtype a model
+        read with ``dtype=None`` takes."""
         name = next(n for k, n, _ in self.layout if k == "embed.weight")
         code = self._handle(self.files[name]).get_slice(name).get_dtype()
         return _DTYPES.get(code, torch.float32)
@@ -409,7 +425,13 @@ class CheckpointReader:
     def tensors(self, keys: set[str] | None = None, dtype: torch.dtype | None = None
                 ) -> dict[str, torch.Tensor]:
         """Internal state_dict entries ``keys`` (default all), read, checked and cast to
-        ``dtype`` (default: as stored); stacked experts are re-stacked."""
+        ``dtype``; stacked experts are re-stacked. ``dtype`` None is the checkpoint's
+        non-quantized dtype (:meth:`stored_dtype`), so dequantized weights (MXFP4, FP8,
+        NVFP4, computed in float32) join the rest in one compute dtype: a bf16 checkpoint
+        with fp8 linears is a bf16 model. Buffers (the MoE router's correction bias) stay
+        in float32, as transformers keeps them (``_keep_in_fp32_modules_strict``)."""
+        if dtype is None:
+            dtype = self.stored_dtype()
         sd: dict[str, torch.Tensor] = {}
         parts: dict[str, list[torch.Tensor | None]] = {}
         rows = [r for r in self.layout if keys is None or r[0] in keys]
@@ -428,6 +450,12 @@ class CheckpointReader:
                                      self._handle(self.files[sc]).get_tensor(sc))
                 else:
                     t = h.get_tensor(name)
+                if self.modelopt is not None and name in self.modelopt.scales:
+                    sc, sc2 = self.modelopt.scales[name]  # nas.build_modelopt
+                    t = modelopt_dequantize(
+                        t, self._handle(self.files[sc]).get_tensor(sc),
+                        None if sc2 is None else self._handle(self.files[sc2]).get_tensor(sc2),
+                        name)
                 if name in self.fp8_scales:  # FP8 + per-block scales (nas.build_fp8)
                     sc = self.fp8_scales[name]
                     t = unscale_fp8(t, self._handle(self.files[sc]).get_tensor(sc),
@@ -449,8 +477,7 @@ class CheckpointReader:
                 raise InputError(f"tensor {name} holds {bad:,} NaN or infinite values (of "
                                  f"{t.numel():,}); a child would inherit them: repair or "
                                  "re-export the checkpoint", path=str(file))
-            if dtype is not None:
-                t = t.to(dtype)
+            t = t.to(torch.float32 if key in self._buffers else dtype)
             if j is None:
                 sd[key] = t
             else:
@@ -507,8 +534,9 @@ def load_pretrained(path: str | Path, strict: bool = True,
 
     Raises :class:`InputError` naming the tensor for a missing, misshaped, unexpected
     (unless ``strict=False``), modified, integer or non-finite (NaN / inf) tensor, and
-    naming the file for a truncated or corrupt one. ``dtype`` casts the weights (default:
-    as stored).
+    naming the file for a truncated or corrupt one. ``dtype`` is the compute dtype of
+    every weight; the default is the checkpoint's non-quantized dtype (quantized weights
+    are dequantized into it).
     """
     reader = CheckpointReader(path, strict)
     model = reader.model

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -58,7 +59,7 @@ def test_build_plain_config_random_init(tmp_path, capsys):
     assert model.num_stored() == total and model.embed.weight.dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("calib_kind", ["text", "json", "safetensors"])
+@pytest.mark.parametrize("calib_kind", ["text", "json", "safetensors", "npy"])
 def test_build_blueprint_from_parent(tmp_path, parent_dir, capsys, calib_kind):
     child = _child()
     bp = tmp_path / "blueprint.json"
@@ -70,11 +71,15 @@ def test_build_blueprint_from_parent(tmp_path, parent_dir, capsys, calib_kind):
     elif calib_kind == "json":
         calib = tmp_path / "calib.json"
         calib.write_text(json.dumps(list(text)))
+    elif calib_kind == "npy":  # as score and distill read it (issue: was read as bytes)
+        calib = tmp_path / "calib.npy"
+        np.save(calib, np.frombuffer(text, dtype=np.uint8).astype(np.uint16))
     else:
         calib = tmp_path / "calib.safetensors"
         save_file({"tokens": torch.tensor(list(text)).view(4, -1)}, str(calib))
+    bytes_ = ["--tokenizer", "bytes"] if calib_kind == "text" else []
     rc = main(["build", str(bp), "--parent", str(parent_dir), "--calib", str(calib),
-               "-o", str(tmp_path / "child"), "--calib-len", "64", "--json"])
+               "-o", str(tmp_path / "child"), "--calib-len", "64", "--json"] + bytes_)
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["model_type"] == "nemotron_h"  # one shape per kind: plain nemotron_h
@@ -100,6 +105,11 @@ def test_build_errors_exit_2_with_one_line(tmp_path, parent_dir, capsys):
     assert main(["build", str(cfg), "--parent", str(parent_dir), "--calib", str(bad),
                  "-o", out]) == 2
     assert "[0, 256)" in capsys.readouterr().err
+    text = tmp_path / "calib.txt"  # text is never tokenized without --tokenizer
+    text.write_text("some words")
+    assert main(["build", str(cfg), "--parent", str(parent_dir), "--calib", str(text),
+                 "-o", out]) == 2
+    assert "calib.txt: a text data file needs --tokenizer" in capsys.readouterr().err
     bp = tmp_path / "bp.json"
     bp.write_text(json.dumps({"child": [1]}))
     assert main(["build", str(bp), "-o", out]) == 2

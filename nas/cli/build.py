@@ -7,15 +7,10 @@ checkpoint (:func:`nas.build.init_from_parent`), saves ``config.json`` +
 Input: a blueprint JSON (the child HF config under the key ``child``), a plain HF
 ``config.json``, or a folder holding one.
 
-Calibration file (``--calib``), by extension:
-
-* ``.safetensors``: one integer tensor of token ids (named ``tokens`` or ``input_ids`` when
-  the file holds several), 1-D or 2-D ``(batch, length)``;
-* ``.json``: a list of token ids, a list of equal-length lists, or ``{"tokens": ...}``;
-* anything else: text, tokenized byte-level (each UTF-8 byte is one token id 0..255; only
-  meaningful for a byte-vocabulary model, so real models should pass token ids).
-
-A 1-D sequence is cut into rows of ``--calib-len`` tokens (the remainder dropped).
+Calibration file (``--calib``): any token-data file the other commands read
+(:mod:`nas.tokens`: ``.npy``, ``.bin`` with ``--bin-dtype``, ``.safetensors``, ``.json``, or
+text with ``--tokenizer``, where ``--tokenizer bytes`` takes each UTF-8 byte as one id). A
+1-D sequence is cut into rows of ``--calib-len`` tokens (the remainder dropped).
 """
 
 from __future__ import annotations
@@ -27,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hwprofiles.errors import InputError, read_json
+from nas.tokens import add_token_flags
 
 DTYPES = ("float32", "bfloat16", "float16")
 # what a checkpoint folder holds (nas.build_checkpoint.CHECKPOINT_FILES, repeated here
@@ -45,8 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "config.json, or a folder holding one")
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.add_argument("--parent", help="parent checkpoint folder (config.json + safetensors)")
-    p.add_argument("--calib", help="calibration tokens: .safetensors / .json token ids, or a "
-                   "text file tokenized byte-level")
+    p.add_argument("--calib", help="calibration tokens: .npy, .bin, .safetensors or .json "
+                   "token ids, or text with --tokenizer (as score and distill read --data)")
+    add_token_flags(p)
     p.add_argument("--blocks", metavar="SCORE_DIR", help="assemble the child from the blocks "
                    "trained by `puzzle-nas score --bld-steps N -o SCORE_DIR` (with --parent; "
                    "no --calib)")
@@ -94,59 +91,16 @@ def read_stand_in(path: str | Path, num_blocks: int) -> list[int] | None:
     return pos
 
 
-def _rows(flat: list[int], length: int) -> list[list[int]]:
-    if length < 1:
-        raise InputError("--calib-len must be >= 1")
-    if len(flat) <= length:
-        return [flat]
-    return [flat[i:i + length] for i in range(0, len(flat) - length + 1, length)]
-
-
-def read_calibration(path: str | Path, length: int = 256) -> Any:
-    """Calibration token ids as a 2-D long tensor (see the module docstring for formats)."""
+def read_calibration(path: str | Path, length: int = 256, tokenizer: str | None = None,
+                     bin_dtype: str | None = None) -> Any:
+    """Calibration token ids as a 2-D long tensor (:func:`nas.tokens.token_rows`)."""
     import torch
 
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("file not found", path=str(path))
-    if path.suffix == ".safetensors":
-        from safetensors import safe_open
+    from nas.tokens import token_rows
 
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                keys = list(f.keys())
-                name = next((k for k in ("tokens", "input_ids") if k in keys),
-                            keys[0] if len(keys) == 1 else None)
-                if name is None:
-                    raise InputError(f"expected one tensor or one named tokens/input_ids; "
-                                     f"found {keys}", path=str(path))
-                t = f.get_tensor(name)
-        except InputError:
-            raise
-        except Exception as exc:
-            raise InputError(f"not a valid safetensors file: {exc}", path=str(path)) from None
-        if t.dtype.is_floating_point or t.dtype == torch.bool or t.dim() not in (1, 2):
-            raise InputError(f"tensor {name} must be 1-D or 2-D integer token ids",
-                             path=str(path))
-        t = t.long()
-        return torch.tensor(_rows(t.tolist(), length)) if t.dim() == 1 else t
-    if path.suffix == ".json":
-        data = read_json(path)
-        if isinstance(data, dict):
-            data = data.get("tokens")
-        ok_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-        if isinstance(data, list) and data and all(ok_int(v) for v in data):
-            return torch.tensor(_rows(data, length))
-        if isinstance(data, list) and data and all(
-                isinstance(r, list) and r and all(ok_int(v) for v in r) for r in data) \
-                and len({len(r) for r in data}) == 1:
-            return torch.tensor(data)
-        raise InputError("expected a list of token ids or a list of equal-length lists",
-                         path=str(path))
-    raw = path.read_bytes()
-    if not raw:
-        raise InputError("empty calibration text", path=str(path))
-    return torch.tensor(_rows(list(raw), length))
+    if length < 1:
+        raise InputError("--calib-len must be >= 1")
+    return torch.from_numpy(token_rows(path, length, tokenizer, bin_dtype))
 
 
 def _same_place(a: str | Path, b: str | Path) -> bool:
@@ -228,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
 
         reader = CheckpointReader(args.parent)
         left_out = reader.left_out_note
-        tokens = read_calibration(args.calib, args.calib_len)
+        tokens = read_calibration(args.calib, args.calib_len, args.tokenizer, args.bin_dtype)
         dtype = getattr(torch, args.dtype) if args.dtype else reader.stored_dtype()
         from nas.build_inherit import MAX_TOKENS
 

@@ -1,5 +1,5 @@
-"""Evaluation tokens for scoring: ``.npy``, ``.bin`` (raw uint16 / uint32), or text plus an HF
-``tokenizer.json`` (read with the ``tokenizers`` package; nothing comes from a hub).
+"""Evaluation tokens for scoring, read by :mod:`nas.tokens` (``.npy``, ``.bin``,
+``.safetensors``, ``.json``, or text with ``--tokenizer``).
 
 The flat token stream is cut into non-overlapping rows of ``seq_len`` tokens (the
 remainder is dropped). The first rows are the *calibration / training* split (parent
@@ -16,60 +16,18 @@ from pathlib import Path
 
 import numpy as np
 
-from hwprofiles.errors import InputError, require_file
+from hwprofiles.errors import InputError
+from nas.tokens import BIN_DTYPES, token_stream
 
-BIN_DTYPES = ("uint16", "uint32")
+__all__ = ["BIN_DTYPES", "Split", "load_tokens", "split_tokens"]
 
 
 def load_tokens(path: str | Path, tokenizer: str | Path | None = None,
                 bin_dtype: str | None = None) -> np.ndarray:
-    """The token ids of a data file as a flat int64 array.
-
-    * ``.npy``: an integer array (any shape; flattened). Loaded with ``allow_pickle=False``.
-    * ``.bin``: raw little-endian ids; ``bin_dtype`` (``uint16`` or ``uint32``) is required
-      because the file does not say which it holds.
-    * anything else: UTF-8 text, tokenized with ``tokenizer`` (an HF ``tokenizer.json``).
-    """
-    path = require_file(path)
-    suffix = path.suffix.lower()
-    if suffix == ".npy":
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except Exception as exc:  # ValueError for object arrays, OSError for junk
-            raise InputError(f"not a readable .npy array ({exc})", path=str(path)) from None
-        if arr.dtype.kind not in "iu":
-            raise InputError(f"expected integer token ids, found dtype {arr.dtype}",
-                             path=str(path))
-        return arr.reshape(-1).astype(np.int64)
-    if suffix == ".bin":
-        if bin_dtype not in BIN_DTYPES:
-            raise InputError("a .bin token file needs --bin-dtype uint16 or uint32 (the file "
-                             "does not record its width)", path=str(path))
-        size = path.stat().st_size
-        width = np.dtype(bin_dtype).itemsize
-        if size % width:
-            raise InputError(f"size {size} bytes is not a multiple of {width} ({bin_dtype})",
-                             path=str(path))
-        return np.fromfile(path, dtype=np.dtype(bin_dtype).newbyteorder("<")).astype(np.int64)
-    if tokenizer is None:
-        raise InputError("text data needs --tokenizer tokenizer.json (or give token ids as "
-                         ".npy / .bin)", path=str(path))
-    tok_path = require_file(tokenizer)
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise InputError("reading text needs the 'tokenizers' package (pip install "
-                         "'puzzle-nas[text]'), or give token ids as .npy / .bin") from None
-    try:
-        tok = Tokenizer.from_file(str(tok_path))
-    except Exception as exc:
-        raise InputError(f"not a valid tokenizer.json ({exc})", path=str(tok_path)) from None
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise InputError("not UTF-8 text (token ids go in .npy or .bin)",
-                         path=str(path)) from None
-    return np.asarray(tok.encode(text).ids, dtype=np.int64)
+    """The token ids of a data file as a flat int64 array: :func:`nas.tokens.token_stream`
+    (the formats every command reads: ``.npy``, ``.bin``, ``.safetensors``, ``.json``, or
+    text with a tokenizer)."""
+    return token_stream(path, tokenizer, bin_dtype)
 
 
 @dataclass(frozen=True)

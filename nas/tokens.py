@@ -1,0 +1,188 @@
+"""Token-data files: the one reader behind ``score --data``, ``distill --data`` /
+``--eval-data``, ``iterate --data`` and ``build --calib`` (numpy only; torch not needed).
+
+Formats, by extension:
+
+* ``.npy``: an integer array, 1-D (a token stream) or 2-D ``(rows, length)``; read with
+  ``allow_pickle=False``.
+* ``.bin``: raw little-endian ids; ``--bin-dtype uint16`` or ``uint32`` is required, because
+  the file does not record its width.
+* ``.safetensors``: one integer tensor (the one named ``tokens`` or ``input_ids`` when the
+  file holds several), 1-D or 2-D.
+* ``.json``: a list of ids, a list of equal-length lists, or ``{"tokens": ...}`` of either.
+* anything else: UTF-8 text, tokenized with ``--tokenizer``: an HF ``tokenizer.json`` (read
+  with the ``tokenizers`` package; nothing comes from a hub), or the word ``bytes`` for
+  byte-level ids (each UTF-8 byte is one id in ``[0, 256)``; only meaningful for a
+  byte-vocabulary model).
+
+A file is never read as another format than its extension says, and text is never
+tokenized without ``--tokenizer``: a ``.npy`` read as bytes would turn its header into ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from hwprofiles.errors import InputError, require_file
+
+BIN_DTYPES = ("uint16", "uint32")
+BYTES = "bytes"
+"""``--tokenizer bytes``: each UTF-8 byte of a text file is one token id."""
+_NAMES = ("tokens", "input_ids")
+
+
+def add_token_flags(p: argparse.ArgumentParser) -> None:
+    """The reader's two flags, spelled and explained the same in every command."""
+    p.add_argument("--tokenizer", metavar="TOKENIZER_JSON|bytes",
+                   help="how to tokenize a text data file: an HF tokenizer.json, or 'bytes' "
+                   "(each UTF-8 byte one id); not needed for .npy/.bin/.safetensors/.json ids")
+    p.add_argument("--bin-dtype", choices=BIN_DTYPES, help="width of .bin token ids")
+
+
+def _ints(arr: np.ndarray, path: Path, what: str) -> np.ndarray:
+    if arr.dtype.kind not in "iu":
+        raise InputError(f"expected integer token ids, found dtype {arr.dtype}", path=str(path))
+    if arr.ndim not in (1, 2) or arr.size == 0:
+        raise InputError(f"expected {what} as a non-empty 1-D stream or 2-D (rows, length) "
+                         f"array, found shape {list(arr.shape)}", path=str(path))
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise InputError("token id above 2**63 - 1", path=str(path))
+    return arr.astype(np.int64)
+
+
+def _json(path: Path) -> np.ndarray:
+    from hwprofiles.errors import read_json
+
+    data = read_json(path)
+    if isinstance(data, dict):
+        data = data.get("tokens")
+
+    def is_id(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if isinstance(data, list) and data and all(is_id(v) for v in data):
+        return np.asarray(data, dtype=np.int64)
+    if isinstance(data, list) and data and all(
+            isinstance(r, list) and r and all(is_id(v) for v in r) for r in data) \
+            and len({len(r) for r in data}) == 1:
+        return np.asarray(data, dtype=np.int64)
+    raise InputError("expected a list of token ids, a list of equal-length lists of ids, or "
+                     "{\"tokens\": ...} of either", path=str(path))
+
+
+def _safetensors(path: Path, what: str) -> np.ndarray:
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise InputError("reading .safetensors token ids needs the 'safetensors' package; or "
+                         "give them as .npy", path=str(path)) from None
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            keys = list(f.keys())
+            name = next((k for k in _NAMES if k in keys), keys[0] if len(keys) == 1 else None)
+            if name is None:
+                raise InputError(f"expected one tensor, or one named tokens / input_ids; found "
+                                 f"{keys}", path=str(path))
+            arr = f.get_tensor(name)
+    except InputError:
+        raise
+    except Exception as exc:  # SafetensorError, or a dtype numpy has no type for (bf16)
+        raise InputError(f"not a readable safetensors file of token ids: {exc}",
+                         path=str(path)) from None
+    return _ints(arr, path, what)
+
+
+def _text(path: Path, tokenizer: str | Path | None) -> np.ndarray:
+    if tokenizer is None:
+        raise InputError("a text data file needs --tokenizer (a tokenizer.json, or 'bytes' "
+                         "for byte-level ids), or give token ids as .npy / .bin / "
+                         ".safetensors / .json", path=str(path))
+    raw = path.read_bytes()
+    if not raw:
+        raise InputError("empty text file", path=str(path))
+    if str(tokenizer) == BYTES:
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+    tok_path = require_file(tokenizer)
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise InputError("reading text needs the 'tokenizers' package (pip install "
+                         "'puzzle-nas[text]'), or give token ids as .npy / .bin") from None
+    try:
+        tok = Tokenizer.from_file(str(tok_path))
+    except Exception as exc:
+        raise InputError(f"not a valid tokenizer.json ({exc})", path=str(tok_path)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text (token ids go in .npy, .bin, .safetensors or .json)",
+                         path=str(path)) from None
+    return np.asarray(tok.encode(text).ids, dtype=np.int64)
+
+
+def read_tokens(path: str | Path, tokenizer: str | Path | None = None,
+                bin_dtype: str | None = None, what: str = "token ids") -> np.ndarray:
+    """The token ids of a data file (formats in the module docstring) as int64: 1-D for a
+    stream, 2-D ``(rows, length)`` for a file that holds rows. Raises :class:`InputError`
+    naming the file (or the flag it needs) for anything else."""
+    path = require_file(path)
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except Exception as exc:  # ValueError for object arrays, OSError for junk
+            raise InputError(f"not a readable .npy array ({exc})", path=str(path)) from None
+        return _ints(arr, path, what)
+    if suffix == ".bin":
+        if bin_dtype not in BIN_DTYPES:
+            raise InputError("a .bin token file needs --bin-dtype uint16 or uint32 (the file "
+                             "does not record its width)", path=str(path))
+        size = path.stat().st_size
+        width = np.dtype(bin_dtype).itemsize
+        if size % width or size == 0:
+            raise InputError(f"size {size} bytes is not a positive multiple of {width} "
+                             f"({bin_dtype})", path=str(path))
+        return np.fromfile(path, dtype=np.dtype(bin_dtype).newbyteorder("<")).astype(np.int64)
+    if suffix == ".safetensors":
+        return _safetensors(path, what)
+    if suffix == ".json":
+        return _json(path)
+    return _text(path, tokenizer)
+
+
+def token_stream(path: str | Path, tokenizer: str | Path | None = None,
+                 bin_dtype: str | None = None) -> np.ndarray:
+    """:func:`read_tokens` as one flat stream (rows joined in order)."""
+    return read_tokens(path, tokenizer, bin_dtype).reshape(-1)
+
+
+def token_rows(path: str | Path, length: int, tokenizer: str | Path | None = None,
+               bin_dtype: str | None = None) -> np.ndarray:
+    """:func:`read_tokens` as rows: a 2-D file as it is; a stream cut into rows of
+    ``length`` ids (the remainder dropped; a stream shorter than ``length`` is one row)."""
+    if length < 1:
+        raise InputError(f"row length must be >= 1 (got {length})")
+    arr = read_tokens(path, tokenizer, bin_dtype)
+    if arr.ndim == 2:
+        return arr
+    if len(arr) <= length:
+        return arr[None, :]
+    n = len(arr) // length
+    return arr[: n * length].reshape(n, length)
+
+
+def check_vocab(tokens: np.ndarray, vocab_size: int, source: str) -> None:
+    """Every id in ``[0, vocab_size)``, or an error naming the first one outside and where."""
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= vocab_size:
+        flat = tokens.reshape(-1)
+        bad = int(np.flatnonzero((flat < 0) | (flat >= vocab_size))[0])
+        raise InputError(f"token id {int(flat[bad])} at position {bad} is outside the "
+                         f"model's vocabulary [0, {vocab_size})", path=source)
+
+
+__all__ = ["BIN_DTYPES", "BYTES", "add_token_flags", "check_vocab", "read_tokens",
+           "token_rows", "token_stream"]
