@@ -443,15 +443,36 @@ def max_concurrency(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwarePro
                        kv_bytes_per_sequence=kv, state_bytes_per_sequence=state, free_bytes=free)
 
 
-def price_model(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
-                recipe: PrecisionRecipe, workloads: Sequence[Workload | str], tp: int = 1,
+def price_model(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile | str,
+                recipe: PrecisionRecipe | str,
+                workloads: Sequence[Workload | str] | Workload | str, tp: int = 1,
                 ep: int = 1, reserve_bytes: float = DEFAULT_RESERVE_BYTES,
                 step_overhead_s: float | None = None,
                 request_overhead_s: float | None = None, attention_dp: bool = False,
                 draft: np.ndarray | Sequence[bool] | None = None) -> ModelCosts:
     """One call: price every block and the non-block term, then :func:`summarize`
     (overheads in seconds, ``None``: the default engine's, :func:`engine_figures`;
-    ``attention_dp`` / ``draft``: see :func:`costmodels.blocks.price_blocks`)."""
+    ``attention_dp`` / ``draft``: see :func:`costmodels.blocks.price_blocks`).
+
+    ``hw`` is a profile or its name / JSON path (:func:`hwprofiles.get`), ``recipe`` a
+    recipe or its name (:func:`costmodels.dtypes.get_recipe`), ``workloads`` one workload
+    (a :class:`Workload` or ``"isl=8192,osl=1024,concurrency=16"``) or a list of them."""
+    if isinstance(hw, str):
+        import hwprofiles
+
+        hw = hwprofiles.get(hw)
+    elif not isinstance(hw, HardwareProfile):
+        raise InputError(f"expected a HardwareProfile or a profile name, got "
+                         f"{type(hw).__name__}", field="hw")
+    if isinstance(recipe, str):
+        from costmodels.dtypes import get_recipe
+
+        recipe = get_recipe(recipe)
+    elif not isinstance(recipe, PrecisionRecipe):
+        raise InputError(f"expected a PrecisionRecipe or a recipe name, got "
+                         f"{type(recipe).__name__}", field="recipe")
+    if isinstance(workloads, str | Workload | dict):
+        workloads = [workloads]  # one workload, not its characters
     wls = tuple(parse_workload(w) for w in workloads)
     blocks = price_blocks(table, hw, recipe, wls, tp=tp, ep=ep, attention_dp=attention_dp,
                           draft=draft)

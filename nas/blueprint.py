@@ -369,9 +369,31 @@ def plot_pareto(path: str | Path, metric: str, unit: str, points: list[tuple[flo
                 parent: tuple[float, float], baseline: list[tuple[float, float]] | None = None,
                 quality_label: str = "quality score (lower is better)",
                 title: str = "",
-                more: dict[str, list[tuple[float, float]]] | None = None) -> Path:
+                more: dict[str, list[tuple[float, float]]] | None = None,
+                chosen: tuple[float, float] | None = None,
+                higher_is_better: bool = False) -> Path:
     """Quality vs the swept cost: the searched frontier, the parent, a baseline, and any
-    ``more`` frontiers by label (e.g. one precision recipe for all blocks)."""
+    ``more`` frontiers by label (e.g. one precision recipe for all blocks); ``chosen`` is
+    the child the search returned (blueprint.json), marked apart; an arrow in the corner
+    points the way that is better: lower quality score, and a higher swept metric when
+    ``higher_is_better`` (throughput), else a lower one (memory, latency). Written
+    atomically; the figure is :func:`pareto_figure`'s."""
+    import matplotlib.pyplot as plt
+
+    fig = pareto_figure(metric, unit, points, parent, baseline, quality_label, title, more,
+                        chosen, higher_is_better)
+    atomic_write(path, lambda p: fig.savefig(p, format="png"))
+    plt.close(fig)
+    return Path(path)
+
+
+def pareto_figure(metric: str, unit: str, points: list[tuple[float, float]],
+                  parent: tuple[float, float], baseline: list[tuple[float, float]] | None = None,
+                  quality_label: str = "quality score (lower is better)", title: str = "",
+                  more: dict[str, list[tuple[float, float]]] | None = None,
+                  chosen: tuple[float, float] | None = None,
+                  higher_is_better: bool = False) -> Any:
+    """The matplotlib figure of :func:`plot_pareto` (Agg backend; close it when done)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -389,12 +411,21 @@ def plot_pareto(path: str | Path, metric: str, unit: str, points: list[tuple[flo
             xs, ys = zip(*sorted(pts))
             ax.plot(xs, ys, "^:", color=color, label=name)
     ax.plot([parent[0]], [parent[1]], "*", color="black", markersize=14, label="parent")
-    ax.set_xlabel(f"{metric} ({unit})")
-    ax.set_ylabel(quality_label)
+    if chosen is not None:
+        ax.plot([chosen[0]], [chosen[1]], "D", color="tab:red", markersize=11,
+                markerfacecolor="none", markeredgewidth=2, label="chosen (blueprint.json)")
+    # which way is better: down (lower score) and toward the better end of the metric
+    dx = 1.0 if higher_is_better else -1.0
+    x0 = 0.12 if dx < 0 else 0.88
+    ax.annotate("better", xy=(x0 + 0.07 * dx, 0.06), xytext=(x0, 0.2),
+                xycoords="axes fraction", textcoords="axes fraction", ha="center",
+                arrowprops={"arrowstyle": "->", "color": "tab:green", "lw": 2},
+                color="tab:green", fontweight="bold")
+    ax.set_xlabel(f"{metric} ({unit}), {'higher' if higher_is_better else 'lower'} is better")
+    ax.set_ylabel(quality_label if "better" in quality_label
+                  else f"{quality_label}, lower is better")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    atomic_write(path, lambda p: fig.savefig(p, format="png"))
-    plt.close(fig)
-    return Path(path)
+    return fig

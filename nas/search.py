@@ -721,6 +721,17 @@ def _metric_value(problem: Problem, b: BudgetSpec, key: str, total: float) -> fl
     return total / unit
 
 
+def _chosen_point(problem: Problem, sweep: dict[str, Any], res: mip.Result
+                  ) -> tuple[float, float] | None:
+    """The returned child (``res``, blueprint.json) as a point of the sweep's plot: its swept
+    metric and its quality (None when its totals lack the swept key)."""
+    b = problem.spec.budgets[sweep["budget"]]
+    if not res.ok or sweep["key"] not in res.totals or "quality" not in res.totals:
+        return None
+    return (_metric_value(problem, b, sweep["key"], res.totals[sweep["key"]]),
+            res.totals["quality"])
+
+
 def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced: Priced,
               homogeneous: bool = False, on_point: Any = None,
               forbid: np.ndarray | list[int] = ()) -> dict[str, Any]:
@@ -1022,10 +1033,12 @@ def _run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash:
             more = {f"one recipe for all ({problem.recipe.name})":
                     [(p["metric"], p["quality"]) for p in sweep["fixed_recipe"]
                      if p["metric"] is not None]} if "fixed_recipe" in sweep else None
+            chosen = _chosen_point(problem, sweep, results[0])
             writers.append(lambda folder: bpm.plot_pareto(
                 folder / "pareto.png", label, unit, pts, (par["metric"], par["quality"]), base,
                 quality_label=f"quality: {qsource}",
-                title=f"{problem.spec.name}: quality vs {label}", more=more))
+                title=f"{problem.spec.name}: quality vs {label}", more=more, chosen=chosen,
+                higher_is_better=sweep["metric"] in HIGHER_IS_BETTER))
     t["total_s"] = time.perf_counter() - t0
     report = bpm.report_markdown(blueprints[0], hom_bp, fixed=fixed_bp)
     extra: dict[str, Any] = {"library.json": library_json(library)}

@@ -491,3 +491,79 @@ def test_a_negative_budget_is_bad_input_not_infeasible(tmp_path, capsys, budget)
     assert main(["search", str(path), "-o", str(tmp_path / "o"), "--quiet"]) == 2
     line = one_line(capsys.readouterr().err)
     assert f"budgets[0].max: a {budget['metric']} bound must be >= 0" in line, line
+
+
+# ---- the Python API a library user meets first -----------------------------------------
+def test_price_model_takes_names_and_one_workload():
+    """``price_model`` takes a hardware name, a recipe name and a single workload string
+    (once a string was read character by character, "got 'i'"), and prices them exactly
+    as the objects and a one-element list."""
+    import numpy as np
+
+    import hwprofiles
+    import nas
+    from costmodels.dtypes import get_recipe
+    from costmodels.model import price_model
+    from nas.blueprint import nonblock_shape
+    from nas.hf import load_config
+
+    parent = load_config(REPO / "nas" / "examples" / "configs" / "llama-3.1-8b.json")
+    nb, wl = nonblock_shape(parent), "isl=1024,osl=128,concurrency=4"
+    by_name = price_model(parent.table, nb, "h100-sxm", "fp8", wl)
+    by_obj = price_model(parent.table, nb, hwprofiles.get("h100-sxm"), get_recipe("fp8"), [wl])
+    for field in ("ttft_s", "tpot_s", "throughput_tok_s", "memory_bytes"):
+        assert np.array_equal(getattr(by_name, field), getattr(by_obj, field))
+    assert np.shape(by_name.ttft_s) == (1,)
+    for bad, what in ((("h1000", "fp8"), "unknown device .h1000."),
+                      (("h100-sxm", "fp9"), "unknown precision recipe 'fp9'"),
+                      ((3, "fp8"), "hw: expected a HardwareProfile or a profile name")):
+        with pytest.raises(nas.InputError, match=what):
+            price_model(parent.table, nb, *bad, wl)  # type: ignore[arg-type]
+
+
+def test_one_public_error_type():
+    """``nas.InputError`` is the error every package raises for bad input (an infeasible
+    search's too), importable without torch."""
+    code = ("import sys, nas; from hwprofiles.errors import InputError; "
+            "from nas.mip import InfeasibleError; "
+            "assert nas.InputError is InputError and issubclass(InfeasibleError, nas.InputError)"
+            "; assert 'torch' not in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_inspect_labels_compare_total_and_active(capsys):
+    """For a dense model active equals total once the same parts are left out of both; the
+    published figure (LM head kept) is labelled as such."""
+    import re
+
+    cfg = REPO / "nas" / "examples" / "configs" / "llama-3.1-8b.json"
+    assert main(["inspect", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"without embedding table and LM head: total ([\d.,]+) B, active ([\d.,]+) B",
+                  out)
+    assert m is not None and m.group(1) == m.group(2) == "6.980", out
+    assert "active without the embedding table only (LM head kept, as published): 7.505 B" \
+        in out
+
+
+def test_pareto_marks_the_chosen_child_and_which_way_is_better():
+    import matplotlib.pyplot as plt
+
+    from nas.blueprint import pareto_figure
+
+    pts = [(500.0, 5.0), (700.0, 12.0), (900.0, 30.0)]
+    for higher, word in ((True, "higher"), (False, "lower")):
+        fig = pareto_figure("throughput@chat", "tok/s", pts, (400.0, 0.0), chosen=(700.0, 12.0),
+                            higher_is_better=higher, quality_label="quality: prior")
+        ax = fig.axes[0]
+        _, labels = ax.get_legend_handles_labels()
+        assert "chosen (blueprint.json)" in labels
+        line = next(ln for ln in ax.get_lines() if ln.get_label() == "chosen (blueprint.json)")
+        assert list(line.get_xdata()) == [700.0] and list(line.get_ydata()) == [12.0]
+        assert ax.get_xlabel().endswith(f"{word} is better")
+        assert ax.get_ylabel() == "quality: prior, lower is better"
+        arrow = next(t for t in ax.texts if t.get_text() == "better")
+        (x0, y0), (x1, y1) = arrow.xyann, arrow.xy  # from the text to the arrow's head
+        assert y1 < y0 and (x1 > x0) == higher
+        plt.close(fig)

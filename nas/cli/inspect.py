@@ -38,8 +38,13 @@ def run(args: argparse.Namespace) -> int:
           + ", ".join(f"{n} {k}" for k, n in s["blocks_by_kind"].items()))
     print(f"  total parameters   {s['total_params']:>18,}  ({_b(s['total_params'])})")
     print(f"  active parameters  {s['active_params']:>18,}  ({_b(s['active_params'])})")
-    print(f"    without embeddings: total {_b(s['total_params_without_embeddings'])}, "
-          f"active {_b(s['active_params_without_embeddings'])}")
+    # the same parts left out of both figures, so they compare (total >= active); the
+    # published "active without embeddings" keeps the LM head (it runs every token)
+    body_active = s["active_params_without_embeddings"] - s["lm_head_params"]
+    print(f"    without embedding table and LM head: total "
+          f"{_b(s['total_params_without_embeddings'])}, active {_b(body_active)}")
+    print(f"    active without the embedding table only (LM head kept, as published): "
+          f"{_b(s['active_params_without_embeddings'])}")
     print(f"  embeddings {s['embedding_params']:,}, LM head {s['lm_head_params']:,}")
     if s["mtp_params"]:
         print(f"  MTP (not in totals) {s['mtp_params']:,}")
