@@ -41,7 +41,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -82,13 +82,17 @@ class DistillSettings(BaseModel):
     eval_tokens: int = Field(default=16384, ge=1, description="held-out tokens evaluated")
     checkpoint_every: int = Field(default=50, ge=1, description="steps between checkpoints")
     seed: int = Field(default=0, ge=0, description="seed of the row sampling")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        default=None, description="compute dtype of teacher and student (None: each "
+        "checkpoint's non-quantized dtype)")
 
     @property
     def steps(self) -> int:
         return math.ceil(self.tokens / (self.batch_size * self.seq_len))
 
     def digest(self) -> str:
-        keep = self.model_dump(exclude={"eval_every", "checkpoint_every"})
+        # unset fields left out: a run started before a field existed resumes
+        keep = self.model_dump(exclude={"eval_every", "checkpoint_every"}, exclude_none=True)
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 
@@ -353,10 +357,11 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
         raise InputError(f"--batch {s.batch_size} (the global batch) must be a multiple of the "
                          f"{world} ranks")
     out = Path(out_dir)
-    teacher = load_pretrained(teacher_dir).to(device).eval()
+    dtype = None if s.dtype is None else getattr(torch, s.dtype)
+    teacher = load_pretrained(teacher_dir, dtype=dtype).to(device).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    student = load_pretrained(student_dir).to(device)
+    student = load_pretrained(student_dir, dtype=dtype).to(device)
     if student.arch.vocab_size != teacher.arch.vocab_size:
         raise InputError(f"the student's vocabulary ({student.arch.vocab_size}) differs from "
                          f"the teacher's ({teacher.arch.vocab_size})", path=str(student_dir))

@@ -197,6 +197,8 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
     yourself)."""
     import sys
 
+    import torch
+
     from nas.build import load_pretrained, save_pretrained
     from nas.distill import distill
     from nas.hf import from_hf
@@ -264,7 +266,8 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
             f"params {bp.params['child_total']:,}")
         # 3. build from the BLD blocks
         child_arch = from_hf(bp.child, source=str(sdir / "search" / "blueprint.json"))
-        child = assemble_child(child_arch, load_pretrained(current), scores)
+        dtype = None if score_settings.dtype is None else getattr(torch, score_settings.dtype)
+        child = assemble_child(child_arch, load_pretrained(current, dtype=dtype), scores)
         save_pretrained(child, sdir / "child")
         # 4. distill
         dist_dir = sdir / "distill"

@@ -29,6 +29,9 @@ import numpy as np
 from hwprofiles.errors import InputError, require_file
 
 BIN_DTYPES = ("uint16", "uint32")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+"""``--dtype`` of the commands that load a parent (default: the checkpoint's non-quantized
+dtype, quantized weights dequantized into it)."""
 BYTES = "bytes"
 """``--tokenizer bytes``: each UTF-8 byte of a text file is one token id."""
 _NAMES = ("tokens", "input_ids")
@@ -40,6 +43,14 @@ def add_token_flags(p: argparse.ArgumentParser) -> None:
                    help="how to tokenize a text data file: an HF tokenizer.json, or 'bytes' "
                    "(each UTF-8 byte one id); not needed for .npy/.bin/.safetensors/.json ids")
     p.add_argument("--bin-dtype", choices=BIN_DTYPES, help="width of .bin token ids")
+
+
+def add_dtype_flag(p: argparse.ArgumentParser) -> None:
+    """``--dtype``: the one compute dtype of every model a command loads."""
+    p.add_argument("--dtype", choices=COMPUTE_DTYPES, default=None,
+                   help="compute dtype of the parent and every model loaded (default: the "
+                   "checkpoint's non-quantized dtype; quantized weights are dequantized "
+                   "into it)")
 
 
 def _ints(arr: np.ndarray, path: Path, what: str) -> np.ndarray:
@@ -184,5 +195,5 @@ def check_vocab(tokens: np.ndarray, vocab_size: int, source: str) -> None:
                          f"model's vocabulary [0, {vocab_size})", path=source)
 
 
-__all__ = ["BIN_DTYPES", "BYTES", "add_token_flags", "check_vocab", "read_tokens",
+__all__ = ["BIN_DTYPES", "BYTES", "COMPUTE_DTYPES", "add_dtype_flag", "add_token_flags", "check_vocab", "read_tokens",
            "token_rows", "token_stream"]

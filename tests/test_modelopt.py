@@ -221,9 +221,11 @@ def _hub_fp8_deepseek_bf16(tmp: Path) -> Path:
     return tmp
 
 
-def _run_every_command(parent: Path, tmp: Path, space: dict) -> None:
-    """score, build (--parent --calib, and --blocks from the scores' BLD blocks), distill:
-    each exits 0 on ``parent`` and the child is one dtype."""
+def _run_every_command(parent: Path, tmp: Path, space: dict, dtype: str | None = None) -> None:
+    """score, build (--parent --calib), distill: each exits 0 on ``parent`` and every
+    model is in one dtype (``dtype``, else the parent's non-quantized bf16)."""
+    flag = [] if dtype is None else ["--dtype", dtype]
+    want = getattr(torch, dtype or "bfloat16")
     g = np.random.default_rng(0)
     np.save(tmp / "tokens.npy", g.integers(2, VOCAB, 4096).astype(np.uint16))
     spec = {"name": "hub", "parent": str(parent / "config.json"), "hardware": "h100-sxm",
@@ -232,19 +234,23 @@ def _run_every_command(parent: Path, tmp: Path, space: dict) -> None:
     (tmp / "spec.json").write_text(json.dumps(spec))
     assert main(["score", str(tmp / "spec.json"), "--parent", str(parent), "--data",
                  str(tmp / "tokens.npy"), "-o", str(tmp / "scores"), "--seq-len", "32",
-                 "--max-tokens", "128", "--calib-tokens", "128", "--bld-steps", "2"]) == 0
+                 "--max-tokens", "128", "--calib-tokens", "128", "--bld-steps", "2"] + flag) == 0
     assert main(["build", str(parent / "config.json"), "--parent", str(parent), "--calib",
-                 str(tmp / "tokens.npy"), "--calib-len", "32", "-o", str(tmp / "child")]) == 0
+                 str(tmp / "tokens.npy"), "--calib-len", "32", "-o", str(tmp / "child")]
+                + flag) == 0
     child = load_pretrained(tmp / "child")
-    assert {p.dtype for p in child.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in child.parameters()} == {want}
     assert main(["distill", str(tmp / "child"), "--teacher", str(parent), "--data",
                  str(tmp / "tokens.npy"), "-o", str(tmp / "kd"), "--tokens", "256",
-                 "--seq-len", "32", "--batch", "4", "--eval-tokens", "128"]) == 0
+                 "--seq-len", "32", "--batch", "4", "--eval-tokens", "128"] + flag) == 0
+    kd = json.loads((tmp / "kd" / "distill.json").read_text())
+    assert kd["settings"].get("dtype") == dtype
 
 
-def test_every_command_runs_on_a_modelopt_parent(modelopt_parent, tmp_path):
+@pytest.mark.parametrize("dtype", [None, "float32"])
+def test_every_command_runs_on_a_modelopt_parent(modelopt_parent, tmp_path, dtype):
     _run_every_command(modelopt_parent[0], tmp_path,
-                       {"attention": {"kv_heads": [1]}, "ffn": {"fractions": [0.5]}})
+                       {"attention": {"kv_heads": [1]}, "ffn": {"fractions": [0.5]}}, dtype)
 
 
 def test_every_command_runs_on_deepseeks_hub_fp8_layout_in_bf16(tmp_path):

@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-type", help="HF model_type to export (default: chosen as nas.hf "
                    "does: the parent's plain type, nemotron-nas or nemotron_h_puzzle)")
     p.add_argument("--dtype", choices=DTYPES,
-                   help="weights dtype (default: the parent's, else float32)")
+                   help="weights dtype (default: the parent's non-quantized dtype, else "
+                   "float32)")
     p.add_argument("--seed", type=int, default=0, help="seed of any random init (default 0)")
     p.add_argument("--force", action="store_true", help="build even when the memory estimate "
                    "exceeds the memory available")
@@ -173,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
     if args.blocks:
         from nas.scoring.bld import assemble_child
 
-        model = assemble_child(arch, load_pretrained(args.parent), args.blocks)
+        model = assemble_child(arch, load_pretrained(
+            args.parent, dtype=getattr(torch, args.dtype) if args.dtype else None), args.blocks)
         report = model.init_report  # type: ignore[assignment]
     elif args.parent:
         # the parent is streamed from its safetensors one block at a time; the child is

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
 from nas.cli import run_ranks
+from nas.tokens import add_dtype_flag, add_token_flags
 
 OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png")
 
@@ -30,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--eval-data", help="held-out tokens (same formats); default: the last "
                    "--eval-tokens of --data, never trained on")
     p.add_argument("-o", "--output", required=True, help="output folder (resumable)")
-    p.add_argument("--tokenizer", help="HF tokenizer.json for text data (tokenizers package)")
-    p.add_argument("--bin-dtype", choices=("uint16", "uint32"), help="width of .bin token ids")
+    add_token_flags(p)
+    add_dtype_flag(p)
     p.add_argument("--tokens", type=int, required=True, help="training tokens in all")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
     p.add_argument("--batch", type=int, default=8,
@@ -78,7 +79,7 @@ def settings_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
               weight_decay=args.weight_decay, grad_clip=args.grad_clip,
               lm_weight=args.lm_weight, eval_every=args.eval_every,
               eval_tokens=args.eval_tokens, checkpoint_every=args.checkpoint_every,
-              seed=args.seed)
+              seed=args.seed, dtype=args.dtype)
     flags = {"batch_size": "--batch"}
     try:
         return DistillSettings(**kw)
@@ -134,7 +135,7 @@ def run_local(args: argparse.Namespace) -> int:
 def forward_args(args: argparse.Namespace) -> list[str]:
     """The rank command line for ``args`` (everything but ``--nproc``)."""
     out = [args.child, "--teacher", args.teacher, "--data", args.data, "-o", args.output]
-    for name in ("eval_data", "tokenizer", "bin_dtype"):
+    for name in ("eval_data", "tokenizer", "bin_dtype", "dtype"):
         if getattr(args, name):
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     for name in ("tokens", "seq_len", "batch", "lr", "min_lr_fraction", "warmup_steps",

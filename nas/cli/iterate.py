@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError
+from nas.tokens import add_dtype_flag, add_token_flags
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--teacher", help="distillation teacher (default: --parent)")
     p.add_argument("--parent-scores", help="an existing `puzzle-nas score` folder of --parent "
                    "for stage 0")
-    p.add_argument("--tokenizer", help="HF tokenizer.json for text data")
-    p.add_argument("--bin-dtype", choices=("uint16", "uint32"), help="width of .bin token ids")
+    add_token_flags(p)
+    add_dtype_flag(p)
     p.add_argument("--seq-len", type=int, default=256, help="tokens per row (scoring and KD)")
     p.add_argument("--max-tokens", type=int, default=65536, help="scoring: held-out tokens")
     p.add_argument("--calib-tokens", type=int, default=8192, help="scoring: calibration tokens")
@@ -72,11 +73,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         ss = Settings(seq_len=args.seq_len, max_tokens=args.max_tokens,
                       calib_tokens=args.calib_tokens, bld_steps=args.bld_steps,
-                      bld_lr=args.bld_lr, seed=args.seed)
+                      bld_lr=args.bld_lr, seed=args.seed, dtype=args.dtype)
         ds = DistillSettings(tokens=args.kd_tokens, seq_len=args.seq_len,
                              batch_size=args.kd_batch, lr=args.kd_lr,
                              lm_weight=args.kd_lm_weight, eval_every=args.kd_eval_every,
-                             eval_tokens=args.kd_eval_tokens, seed=args.seed)
+                             eval_tokens=args.kd_eval_tokens, seed=args.seed,
+                             dtype=args.dtype)
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{loc}: {msg}") from None

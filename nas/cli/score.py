@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
 from nas.cli import run_ranks
+from nas.tokens import add_dtype_flag, add_token_flags
 
 
 def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
@@ -25,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--data", required=True, help="tokens: .npy (integers), .bin (raw, with "
                    "--bin-dtype) or UTF-8 text with --tokenizer")
     p.add_argument("-o", "--output", required=True, help="output folder (resumable)")
-    p.add_argument("--tokenizer", help="HF tokenizer.json for text data (tokenizers package)")
-    p.add_argument("--bin-dtype", choices=("uint16", "uint32"), help="width of .bin token ids")
+    add_token_flags(p)
+    add_dtype_flag(p)
     p.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
     p.add_argument("--batch-size", type=int, default=8, help="rows per forward (default 8)")
     p.add_argument("--max-tokens", type=int, default=65536,
@@ -70,7 +71,7 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         return Settings(seq_len=args.seq_len, batch_size=args.batch_size,
                         max_tokens=args.max_tokens, calib_tokens=args.calib_tokens,
                         bld_steps=args.bld_steps, bld_lr=args.bld_lr, bld_batch=args.bld_batch,
-                        seed=args.seed)
+                        seed=args.seed, dtype=args.dtype)
     except ValidationError as exc:
         loc, msg = first_error(exc)
         name = "--" + loc.split(".")[0].replace("_", "-")
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 def _forward(args: argparse.Namespace) -> list[str]:
     """The rank command line for ``args`` (everything but ``--nproc``)."""
     out = [args.spec, "--parent", args.parent, "--data", args.data, "-o", args.output]
-    for name in ("tokenizer", "bin_dtype"):
+    for name in ("tokenizer", "bin_dtype", "dtype"):
         if getattr(args, name):
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     for name in ("seq_len", "batch_size", "max_tokens", "calib_tokens", "bld_steps", "bld_lr",

@@ -8,6 +8,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -33,9 +34,15 @@ class Settings(BaseModel):
     bld_lr: float = Field(default=1e-3, gt=0, description="BLD AdamW learning rate")
     bld_batch: int = Field(default=4, ge=1, description="BLD rows per step")
     seed: int = Field(default=0, description="seed of random inits and BLD sampling")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        default=None, description="compute dtype of the parent (None: the checkpoint's "
+        "non-quantized dtype)")
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()
+        """SHA-256 of the settings (unset fields left out: keys made before a field existed
+        stay valid)."""
+        return hashlib.sha256(json.dumps(self.model_dump(exclude_none=True),
+                                         sort_keys=True).encode()).hexdigest()
 
 
 @dataclass

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
@@ -141,7 +142,8 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     left_out = CheckpointReader(job.parent_dir).left_out_note
-    parent = load_pretrained(job.parent_dir).to(device).eval()
+    dtype = None if job.settings.dtype is None else getattr(torch, job.settings.dtype)
+    parent = load_pretrained(job.parent_dir, dtype=dtype).to(device).eval()
     phash = weights_digest(parent)
     items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings,
                        base_recipe=job.base_recipe)
