@@ -251,11 +251,12 @@ def file_size_limit(n: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
-@pytest.fixture
-def writers(tmp_path):
+@pytest.fixture(scope="module")
+def writers(tmp_path_factory):
     """Per command that writes: its argv with ``OUT`` for the output, and a file-size limit
-    that makes it fail part-way through its writes."""
+    that makes it fail part-way through its writes (the inputs, made once, are only read)."""
     pytest.importorskip("torch")
+    tmp_path = tmp_path_factory.mktemp("writers")
     import numpy as np
 
     from nas.arch import FFN, Attention, ModelArch
