@@ -161,7 +161,18 @@ def _workload_columns(workloads: Sequence[Workload]) -> dict[str, np.ndarray]:
         "D": row([w.draft_tokens for w in workloads]),
         "A": row([w.acceptance for w in workloads]),
         "ctx": row([w.max_context for w in workloads]),
+        "MX": row([1.0 if w.mixed_prefill or not w.chunked else 0.0 for w in workloads]),
     }
+
+
+def decode_steps(wc: dict[str, np.ndarray]) -> np.ndarray:
+    """Decode-only steps per cycle: ``max(O' - n_c, 0)`` when prompt chunks ride with the
+    decodes (the other ``n_c`` steps of a request's life are mixed steps), ``O' - 1`` when
+    prefill steps run alone (``mixed_prefill`` off: every request decodes in its own
+    ``O' - 1`` steps, all B together, and waits through the cycle's ``n_c`` prefill steps)."""
+    NC, Osl, A, MX = wc["NC"], wc["O"], wc["A"], wc["MX"]
+    oeff = 1.0 + (Osl - 1.0) / A
+    return np.where(MX > 0, np.maximum(oeff - NC, 0.0), np.maximum(oeff - 1.0, 0.0))
 
 
 def serving_shares(mix: np.ndarray, dec: np.ndarray, wc: dict[str, np.ndarray]
@@ -170,14 +181,14 @@ def serving_shares(mix: np.ndarray, dec: np.ndarray, wc: dict[str, np.ndarray]
     (``costmodels.model`` derives them): with ``n_c`` chunks per cycle and ``O' = 1 +
     (osl - 1) / acceptance`` engine steps in a request's life,
 
-    * ``cycle = n_c * mix + max(O' - n_c, 0) * dec``,
+    * ``cycle = n_c * mix + n_d * dec`` (``n_d``: :func:`decode_steps`),
     * ``ttft = (max(n_c - O', 0) + m) * mix`` (``m = max(1, isl / chunk)`` steps carry
       one prompt's chunks),
     * ``tpot = (cycle - ttft) / (osl - 1)`` (``dec / acceptance`` when ``osl == 1``).
     """
     NC, Osl, A, M = wc["NC"], wc["O"], wc["A"], wc["M"]
     oeff = 1.0 + (Osl - 1.0) / A
-    cycle = NC * mix + np.maximum(oeff - NC, 0.0) * dec
+    cycle = NC * mix + decode_steps(wc) * dec
     ttft = (np.maximum(NC - oeff, 0.0) + M) * mix
     tpot = np.where(Osl > 1, (cycle - ttft) / np.maximum(Osl - 1.0, 1.0), dec / A)
     return ttft, tpot, cycle
@@ -578,7 +589,8 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     B = Bg / dp  # sequences per GPU
     Bp = B / NC  # prompts per GPU whose last chunk runs in one mixed step
     Tc = Bp * S  # prompt tokens per GPU in one mixed step
-    Dm = B * np.minimum(NC - 1.0, Oeff - 1.0) / NC  # decoding sequences in a mixed step
+    # decoding sequences in a mixed step (none when prefill steps run alone)
+    Dm = wc["MX"] * B * np.minimum(NC - 1.0, Oeff - 1.0) / NC
     is_draft = (np.zeros(n, dtype=bool) if draft is None
                 else np.asarray(draft, dtype=bool).reshape(n))
     D1n = np.where(is_draft[:, None], 1.0, D1)  # [n, W] query tokens per decoding sequence

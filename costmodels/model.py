@@ -68,7 +68,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodels import ops
-from costmodels.blocks import BlockCosts, _workload_columns, price_blocks, serving_shares
+from costmodels.blocks import (
+    BlockCosts,
+    _workload_columns,
+    decode_steps,
+    price_blocks,
+    serving_shares,
+)
 from costmodels.dtypes import PrecisionRecipe, TensorRole
 from costmodels.memory import (
     DEFAULT_PREFILL_CHUNK,
@@ -81,7 +87,7 @@ from costmodels.parallel import check_parallel
 from costmodels.roofline import Roof
 from costmodels.shapes import BlockTable
 from costmodels.workload import Workload, parse_workload
-from hwprofiles.engines import DEFAULT_ENGINE, available_engines, find_engine
+from hwprofiles.engines import DEFAULT_ENGINE, available_engines, find_engine, split_version
 from hwprofiles.errors import InputError
 from hwprofiles.schema import EngineProfile, HardwareProfile
 
@@ -118,6 +124,9 @@ class NonBlockCosts:
     request_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
     overlap: bool = False
+    request_latency_s: float = 0.0
+    """The engine's front-end seconds before a first token reaches the client: added to
+    TTFT by :func:`summarize` (not in ``prefill_s``: no step waits for it)."""
 
 
 def engine_figures(hw: HardwareProfile, engine: str | None = None,
@@ -142,7 +151,7 @@ def engine_figures(hw: HardwareProfile, engine: str | None = None,
         prof = find_engine(DEFAULT_ENGINE, dict(engines) if engines else None)
     if prof is not None:
         return (float(prof.step_overhead_s.value), float(prof.request_overhead_s.value),
-                bool(prof.overlap))
+                prof.overlaps(split_version(engine)[1] if engine else None))
 
     def pick(key: str) -> float:
         for src in (legacy, hw):
@@ -152,6 +161,32 @@ def engine_figures(hw: HardwareProfile, engine: str | None = None,
         return 0.0
 
     return pick("step_overhead_s"), pick("request_overhead_s"), False
+
+
+def engine_limits(hw: HardwareProfile, engine: str | None = None,
+                  engines: Mapping[str, EngineProfile] | None = None) -> dict[str, int | bool]:
+    """How the engine ``engine`` schedules on ``hw`` by default, as :class:`Workload` fields:
+    ``max_num_batched_tokens`` / ``max_num_seqs`` (its token-budget rule for the device's
+    memory, :meth:`EngineProfile.budget`) and ``mixed_prefill``; only the fields its
+    profile gives (``{}`` for no engine or a device-profile engine)."""
+    prof = find_engine(engine or DEFAULT_ENGINE, dict(engines) if engines else None)
+    if prof is None:
+        return {}
+    out: dict[str, int | bool] = {"mixed_prefill": prof.mixed_prefill}
+    rule = prof.budget(hw.memory_bytes.value, hw.name)
+    if rule is not None:
+        out["max_num_batched_tokens"] = rule.max_num_batched_tokens
+        if rule.max_num_seqs is not None:
+            out["max_num_seqs"] = rule.max_num_seqs
+    return out
+
+
+def engine_latency(engine: str | None = None,
+                   engines: Mapping[str, EngineProfile] | None = None) -> float:
+    """The engine's front-end seconds per request before its first token reaches the client
+    (``EngineProfile.request_latency_s``; 0 when no engine profile is named or found)."""
+    prof = find_engine(engine, dict(engines) if engines else None) if engine else None
+    return float(prof.request_latency_s.value) if prof is not None else 0.0
 
 
 def engine_overheads(hw: HardwareProfile, step_overhead_s: float | None = None,
@@ -215,7 +250,7 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     NC, S, Osl, D, A = (wc[k][0] for k in ("NC", "S", "O", "D", "A"))
     oeff = 1.0 + (Osl - 1.0) / A
     Bp = B / NC
-    Dm = B * np.minimum(NC - 1.0, oeff - 1.0) / NC
+    Dm = wc["MX"][0] * B * np.minimum(NC - 1.0, oeff - 1.0) / NC
     mix = step(Bp * S + Dm * (1 + D), Bp + Dm * (1 + D))
     dec = step(B * (1 + D), B * (1 + D))
     if draft:
@@ -228,7 +263,8 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     # the host admits and retires the B requests of a cycle one by one, in the engine loop
     host = wc["B"][0] * ro
     tpot = np.where(Osl > 1, tpot[0] + (host - ro) / np.maximum(Osl - 1.0, 1.0), tpot[0])
-    return NonBlockCosts(prefill_s=ttft[0] + ro, decode_s=tpot, runtime_s=cycle[0] + host,
+    lat = engine_latency(engine, engines) if request_overhead_s is None else 0.0
+    return NonBlockCosts(prefill_s=ttft[0] + ro, decode_s=tpot, request_latency_s=lat, runtime_s=cycle[0] + host,
                          weight_bytes=float(weight), vocab_per_gpu=v, hidden=shape.hidden,
                          request_overhead_s=ro, step_overhead_s=so, overlap=bool(overlap))
 
@@ -324,7 +360,7 @@ def _overlapped(wls: Sequence[Workload], ttft: np.ndarray, tpot: np.ndarray,
     NC, Osl, A, M, B = (wc[k][0] for k in ("NC", "O", "A", "M", "B"))
     oeff = 1.0 + (Osl - 1.0) / A
     n_t = np.maximum(NC - oeff, 0.0) + M  # steps in a TTFT
-    n_d = np.maximum(oeff - NC, 0.0)  # decode steps in a cycle
+    n_d = decode_steps(wc)[0]  # decode steps in a cycle
     host = B * ro
     mix = (ttft - ro) / n_t
     cycle = runtime - host
@@ -363,6 +399,7 @@ def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
     if nonblock.overlap and nonblock.step_overhead_s > 0:
         ttft, tpot, runtime = _overlapped(wls, ttft, tpot, runtime, nonblock.step_overhead_s,
                                           nonblock.request_overhead_s)
+    ttft = ttft + nonblock.request_latency_s
     tp = b.tp
     thr = B * osl / (runtime * tp)
     gpn = int(hw.gpus_per_node.value)

@@ -16,6 +16,7 @@ the SLO and fits.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,10 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodels.blocks import price_blocks
+from costmodels.blocks import _workload_columns, price_blocks
 from costmodels.dtypes import PrecisionRecipe
 from costmodels.memory import DEFAULT_RESERVE_BYTES
-from costmodels.model import ModelCosts, NonBlockShape, max_concurrency, price_nonblock, summarize
+from costmodels.model import (
+    ModelCosts,
+    NonBlockShape,
+    engine_figures,
+    engine_latency,
+    max_concurrency,
+    price_nonblock,
+    summarize,
+)
 from costmodels.shapes import BlockTable
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError
@@ -191,3 +200,160 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
                     float(m.throughput_node_tok_s[i]), float(m.per_user_tok_s[i]),
                     float(m.ttft_s[i]), float(m.tpot_s[i]), float(m.memory_bytes[i]),
                     cap.max_concurrency, m, ok)
+
+
+# -- arrival processes ------------------------------------------------------------------
+
+@dataclass
+class ArrivalPoint:
+    """Serving figures under an arrival process (``Workload.arrival`` ``staggered`` or
+    ``poisson``; :func:`arrival_figures`). Seconds; throughput in output tok/s **per GPU**;
+    ``in_flight``: mean requests in the engine (Little's law: ``rate * latency``);
+    ``utilization``: the share of GPU time spent on prompts (>= 1: the queue grows)."""
+
+    workload: Workload
+    rate_per_s: float
+    in_flight: float
+    ttft_s: float
+    tpot_s: float
+    latency_s: float
+    throughput_tok_s: float
+    utilization: float
+
+    @property
+    def stable(self) -> bool:
+        return self.utilization < 1.0
+
+    def to_dict(self) -> dict:
+        return {"workload": self.workload.name, "rate_per_s": self.rate_per_s,
+                "in_flight": self.in_flight, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+                "latency_s": self.latency_s, "throughput_tok_s": self.throughput_tok_s,
+                "utilization": self.utilization, "stable": self.stable}
+
+
+def _step_times(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
+                recipe: PrecisionRecipe, wl: Workload, Bs: Sequence[int], kw: dict,
+                nkw: dict) -> tuple[np.ndarray, np.ndarray]:
+    """GPU seconds (no host overheads) of one decode step of B running requests and the
+    extra seconds one S-token prompt adds, per B in ``Bs``: the decode step from a static
+    batch of B (its TPOT times the acceptance: one verification step); the prompt from a
+    closed loop of B whose token budget is one prompt (a mixed step: one prompt + the
+    others' decodes), or, when the engine runs prefill steps alone, one prompt's pass."""
+    base = {k: v for k, v in wl.model_dump().items()
+            if k not in ("name", "batch", "concurrency", "arrival", "rate")}
+    dec_w = [Workload(**{**base, "batch": int(b)}) for b in Bs]
+    n = len(Bs)
+    if wl.mixed_prefill:
+        # the closed loop's mixed step carries one prompt and the decodes of min(B - 1,
+        # O' - 1) others (none at B = 1, where a decode step of one stands for the weights
+        # read either way); the prompt's share is that step less a decode step of the others
+        oeff = 1.0 + (wl.osl - 1.0) / wl.acceptance
+        others = [max(1, round(min(b - 1.0, oeff - 1.0))) for b in Bs]
+        p_w = [Workload(**{**base, "concurrency": int(b), "max_num_seqs": max(int(b), 1),
+                           "max_num_batched_tokens": wl.isl}) for b in Bs]
+        o_w = [Workload(**{**base, "batch": k}) for k in others]
+    else:
+        p_w, o_w = [Workload(**{**base, "batch": 1})], []
+    wls = dec_w + p_w + o_w
+    blocks = price_blocks(table, hw, recipe, wls, **kw)
+    nb = price_nonblock(nonblock, hw, recipe, wls, step_overhead_s=0.0, request_overhead_s=0.0,
+                        **nkw)
+    m = summarize(blocks, nb, hw)
+    dec = m.tpot_s[:n] * wl.acceptance
+    if wl.mixed_prefill:
+        wc = _workload_columns(p_w)
+        n_t = np.maximum(wc["NC"][0] - oeff, 0.0) + wc["M"][0]
+        mix = m.ttft_s[n:2 * n] / n_t
+        prompt = np.maximum(mix - m.tpot_s[2 * n:] * wl.acceptance, 0.0)
+    else:
+        prompt = np.full(n, float(m.ttft_s[n]))
+    return dec, prompt
+
+
+def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
+                    recipe: PrecisionRecipe, workload: Workload | str, tp: int = 1,
+                    ep: int = 1, attention_dp: bool = False,
+                    draft: np.ndarray | Sequence[bool] | None = None,
+                    engine: str | None = None,
+                    engines: Mapping[str, EngineProfile] | None = None,
+                    iterations: int = 60) -> ArrivalPoint:
+    """TTFT, TPOT and throughput when requests arrive one by one (``workload.arrival``):
+
+    * ``staggered``: a closed loop of B = ``concurrency`` requests with spread-out end times
+      (random lengths, as ``sglang.bench_serving`` / ``vllm bench serve`` draw them): a new
+      request arrives as another ends, at ``rate = B / latency``, and finds B - 1 running;
+    * ``poisson``: an open loop at ``rate`` requests/s; ``B = rate * latency`` in flight
+      (Little's law), capped at ``concurrency``.
+
+    Per engine step the running requests decode (``d(B)`` GPU seconds, plus the engine's
+    step overhead, hidden behind the GPU when it overlaps), and each arriving prompt adds
+    ``p`` seconds (:func:`_step_times`) plus the engine's per-request host seconds ``r``,
+    serially. With the others' prompts at ``rate_o`` per second the prompt work takes a
+    share ``u = rate_o * (p + r)`` of the time, so a request's tokens come every ``d / (1 -
+    u)`` seconds (TPOT, per accepted token with speculative decoding); its own prompt waits
+    for the step under way (``t / 2`` for Poisson arrivals, none in a closed loop, whose
+    arrival is the end of a step), then queues behind the others' prompts as in an M/D/1
+    queue (``u / (2 (1 - u)) * (p + r)``), then runs (``p + r``, in a step that also carries
+    the decodes when the engine mixes them), over ``ceil(S / budget)`` steps; the engine's
+    front-end latency (``request_latency_s``) comes on top. The latency
+    ``TTFT + (O - 1) * TPOT`` closes the loop (``rate`` or ``B``), solved by fixed-point
+    iteration."""
+    wl = parse_workload(workload)
+    if wl.arrival == "closed":
+        raise InputError("arrival_figures prices arrival=staggered or poisson", field="arrival")
+    kw = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft)
+    nkw = dict(tp=tp, attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)),
+               engine=engine, engines=engines)
+    so, ro, overlap = engine_figures(hw, engine, dict(engines) if engines else None)
+    front = engine_latency(engine, engines)
+    cap = int(wl.sequences)
+    if wl.arrival == "staggered":
+        grid = [cap]
+    else:
+        grid = concurrency_grid(cap)
+    dec_g, prm_g = _step_times(table, nonblock, hw, recipe, wl, grid, kw, nkw)
+    gx = np.asarray(grid, dtype=np.float64)
+
+    def at(b: float) -> tuple[float, float]:
+        return float(np.interp(b, gx, dec_g)), float(np.interp(b, gx, prm_g))
+
+    def step(g: float) -> float:
+        return max(g, so) if overlap else g + so
+
+    S, osl, A = float(wl.isl), float(wl.osl), float(wl.acceptance)
+    budget = float(wl.max_num_batched_tokens)
+
+    def figures(b: float, rate_o: float) -> tuple[float, float, float, float]:
+        g_d, g_p = at(b)
+        d = step(g_d)
+        p = (step(g_d + g_p) - d if wl.mixed_prefill else step(g_p)) + ro
+        u = rate_o * p
+        uc = min(u, 1.0 - 1e-9)
+        t = d / (1.0 - uc)
+        tpot = t / A
+        room = budget - (b if wl.mixed_prefill else 0.0)
+        m = max(1.0, math.ceil(S / max(room, 1.0)))
+        wait = t / 2.0 if wl.arrival == "poisson" else 0.0
+        ttft = front + wait + uc / (2.0 * (1.0 - uc)) * p + p \
+            + (d if wl.mixed_prefill else 0.0) + (m - 1.0) * t
+        return ttft, tpot, ttft + (osl - 1.0) * tpot, u
+
+    if wl.arrival == "staggered":
+        b = float(cap)
+        lat = figures(b, 0.0)[2]
+        for _ in range(iterations):
+            rate = b / lat
+            lat = 0.5 * lat + 0.5 * figures(b, rate * (b - 1.0) / b)[2]
+        rate = b / lat
+        ttft, tpot, lat, u = figures(b, rate * (b - 1.0) / b)
+    else:
+        rate = float(wl.rate)  # type: ignore[arg-type]
+        b = 1.0
+        for _ in range(iterations):
+            lat = figures(b, rate)[2]
+            b = 0.5 * b + 0.5 * min(max(rate * lat, 1.0), float(cap))
+        ttft, tpot, lat, u = figures(b, rate)
+        if u >= 1.0:
+            ttft = lat = math.inf
+    thr = min(rate, b / lat if math.isfinite(lat) else rate) * osl / tp
+    return ArrivalPoint(wl, rate, b, ttft, tpot, lat, thr, u)

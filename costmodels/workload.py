@@ -21,6 +21,8 @@ tensorrt_llm/llmapi/llm_args.py); vLLM V1's online-serving default token budget 
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hwprofiles.errors import InputError, first_error
@@ -61,21 +63,45 @@ class Workload(BaseModel):
     max_num_seqs: int = Field(default=DEFAULT_MAX_NUM_SEQS, ge=1)
     draft_tokens: int = Field(default=0, ge=0)
     acceptance: float = Field(default=1.0, ge=1.0)
+    arrival: Literal["closed", "staggered", "poisson"] = "closed"
+    """How requests arrive (``costmodels.serving.arrival_figures`` prices the last two):
+    ``closed``: B requests start together and, with fixed lengths, stay in lockstep (the
+    cycle of ``costmodels.model``); ``staggered``: a closed loop of B whose requests end at
+    spread-out times (random lengths), so each new prompt arrives alone as another request
+    ends; ``poisson``: an open loop, requests at ``rate`` per second, independent."""
+    rate: float | None = Field(default=None, gt=0, description="requests/s (poisson)")
+    mixed_prefill: bool = True
+    """Whether a step that carries prompt chunks also carries the running requests' decodes
+    (vLLM V1, TensorRT-LLM in-flight batching); ``False``: prefill steps run alone and the
+    decodes wait (SGLang's default, ``enable_mixed_chunk`` off)."""
 
     @model_validator(mode="after")
     def _one_of(self) -> Workload:
+        if self.arrival == "poisson" and self.batch is None and self.concurrency is None:
+            # an open loop's in-flight requests follow from its rate; the cap is the engine's
+            object.__setattr__(self, "concurrency", self.max_num_seqs)
+        if self.arrival != "closed" and self.batch is not None:
+            raise ValueError(f"arrival={self.arrival} needs continuous batching (concurrency), "
+                             "not a static batch")
         if (self.batch is None) == (self.concurrency is None):
             raise ValueError("give exactly one of batch or concurrency")
         if self.acceptance > self.draft_tokens + 1:
             raise ValueError(f"acceptance {self.acceptance} exceeds draft_tokens + 1 = "
                              f"{self.draft_tokens + 1} (tokens a verification step can accept)")
+        if (self.arrival == "poisson") != (self.rate is not None):
+            raise ValueError("a rate (requests/s) goes with arrival=poisson, and only with it")
         if not self.name:
             object.__setattr__(self, "name", self.label())
         return self
 
     def label(self) -> str:
         mode = f"batch={self.batch}" if self.batch is not None else f"concurrency={self.concurrency}"
-        return f"isl={self.isl},osl={self.osl},{mode}"
+        out = f"isl={self.isl},osl={self.osl},{mode}"
+        if self.arrival != "closed":
+            out += f",arrival={self.arrival}"
+        if self.rate is not None:
+            out += f",rate={self.rate:g}"
+        return out
 
     @property
     def chunked(self) -> bool:
@@ -130,7 +156,8 @@ _KEYS = {"isl": "isl", "input": "isl", "osl": "osl", "output": "osl", "batch": "
          "bs": "batch", "concurrency": "concurrency", "conc": "concurrency", "name": "name",
          "max_num_batched_tokens": "max_num_batched_tokens", "tokens": "max_num_batched_tokens",
          "max_num_seqs": "max_num_seqs", "draft_tokens": "draft_tokens",
-         "acceptance": "acceptance"}
+         "acceptance": "acceptance", "mixed_prefill": "mixed_prefill", "arrival": "arrival",
+         "rate": "rate", "qps": "rate"}
 
 
 def parse_workload(text: str | Workload | dict) -> Workload:
@@ -155,7 +182,7 @@ def parse_workload(text: str | Workload | dict) -> Workload:
                 raise InputError(f"unknown key {k!r}; expected isl, osl, batch, concurrency, "
                                  "max_num_batched_tokens or max_num_seqs",
                                  field="workload")
-            if key == "name":
+            if key in ("name", "arrival"):
                 data[key] = v
                 continue
             try:

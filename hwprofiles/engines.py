@@ -4,7 +4,9 @@ An engine profile (:class:`hwprofiles.schema.EngineProfile`) holds the per-step 
 per-request host overheads of one serving engine (``vllm``, ``sglang``, ``trtllm``, ...),
 shared by every device: they belong to the engine, not the GPU. ``get_engine(name)``
 returns a shipped one by name or alias (case-insensitive) or reads a JSON file;
-``available_engines()`` lists the shipped names; ``load_engine(path)`` reads a file.
+``available_engines()`` lists the shipped names; ``load_engine(path)`` reads a file. A name
+may carry the engine's version after ``@`` (``vllm@0.16.0``): behaviour that changed between
+versions (``EngineProfile.overlap_since``: async scheduling) is read at that version.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ def engine_index(profiles: dict[str, EngineProfile] | list[EngineProfile]
     return out
 
 
+def split_version(name: str) -> tuple[str, str | None]:
+    """``"vllm@0.16.0"`` -> ``("vllm", "0.16.0")``; a name without ``@`` has no version."""
+    base, sep, ver = str(name).partition("@")
+    return base, (ver.strip() or None) if sep else None
+
+
 def available_engines() -> list[str]:
     """Names of the shipped engine profiles, sorted."""
     return sorted(_shipped())
@@ -54,7 +62,7 @@ def find_engine(name: str | None, extra: dict[str, EngineProfile] | None = None
     the shipped ones; ``None`` when no profile has that name (or no name is given)."""
     if not name:
         return None
-    key = norm_name(str(name))
+    key = norm_name(split_version(str(name))[0])
     for pool in (extra or {}, _shipped()):
         hit = engine_index(pool).get(key)
         if hit is not None:

@@ -354,6 +354,21 @@ def _curve_str(c: EfficiencyCurve) -> str:
     return " ".join(f"{f:.0%}@{s:.3g}" for s, f in c.points)
 
 
+class TokenBudget(BaseModel):
+    """An engine's default scheduling limits on devices with at least ``min_memory_bytes``
+    of memory: tokens per step (``max_num_batched_tokens`` / ``chunked_prefill_size`` /
+    ``max_num_tokens``) and, where the engine fixes one, the cap on running requests."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_memory_bytes: float = Field(ge=0)
+    max_num_batched_tokens: int = Field(ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    exclude: list[str] = Field(default_factory=list, description="device names the rule "
+                               "skips (e.g. vLLM keeps A100 on its small-GPU defaults)")
+    source: str = Field(min_length=3)
+
+
 class EngineProfile(BaseModel):
     """A serving engine's host-side costs, shared by every device it runs on (the GPU does
     not set the scheduler's CPU time). Units: seconds. ``costmodels.model`` prices them:
@@ -362,6 +377,9 @@ class EngineProfile(BaseModel):
       sampling bookkeeping, graph launch) not inside any kernel;
     * ``request_overhead_s``: host seconds per request in the engine loop (admission,
       tokenization, retirement), never hidden;
+    * ``request_latency_s``: seconds a request spends outside the engine loop before its
+      first token reaches the client (HTTP, tokenization, hops between the front end's
+      processes, detokenization): TTFT only, off the critical path of the steps;
     * ``overlap``: the engine prepares step k+1 on the CPU while the GPU runs step k, so a
       step takes ``max(gpu, step_overhead_s)`` instead of ``gpu + step_overhead_s``;
       ``overlap_source`` says where that behaviour is documented.
@@ -375,5 +393,40 @@ class EngineProfile(BaseModel):
     notes: str = ""
     step_overhead_s: Figure
     request_overhead_s: Figure
+    request_latency_s: Figure = Figure(value=0.0, source="none: the engine profile gives no "
+                                       "front-end latency")
+    fitted: bool = True
+    fitted_note: str = ""
     overlap: bool = False
     overlap_source: str = Field(min_length=3)
+    overlap_since: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    mixed_prefill: bool = True
+    mixed_prefill_source: str = ""
+    token_budget: list[TokenBudget] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineProfile:
+        if not self.fitted and not self.fitted_note:
+            raise ValueError("an engine profile with fitted: false says why (fitted_note)")
+        return self
+
+    def overlaps(self, version: str | None = None) -> bool:
+        """Whether the engine overlaps host scheduling with GPU work at ``version``
+        (``None``: the newest): ``overlap``, and from ``overlap_since`` on when given."""
+        if not self.overlap:
+            return False
+        if self.overlap_since is None or version is None:
+            return True
+        return _version(version) >= _version(self.overlap_since)
+
+    def budget(self, memory_bytes: float, device: str = "") -> TokenBudget | None:
+        """The engine's default token budget on ``device`` with ``memory_bytes`` of memory
+        (the rule with the largest ``min_memory_bytes`` at or below it that does not exclude
+        the device); ``None`` when no rule applies."""
+        hits = [b for b in self.token_budget if b.min_memory_bytes <= memory_bytes
+                and device not in b.exclude]
+        return max(hits, key=lambda b: b.min_memory_bytes) if hits else None
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"[0-9]+", v))

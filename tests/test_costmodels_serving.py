@@ -262,3 +262,99 @@ def test_a_measurement_taken_with_mtp_is_priced_with_the_mtp_head(tmp_path):
     bad.write_text(head + "1,fit,b200,x,fp8,1,1,0,1,2,,,throughput,1,,src,,5,\n")
     with pytest.raises(InputError, match="acceptance"):
         load_measurements(bad)
+
+
+# -- arrival processes, engine scheduling (issue 30) -----------------------------------
+
+def _arr(wl: str, engine: str = "trtllm"):
+    from costmodels.serving import arrival_figures
+
+    return arrival_figures(LLAMA8B, NB, H100, FP8, wl, engine=engine)
+
+
+def test_poisson_ttft_at_a_trickle_is_one_prompt_plus_half_a_step():
+    # one request at a time: its prompt's pass (as at concurrency 1), plus on average half
+    # of the step under way when it arrives
+    lone = price_model(LLAMA8B, NB, H100, FP8, ["isl=1000,osl=200,concurrency=1"])
+    pt = _arr("isl=1000,osl=200,arrival=poisson,rate=0.001")
+    assert pt.in_flight == pytest.approx(1.0)
+    assert pt.utilization < 1e-3
+    half_step = 0.5 * float(lone.tpot_s[0])
+    assert pt.ttft_s == pytest.approx(float(lone.ttft_s[0]) + half_step, rel=0.05)
+
+
+def test_poisson_queueing_grows_with_the_rate_and_obeys_littles_law():
+    pts = [_arr(f"isl=1000,osl=200,arrival=poisson,rate={r}") for r in (1, 5, 20, 40)]
+    ttft = [p.ttft_s for p in pts]
+    assert all(a < b for a, b in zip(ttft, ttft[1:]))
+    for p in pts:
+        assert p.stable
+        assert p.in_flight == pytest.approx(p.rate_per_s * p.latency_s, rel=0.02)
+        # an open loop's throughput is its arrival rate times the output length
+        assert p.throughput_tok_s == pytest.approx(p.rate_per_s * 200, rel=1e-6)
+
+
+def test_poisson_past_the_prefill_capacity_is_unstable():
+    pt = _arr("isl=8000,osl=10,arrival=poisson,rate=1000")
+    assert not pt.stable and pt.ttft_s == float("inf")
+
+
+def test_staggered_arrivals_at_concurrency_one_equal_the_closed_loop():
+    closed = price_model(LLAMA8B, NB, H100, FP8, ["isl=500,osl=300,concurrency=1"])
+    pt = _arr("isl=500,osl=300,concurrency=1,arrival=staggered")
+    assert pt.ttft_s == pytest.approx(float(closed.ttft_s[0]), rel=0.02)
+    assert pt.tpot_s == pytest.approx(float(closed.tpot_s[0]), rel=0.02)
+
+
+def test_staggered_prompts_arrive_alone_and_wait_less_than_a_lockstep_wave():
+    # 64 requests in lockstep prefill 64 prompts per cycle in full-budget steps; spread out,
+    # each prompt rides a step of its own
+    closed = price_model(LLAMA8B, NB, H100, FP8, ["isl=2000,osl=500,concurrency=64"])
+    pt = _arr("isl=2000,osl=500,concurrency=64,arrival=staggered")
+    assert pt.ttft_s < float(closed.ttft_s[0])
+    assert pt.in_flight == 64
+
+
+def test_prefill_steps_alone_stall_the_decodes():
+    # SGLang's default (no mixed chunks): a prefill batch runs alone, so decodes wait for it
+    mixed = price_model(LLAMA8B, NB, H100, FP8, ["isl=2000,osl=500,concurrency=64"])
+    alone = price_model(LLAMA8B, NB, H100, FP8,
+                        ["isl=2000,osl=500,concurrency=64,mixed_prefill=0"])
+    assert alone.tpot_s[0] > mixed.tpot_s[0]
+    # one request has no decodes to mix with: the same figures either way
+    one = price_model(LLAMA8B, NB, H100, FP8, ["isl=2000,osl=500,concurrency=1",
+                                               "isl=2000,osl=500,concurrency=1,mixed_prefill=0"])
+    assert one.ttft_s[0] == pytest.approx(one.ttft_s[1])
+    assert one.tpot_s[0] == pytest.approx(one.tpot_s[1])
+
+
+def test_engine_limits_follow_each_engines_published_defaults():
+    from costmodels.model import engine_limits
+
+    b200, h200, a100 = (hwprofiles.get(n) for n in ("b200", "h200-sxm", "a100"))
+    assert engine_limits(b200, "sglang") == {"mixed_prefill": False,
+                                             "max_num_batched_tokens": 16384}
+    assert engine_limits(h200, "sglang")["max_num_batched_tokens"] == 8192
+    assert engine_limits(h200, "vllm") == {"mixed_prefill": True,
+                                           "max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+    assert engine_limits(a100, "vllm")["max_num_batched_tokens"] == 2048  # A100 excluded
+    assert engine_limits(h200, "trtllm")["max_num_seqs"] == 2048
+
+
+def test_async_scheduling_is_read_at_the_engines_version():
+    from costmodels.model import engine_figures
+
+    assert engine_figures(H100, "vllm@0.16.0")[2] is True
+    assert engine_figures(H100, "vllm@0.10.1")[2] is False
+    assert engine_figures(H100, "sglang")[2] is True
+
+
+def test_arrival_in_a_workload_string():
+    from costmodels.workload import parse_workload
+
+    w = parse_workload("isl=100,osl=10,arrival=poisson,qps=2.5")
+    assert w.arrival == "poisson" and w.rate == 2.5 and w.concurrency == w.max_num_seqs
+    with pytest.raises(InputError):
+        parse_workload("isl=100,osl=10,concurrency=4,rate=2")
+    with pytest.raises(InputError):
+        parse_workload("isl=100,osl=10,batch=4,arrival=staggered")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,13 +65,6 @@ def test_datasheet_figures_from_facts():
     assert b200.peak("nvfp4") == 9000e12 and b200.compute_dtype("nvfp4") == "nvfp4"
     assert hwprofiles.get("mi355x").peak("mxfp4") == 10100e12
     assert hwprofiles.get("mi300x").interconnect.bandwidth.value == 448e9
-    # the shipped H100/H200/B200 efficiencies are fitted to published serving measurements
-    # (tests/data/serving_measurements.csv, `puzzle-nas calibrate`), inside physical bounds
-    for name in ("h100-sxm", "h200-sxm", "b200"):
-        p = hwprofiles.get(name)
-        bf16 = p.efficiency.matmul["bf16"]
-        assert bf16.source.startswith("fitted to ") and 0.4 <= bf16.at(1e12) <= 0.95
-        assert 0.5 <= p.efficiency.memory.peak_fraction <= 0.95
     # A100 and MI300X BF16 GEMM: their own published MAMF figures, not H100's carried over
     assert hwprofiles.get("a100").efficiency.matmul["bf16"].at(1e12) == pytest.approx(0.859)
     assert hwprofiles.get("mi300x").efficiency.matmul["bf16"].at(1e12) == pytest.approx(0.598)
@@ -214,3 +208,41 @@ def test_first_error_is_one_line_with_its_field():
         Outer.model_validate(3)
     loc, msg = first_error(whole.value, "(root)")
     assert loc == "(root)" and "\n" not in msg and msg
+
+
+# -- figures physics ties together (issue 30): not the fitter's own clip window ----------
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "b200", "a100", "mi300x"])
+def test_bf16_and_fp16_gemm_run_at_one_efficiency(name):
+    # BF16 and FP16 run on the same tensor cores at the same peak: one measured fraction
+    p = hwprofiles.get(name)
+    if "fp16" not in p.efficiency.matmul:
+        pytest.skip("no FP16 figure")
+    assert p.peak("bf16") == p.peak("fp16")
+    assert p.efficiency.matmul["bf16"].at(1e12) == pytest.approx(
+        p.efficiency.matmul["fp16"].at(1e12), rel=0.05)
+    assert not p.efficiency.matmul["bf16"].source.startswith("fitted")
+
+
+@pytest.mark.xfail(strict=True, reason="issue 30, left: H100 HBM streaming fits at 0.95 (its "
+                   "upper bound) and H200 at 0.72 on the same GH100 memory system; a joint "
+                   "Hopper fit (or a published STREAM figure per part) is still to come")
+def test_hbm_efficiency_is_one_figure_across_a_generation():
+    h100, h200 = hwprofiles.get("h100-sxm"), hwprofiles.get("h200-sxm")
+    assert h100.efficiency.memory.peak_fraction == pytest.approx(
+        h200.efficiency.memory.peak_fraction, rel=0.1)
+
+
+def test_engine_step_overhead_below_its_smallest_published_step():
+    # an engine's host step cannot exceed the shortest step it was measured at: a TPOT at
+    # concurrency 1 is one step per token (tests/data/serving_measurements.csv)
+    from costmodels.calibrate import load_measurements
+    from hwprofiles.engines import available_engines, find_engine, get_engine
+
+    rows = load_measurements(Path(__file__).parent / "data" / "serving_measurements.csv")
+    for e in available_engines():
+        prof = get_engine(e)
+        tpots = [m.value for m in rows if m.metric == "tpot_s" and m.concurrency == 1
+                 and m.engine and find_engine(m.engine).name == prof.name]
+        if tpots:
+            assert prof.step_overhead_s.value <= min(tpots), (e, min(tpots))
