@@ -295,16 +295,14 @@ def test_unpack_mxfp4_closed_form():
     assert int((w != 0).sum()) == 4
 
 
-def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
-    """A checkpoint in the Hub's gpt-oss layout (experts as MXFP4 ``*_blocks`` / ``*_scales``,
-    ``quantization_config.quant_method: mxfp4``) loads here, and the logits match the model
-    transformers builds from the same files (its own MXFP4 dequantization)."""
+def hub_mxfp4_checkpoint(path, dtype=None):  # type: ignore[no-untyped-def]
+    """A tiny random gpt-oss saved in the Hub's layout (experts as MXFP4 ``*_blocks`` /
+    ``*_scales``, ``quantization_config.quant_method: mxfp4``) in ``dtype`` (default
+    float32) for the tensors that are not quantized; returns ``path``."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from safetensors.torch import load_file, save_file
-    from test_hf_parity import _prompt, randomize
-
-    from nas.build import load_pretrained
+    from test_hf_parity import randomize
 
     cfg = transformers.GptOssConfig(
         vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -317,8 +315,8 @@ def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
     torch.manual_seed(0)
     m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     randomize(m, 0)
-    m.save_pretrained(tmp_path)
-    sd = load_file(str(tmp_path / "model.safetensors"))
+    m.to(dtype or torch.float32).save_pretrained(path)
+    sd = load_file(str(path / "model.safetensors"))
     g = torch.Generator().manual_seed(0)
     for k in [k for k in sd if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
         E, rows_in, cols_out = sd.pop(k).shape  # (experts, in, out)
@@ -326,12 +324,26 @@ def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
                                           generator=g, dtype=torch.uint8)
         sd[k + "_scales"] = torch.randint(122, 126, (E, cols_out, rows_in // 32),
                                           generator=g, dtype=torch.uint8)
-    save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    c = json.loads((tmp_path / "config.json").read_text())
+    save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
+    c = json.loads((path / "config.json").read_text())
     c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
         "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
         "lm_head"]}
-    (tmp_path / "config.json").write_text(json.dumps(c))
+    (path / "config.json").write_text(json.dumps(c))
+    return path
+
+
+def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
+    """A checkpoint in the Hub's gpt-oss layout (:func:`hub_mxfp4_checkpoint`) loads here,
+    and the logits match the model transformers builds from the same files (its own MXFP4
+    dequantization)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from test_hf_parity import _prompt
+
+    from nas.build import load_pretrained
+
+    hub_mxfp4_checkpoint(tmp_path)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path, quantization_config=transformers.Mxfp4Config(dequantize=True),
         dtype=torch.float32).eval()
@@ -348,6 +360,9 @@ def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
     with torch.no_grad():
         assert float((again(_prompt()).logits - theirs(_prompt()).logits).abs().max()) <= 1e-4
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(tmp_path / "model.safetensors"))
     (tmp_path / "model.safetensors").unlink()  # a blocks tensor without its scales
     del sd["model.layers.1.mlp.experts.down_proj_scales"]
     save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})

@@ -259,3 +259,11 @@ def test_every_command_runs_on_deepseeks_hub_fp8_layout_in_bf16(tmp_path):
     assert {p.dtype for p in m.parameters()} == {torch.bfloat16}
     assert {b.dtype for b in m.buffers()} <= {torch.float32}
     _run_every_command(parent, tmp_path, {"moe": {"top_k": [1]}})
+
+
+def test_every_command_runs_on_gpt_oss_hub_mxfp4_layout_in_bf16(tmp_path):
+    from test_family_gpt_oss import hub_mxfp4_checkpoint
+
+    parent = hub_mxfp4_checkpoint(tmp_path / "parent", torch.bfloat16)
+    assert {p.dtype for p in load_pretrained(parent).parameters()} == {torch.bfloat16}
+    _run_every_command(parent, tmp_path, {"moe": {"top_k": [1]}})
