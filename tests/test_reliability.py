@@ -568,3 +568,21 @@ def test_pareto_marks_the_chosen_child_and_which_way_is_better():
         (x0, y0), (x1, y1) = arrow.xyann, arrow.xy  # from the text to the arrow's head
         assert y1 < y0 and (x1 > x0) == higher
         plt.close(fig)
+
+
+@pytest.mark.parametrize("command", ["build", "distill"])
+def test_second_build_or_distill_on_the_same_output_is_refused(tmp_path, writers, capsys,
+                                                               command):
+    """build and distill hold their -o too (two distills would train into one checkpoint;
+    the last build to finish would replace the other's without a word)."""
+    from nas.io import lock_path, output_lock
+
+    out = tmp_path / "out"
+    argv = [str(out) if a == "OUT" else a for a in writers[command][0]]
+    with output_lock(out, "-o"):
+        assert main(argv) == 2
+        line = one_line(capsys.readouterr().err)
+        assert f"pid {os.getpid()}" in line and str(out) in line, line
+        assert not out.exists()
+    assert main(argv) == 0
+    assert not lock_path(out).exists()

@@ -139,6 +139,15 @@ def _is_checkpoint_file(name: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Build (see :func:`_run`), one run at a time per output folder: a second build into
+    the same ``-o`` is refused at once (:func:`nas.io.output_lock`)."""
+    from nas.io import output_lock
+
+    with output_lock(args.output, "-o"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         import torch
     except ImportError:

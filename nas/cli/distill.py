@@ -162,17 +162,22 @@ def lr_warning(lr: float, flag: str = "--lr") -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from nas.io import output_lock
+
     if (warn := lr_warning(args.lr)) is not None:
         print(f"puzzle-nas distill: {warn}", file=sys.stderr)
     if args.nproc < 1:
         raise InputError("--nproc must be >= 1")
-    if args.nproc == 1:
-        return run_local(args)
-    if args.batch % args.nproc:
-        raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of the "
-                         f"{args.nproc} ranks (--nproc)")
-    _check(args)  # bad input: one line and exit 2 here, before any rank starts
-    return run_ranks("nas.cli.distill", args.nproc, forward_args(args))
+    # one run at a time per output folder (two would train into the same checkpoint): a
+    # second is refused at once; the launcher holds the lock while its ranks run
+    with output_lock(args.output, "-o"):
+        if args.nproc == 1:
+            return run_local(args)
+        if args.batch % args.nproc:
+            raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of "
+                             f"the {args.nproc} ranks (--nproc)")
+        _check(args)  # bad input: one line and exit 2 here, before any rank starts
+        return run_ranks("nas.cli.distill", args.nproc, forward_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:
