@@ -49,7 +49,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from costmodels.blocks import BlockCosts, price_blocks, serving_shares
+from costmodels.blocks import BlockCosts, _workload_columns, price_blocks, serving_shares
 from costmodels.dtypes import PrecisionRecipe, TensorRole
 from costmodels.shapes import KIND_NAMES, BlockTable, Kind
 from costmodels.workload import Workload, parse_workload
@@ -329,7 +329,7 @@ def step_shapes(w: Workload) -> StepShapes:
     nc = float(w.prefill_chunks)
     oeff = 1.0 + (w.osl - 1.0) / w.acceptance
     return StepShapes(prompts=B / nc, isl=int(w.isl),
-                      decodes_in_mix=B * min(nc - 1.0, oeff - 1.0) / nc,
+                      decodes_in_mix=(B * min(nc - 1.0, oeff - 1.0) / nc if w.mixed_prefill else 0.0),
                       batch=int(w.sequences), context=int(math.floor(w.mean_decode_context + 0.5)))
 
 
@@ -422,11 +422,7 @@ def price_measured(table: BlockTable, hw: HardwareProfile, recipe: PrecisionReci
             dec_u[i, j] = meas.seconds(r, "decode", float(s.batch), 1, s.context, where)
     inv = np.asarray(inv).reshape(-1)
     mix, dec = mix_u[inv], dec_u[inv]
-    wc = {k: np.asarray(v, dtype=np.float64)[None, :] for k, v in {
-        "NC": [w.prefill_chunks for w in wls], "O": [w.osl for w in wls],
-        "A": [w.acceptance for w in wls],
-        "M": [max(1.0, w.isl / w.chunk_tokens) for w in wls]}.items()}
-    prefill, decode, runtime = serving_shares(mix, dec, wc)
+    prefill, decode, runtime = serving_shares(mix, dec, _workload_columns(wls))
     return BlockCosts(
         workloads=wls, tp=1, ep=1, prefill_s=prefill, decode_s=decode, runtime_s=runtime,
         memory_bytes=analytic.memory_bytes, weight_bytes=analytic.weight_bytes,
