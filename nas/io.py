@@ -123,30 +123,35 @@ def _writer_alive(pid: int) -> bool:
 
 def remove_stale_temps(path: str | Path) -> list[Path]:
     """Remove the temp entries beside ``path`` (``.NAME.<pid>-*.tmp`` / ``.old``, see
-    :func:`temp_prefix`) whose writer process is gone: what a SIGKILLed or crashed run left
-    (a checkpoint's can be GBs). Entries of a live process, and names without a pid, are
-    left alone. Returns what was removed."""
+    :func:`temp_prefix`) and, when ``path`` is a folder, inside it (a staged checkpoint or a
+    temp file of any name) whose writer process is gone: what a SIGKILLed or crashed run
+    left (a checkpoint's can be GBs). Entries of a live process, and names without a pid,
+    are left alone. Returns what was removed."""
     import re
 
     path = Path(os.path.abspath(path))
-    pat = re.compile(re.escape(f".{path.name}.") + r"(\d+)-[A-Za-z0-9_]+\.(?:tmp|old)$")
-    try:
-        names = os.listdir(path.parent)
-    except OSError:
-        return []
+    tail = r"\.(\d+)-[A-Za-z0-9_]+\.(?:tmp|old)$"
+    places = [(path.parent, re.compile(re.escape(f".{path.name}") + tail))]
+    if path.is_dir() and not path.is_symlink():
+        places.append((path, re.compile(r"\..+" + tail)))
     gone = []
-    for name in names:
-        m = pat.match(name)
-        if m is None or _writer_alive(int(m.group(1))):
+    for folder, pat in places:
+        try:
+            names = os.listdir(folder)
+        except OSError:
             continue
-        entry = path.parent / name
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                entry.unlink()
-        if not os.path.lexists(entry):
-            gone.append(entry)
+        for name in names:
+            m = pat.match(name)
+            if m is None or _writer_alive(int(m.group(1))):
+                continue
+            entry = folder / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+            if not os.path.lexists(entry):
+                gone.append(entry)
     return gone
 
 

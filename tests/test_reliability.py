@@ -225,7 +225,10 @@ def test_sigkilled_build_leftovers_are_removed_by_the_next_run(tmp_path, tiny_bu
                        cwd=tmp_path, timeout=300)
     assert p.returncode == -signal.SIGKILL, p.stderr
     left = [n for n in os.listdir(tmp_path) if n.startswith(".child.")]
-    assert len(left) == 1 and left[0].endswith(".tmp"), left
+    # the staged checkpoint, and the lock file (its lock went with the process)
+    assert sorted(n.endswith(".tmp") for n in left) == [False, True], left
+    assert ".child.lock" in left
+    left = [n for n in left if n.endswith(".tmp")]
     assert os.listdir(tmp_path / left[0])  # the whole staged checkpoint
     live = tmp_path / f".child.{os.getpid()}-abc.tmp"  # a live writer's (ours)
     live.mkdir()
@@ -586,3 +589,21 @@ def test_second_build_or_distill_on_the_same_output_is_refused(tmp_path, writers
         assert not out.exists()
     assert main(argv) == 0
     assert not lock_path(out).exists()
+
+
+def test_stale_temps_inside_an_output_folder_are_removed(tmp_path, writers):
+    """A checkpoint staged inside distill's folder by a killed run (a dead pid in its name)
+    is removed by the next run; a live process's is left."""
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                       capture_output=True, text=True)
+    dead = int(p.stdout)  # a process that has exited
+    out = tmp_path / "d"
+    stale = out / f".checkpoint.{dead}-abc123.tmp"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"x" * 1000)
+    (out / f".distill.json.{dead}-q1.tmp").write_text("{")
+    live = out / f".checkpoint.{os.getpid()}-zz.tmp"
+    live.mkdir()
+    argv = [str(out) if a == "OUT" else a for a in writers["distill"][0]]
+    assert main(argv) == 0
+    assert sorted(n for n in os.listdir(out) if n.startswith(".")) == [live.name]
