@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hwprofiles.errors import InputError, first_error, read_json
 from nas.build import load_pretrained
@@ -85,10 +85,33 @@ class DistillSettings(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         default=None, description="compute dtype of teacher and student (None: each "
         "checkpoint's non-quantized dtype)")
+    keep_best: bool = Field(default=True, description="return the weights of the evaluation "
+                            "(step 0, the student as given, included) with the lowest held-out "
+                            "KL, not the last ones: never worse than the start")
+    patience: int = Field(default=0, ge=0, description="stop after this many evaluations "
+                          "without a lower held-out KL (0: never stop early)")
+    lr_sweep: tuple[float, ...] = Field(default=(), description="peak learning rates tried "
+                                        "first, each for sweep_steps steps from the student as "
+                                        "given; the one with the lowest held-out KL trains "
+                                        "(lr is then not used)")
+    sweep_steps: int | None = Field(default=None, ge=1, description="steps of each sweep "
+                                    "trial (default: a quarter of the run, at least 1)")
+
+    @field_validator("lr_sweep")
+    @classmethod
+    def _positive(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not (x > 0 and math.isfinite(x)) for x in v):
+            raise ValueError("every learning rate of the sweep must be a positive number")
+        return v
 
     @property
     def steps(self) -> int:
         return math.ceil(self.tokens / (self.batch_size * self.seq_len))
+
+    @property
+    def trial_steps(self) -> int:
+        """Steps of one learning-rate trial (at most the run's)."""
+        return min(self.steps, self.sweep_steps or max(1, self.steps // 4))
 
     def digest(self) -> str:
         # unset fields left out: a run started before a field existed resumes
@@ -108,6 +131,18 @@ class CurvePoint(BaseModel):
     accuracy: float
     top1_agreement: float
     train_loss: float | None
+
+
+class SweepTrial(BaseModel):
+    """One learning rate of the sweep: held-out figures after ``steps`` steps."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lr: float
+    steps: int
+    kl_div: float
+    lm_loss: float
+    accuracy: float
 
 
 class DistillRecord(BaseModel):
@@ -132,9 +167,22 @@ class DistillRecord(BaseModel):
     teacher_eval: CurvePoint
     curve: list[CurvePoint]
     final: CurvePoint
+    """The figures of the weights in ``model/``: the best evaluation with ``keep_best``."""
     resumed_from_step: int
     seconds: float
     parameters: int
+    initial: CurvePoint | None = None
+    """The student as given (step 0)."""
+    last: CurvePoint | None = None
+    """The last evaluation (equal to ``final`` unless an earlier one was better)."""
+    kept_step: int | None = None
+    """The step whose weights are in ``model/``."""
+    stopped_early_at: int | None = None
+    """The step after which ``patience`` evaluations without improvement stopped the run."""
+    lr: float | None = None
+    """The peak learning rate trained with (the sweep's choice when there was one)."""
+    sweep: list[SweepTrial] = []
+    """The learning-rate sweep's trials, in the order run."""
 
 
 class _State(BaseModel):
@@ -147,6 +195,10 @@ class _State(BaseModel):
     curve: list[CurvePoint]
     teacher_eval: CurvePoint
     losses: list[float]
+    lr: float | None = None
+    sweep: list[SweepTrial] = []
+    best_step: int = 0
+    since_best: int = 0
 
 
 # ---- data -------------------------------------------------------------------------------
@@ -247,13 +299,21 @@ def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: in
 
 
 # ---- checkpoints ------------------------------------------------------------------------
+def _cpu_copy(student: CausalLM) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().contiguous().clone() for k, v in student.state_dict().items()}
+
+
 def _save_checkpoint(folder: Path, student: CausalLM, opt: torch.optim.Optimizer,
-                     state: _State) -> None:
+                     state: _State, best: dict[str, torch.Tensor] | None = None) -> None:
+    """``best``: the best evaluation's weights when the student has moved past them
+    (``best.safetensors``, so that a resumed run can still return them)."""
     from safetensors.torch import save_file
 
-    sd = {k: v.detach().cpu().contiguous().clone() for k, v in student.state_dict().items()}
+    sd = _cpu_copy(student)
     with staged_dir(folder, "checkpoint") as tmp:
         save_file(sd, str(tmp / "model.safetensors"))
+        if best is not None:
+            save_file(best, str(tmp / "best.safetensors"))
         torch.save(opt.state_dict(), tmp / "optimizer.pt")
         (tmp / "state.json").write_text(state.model_dump_json(indent=1) + "\n")
 
@@ -301,6 +361,21 @@ def _load_checkpoint(folder: Path, key: str, student: CausalLM,
     except Exception as exc:
         raise _damaged(folder, "optimizer.pt", f"{type(exc).__name__}: {exc}") from None
     return state
+
+
+def _load_best(folder: Path, student: CausalLM) -> dict[str, torch.Tensor]:
+    """The best weights a checkpoint kept (``best.safetensors``), on the CPU."""
+    from safetensors.torch import load_file
+
+    try:
+        best = load_file(str(folder / "best.safetensors"))
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise _damaged(folder, "best.safetensors", f"{type(exc).__name__}: {exc}") from None
+    if set(best) != set(student.state_dict()):
+        raise _damaged(folder, "best.safetensors", "its tensors are not the student's")
+    return best
 
 
 def plot_curve(path: Path, record: DistillRecord) -> Path | None:
@@ -382,71 +457,146 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             rec = None
         if rec is not None and rec.key == key:
             return rec if rank == 0 else None
-    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=s.lr,
-                            weight_decay=s.weight_decay)
+    def new_opt(lr: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr,
+                                 weight_decay=s.weight_decay)
+
+    opt = new_opt(s.lr)
     ckpt = out / "checkpoint"
     state = _load_checkpoint(ckpt, key, student, opt)
-    if state is None:
-        ev = evaluate(teacher, teacher, ho)
-        teacher_eval = _point(0, s, ev, None)
-        curve = [_point(0, s, evaluate(student, teacher, ho), None)]
-        start, losses = 0, []
-    else:
-        teacher_eval, curve, start, losses = (state.teacher_eval, list(state.curve), state.step,
-                                              list(state.losses))
-        if rank == 0:
-            log(f"resuming from step {start} of {s.steps} ({ckpt})")
     model: torch.nn.Module = student
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(student)  # every parameter is used (experts are stacked tensors)
     local = s.batch_size // world
-    kill_after = int(os.environ.get(KILL_ENV, "-1"))
-    student.train()
-    with Progress(s.steps, "distilling", progress if rank == 0 else False) as bar:
-        bar.update(start)
-        for step in range(start, s.steps):
-            idx = step_rows(step, len(tr), s)[rank * local:(rank + 1) * local]
+
+    def train_steps(run: DistillSettings, optim: torch.optim.Optimizer, start: int, stop: int,
+                    losses: list[float]) -> None:
+        """Optimizer steps ``start .. stop - 1`` of schedule ``run``."""
+        student.train()
+        for step in range(start, stop):
+            idx = step_rows(step, len(tr), run)[rank * local:(rank + 1) * local]
             t = tr[idx].to(device)
             with torch.no_grad():
                 zt = teacher(t)
-            loss, kl, _ = kd_loss(model(t), zt, t, s.lm_weight)
-            for group in opt.param_groups:
-                group["lr"] = lr_at(step, s)
-            opt.zero_grad(set_to_none=True)
+            loss, _, _ = kd_loss(model(t), zt, t, run.lm_weight)
+            for group in optim.param_groups:
+                group["lr"] = lr_at(step, run)
+            optim.zero_grad(set_to_none=True)
             loss.backward()
-            if s.grad_clip:
-                torch.nn.utils.clip_grad_norm_(student.parameters(), s.grad_clip)
-            opt.step()
+            if run.grad_clip:
+                torch.nn.utils.clip_grad_norm_(student.parameters(), run.grad_clip)
+            optim.step()
             lv = loss.detach().clone()
             if world > 1:
                 dist.all_reduce(lv)
                 lv /= world
             losses.append(float(lv))
-            n = step + 1
             if not math.isfinite(losses[-1]):  # every rank holds the same (all-reduced) loss
-                raise InputError(f"training diverged: the loss is {losses[-1]} at step {n} of "
-                                 f"{s.steps} (learning rate {lr_at(step, s):.3g}); lower the "
-                                 "learning rate", field="--lr")
+                raise InputError(f"training diverged: the loss is {losses[-1]} at step "
+                                 f"{step + 1} of {run.steps} (learning rate "
+                                 f"{lr_at(step, run):.3g}); lower the learning rate",
+                                 field="--lr-sweep" if s.lr_sweep else "--lr")
+            if on_step is not None:
+                on_step(step, float(lv))
+
+    on_step: Callable[[int, float], None] | None = None
+    if state is None:
+        ev = evaluate(teacher, teacher, ho)
+        teacher_eval = _point(0, s, ev, None)
+        curve = [_point(0, s, evaluate(student, teacher, ho), None)]
+        start, losses, best_step, since_best = 0, [], 0, 0
+        sweep: list[SweepTrial] = []
+        lr = s.lr
+        if s.lr_sweep:  # trials from the student as given; it is put back after each
+            init = _cpu_copy(student)
+            for cand in s.lr_sweep:
+                trial = s.model_copy(update={"lr": cand, "tokens": s.trial_steps * s.batch_size
+                                             * s.seq_len})
+                try:
+                    train_steps(trial, new_opt(cand), 0, trial.steps, [])
+                    e = evaluate(student, teacher, ho)
+                except InputError:  # diverged: this rate loses the sweep
+                    e = {"kl_div": math.inf, "lm_loss": math.inf, "accuracy": 0.0}
+                sweep.append(SweepTrial(lr=cand, steps=trial.steps, kl_div=e["kl_div"],
+                                        lm_loss=e["lm_loss"], accuracy=e["accuracy"]))
+                if rank == 0:
+                    log(f"lr sweep: {cand:g} -> held-out KL {e['kl_div']:.4f} after "
+                        f"{trial.steps} steps")
+                student.load_state_dict(init)
+            ok = [t for t in sweep if math.isfinite(t.kl_div)]
+            if not ok:
+                raise InputError(f"every learning rate of the sweep diverged "
+                                 f"({', '.join(f'{x:g}' for x in s.lr_sweep)}); try lower ones",
+                                 field="--lr-sweep")
+            lr = min(ok, key=lambda t: (t.kl_div, t.lr)).lr
+            opt = new_opt(lr)
+            del init
+    else:
+        teacher_eval, curve, start, losses = (state.teacher_eval, list(state.curve), state.step,
+                                              list(state.losses))
+        best_step, since_best = state.best_step, state.since_best
+        sweep, lr = list(state.sweep), state.lr if state.lr is not None else s.lr
+        if rank == 0:
+            log(f"resuming from step {start} of {s.steps} ({ckpt})")
+    run = s.model_copy(update={"lr": lr})
+    # best: a CPU copy of the best evaluation's weights once the student has moved past them
+    # (None while the student itself holds them)
+    best = _load_best(ckpt, student) if state is not None and best_step != start else None
+    best_kl = next(c.kl_div for c in curve if c.step == best_step)
+    kill_after = int(os.environ.get(KILL_ENV, "-1"))
+    stopped = None
+    with Progress(s.steps, "distilling", progress if rank == 0 else False) as bar:
+        bar.update(start)
+
+        def on_step(step: int, lv: float) -> None:  # noqa: F811  (the bar's, from here on)
+            bar.update(1, f"loss {lv:.4f}")
+
+        step = start
+        while step < s.steps:
+            if s.keep_best and best_step == step and best is None:
+                best = _cpu_copy(student)
+            n = min(s.steps, (step // s.eval_every + 1) * s.eval_every,
+                    (step // s.checkpoint_every + 1) * s.checkpoint_every,
+                    kill_after if kill_after > step else s.steps)
+            train_steps(run, opt, step, n, losses)
+            step = n
             if n % s.eval_every == 0 or n == s.steps:
                 tl = float(np.mean(losses[-s.eval_every:]))
                 curve.append(_point(n, s, evaluate(student, teacher, ho), tl))
                 c = curve[-1]
+                if c.kl_div < best_kl:
+                    best_kl, best_step, since_best, best = c.kl_div, n, 0, None
+                else:
+                    since_best += 1
                 if rank == 0:
                     log(f"step {n}/{s.steps}: held-out KL {c.kl_div:.4f}, LM loss "
-                        f"{c.lm_loss:.4f}, accuracy {c.accuracy:.4f} (train loss {tl:.4f})")
+                        f"{c.lm_loss:.4f}, accuracy {c.accuracy:.4f} (train loss {tl:.4f})"
+                        + ("" if best_step == n else f"; the best is still step {best_step}"))
+                if s.patience and since_best >= s.patience and n < s.steps:
+                    stopped = n
+                    if rank == 0:
+                        log(f"stopping early: no lower held-out KL in {s.patience} "
+                            "evaluations")
+                    break
             if n % s.checkpoint_every == 0 and n < s.steps:  # the end writes model/
                 if rank == 0:
                     _save_checkpoint(ckpt, student, opt, _State(
                         key=key, step=n, curve=curve, teacher_eval=teacher_eval,
-                        losses=losses))
+                        losses=losses, lr=lr, sweep=sweep, best_step=best_step,
+                        since_best=since_best), best if best_step != n else None)
                 if world > 1:
                     dist.barrier()
             if n == kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)
-            bar.update(1, f"loss {float(lv):.4f}")
     student.eval()
+    last = curve[-1]
+    kept = last
+    if s.keep_best and best_step != last.step:
+        assert best is not None
+        student.load_state_dict(best)
+        kept = next(c for c in curve if c.step == best_step)
     if rank != 0:
         dist.barrier()
         return None
@@ -457,10 +607,11 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
         version=VERSION, key=key, student=str(student_dir), teacher=str(teacher_dir),
         teacher_weights=t_hash, student_init_weights=s_hash, data=data_source,
         data_sha256=data_hash, eval_data=eval_source or f"{data_source} (last rows)",
-        settings=s.model_dump(), steps=s.steps, tokens_trained=s.steps * s.batch_size * s.seq_len,
-        held_tokens=int(ho[:, 1:].numel()), world_size=world, teacher_eval=teacher_eval,
-        curve=curve, final=curve[-1], resumed_from_step=start,
-        seconds=time.perf_counter() - t0, parameters=student.num_stored())
+        settings=s.model_dump(mode="json"), steps=last.step, tokens_trained=last.step * s.batch_size
+        * s.seq_len, held_tokens=int(ho[:, 1:].numel()), world_size=world,
+        teacher_eval=teacher_eval, curve=curve, final=kept, resumed_from_step=start,
+        seconds=time.perf_counter() - t0, parameters=student.num_stored(), initial=curve[0],
+        last=last, kept_step=kept.step, stopped_early_at=stopped, lr=lr, sweep=sweep)
     plot_curve(out / "kd_curve.png", record)
     atomic_write_json(done, record.model_dump())
     if world > 1:

@@ -53,6 +53,18 @@ def add_dtype_flag(p: argparse.ArgumentParser) -> None:
                    "into it)")
 
 
+def lr_list(text: str) -> tuple[float, ...]:
+    """``--lr-sweep 1e-4,3e-4,1e-3``: an argparse type (comma-separated positive numbers)."""
+    try:
+        out = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated learning rates, got "
+                                         f"{text!r}") from None
+    if not out or any(not (x > 0 and x < float("inf")) for x in out):
+        raise argparse.ArgumentTypeError(f"expected positive learning rates, got {text!r}")
+    return out
+
+
 def _ints(arr: np.ndarray, path: Path, what: str) -> np.ndarray:
     if arr.dtype.kind not in "iu":
         raise InputError(f"expected integer token ids, found dtype {arr.dtype}", path=str(path))

@@ -68,9 +68,12 @@ def _cli(work: Path, out: Path, *extra: str, env: dict[str, str] | None = None
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    return _weights_of(folder / "model")
 
-    return load_file(str(folder / "model" / "model.safetensors"))
+
+def _weights_of(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors as our model holds them (internal names)."""
+    return dict(load_pretrained(checkpoint).state_dict())
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +122,61 @@ def test_row_sampling_and_schedule_depend_on_the_step_only():
     assert lr_at(10, s) == pytest.approx(1e-3)
     assert lr_at(99, s) == pytest.approx(1e-4, rel=0.01)
     assert all(lr_at(k, s) >= lr_at(k + 1, s) for k in range(10, 99))
+
+
+# ---- never worse than the start: keep-best, early stopping, the learning-rate sweep -------
+def _api(work: Path, out: Path, **kw):  # type: ignore[no-untyped-def]
+    tokens = np.load(work / "tokens.npy").astype(np.int64)
+    s = DistillSettings(**{**dict(tokens=6 * 8 * SEQ, seq_len=SEQ, batch_size=8, eval_every=2,
+                                  eval_tokens=1024, checkpoint_every=100), **kw})
+    return distill(work / "child", work / "parent", tokens, out, s, progress=False,
+                   log=lambda _: None)
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_distillation_that_hurts_returns_the_child_as_given(work, tmp_path):
+    """At lr 0.1 without clipping every evaluation is worse than the start: the child
+    written is the one given, and the record says so (both figures)."""
+    rec = _api(work, tmp_path / "kd", lr=0.1, grad_clip=0.0)
+    assert rec.last.kl_div > rec.initial.kl_div  # training did hurt
+    assert rec.kept_step == 0 and rec.final == rec.initial and rec.steps == 6
+    assert _same(_weights(tmp_path / "kd"), _weights_of(work / "child"))
+    last = _api(work, tmp_path / "last", lr=0.1, grad_clip=0.0, keep_best=False)
+    assert last.final == last.last == rec.last and last.kept_step == 6
+
+
+def test_patience_stops_a_run_that_stopped_improving(work, tmp_path):
+    rec = _api(work, tmp_path / "kd", lr=0.1, grad_clip=0.0, patience=1)
+    assert rec.stopped_early_at == 2 and rec.steps == 2 and [c.step for c in rec.curve] == [0, 2]
+    assert rec.final == rec.initial
+
+
+def test_the_sweep_trains_with_its_best_rate_as_a_plain_run_would(work, tmp_path):
+    """Each trial starts from the child as given and leaves it so: the run after the sweep
+    is bit for bit the plain run at the chosen rate."""
+    rec = _api(work, tmp_path / "sweep", lr_sweep=(2e-3, 0.1), sweep_steps=3, grad_clip=0.0)
+    assert [t.lr for t in rec.sweep] == [2e-3, 0.1] and all(t.steps == 3 for t in rec.sweep)
+    assert rec.sweep[0].kl_div < rec.sweep[1].kl_div and rec.lr == 2e-3
+    plain = _api(work, tmp_path / "plain", lr=2e-3, grad_clip=0.0)
+    assert rec.curve == plain.curve
+    assert _same(_weights(tmp_path / "sweep"), _weights(tmp_path / "plain"))
+
+
+def test_a_resumed_run_still_returns_the_best_weights_it_passed(work, tmp_path):
+    out = tmp_path / "kd"
+    bad = ["--lr", "0.1", "--grad-clip", "0", "--checkpoint-every", "2", "--eval-every", "2"]
+    whole = _cli(work, tmp_path / "whole", *bad)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    p = _cli(work, out, *bad, env=_env(**{KILL_ENV: "5"}))
+    assert p.returncode == -9, p.stderr[-2000:]
+    assert (out / "checkpoint" / "best.safetensors").is_file()  # the start, kept past step 0
+    p = _cli(work, out, *bad)
+    assert p.returncode == 0 and "resuming from step 4" in p.stderr, p.stderr[-2000:]
+    assert load_record(out).kept_step == load_record(tmp_path / "whole").kept_step
+    assert _same(_weights(out), _weights(tmp_path / "whole"))
 
 
 # ---- command line: resume and ranks --------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
 from nas.cli import run_ranks
-from nas.tokens import add_dtype_flag, add_token_flags
+from nas.tokens import add_dtype_flag, add_token_flags, lr_list
 
 OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png")
 
@@ -49,6 +49,17 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--eval-tokens", type=int, default=16384, help="held-out tokens evaluated")
     p.add_argument("--checkpoint-every", type=int, default=50,
                    help="steps between checkpoints (default 50)")
+    p.add_argument("--lr-sweep", type=lr_list, default=(), metavar="LR,LR,...",
+                   help="try these peak learning rates first, each for --sweep-steps steps from "
+                   "the child as given, and train with the one of lowest held-out KL (--lr "
+                   "unused); the trials are in distill.json")
+    p.add_argument("--sweep-steps", type=int, default=None,
+                   help="steps per sweep trial (default: a quarter of the run)")
+    p.add_argument("--patience", type=int, default=0, help="stop after this many evaluations "
+                   "without a lower held-out KL (default 0: never early)")
+    p.add_argument("--keep-last", action="store_true", help="write the last weights, not "
+                   "those of the evaluation with the lowest held-out KL (the default, which "
+                   "includes the child as given: never worse than the start)")
     p.add_argument("--seed", type=int, default=0, help="seed of the row sampling")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cpu (gloo) or cuda (nccl; rank r uses cuda:LOCAL_RANK)")
@@ -79,7 +90,9 @@ def settings_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
               weight_decay=args.weight_decay, grad_clip=args.grad_clip,
               lm_weight=args.lm_weight, eval_every=args.eval_every,
               eval_tokens=args.eval_tokens, checkpoint_every=args.checkpoint_every,
-              seed=args.seed, dtype=args.dtype)
+              seed=args.seed, dtype=args.dtype, lr_sweep=args.lr_sweep,
+              sweep_steps=args.sweep_steps, patience=args.patience,
+              keep_best=not args.keep_last)
     flags = {"batch_size": "--batch"}
     try:
         return DistillSettings(**kw)
@@ -140,9 +153,15 @@ def forward_args(args: argparse.Namespace) -> list[str]:
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     for name in ("tokens", "seq_len", "batch", "lr", "min_lr_fraction", "warmup_steps",
                  "weight_decay", "grad_clip", "lm_weight", "eval_every", "eval_tokens",
-                 "checkpoint_every", "seed", "device"):
+                 "checkpoint_every", "seed", "device", "patience"):
         v = getattr(args, name)
         out += ["--" + name.replace("_", "-"), repr(v) if isinstance(v, float) else str(v)]
+    if args.lr_sweep:
+        out += ["--lr-sweep", ",".join(repr(x) for x in args.lr_sweep)]
+    if args.sweep_steps is not None:
+        out += ["--sweep-steps", str(args.sweep_steps)]
+    if args.keep_last:
+        out.append("--keep-last")
     if args.json:
         out.append("--json")
     return out

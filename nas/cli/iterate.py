@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError
-from nas.tokens import add_dtype_flag, add_token_flags
+from nas.tokens import add_dtype_flag, add_token_flags, lr_list
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +46,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kd-lm-weight", type=float, default=0.0, help="KD: LM loss weight")
     p.add_argument("--kd-eval-every", type=int, default=50, help="KD: steps between evals")
     p.add_argument("--kd-eval-tokens", type=int, default=16384, help="KD: held-out tokens")
+    p.add_argument("--kd-lr-sweep", type=lr_list, default=(), metavar="LR,LR,...",
+                   help="KD: peak learning rates tried first at every stage (see distill "
+                   "--lr-sweep)")
+    p.add_argument("--kd-patience", type=int, default=0,
+                   help="KD: evaluations without a lower held-out KL before stopping")
     p.add_argument("--seed", type=int, default=0, help="seed of BLD and KD sampling")
     p.add_argument("--json", action="store_true", help="print iterate.json")
     p.set_defaults(func=run)
@@ -78,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
                              batch_size=args.kd_batch, lr=args.kd_lr,
                              lm_weight=args.kd_lm_weight, eval_every=args.kd_eval_every,
                              eval_tokens=args.kd_eval_tokens, seed=args.seed,
-                             dtype=args.dtype)
+                             dtype=args.dtype, lr_sweep=args.kd_lr_sweep,
+                             patience=args.kd_patience)
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{loc}: {msg}") from None
