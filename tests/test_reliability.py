@@ -607,3 +607,28 @@ def test_stale_temps_inside_an_output_folder_are_removed(tmp_path, writers):
     argv = [str(out) if a == "OUT" else a for a in writers["distill"][0]]
     assert main(argv) == 0
     assert sorted(n for n in os.listdir(out) if n.startswith(".")) == [live.name]
+
+
+def test_a_full_disk_during_iterate_is_one_line(tmp_path, writers, capsys):
+    """iterate (score, search, build, distill per stage) on a full disk: exit 1 and one
+    error line after its progress lines, no traceback, no temp entry left."""
+    score_argv = writers["score"][0]
+    spec = json.loads(Path(score_argv[1]).read_text())
+    spec["stages"] = [{"budgets": [{"metric": "throughput", "workload": "chat",
+                                    "min": "105%"}]}]
+    path = tmp_path / "it.json"
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "it"
+    argv = ["iterate", str(path), "--parent", score_argv[3], "--data", score_argv[5],
+            "-o", str(out), "--seq-len", "32", "--max-tokens", "256", "--calib-tokens", "256",
+            "--bld-steps", "2", "--kd-tokens", "512", "--kd-batch", "4", "--kd-eval-every",
+            "4", "--kd-eval-tokens", "256"]
+    with file_size_limit(20000):
+        rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err, err
+    errors = [ln for ln in err.splitlines() if "error" in ln]
+    assert errors == [f"puzzle-nas iterate: error: {out}: cannot write (File too large); the "
+                      "earlier outputs are as they were, nothing half-written was left "
+                      "behind"], err
+    assert not [p for p in tmp_path.rglob(".*")], list(tmp_path.rglob(".*"))
