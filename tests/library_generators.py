@@ -140,7 +140,8 @@ def synthetic_library(
                         source=f"synthetic(seed={seed})")
 
 
-def nvlabs_shaped_library(num_layers: int = 80, *, seed: int = 0) -> BlockLibrary:
+def nvlabs_shaped_library(num_layers: int = 80, *, seed: int = 0,
+                          measured_sizes: bool = False) -> BlockLibrary:
     """A library shaped like the one NVlabs/puzzle publishes for Llama-3.3-70B, for tests
     and benchmarks of the MIP (the real one is under a non-commercial licence).
 
@@ -172,12 +173,15 @@ def nvlabs_shaped_library(num_layers: int = 80, *, seed: int = 0) -> BlockLibrar
         ffn_ms = 463.2 * float(rng.uniform(0.97, 1.03))
         variants: dict[str, Any] = {}
         for att in (True, False):
-            for f in fracs:
-                width = round(28672 * f)
+            for f, units in zip(fracs, (112, 84, 70, 56, 28, 22, 11, 0)):
+                width = 256 * units if measured_sizes else round(28672 * f)
                 kl = (0.0 if att else s_att) + s_ffn * (1 - f) ** 1.5
                 if not (att and f == 1.0):
                     kl *= float(rng.lognormal(0.0, 0.15))
                 mem = (att_mem if att else 0.0) + round(672.0078125 * f * 128) / 128
+                if measured_sizes:
+                    mem = (765.1015625 if att else 0.0) + (0.0078125 + 6.0 * units if units
+                                                           else 0.0)
                 ms = (att_ms if att else 0.0) + ffn_ms * f ** 0.9 * float(rng.uniform(0.98, 1.02))
                 desc = (("attention = 8 kv heads (parent * 100%)" if att
                          else "attention = no_op (parent * 0%)") + "\t&&\t"

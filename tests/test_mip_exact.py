@@ -26,10 +26,11 @@ def parent_totals(lib: BlockLibrary) -> dict[str, float]:
     return lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(lib.num_blocks)])
 
 
-def exact(lib: BlockLibrary, budgets: list[Budget], obj: str = OBJ
-          ) -> tuple[float, np.ndarray] | None:
+def exact(lib: BlockLibrary, budgets: list[Budget], obj: str = OBJ,
+          diversity: list[tuple[np.ndarray, int]] = ()) -> tuple[float, np.ndarray] | None:
     """scipy.milp (its own HiGHS build, default tolerances) on the plain model (objective
-    ``obj`` as given, no shift, no fixing) with mip_rel_gap 0: (objective, chosen) or None."""
+    ``obj`` as given, no shift, no fixing) with mip_rel_gap 0: (objective, chosen) or None.
+    ``diversity``: (an earlier child's replacements, d): differ from it in >= d blocks."""
     R, L = lib.num_replacements, lib.num_blocks
     lens = lib.lengths  # a replacement covers every block of its span
     blocks = np.concatenate([np.arange(a, b) for a, b in zip(lib.start, lib.end)])
@@ -42,6 +43,12 @@ def exact(lib: BlockLibrary, budgets: list[Budget], obj: str = OBJ
         rows.append(sp.csr_matrix(v[None, :] / s))
         lo.append(np.array([-np.inf if b.lo is None else (b.lo - c) / s]))
         hi.append(np.array([np.inf if b.hi is None else (b.hi - c) / s]))
+    for prev, d in diversity:  # blocks covered by the earlier child's replacements
+        v = np.zeros(R)
+        v[np.asarray(prev, dtype=np.int64)] = lens[np.asarray(prev, dtype=np.int64)]
+        rows.append(sp.csr_matrix(v[None, :]))
+        lo.append(np.array([-np.inf]))
+        hi.append(np.array([float(L - d)]))
     c = lib.values(obj)
     r = milp(c, constraints=LinearConstraint(sp.vstack(rows), np.concatenate(lo),
                                              np.concatenate(hi)),
@@ -329,3 +336,51 @@ def test_fractional_members_are_made_whole():
     assert np.array_equal(whole[R:], frac[R:])  # same counts
     m.verify(whole)
     assert m.c_min @ whole <= m.c_min @ frac + 1e-9
+
+
+@pytest.mark.parametrize("lattice", [True, False])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pool_at_nvlabs_diversity_is_the_exact_greedy_sequence(seed, lattice):
+    """A pool of 6 at NVlabs' diversity (a quarter of the layers: 20 of 80 in its notebook)
+    on an NVlabs-shaped library with NVlabs' measured sizes (its memory row has a lattice
+    form: SolveOptions.lattice on and off) and a binding memory budget: each child is
+    scipy.milp's optimum given the children before it (gap 0), and differs enough from
+    every one of them."""
+    lib = nvlabs_shaped_library(24, seed=seed, measured_sizes=True)
+    tot = parent_totals(lib)
+    budgets = [Budget("stats.memory_mib", None, 0.72 * tot["stats.memory_mib"]),
+               Budget("stats.runtime_ms", None, 0.8 * tot["stats.runtime_ms"])]
+    opts = SolveOptions(mip_rel_gap=0.0, lattice=lattice)
+    assert bool(MipModel(lib, OBJ, budgets, options=opts).lattice_row) == lattice
+    d = 6
+    pool = diverse_pool(lib, OBJ, budgets, n=6, min_distance=d, options=opts)
+    assert len(pool) == 6
+    for k, res in enumerate(pool):
+        ref = exact(lib, budgets, diversity=[(r.chosen, d) for r in pool[:k]])
+        assert ref is not None
+        best = ref[0]
+        assert res.status == "optimal"
+        assert res.objective <= best + GAP_FLOOR * max(abs(best), 1.0), (k, res.objective, best)
+        assert res.objective >= best - 1e-9 * max(abs(best), 1.0), (k, res.objective, best)
+        for e in pool[:k]:
+            assert sum(a != b for a, b in zip(res.choices, e.choices)) >= d
+
+
+def test_lattice_split_is_exact_and_only_where_the_step_is_coarse():
+    """NVlabs' measured sizes: every coefficient is q * (d * w + residue) exactly, a 12 MiB
+    step with 5 residues; sizes with measurement noise (no common binary grid) and a
+    budget whose step is a sliver of its coefficients get no lattice form."""
+    v = nvlabs_shaped_library(24, seed=0, measured_sizes=True).values("stats.memory_mib")
+    split = mip_model.lattice_split(v)
+    assert split is not None
+    q, d, w, res, residues = split
+    assert q * d == 12.0 and len(residues) == 5
+    back = q * (d * w + np.where(res >= 0, np.asarray([0, *residues])[res + 1], 0))
+    assert np.array_equal(back, v)
+    assert mip_model.lattice_split(nvlabs_shaped_library(24, seed=0).values(
+        "stats.memory_mib")) is None
+    # sizes in bytes, multiples of 4 and nothing coarser: a step of 4 in 8e6 is not worth rows
+    fine = np.array([0.0, 4.0, 400012.0, 1000000.0, 2999996.0, 5000008.0, 8000000.0])
+    assert mip_model.lattice_split(fine) is None
+    split = mip_model.lattice_split(np.array([0.0, 1, 2, 3, 1, 2, 3]) * 1e6 + 4.0)
+    assert split is not None and split[0] * split[1] == 1e6

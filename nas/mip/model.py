@@ -39,6 +39,14 @@ _FEASTOL_MIN, _FEASTOL_MAX = 1e-10, 1e-6
 #: LP relaxation's solution leaves it this many of its largest coefficients of slack (one
 #: replacement swapped for any other cannot break it from there)
 LAZY_SLACK = 1.0
+#: ``SolveOptions.lattice``: a budget row gets its lattice form when its coefficients fall
+#: into at most this many residues modulo a common step (see :func:`lattice_split`)
+LATTICE_RESIDUES = 6
+#: ... and when that step is at least this fraction of the row's largest coefficient: a finer
+#: step leaves the LP little to round and the extra rows cost more than they save (measured:
+#: super88's byte-sized rows, steps of 2e-4..4e-3 of their largest coefficient, solved 2-3x
+#: slower with them; NVlabs' memory row, a step of 8e-3, 10-100x faster in pools)
+LATTICE_MIN_STEP = 5e-3
 
 
 @dataclass
@@ -69,9 +77,12 @@ class SolveOptions:
     row a child breaks (see :meth:`MipModel.solve`; it needs the LP, so it acts with
     ``fixing`` only). ``stop_after_root`` lets ``stop`` interrupt a run only once its root
     node is done (the root's heuristics often improve much on the first child, and the
-    next run's threshold and cutoff come from it). ``stop``, ``stop_after_root``,
-    ``incumbent_threshold``, ``node_cuts``, ``cut_pool``, ``sub_mips``, ``aggregate`` and
-    ``lazy_rows`` change the work, never the answer's guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
+    next run's threshold and cutoff come from it). ``lattice`` adds to each budget row whose
+    coefficients are a step times an integer plus one of a few residues (measured sizes in
+    MiB: a multiple of 6 MiB plus an attention part) the same row over integer columns
+    (:func:`lattice_split`), which lets HiGHS round the budget to the step.
+    ``stop``, ``stop_after_root``, ``incumbent_threshold``, ``node_cuts``, ``cut_pool``,
+    ``sub_mips``, ``aggregate``, ``lazy_rows`` and ``lattice`` change the work, never the answer's guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
     as :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
 
     time_limit: float | None = None
@@ -92,6 +103,7 @@ class SolveOptions:
     aggregate: bool = True
     lazy_rows: bool = True
     stop_after_root: bool = True
+    lattice: bool = True
 
     def __post_init__(self) -> None:
         for name in ("mip_rel_gap", "mip_abs_gap"):
@@ -329,6 +341,53 @@ def interchangeable_classes(A: Any, num_blocks: int, lengths: np.ndarray, dead: 
     return [np.array(g, dtype=np.int64) for g in groups.values() if len(g) > 1]
 
 
+def lattice_split(v: np.ndarray) -> tuple[float, int, np.ndarray, np.ndarray, list[int]] | None:
+    """The lattice form of a budget row's coefficients ``v``: ``(q, d, w, res, residues)``
+    with ``v == q * (d * w + residues[res])`` exactly (``res`` -1 for a residue of 0), or
+    None. ``q`` is the power of two that makes every coefficient an integer (measured sizes
+    are binary fractions: 1/128 MiB on NVlabs' library; None when there is none),
+    ``d`` (in units of ``q``) the largest step modulo which the distinct coefficients fall
+    into at most :data:`LATTICE_RESIDUES` residues, fewer than half of them (``w`` integer
+    per coefficient, ``residues`` the nonzero residues, in units of ``q``); None as well when
+    that step is under :data:`LATTICE_MIN_STEP` of the largest coefficient.
+
+    With ``W = sum w[r] x[r]`` and ``N_k = sum_{res[r] = k} x[r]`` as integer columns the
+    budget reads ``q * (d * W + sum_k residues[k] * N_k) <= b``: the same feasible set, but
+    one HiGHS' mixed-integer rounding cuts round to the step. On NVlabs' Llama-3.3-70B
+    library (every FFN size a multiple of 6 MiB plus 1/128 MiB, attention 765.1 MiB) the
+    LP relaxation spends the last few MiB of an 80,000 MiB budget that no child can, and
+    the pool's hardest solves spent 10^5 nodes proving that; with the lattice form the
+    root bound closes it."""
+    vals = np.unique(v)
+    if vals.size < 3 or vals.size > 64 or not np.all(np.isfinite(vals)):
+        return None
+    for k in range(25):
+        sc = vals * 2.0 ** k
+        if np.all(sc == np.round(sc)):
+            break
+    else:
+        return None
+    if float(np.max(np.abs(sc))) >= 2.0 ** 50:
+        return None
+    ints = [int(t) for t in np.round(sc)]
+    diffs = sorted({abs(a - b) for i, a in enumerate(ints) for b in ints[i + 1:]})
+    cands = set(diffs)
+    for i, a in enumerate(diffs):
+        cands.update(math.gcd(a, b) for b in diffs[i + 1:])
+    limit = min(LATTICE_RESIDUES, (len(ints) - 1) // 2)
+    d = next((c for c in sorted(cands, reverse=True)
+              if c > 1 and len({t % c for t in ints}) <= limit), None)
+    q = 2.0 ** -k
+    if d is None or q * d < LATTICE_MIN_STEP * float(np.max(np.abs(vals))):
+        return None
+    vi = np.round(np.asarray(v, dtype=np.float64) / q).astype(np.int64)
+    r = vi % d
+    residues = sorted({int(t) for t in r if t})
+    pos = {t: i for i, t in enumerate(residues)}
+    res = np.array([pos.get(int(t), -1) for t in r], dtype=np.int64)
+    return q, int(d), (vi - r) // d, res, residues
+
+
 def dead_columns(lib: BlockLibrary) -> np.ndarray:
     """bool[R]: replacements on no path 0 -> L."""
     fwd, bwd = lib.reach()
@@ -407,6 +466,7 @@ class MipModel:
         self.budget_scale: list[float] = []
         nrow = L
         self.budget_shift: list[float] = []
+        budget_v: list[np.ndarray] = []
         for b in self.budgets:
             # Shift the row by shortest-path potentials (a combination of cover rows):
             # v'[r] = v[r] - (p[end] - p[start]) >= 0 and sum v' x = sum v x - p[L] on every
@@ -425,6 +485,7 @@ class MipModel:
             rows.append(np.full(nz.size, nrow))
             cols.append(nz)
             vals.append(v[nz] / s)
+            budget_v.append(v)
             const = lib.constant(b.key) + float(p[lib.num_blocks])
             self.budget_shift.append(float(p[lib.num_blocks]))
             row_lo.append(np.array([-np.inf if b.lo is None else (b.lo - const) / s]))
@@ -481,6 +542,12 @@ class MipModel:
             row_hi.append(np.zeros(C))
             nrow += C
             hi[R:] = sizes
+        #: SolveOptions.lattice: budget index -> the row of its lattice form, and the map from
+        #: replacements to the lattice columns' values (see lattice_split, with_counts)
+        self.lattice_row: dict[int, int] = {}
+        self._aux_map = sp.csr_matrix((0, R))
+        if self.opts.lattice:
+            A, nrow, lo, hi = self._add_lattice(A, nrow, lo, hi, budget_v, row_lo, row_hi)
         A = A.tocsc()
         A.sort_indices()
         hi[self.forbid] = 0.0
@@ -489,19 +556,23 @@ class MipModel:
         self.col_lo, self.col_hi = lo, hi
         self.row_lo = np.concatenate(row_lo)
         self.row_hi = np.concatenate(row_hi)
+        for i, row in self.lattice_row.items():
+            self.row_lo[row] = self.row_lo[self.budget_row[i]]
+            self.row_hi[row] = self.row_hi[self.budget_row[i]]
         self.num_rows = nrow
 
         self.A = A.tocsr()
         self.sense = -1 if self.objective.sense == "max" else 1
         # minimized, scaled objective (class counts cost nothing themselves)
-        self.c_min = np.concatenate([self.sense * c / self.obj_scale, np.zeros(C)])
+        G = self._aux_map.shape[0]
+        self.c_min = np.concatenate([self.sense * c / self.obj_scale, np.zeros(C + G)])
         self.h = _new_highs(self.opts)
         # HiGHS always minimizes c_min (a "max" objective is negated here), so its dual
         # bound and objective cutoffs are in the same min-form units as everything below
-        integ = np.ones(R + C, dtype=np.int32)
+        integ = np.ones(R + C + G, dtype=np.int32)
         integ[:R][self.member] = 0  # 0/1 at every vertex once the counts are integers
         st = self.h.passModel(
-            R + C, nrow, int(A.nnz), 1, 1, 0.0,
+            R + C + G, nrow, int(A.nnz), 1, 1, 0.0,
             self.c_min, lo, hi, self.row_lo, self.row_hi,
             A.indptr.astype(np.int32), A.indices.astype(np.int32), A.data.astype(np.float64),
             integ)
@@ -519,6 +590,76 @@ class MipModel:
         if o.threads is not None:
             self._set("threads", int(o.threads))
         _sync_scheduler(self.h, o.threads)
+
+    def _add_lattice(self, A: Any, nrow: int, lo: np.ndarray, hi: np.ndarray,
+                     budget_v: list[np.ndarray], row_lo: list[np.ndarray],
+                     row_hi: list[np.ndarray]) -> tuple[Any, int, np.ndarray, np.ndarray]:
+        """Append the lattice form of every budget row that has one (:func:`lattice_split`):
+        integer columns ``W`` and ``N_k`` (each with an equality row defining it from the
+        replacements, through the class counts for members) and the budget over them, with
+        the budget row's bounds. Returns the model's matrix, row count and column bounds."""
+        import scipy.sparse as sp
+
+        lib, R, L = self.lib, self.lib.num_replacements, self.lib.num_blocks
+        ncol = A.shape[1]
+        C = ncol - R
+        live = ~self.dead
+        first = np.array([m[0] for m in self.classes], dtype=np.int64)
+        maps: list[np.ndarray] = []  # one coefficient vector over the replacements per column
+        rows_, cols_, vals_ = [A.row], [A.col], [A.data]
+        new_lo: list[float] = []
+        new_hi: list[float] = []
+        for i, v in enumerate(budget_v):
+            split = lattice_split(v[live])
+            if split is None:
+                continue
+            q, d, w_live, res_live, residues = split
+            w = np.zeros(R, dtype=np.int64)
+            w[live] = w_live
+            res = np.full(R, -1, dtype=np.int64)
+            res[live] = res_live
+            s = self.budget_scale[i]
+            defs = [w.astype(np.float64)] + [(res == k).astype(np.float64)
+                                             for k in range(len(residues))]
+            coefs = [q * d / s] + [q * t / s for t in residues]
+            cols = []
+            for f in defs:
+                j = ncol + len(maps)
+                maps.append(f)
+                cols.append(j)
+                # defining row: column j - sum f[r] x[r] = 0 (members through their count)
+                on = np.flatnonzero((f != 0) & ~self.member)
+                rr = [np.full(on.size + 1, nrow)]
+                cc = [np.append(on, j)]
+                vv = [np.append(-f[on], 1.0)]
+                if C:
+                    fk = f[first]
+                    ks = np.flatnonzero(fk != 0)
+                    rr.append(np.full(ks.size, nrow))
+                    cc.append(R + ks)
+                    vv.append(-fk[ks])
+                rows_ += rr
+                cols_ += cc
+                vals_ += vv
+                row_lo.append(np.zeros(1))
+                row_hi.append(np.zeros(1))
+                nrow += 1
+                new_lo.append(float(lib.path_values(f, live)[L]))
+                new_hi.append(float(lib.path_values(f, live, largest=True)[L]))
+            rows_.append(np.full(len(cols), nrow))
+            cols_.append(np.array(cols))
+            vals_.append(np.array(coefs))
+            row_lo.append(np.array([-np.inf]))  # the budget row's bounds, set in __init__
+            row_hi.append(np.array([np.inf]))
+            self.lattice_row[i] = nrow
+            nrow += 1
+        if not maps:
+            return A, nrow, lo, hi
+        A = sp.coo_matrix((np.concatenate(vals_), (np.concatenate(rows_),
+                                                   np.concatenate(cols_))),
+                          shape=(nrow, ncol + len(maps)))
+        self._aux_map = sp.csr_matrix(np.vstack(maps))
+        return A, nrow, np.append(lo, new_lo), np.append(hi, new_hi)
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -574,6 +715,10 @@ class MipModel:
         rhi = np.inf if hi is None else (hi - const) / s
         self.row_lo[row], self.row_hi[row] = rlo, rhi
         self.h.changeRowBounds(row, rlo, rhi)
+        if i in self.lattice_row:  # its lattice form (SolveOptions.lattice) follows it
+            row = self.lattice_row[i]
+            self.row_lo[row], self.row_hi[row] = rlo, rhi
+            self.h.changeRowBounds(row, rlo, rhi)
 
     def add_diversity(self, chosen: np.ndarray, min_distance: int) -> None:
         """Require the next solutions to differ from ``chosen`` in >= ``min_distance`` parent
@@ -760,7 +905,7 @@ class MipModel:
         np.add.at(cover, lib.start[fixed], 1)
         np.add.at(cover, lib.end[fixed], -1)
         left = np.flatnonzero(np.cumsum(cover)[:-1] == 0)
-        counts = np.round(x[R:]).astype(np.int64)
+        counts = np.round(x[R:R + len(self.classes)]).astype(np.int64)
         slot_class = np.repeat(np.arange(len(self.classes)), np.maximum(counts, 0))
         if slot_class.size != left.size:
             return x
@@ -793,12 +938,12 @@ class MipModel:
         return self.with_counts(y)
 
     def with_counts(self, x: np.ndarray) -> np.ndarray:
-        """A vector over the replacements, extended by its class counts (the model's
-        columns)."""
+        """A vector over the replacements, extended by its class counts and lattice columns
+        (the model's columns)."""
         R = self.lib.num_replacements
         counts = np.bincount(self._class_of[self._class_of >= 0],
                              weights=x[:R][self._class_of >= 0], minlength=len(self.classes))
-        return np.concatenate([x[:R], counts])
+        return np.concatenate([x[:R], counts, self._aux_map @ x[:R]])
 
     def lp_bound(self, time_limit: float | None = None) -> tuple[str, float, np.ndarray]:
         """Solve the LP relaxation (within ``time_limit`` seconds); return (status, a valid
@@ -852,7 +997,11 @@ class MipModel:
         act = self.lp_activity[rows]
         slack = np.minimum(self.row_hi[rows] - act, act - self.row_lo[rows])
         big = np.abs(self.A[rows]).max(axis=1).toarray().ravel()
-        return rows[slack >= LAZY_SLACK * np.maximum(big, 1e-300)]
+        out = rows[slack >= LAZY_SLACK * np.maximum(big, 1e-300)]
+        # a budget row left out takes its lattice form (SolveOptions.lattice) with it
+        by_row = {self.budget_row[i]: r for i, r in self.lattice_row.items()}
+        extra = [by_row[int(r)] for r in out if int(r) in by_row]
+        return np.concatenate([out, np.asarray(extra, dtype=np.int64)])
 
     def broken_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Those of ``rows`` that ``x`` (HiGHS' solution, class counts included) breaks by
