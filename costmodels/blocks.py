@@ -255,11 +255,23 @@ class _Pricing:
         f, b = fb
         roof, eff = self.roof, self.eff
         mem = roof.memory(b, eff.grouped_matmul_decode if decode else None)
+        scale = self.grouped_dtype_scale(dtype)
         if eff.grouped_matmul_tokens is not None:
-            inv_c = 1.0 / (self.hw.peak(dtype) * eff.grouped_matmul_tokens.at(tpe))
+            inv_c = 1.0 / (self.hw.peak(dtype) * eff.grouped_matmul_tokens.at(tpe) * scale)
         else:
-            inv_c = roof.compute(dtype, eff.grouped_matmul_prefill, f)
+            inv_c = roof.compute(dtype, eff.grouped_matmul_prefill, f) / scale
         return roof.time(f, b, inv_c * kinv, mem, k)
+
+    def grouped_dtype_scale(self, dtype: str) -> float:
+        """The grouped GEMM's fraction in ``dtype`` relative to its curve's (FP8: DeepGEMM's
+        tables): ``matmul[dtype] / matmul[fp8]``. Padding and tile scheduling cost a grouped
+        GEMM the same share in any dtype; its ceiling is that dtype's dense GEMM (a BF16
+        grouped GEMM on B200 is not held to the FP8 kernels' fraction of the BF16 peak)."""
+        m = self.eff.matmul
+        ref = "fp8" if "fp8" in m else "bf16"
+        if dtype not in m or ref not in m:
+            return 1.0
+        return m[dtype].peak_fraction / m[ref].peak_fraction
 
     def grouped_kinv(self, e_in: np.ndarray, width: np.ndarray, mats: np.ndarray
                      ) -> float | np.ndarray:

@@ -112,9 +112,12 @@ class Measurement(BaseModel):
         default="closed", description="how the benchmark's requests arrive "
         "(costmodels.workload.Workload.arrival; blank: closed)")
     rate: float | None = Field(default=None, gt=0, description="requests/s (arrival poisson)")
+    requests: int | None = Field(default=None, ge=1, description="requests in the benchmark "
+                                 "run (staggered: its first `concurrency` arrive together)")
 
     @field_validator("concurrency", "slo", "max_num_seqs", "max_num_batched_tokens",
-                     "gpu_memory_utilization", "acceptance", "rate", mode="before")
+                     "gpu_memory_utilization", "acceptance", "rate", "requests",
+                     mode="before")
     @classmethod
     def _blank(cls, v: object) -> object:
         return None if v == "" else v
@@ -230,7 +233,7 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
         base.update(draft_tokens=m.draft_tokens, acceptance=m.acceptance)
         kw["draft"] = draft
     if m.arrival != "closed":
-        base.update(arrival=m.arrival, rate=m.rate)
+        base.update(arrival=m.arrival, rate=m.rate, requests=m.requests)
     wl = Workload(**base)
     reserve = _reserve(m, hw)
     if m.arrival != "closed" and not m.slo:
@@ -334,12 +337,15 @@ def is_published(source: str) -> bool:
     return source.startswith("published measured")
 
 
-def parameters(hw: HardwareProfile) -> list[Param]:
+def parameters(hw: HardwareProfile, published: bool = False) -> list[Param]:
     """The figures :func:`fit` may move on ``hw``, with bounds (the device's own: the
-    engines' overheads are :func:`fit_engines`'s)."""
+    engines' overheads are :func:`fit_engines`'s). GEMM fractions that are published
+    measurements of this device (:func:`is_published`) are left out of a fit to serving
+    figures; ``published``: keep them (a fit to this very device's timed blocks,
+    ``costmodels.measured.fit_blocks``, is a measurement of them too)."""
     lo, hi, _ = BOUNDS["matmul"]
     out = [Param(f"matmul {d}", ("efficiency", "matmul", d), lo, hi, True)
-           for d, c in hw.efficiency.matmul.items() if not is_published(c.source)]
+           for d, c in hw.efficiency.matmul.items() if published or not is_published(c.source)]
     for key in ("attention", "attention_decode", "ssm_state", "grouped_matmul_prefill",
                 "grouped_matmul_decode", "memory", "link"):
         lo, hi, _ = BOUNDS[key]
@@ -556,9 +562,18 @@ def fit_engines(measurements: Iterable[Measurement],
     rms0 = float(np.sqrt(np.mean(r0 ** 2)))
     if not active:
         return EngineFitResult({n: start[n] for n in names}, len(rows), [], rms0, rms0)
+    def upper(n: str, k: str) -> float:
+        """A figure's upper bound: :data:`ENGINE_BOUNDS`', and for the step overhead the
+        engine's shortest published step (``EngineProfile.min_step_s``) when it has one."""
+        hi = ENGINE_BOUNDS[k][1]
+        if k == "step_overhead_s" and start[n].min_step_s is not None:
+            hi = min(hi, start[n].min_step_s.value)
+        return hi
+
     lo = np.array([ENGINE_BOUNDS[params[i][1]][0] for i in active])
-    hi = np.array([ENGINE_BOUNDS[params[i][1]][1] for i in active])
+    hi = np.array([upper(*params[i]) for i in active])
     scale = hi - lo
+    x0[active] = np.minimum(x0[active], hi)
 
     def full(z: np.ndarray) -> np.ndarray:
         x = x0.copy()

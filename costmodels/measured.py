@@ -545,7 +545,7 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
     # kernel of the cost model's counts, which an eager block exceeds (EAGER_KERNEL_OVERHEAD)
     lo, hi, _ = EAGER_KERNEL_OVERHEAD
     params = [Param(p.label, p.path, lo, hi, p.curve) if p.label == "kernel overhead" else p
-              for p in parameters(hw) if "engine" not in p.label]
+              for p in parameters(hw, published=True) if "engine" not in p.label]
     src = (f"{len(pts)} block timings on {meas.device} ({meas.device_kind}, {meas.dtype}, "
            f"torch {meas.software.get('torch', '?')}, {meas.date})")
     return fit_residuals(hw, params, residuals, len(pts), src, max_nfev=max_nfev, only=only)

@@ -240,7 +240,7 @@ def _step_times(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
     closed loop of B whose token budget is one prompt (a mixed step: one prompt + the
     others' decodes), or, when the engine runs prefill steps alone, one prompt's pass."""
     base = {k: v for k, v in wl.model_dump().items()
-            if k not in ("name", "batch", "concurrency", "arrival", "rate")}
+            if k not in ("name", "batch", "concurrency", "arrival", "rate", "requests")}
     dec_w = [Workload(**{**base, "batch": int(b)}) for b in Bs]
     n = len(Bs)
     if wl.mixed_prefill:
@@ -355,5 +355,32 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
         ttft, tpot, lat, u = figures(b, rate)
         if u >= 1.0:
             ttft = lat = math.inf
+    if wl.arrival == "staggered" and wl.requests is not None and wl.requests > cap:
+        ttft = _with_first_wave(ttft, table, nonblock, hw, recipe, wl, kw, nkw, so, ro, overlap,
+                                front)
     thr = min(rate, b / lat if math.isfinite(lat) else rate) * osl / tp
     return ArrivalPoint(wl, rate, b, ttft, tpot, lat, thr, u)
+
+
+def _with_first_wave(ttft: float, table: BlockTable, nonblock: NonBlockShape,
+                     hw: HardwareProfile, recipe: PrecisionRecipe, wl: Workload, kw: dict,
+                     nkw: dict, so: float, ro: float, overlap: bool, front: float) -> float:
+    """The run's mean TTFT when its first B requests arrive together (a benchmark starts B
+    at once, then one as each ends): that wave's B prompts (``B * S`` tokens, one pass
+    ``T``) are prefilled in ``n_c = max(1, B * S / budget)`` steps of ``T / n_c`` each, so a
+    prompt of it waits ``T * (n_c + 1) / (2 n_c)`` on average, and the engine's host admits
+    them one by one (``r * (B + 1) / 2``); the other ``N - B`` requests see ``ttft``."""
+    B = int(wl.sequences)
+    base = {k: v for k, v in wl.model_dump().items()
+            if k not in ("name", "batch", "concurrency", "arrival", "rate", "requests")}
+    burst = Workload(**{**base, "batch": B})
+    blocks = price_blocks(table, hw, recipe, [burst], **kw)
+    nb = price_nonblock(nonblock, hw, recipe, [burst], step_overhead_s=0.0,
+                        request_overhead_s=0.0, **nkw)
+    t_all = float(summarize(blocks, nb, hw).ttft_s[0])
+    n_c = max(1.0, B * wl.isl / wl.max_num_batched_tokens)
+    step = t_all / n_c
+    step = max(step, so) if overlap else step + so
+    wave = front + step * (n_c + 1.0) / 2.0 + ro * (B + 1.0) / 2.0
+    f = B / float(wl.requests)  # type: ignore[arg-type]
+    return f * wave + (1.0 - f) * ttft

@@ -70,6 +70,9 @@ class Workload(BaseModel):
     spread-out times (random lengths), so each new prompt arrives alone as another request
     ends; ``poisson``: an open loop, requests at ``rate`` per second, independent."""
     rate: float | None = Field(default=None, gt=0, description="requests/s (poisson)")
+    requests: int | None = Field(default=None, ge=1, description="requests in the run "
+                                 "(staggered): its first B arrive together, as a benchmark "
+                                 "starts them; the rest one by one")
     mixed_prefill: bool = True
     """Whether a step that carries prompt chunks also carries the running requests' decodes
     (vLLM V1, TensorRT-LLM in-flight batching); ``False``: prefill steps run alone and the
@@ -157,7 +160,7 @@ _KEYS = {"isl": "isl", "input": "isl", "osl": "osl", "output": "osl", "batch": "
          "max_num_batched_tokens": "max_num_batched_tokens", "tokens": "max_num_batched_tokens",
          "max_num_seqs": "max_num_seqs", "draft_tokens": "draft_tokens",
          "acceptance": "acceptance", "mixed_prefill": "mixed_prefill", "arrival": "arrival",
-         "rate": "rate", "qps": "rate"}
+         "rate": "rate", "qps": "rate", "requests": "requests", "num_prompts": "requests"}
 
 
 def parse_workload(text: str | Workload | dict) -> Workload:

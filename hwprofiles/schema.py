@@ -395,6 +395,9 @@ class EngineProfile(BaseModel):
     request_overhead_s: Figure
     request_latency_s: Figure = Figure(value=0.0, source="none: the engine profile gives no "
                                        "front-end latency")
+    min_step_s: Figure | None = None
+    """The shortest engine step this engine is published at (a TPOT at concurrency 1):
+    its host step cannot be longer, so it bounds a fitted ``step_overhead_s``."""
     fitted: bool = True
     fitted_note: str = ""
     overlap: bool = False

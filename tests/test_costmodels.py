@@ -359,7 +359,11 @@ def test_grouped_gemm_tokens_count_only_the_experts_that_receive_any():
     m = B * k / float(expected_experts(E, k, B))
     assert 1.1 < m < 1.3 and B * k / E < 1  # the two counts differ here
     # halving the curve doubles the expert time: the difference is that time at curve(m)
-    assert d2 - d1 == pytest.approx(flops / (fast.peak("bf16") * float(c.at(m))), rel=1e-6)
+    # (in BF16: the curve's FP8 fraction times the BF16-to-FP8 dense GEMM ratio)
+    mm = fast.efficiency.matmul
+    scale = mm["bf16"].peak_fraction / mm["fp8"].peak_fraction
+    assert d2 - d1 == pytest.approx(flops / (fast.peak("bf16") * float(c.at(m)) * scale),
+                                    rel=1e-6)
 
 
 # -- serving engines: overheads belong to the engine, overlap scheduling ----------------------

@@ -246,3 +246,6 @@ def test_engine_step_overhead_below_its_smallest_published_step():
                  and m.engine and find_engine(m.engine).name == prof.name]
         if tpots:
             assert prof.step_overhead_s.value <= min(tpots), (e, min(tpots))
+        if prof.min_step_s is not None:  # the shortest step published anywhere for it
+            assert prof.step_overhead_s.value <= prof.min_step_s.value * (1 + 1e-9), e
+    assert get_engine("sglang").min_step_s is not None
