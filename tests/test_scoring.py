@@ -204,6 +204,42 @@ def test_bld_lowers_the_kl_of_most_alternatives(scored, bld_scored):
     better = [r for r in trained if float(r["kl_div"]) < plain[(r["block"], r["alternative"])]]
     assert len(trained) == 18 and len(better) >= 0.75 * len(trained)
     assert all(int(r["bld_steps"]) == 40 and 0 <= float(r["bld_loss"]) < 1 for r in trained)
+    for r in trained:  # never worse than the initialized block, which is scored as without BLD
+        before = plain[(r["block"], r["alternative"])]
+        assert float(r["kl_before_bld"]) == before and float(r["kl_div"]) <= before, r
+        assert r["bld_kept"] == ("trained" if float(r["kl_div"]) < before else "init")
+
+
+def test_bld_that_hurts_keeps_the_initialized_block(work, scored, tmp_path):
+    """At a learning rate far too high, BLD makes blocks worse on held-out: those keep their
+    initialized weights (KL as without BLD), and the trained-block file the builder reads
+    holds the kept block."""
+    record = run(_job(work, **dict(SETTINGS, bld_steps=5, bld_lr=0.3)), tmp_path / "hot",
+                 progress=False)
+    assert record is not None
+    plain = {(r["block"], r["alternative"]): float(r["kl_div"]) for r in scored[1]}
+    rows = [r for r in _csv(tmp_path / "hot" / "scores.csv") if r["bld_kept"]]
+    init = [r for r in rows if r["bld_kept"] == "init"]
+    assert len(rows) == 18 and len(init) >= 9
+    for r in init:
+        assert float(r["kl_div"]) == float(r["kl_before_bld"]) == plain[(r["block"],
+                                                                        r["alternative"])]
+    from nas.scoring.bld import read_index
+
+    index = read_index(tmp_path / "hot")
+    r = init[0]
+    meta = next(m for m in index.blocks if m.block == int(r["block"])
+                and m.alternative == r["alternative"])
+    f = index.files[index.blocks.index(meta)]
+    job = _job(work, **SETTINGS)
+    parent = load_pretrained(work / "parent")
+    scorer = Scorer(parent, job.split, job.settings)
+    alt = next(a for a in job.alts[int(r["block"])] if a.label == r["alternative"])
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "hot" / "blocks" / f))
+    fresh = scorer.build(Item(alt, PARENT.blocks[alt.block], "0" * 64))[0].state_dict()
+    assert saved.keys() == fresh.keys() and all(torch.equal(saved[k], fresh[k]) for k in saved)
 
 
 def test_build_assembles_the_child_from_trained_blocks(work, bld_scored, tmp_path, capsys):

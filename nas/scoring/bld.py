@@ -44,6 +44,9 @@ class BldMeta(BaseModel):
     parent_weights: str
     steps: int
     loss: float
+    kept: str | None = None
+    """``"init"`` when BLD made the block worse on held-out and the file holds the
+    initialized block (``steps`` and ``loss`` are then the discarded training's)."""
 
 
 class BldIndex(BaseModel):

@@ -21,6 +21,7 @@ The parent's own alternative scores 0 (and top-1 agreement 1) by definition.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
@@ -42,7 +43,7 @@ from nas.scoring.digest import code_digest, weights_digest  # noqa: F401  (re-ex
 from nas.scoring.job import Settings, check_parent  # noqa: F401  (re-exported)
 from nas.space import Alternative
 
-VERSION = "replace-1-block v1"  # part of every key: bump when the numerics change
+VERSION = "replace-1-block v2"  # part of every key: bump when the numerics change
 
 
 
@@ -226,12 +227,17 @@ class Scorer:
             with torch.no_grad():
                 y = self.calib_stream(item.block + 1) - x if self.calib_cache is not None \
                     else self.parent.blocks[item.block](x) - x
+            init = copy.deepcopy(block)  # BLD keeps the better of the two (:meth:`score`)
             info = train_block(block, x, y, self.settings, item.seed)
+            if info["bld_steps"]:
+                info["init_block"] = init
         if item.recipe is not None:
             from costmodels.dtypes import get_recipe
             from nas.scoring.fakequant import quantize_block
 
-            quantize_block(block, get_recipe(item.recipe))
+            for b in (block, info.get("init_block")):
+                if b is not None:
+                    quantize_block(b, get_recipe(item.recipe))
             what += f"; weights as {item.recipe}"
         return block, what, info
 
@@ -258,9 +264,23 @@ class Scorer:
                 "top1_agreement": s.agree / s.n, "tokens": s.n}
 
     def score(self, item: Item) -> tuple[dict[str, Any], Block]:
+        """The metrics of ``item`` and its block. After BLD the initialized block is scored
+        too and the better of the two on the held-out split is kept (BLD never returns a
+        block worse than the one it started from): ``kl_before_bld`` is the initialized
+        block's KL, ``bld_kept`` ``"trained"`` or ``"init"``."""
         t0 = time.perf_counter()
         block, what, info = self.build(item)
+        init = info.pop("init_block", None)
         out = self.evaluate(item, block)
+        if init is not None:
+            before = self.evaluate(item, init)
+            out["kl_before_bld"] = before["kl_div"]
+            if before["kl_div"] < out["kl_div"]:
+                out, block = {**before, "kl_before_bld": before["kl_div"]}, init
+                out["bld_kept"] = "init"
+                what += "; BLD made it worse on held-out, the initialized block is kept"
+            else:
+                out["bld_kept"] = "trained"
         out.update(info)
         out["init"] = what
         out["seconds"] = time.perf_counter() - t0

@@ -12,7 +12,8 @@ from typing import Any
 from nas.io import atomic_write, atomic_write_text
 
 COLUMNS = ["block", "alternative", "parent_kind", "kind", "kl_div", "lm_loss_delta",
-           "top1_agreement", "tokens", "bld_steps", "bld_loss", "seconds"]
+           "top1_agreement", "tokens", "bld_steps", "bld_loss", "kl_before_bld", "bld_kept",
+           "seconds"]
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:

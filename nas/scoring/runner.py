@@ -127,6 +127,7 @@ def _rows(job: Job, items: list[Item], results: dict[str, ScoreRow], tokens: int
                         "kind": a.child.kind, "kl_div": r.kl_div,
                         "lm_loss_delta": r.lm_loss_delta, "top1_agreement": r.top1_agreement,
                         "tokens": r.tokens, "bld_steps": r.bld_steps, "bld_loss": r.bld_loss,
+                        "kl_before_bld": r.kl_before_bld, "bld_kept": r.bld_kept,
                         "seconds": r.seconds})
     return out
 
@@ -176,7 +177,8 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
                     bld.save_block(out / "blocks" / bld_file, block, bld.BldMeta(
                         key=it.key, block=it.block, alternative=it.alt.label,
                         child=it.alt.child.model_dump(), parent_weights=phash,
-                        steps=res["bld_steps"], loss=res["bld_loss"]))
+                        steps=res["bld_steps"], loss=res["bld_loss"],
+                        kept=res.get("bld_kept")))
                 if n == kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)
                 store.put(ScoreRow(key=it.key, block=it.block, alternative=it.alt.label,
@@ -184,7 +186,9 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
                                    lm_loss_delta=res["lm_loss_delta"],
                                    top1_agreement=res["top1_agreement"], tokens=res["tokens"],
                                    bld_steps=res["bld_steps"], bld_loss=res["bld_loss"],
-                                   bld_file=bld_file, seconds=res["seconds"]))
+                                   bld_file=bld_file, seconds=res["seconds"],
+                                   kl_before_bld=res.get("kl_before_bld"),
+                                   bld_kept=res.get("bld_kept")))
                 scored += 1
                 el = time.perf_counter() - t1
                 eta = el / (n + 1) * (len(todo) - n - 1)
@@ -209,7 +213,8 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
         if r.bld_file:
             metas.append(bld.BldMeta(key=it.key, block=it.block, alternative=it.alt.label,
                                      child=it.alt.child.model_dump(), parent_weights=phash,
-                                     steps=r.bld_steps, loss=r.bld_loss or 0.0))
+                                     steps=r.bld_steps, loss=r.bld_loss or 0.0,
+                                     kept=r.bld_kept))
             files.append(r.bld_file)
     if metas:
         bld.write_index(out, phash, metas, files)

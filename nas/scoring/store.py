@@ -36,13 +36,19 @@ class ScoreRow(BaseModel):
     bld_loss: float | None = None
     bld_file: str | None = None
     seconds: float
+    kl_before_bld: float | None = None
+    """The initialized block's KL when BLD ran (``kl_div`` is the kept block's)."""
+    bld_kept: str | None = None
+    """``"trained"`` or ``"init"`` (BLD made it worse on held-out) when BLD ran."""
 
 
 _COLS = list(ScoreRow.model_fields)
 _SCHEMA = ("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, block INTEGER NOT NULL, "
            "alternative TEXT NOT NULL, kind TEXT NOT NULL, kl_div REAL NOT NULL, "
            "lm_loss_delta REAL NOT NULL, top1_agreement REAL NOT NULL, tokens INTEGER NOT NULL, "
-           "bld_steps INTEGER NOT NULL, bld_loss REAL, bld_file TEXT, seconds REAL NOT NULL)")
+           "bld_steps INTEGER NOT NULL, bld_loss REAL, bld_file TEXT, seconds REAL NOT NULL, "
+           "kl_before_bld REAL, bld_kept TEXT)")
+_ADDED = {"kl_before_bld": "REAL", "bld_kept": "TEXT"}  # nullable columns added later
 
 
 class Store:
@@ -55,6 +61,11 @@ class Store:
             self.conn = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
             self.conn.execute(_SCHEMA)
             cols = [r[1] for r in self.conn.execute("PRAGMA table_info(results)")]
+            if cols != _COLS and cols == _COLS[:len(cols)] \
+                    and set(_COLS[len(cols):]) <= set(_ADDED):  # a store of an older version
+                for c in _COLS[len(cols):]:
+                    self.conn.execute(f"ALTER TABLE results ADD COLUMN {c} {_ADDED[c]}")
+                cols = _COLS
         except sqlite3.DatabaseError as exc:
             from nas.io import write_failure
 
