@@ -252,7 +252,7 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
         nb1 = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp,
                              attention_dp=m.attention_dp, engine=eng, engines=engines,
                              draft=draft is not None)
-        cap = max_concurrency(b1, nb1, hw, wl.max_context, reserve_bytes=reserve)
+        cap = max_concurrency(b1, nb1, hw, wl.max_context, reserve_bytes=reserve, workload=wl)
         wl = wl.with_sequences(max(1, min(cap.max_concurrency, wl.max_num_seqs)))
     b = blocks("main", table, hw, recipe, [wl], **kw)
     nb = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp, attention_dp=m.attention_dp,

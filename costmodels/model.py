@@ -330,24 +330,36 @@ def workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts, tokens: np.ndar
     return _workspace(widest, tokens, logit_rows, nonblock.vocab_per_gpu)
 
 
+def step_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts,
+                         sequences: np.ndarray | float, isl: np.ndarray | float,
+                         prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
+    """Activation workspace per GPU of B = ``sequences`` running requests of ``isl``-token
+    prompts, bytes: the widest pass, ``min(B * isl, prefill_chunk)`` prompt tokens but at
+    least a decode step's B, with B fp32 logit rows. The one workspace both
+    :func:`summarize` and :func:`max_concurrency` hold back, so a concurrency that
+    :func:`max_concurrency` returns fits in :func:`summarize` by construction."""
+    B = np.asarray(sequences, dtype=np.float64)
+    S = np.asarray(isl, dtype=np.float64)
+    return workspace_bytes(blocks, nonblock, np.maximum(np.minimum(B * S, prefill_chunk), B), B)
+
+
 def workload_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts,
                              prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
-    """``[W]`` activation workspace per GPU of each of ``blocks``' workloads, bytes: its
-    widest pass, ``min(prefill tokens of one pass, prefill_chunk)`` tokens but at least a
-    decode step's B, with ``max(prompts per pass, B)`` fp32 logit rows."""
+    """``[W]`` activation workspace per GPU of each of ``blocks``' workloads, bytes
+    (:func:`step_workspace_bytes` at its B and isl)."""
     wls = blocks.workloads
-    B = np.array([w.sequences for w in wls], dtype=np.float64)
-    Bp = np.array([w.prefill_sequences for w in wls], dtype=np.float64)
+    B = np.array([max(w.sequences, w.prefill_sequences) for w in wls], dtype=np.float64)
     S = np.array([w.isl for w in wls], dtype=np.float64)
-    return workspace_bytes(blocks, nonblock, np.maximum(np.minimum(Bp * S, prefill_chunk), B),
-                           np.maximum(Bp, B))
+    return step_workspace_bytes(blocks, nonblock, B, S, prefill_chunk)
 
 
 def concurrency_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts, context: int,
-                                prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> float:
-    """Activation workspace per GPU that :func:`max_concurrency` holds back, bytes: one
-    prefill chunk of ``min(context, prefill_chunk)`` tokens of one sequence (one logits row)."""
-    return float(workspace_bytes(blocks, nonblock, min(int(context), prefill_chunk), 1.0))
+                                prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                                sequences: int = 1, isl: int | None = None) -> float:
+    """Activation workspace per GPU at ``sequences`` requests of ``isl`` (default
+    ``context``) prompt tokens: :func:`step_workspace_bytes`."""
+    return float(step_workspace_bytes(blocks, nonblock, float(sequences),
+                                      float(context if isl is None else isl), prefill_chunk))
 
 
 def _overlapped(wls: Sequence[Workload], ttft: np.ndarray, tpot: np.ndarray,
@@ -457,26 +469,45 @@ class Concurrency:
 def max_concurrency(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
                     context: int, rows: Sequence[int] | np.ndarray | None = None,
                     reserve_bytes: float = DEFAULT_RESERVE_BYTES,
-                    prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Concurrency:
-    """Largest concurrency whose KV cache + state at ``context`` tokens fits (see
-    :class:`Concurrency`). The workspace is that of one prefill chunk of
-    ``min(context, prefill_chunk)`` tokens of one sequence (one logits row)."""
+                    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                    workload: Workload | None = None) -> Concurrency:
+    """Largest concurrency n whose memory, as :func:`summarize` counts it, fits: weights +
+    n * (KV at ``context`` tokens + state) + the workspace of n requests
+    (:func:`step_workspace_bytes`) + reserve (see :class:`Concurrency`). ``workload``: the
+    workload it is for (its prompt length sizes the workspace, default ``context``; its
+    speculative decoding keeps state snapshots per sequence), so that
+    ``summarize(...).fits`` holds at the returned concurrency by construction."""
     if int(context) != context or context < 1:
         raise InputError(f"context must be a positive integer, got {context!r}", field="context")
     b = _rows(blocks, rows)
     weights = float(b.weight_bytes.sum()) + nonblock.weight_bytes
     kv = float(b.kv_bytes(context).sum())
-    state = float(b.state_bytes_per_sequence.sum())
-    ws = concurrency_workspace_bytes(b, nonblock, context, prefill_chunk)
+    snaps = float(spec_state_snapshots([workload])[0]) if workload is not None else 0.0
+    state = float(b.state_bytes_per_sequence.sum()) * (1.0 + snaps)
+    isl = int(workload.isl) if workload is not None else int(context)
     usable = hw.memory_bytes.value
-    free = usable - weights - ws - reserve_bytes
     per = kv + state
+
+    def ws(n: int) -> float:
+        return concurrency_workspace_bytes(b, nonblock, context, prefill_chunk, n, isl)
+
+    def fits(n: int) -> bool:
+        return weights + n * per + ws(n) + reserve_bytes <= usable
+
+    free = usable - weights - ws(1) - reserve_bytes
     if free > 0 and per <= 0:
         raise InputError("the model keeps no per-sequence memory (no KV cache, no state): "
                          "concurrency is not memory-bound", field="context")
-    n = fit_concurrency(usable, weights, per, ws, reserve_bytes)
+    n = 0
+    if fits(1):  # memory grows with n: bisect [1, the count without the workspace's growth]
+        lo, hi = 1, max(1, fit_concurrency(usable, weights, per, ws(1), reserve_bytes))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        n = lo
     return Concurrency(context=int(context), max_concurrency=n, usable_bytes=usable,
-                       weight_bytes=weights, workspace_bytes=ws, reserve_bytes=float(reserve_bytes),
+                       weight_bytes=weights, workspace_bytes=ws(max(n, 1)),
+                       reserve_bytes=float(reserve_bytes),
                        kv_bytes_per_sequence=kv, state_bytes_per_sequence=state, free_bytes=free)
 
 

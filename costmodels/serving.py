@@ -182,7 +182,8 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
     probe = [wl.with_sequences(1)]
     blocks1 = price_blocks(table, hw, recipe, probe, **kw)
     nb1 = price_nonblock(nonblock, hw, recipe, probe, **nkw)
-    cap = max_concurrency(blocks1, nb1, hw, wl.max_context, reserve_bytes=reserve_bytes)
+    cap = max_concurrency(blocks1, nb1, hw, wl.max_context, reserve_bytes=reserve_bytes,
+                          workload=wl)
     limit = min(cap.max_concurrency, wl.max_num_seqs)
     grid = sorted({int(c) for c in concurrencies}) if concurrencies is not None \
         else concurrency_grid(max(limit, 1))

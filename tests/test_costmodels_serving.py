@@ -358,3 +358,27 @@ def test_arrival_in_a_workload_string():
         parse_workload("isl=100,osl=10,concurrency=4,rate=2")
     with pytest.raises(InputError):
         parse_workload("isl=100,osl=10,batch=4,arrival=staggered")
+
+
+@pytest.mark.parametrize("wl", ["isl=128,osl=128,concurrency=1", "isl=20000,osl=2000,concurrency=1",
+                                "isl=8192,osl=1024,concurrency=1,draft_tokens=3,acceptance=2.5"])
+def test_max_concurrency_fits_in_summarize_by_construction(wl):
+    # one workspace (costmodels.model.step_workspace_bytes): the largest concurrency that
+    # max_concurrency returns fits as summarize counts memory, and one more does not
+    from costmodels.workload import parse_workload
+
+    w = parse_workload(wl + ",max_num_seqs=100000000")  # memory binds, not the engine's cap
+    for table in (LLAMA8B, HYBRID):
+        draft = None
+        if w.draft_tokens:
+            table = BlockTable.concat([table, BlockTable.from_rows([ATT, FFN])])
+            draft = np.r_[np.zeros(len(table) - 2, bool), np.ones(2, bool)]
+        kw = dict(draft=draft)
+        b1 = price_blocks(table, H100, FP8, [w], **kw)
+        nb1 = price_nonblock(NB, H100, FP8, [w], draft=draft is not None)
+        n = max_concurrency(b1, nb1, H100, w.max_context, workload=w).max_concurrency
+        assert n >= 1
+        wls = [w.with_sequences(n), w.with_sequences(n + 1)]
+        m = summarize(price_blocks(table, H100, FP8, wls, **kw),
+                      price_nonblock(NB, H100, FP8, wls, draft=draft is not None), H100)
+        assert m.fits.tolist() == [True, False]
