@@ -38,6 +38,7 @@ from costmodels.shapes import (
     state_bytes_per_sequence,
 )
 from costmodels.workload import Workload, parse_workload
+from hwprofiles.engines import compute_dtype
 from hwprofiles.schema import HardwareProfile
 
 DEFAULT_GDN_CHUNK = 64  # Gated DeltaNet chunk length (tokens): FLA's and transformers' chunk
@@ -206,7 +207,7 @@ class _Pricing:
     def __init__(self, hw: HardwareProfile, recipe: PrecisionRecipe, st: BlockTable, *,
                  tpx: int, ep: int, dp: int, attention_dp: bool, ssd_chunk: int,
                  Bp: np.ndarray, S: np.ndarray, C: np.ndarray, Tc: np.ndarray,
-                 reread: np.ndarray):
+                 reread: np.ndarray, engine: str | None = None):
         self.hw, self.st = hw, st
         self.tpx, self.ep, self.dp, self.attention_dp, self.ssd_chunk = (
             tpx, ep, dp, attention_dp, ssd_chunk)
@@ -217,8 +218,9 @@ class _Pricing:
         self.kvb, self.ssb, self.csb = (recipe.kv_cache.bytes, recipe.ssm_state.bytes,
                                         recipe.conv_state.bytes)
         self.wb = {r: recipe.weight_bytes_per_param(r) for r in TensorRole}
-        self.cd = {r: hw.compute_dtype(recipe.weight_dtype(r).value) for r in TensorRole}
-        self.act_dtype = hw.compute_dtype(recipe.activations.value)
+        self.cd = {r: compute_dtype(hw, recipe.weight_dtype(r).value, engine)
+                   for r in TensorRole}
+        self.act_dtype = compute_dtype(hw, recipe.activations.value, engine)
         self.link = hw.interconnect
         self.link_eff = self.eff.link.peak_fraction
         self.imbalance = (max(1.0, hw.moe_imbalance.value) if hw.moe_imbalance is not None
@@ -561,15 +563,19 @@ _PRICE_KIND = {Kind.ATTENTION: _price_attention, Kind.MAMBA: _price_mamba,
 def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe,
                  workloads: Sequence[Workload | str], tp: int = 1, ep: int = 1,
                  ssd_chunk: int = DEFAULT_SSD_CHUNK, attention_dp: bool = False,
-                 draft: np.ndarray | Sequence[bool] | None = None) -> BlockCosts:
+                 draft: np.ndarray | Sequence[bool] | None = None,
+                 engine: str | None = None) -> BlockCosts:
     """Price every row of ``table`` for every workload on ``hw`` under ``recipe``.
 
     Args:
         table: N block rows (``costmodels.shapes.BlockTable``).
         hw: the device.
         recipe: weight dtype per tensor role, KV / SSM-state / conv-state / activation dtypes.
-            A GEMM computes in ``hw.compute_dtype(weight dtype)`` (e.g. NVFP4 weights compute
-            in FP8 on Hopper: fewer bytes, same math speed as FP8).
+            A GEMM computes in ``hwprofiles.engines.compute_dtype(hw, weight dtype, engine)``:
+            the serving engine's documented math where ``hwprofiles/data/compute_dtypes.json``
+            has a rule (MXFP4 weights run with BF16 math on Hopper under TensorRT-LLM), else
+            the device's fallback (e.g. NVFP4 weights compute in FP8 on Hopper: fewer bytes,
+            same math speed as FP8).
         workloads: W workloads (``Workload`` or strings like ``"isl=8192,osl=1024,batch=64"``).
         tp, ep: GPUs per model instance; expert parallel degree (1 or ``tp``).
         ssd_chunk: Mamba-2 chunk length for the prefill scan.
@@ -583,6 +589,7 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
             ``draft_tokens`` passes over B tokens per verification step (the other rows one
             pass over ``B * (1 + draft_tokens)`` tokens); all decode times are per output
             token (divided by ``acceptance``). Default: no draft rows.
+        engine: the serving engine's profile name, for its compute dtypes (above).
 
     Returns:
         :class:`BlockCosts` with ``[N, W]`` seconds / bytes and ``[N]`` per-row bytes.
@@ -613,7 +620,7 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
 
     st = shard_table(table, tpx, 1 if attention_dp else ep)
     c = _Pricing(hw, recipe, st, tpx=tpx, ep=ep, dp=dp, attention_dp=attention_dp,
-                 ssd_chunk=ssd_chunk, Bp=Bp, S=S, C=C, Tc=Tc, reread=reread)
+                 ssd_chunk=ssd_chunk, Bp=Bp, S=S, C=C, Tc=Tc, reread=reread, engine=engine)
     a = c.a
     mix = np.zeros((n, nw))
     dec = np.zeros((n, nw))

@@ -248,13 +248,13 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
         return pt.throughput_node_tok_s if m.tp == hw.gpus_per_node.value else \
             pt.throughput_tok_s * m.tp
     if m.concurrency is None:  # the maximum-throughput point: the most that fit
-        b1 = blocks("cap", table, hw, recipe, [wl], **kw)
+        b1 = blocks("cap", table, hw, recipe, [wl], engine=eng, **kw)
         nb1 = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp,
                              attention_dp=m.attention_dp, engine=eng, engines=engines,
                              draft=draft is not None)
         cap = max_concurrency(b1, nb1, hw, wl.max_context, reserve_bytes=reserve, workload=wl)
         wl = wl.with_sequences(max(1, min(cap.max_concurrency, wl.max_num_seqs)))
-    b = blocks("main", table, hw, recipe, [wl], **kw)
+    b = blocks("main", table, hw, recipe, [wl], engine=eng, **kw)
     nb = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp, attention_dp=m.attention_dp,
                         engine=eng, engines=engines, draft=draft is not None)
     s = summarize(b, nb, hw, reserve_bytes=reserve)

@@ -87,7 +87,13 @@ from costmodels.parallel import check_parallel
 from costmodels.roofline import Roof
 from costmodels.shapes import BlockTable
 from costmodels.workload import Workload, parse_workload
-from hwprofiles.engines import DEFAULT_ENGINE, available_engines, find_engine, split_version
+from hwprofiles.engines import (
+    DEFAULT_ENGINE,
+    available_engines,
+    compute_dtype,
+    find_engine,
+    split_version,
+)
 from hwprofiles.errors import InputError
 from hwprofiles.schema import EngineProfile, HardwareProfile
 
@@ -234,8 +240,9 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     a = recipe.activations.bytes
     we, wl, wo = (recipe.weight_bytes_per_param(r) for r in
                   (TensorRole.EMBEDDINGS, TensorRole.LM_HEAD, TensorRole.OTHER))
-    dt = hw.compute_dtype(recipe.weight_dtype(TensorRole.LM_HEAD).value)
-    act_dt = hw.compute_dtype(recipe.activations.value)
+    eng_pool = dict(engines) if engines else None
+    dt = compute_dtype(hw, recipe.weight_dtype(TensorRole.LM_HEAD).value, engine, eng_pool)
+    act_dt = compute_dtype(hw, recipe.activations.value, engine, eng_pool)
 
     def step(tokens: np.ndarray, heads: np.ndarray, so: float = so) -> np.ndarray:
         fe, be = ops.embedding(tokens, h, we, a)

@@ -171,7 +171,7 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
     per step / per request): see :func:`costmodels.model.price_nonblock` (a named engine
     that overlaps scheduling hides its step overhead, as for any other workload).
     """
-    kw = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft)
+    kw = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft, engine=engine)
     nkw = dict(tp=tp, step_overhead_s=step_overhead_s, request_overhead_s=request_overhead_s,
                attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)),
                engine=engine, engines=engines)
@@ -302,7 +302,7 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
     wl = parse_workload(workload)
     if wl.arrival == "closed":
         raise InputError("arrival_figures prices arrival=staggered or poisson", field="arrival")
-    kw = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft)
+    kw = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft, engine=engine)
     nkw = dict(tp=tp, attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)),
                engine=engine, engines=engines)
     so, ro, overlap = engine_figures(hw, engine, dict(engines) if engines else None)

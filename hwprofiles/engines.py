@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from hwprofiles.errors import InputError, norm_name, read_model
-from hwprofiles.schema import EngineProfile
+from hwprofiles.schema import ComputeDtypeTable, EngineProfile, HardwareProfile
 
 ENGINE_DIR = Path(__file__).parent / "data" / "engines"
 
@@ -82,3 +82,27 @@ def get_engine(name: str | Path | EngineProfile) -> EngineProfile:
         return load_engine(p)
     raise InputError(f"unknown serving engine {str(name)!r}; expected one of "
                      f"{', '.join(available_engines())} or an engine JSON file", field="engine")
+
+
+COMPUTE_DTYPES_FILE = Path(__file__).parent / "data" / "tables" / "compute_dtypes.json"
+
+
+@cache
+def compute_dtype_table() -> ComputeDtypeTable:
+    """The shipped (weight format, device, engine) -> compute dtype rules, each sourced."""
+    return read_model(COMPUTE_DTYPES_FILE, ComputeDtypeTable, "compute-dtype table")
+
+
+def compute_dtype(hw: HardwareProfile, weight_dtype: str, engine: str | None = None,
+                  extra: dict[str, EngineProfile] | None = None) -> str:
+    """The dtype a GEMM with ``weight_dtype`` weights computes in on ``hw`` under the serving
+    engine ``engine``: the engine's documented rule (:func:`compute_dtype_table`) where one
+    covers them and the device has that math, else the device's fallback
+    (:meth:`HardwareProfile.compute_dtype`)."""
+    prof = find_engine(engine, extra) if engine else None
+    if prof is not None:
+        rule = compute_dtype_table().lookup(str(weight_dtype), {hw.name, *hw.aliases},
+                                            prof.name)
+        if rule is not None and rule.compute in hw.peak_flops:
+            return rule.compute
+    return hw.compute_dtype(str(weight_dtype))

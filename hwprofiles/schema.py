@@ -433,3 +433,41 @@ class EngineProfile(BaseModel):
 
 def _version(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"[0-9]+", v))
+
+
+class ComputeDtypeRule(BaseModel):
+    """A serving engine's math for GEMMs with ``weight`` weights on ``devices`` (profile
+    names), where it is not the device's fallback (:meth:`HardwareProfile.compute_dtype`);
+    ``engines``: the engine profile names it holds for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    weight: str = Field(min_length=2)
+    devices: list[str] = Field(min_length=1)
+    engines: list[str] = Field(min_length=1)
+    compute: str
+    source: str = Field(min_length=10)
+
+    @field_validator("compute")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in COMPUTE_DTYPES:
+            raise ValueError(f"compute dtype {v!r} is not one of {COMPUTE_DTYPES}")
+        return v
+
+
+class ComputeDtypeTable(BaseModel):
+    """``hwprofiles/data/compute_dtypes.json``: the sourced (weight, device, engine) rules."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    notes: str = ""
+    rules: list[ComputeDtypeRule]
+
+    def lookup(self, weight: str, devices: set[str], engine: str) -> ComputeDtypeRule | None:
+        """The rule for ``weight`` weights on a device named any of ``devices`` under the
+        engine profile named ``engine``; ``None`` when no rule covers them."""
+        for r in self.rules:
+            if r.weight == weight and engine in r.engines and devices & set(r.devices):
+                return r
+        return None

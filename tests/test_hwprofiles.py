@@ -249,3 +249,36 @@ def test_engine_step_overhead_below_its_smallest_published_step():
         if prof.min_step_s is not None:  # the shortest step published anywhere for it
             assert prof.step_overhead_s.value <= prof.min_step_s.value * (1 + 1e-9), e
     assert get_engine("sglang").min_step_s is not None
+
+
+def test_compute_dtype_table_is_sourced_and_names_real_devices_and_engines():
+    from hwprofiles.engines import available_engines, compute_dtype_table
+
+    table = compute_dtype_table()
+    assert table.rules
+    for r in table.rules:
+        assert "https://" in r.source
+        for d in r.devices:
+            hwprofiles.get(d)  # raises on an unknown device
+        assert set(r.engines) <= set(available_engines())
+
+
+def test_mxfp4_on_hopper_runs_bf16_math_in_tensorrt_llm():
+    # TensorRT-LLM's GPT-OSS guide: MXFP4 MoE weights with BF16 activations on Hopper, with
+    # MXFP8 activations on Blackwell; the device fallback (no engine) stays FP4 -> FP8
+    from costmodels.blocks import price_blocks
+    from costmodels.dtypes import get_recipe
+    from costmodels.shapes import BlockTable, Kind
+    from hwprofiles.engines import compute_dtype
+
+    h100, b200 = hwprofiles.get("h100-sxm"), hwprofiles.get("b200")
+    assert compute_dtype(h100, "mxfp4", "trtllm") == "bf16"
+    assert compute_dtype(h100, "mxfp4") == h100.compute_dtype("mxfp4") == "fp8"
+    assert compute_dtype(b200, "mxfp4", "trtllm@1.2") == "fp8"
+    moe = BlockTable.from_rows([dict(kind=Kind.MOE, hidden=2880, experts=128, top_k=4,
+                                     expert_width=2880)])
+    wl = ["isl=8192,osl=2,batch=8"]  # compute-bound prefill
+    recipe = get_recipe("mxfp4")
+    t_engine = price_blocks(moe, h100, recipe, wl, engine="trtllm").prefill_s[0, 0]
+    t_device = price_blocks(moe, h100, recipe, wl).prefill_s[0, 0]
+    assert t_engine > 1.5 * t_device  # BF16 math: half the FP8 peak
