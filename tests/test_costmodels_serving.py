@@ -382,3 +382,29 @@ def test_max_concurrency_fits_in_summarize_by_construction(wl):
         m = summarize(price_blocks(table, H100, FP8, wls, **kw),
                       price_nonblock(NB, H100, FP8, wls, draft=draft is not None), H100)
         assert m.fits.tolist() == [True, False]
+
+
+def test_cli_cost_names_an_engine_and_an_arrival_process(capsys):
+    # `cost --engine NAME` prices with that engine's overheads, scheduling and dtypes;
+    # `--arrival poisson --rate R` with the open-loop queueing model
+    import json as _json
+
+    from conftest import LLAMA
+
+    from nas.cli import main
+
+    def cost(*extra: str) -> dict:
+        rc = main(["cost", str(LLAMA), "--hw", "h100-sxm", "--precision", "fp8", "--workload",
+                   "isl=1000,osl=200,concurrency=32", "--json", *extra])
+        assert rc == 0
+        return _json.loads(capsys.readouterr().out)
+
+    base = cost()["workloads"][0]
+    sg = cost("--engine", "sglang")
+    assert sg["engine"] == "sglang" and sg["workloads"][0]["ttft_s"] != base["ttft_s"]
+    slow, fast = (cost("--engine", "vllm@0.16.0", "--arrival", "poisson", "--rate", str(r))
+                  ["workloads"][0] for r in (2, 20))
+    assert slow["arrival"]["rate_per_s"] == 2 and slow["ttft_s"] < fast["ttft_s"]
+    assert slow["throughput_tok_s"] == pytest.approx(2 * 200)
+    assert main(["cost", str(LLAMA), "--hw", "h100-sxm", "--workload",
+                 "isl=10,osl=10,concurrency=1", "--rate", "3"]) == 2

@@ -60,6 +60,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="attention data parallelism over the --tp GPUs (TensorRT-LLM's "
                    "enable_attention_dp): dense parts unsharded per GPU on its own sequences, "
                    "routed experts expert-parallel (--ep) behind an all-to-all")
+    p.add_argument("--engine", default=None, metavar="NAME",
+                   help="serving engine: trtllm, trtllm-cpp, vllm, sglang (optionally "
+                   "NAME@VERSION, e.g. vllm@0.16.0): its host overheads, overlap / async "
+                   "scheduling, token budget, whether prefill steps carry decodes, and its "
+                   "compute dtypes (hwprofiles/data/engines/, hwprofiles/data/tables/); default: "
+                   "the TensorRT-LLM profile's overheads")
+    p.add_argument("--arrival", choices=("closed", "staggered", "poisson"), default=None,
+                   help="how requests arrive (every --workload): closed (default; B requests in "
+                   "lockstep), staggered (B in flight, ending at spread-out times: random "
+                   "lengths) or poisson (an open loop at --rate requests/s)")
+    p.add_argument("--rate", type=float, default=None, metavar="R",
+                   help="with --arrival poisson: requests per second (QPS)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=run)
 
@@ -77,6 +89,46 @@ def _finite_nonneg(v: float | None, field: str) -> None:
 
 def _bytes(n: float) -> str:
     return gb_gib(n, 2)
+
+
+def _engine_workloads(wls: list, hw: object, args: argparse.Namespace) -> list:
+    """The workloads with ``--arrival`` / ``--rate`` and, with ``--engine``, that engine's
+    own scheduling defaults (token budget, running-request cap, mixed prefill) wherever a
+    workload does not set them itself."""
+    from costmodels.model import engine_limits
+    from costmodels.workload import parse_workload
+    from hwprofiles.errors import InputError
+    from hwprofiles.schema import HardwareProfile
+
+    assert isinstance(hw, HardwareProfile)
+    if args.rate is not None and args.arrival != "poisson":
+        raise InputError("--rate needs --arrival poisson", field="--rate")
+    if args.arrival == "poisson" and args.rate is None:
+        raise InputError("--arrival poisson needs --rate R (requests/s)", field="--arrival")
+    if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
+        raise InputError(f"expected requests/s > 0, got {args.rate}", field="--rate")
+    lim = engine_limits(hw, args.engine) if args.engine is not None else {}
+    out = []
+    for w in wls:
+        data = w.model_dump()
+        data.update({k: v for k, v in lim.items() if k not in w.model_fields_set})
+        if args.arrival is not None:
+            data.update(arrival=args.arrival, rate=args.rate)
+            if args.arrival != "closed" and data.get("batch") is not None:
+                data.update(concurrency=data.pop("batch"))
+        data["name"] = "" if w.name == w.label() else w.name
+        out.append(parse_workload(data))
+    return out
+
+
+def _arrivals(table: object, shape: object, hw: object, recipe: object, wls: list,
+              par: dict, engine: str | None) -> list:
+    """``costmodels.serving.arrival_figures`` of each staggered / Poisson workload (None for
+    the closed ones)."""
+    from costmodels.serving import arrival_figures
+
+    return [arrival_figures(table, shape, hw, recipe, w, engine=engine, **par)  # type: ignore[arg-type]
+            if w.arrival != "closed" else None for w in wls]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     wls = [parse_workload(w) for w in args.workload]
     for text, w in zip(args.workload, wls):
         check_workload(w, f"--workload {text}")
+    wls = _engine_workloads(wls, hw, args)
     if args.acceptance is not None:
         if not args.mtp:
             raise InputError("needs --mtp (the MTP head drafts the tokens)", field="--acceptance")
@@ -148,10 +201,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--slo needs a --workload (its isl and osl)", field="--slo")
     priced = wls or [parse_workload("isl=1,osl=1,batch=1")]
     par = dict(tp=args.tp, ep=args.ep, attention_dp=args.attention_dp, draft=draft)
-    blocks = price_blocks(table, hw, recipe, priced, **par)
+    blocks = price_blocks(table, hw, recipe, priced, engine=args.engine, **par)
     nb = price_nonblock(shape, hw, recipe, priced, tp=args.tp, step_overhead_s=overhead,
                         request_overhead_s=req, attention_dp=args.attention_dp,
-                        draft=draft is not None)
+                        draft=draft is not None, engine=args.engine)
     model = summarize(blocks, nb, hw, reserve_bytes=reserve)
     conc = (max_concurrency(blocks, nb, hw, args.context, reserve_bytes=reserve)
             if args.context is not None else None)
@@ -165,11 +218,21 @@ def run(args: argparse.Namespace) -> int:
     if conc is not None:
         out["max_concurrency"] = conc.max_concurrency
         out["concurrency"] = conc.to_dict()
+    if args.engine is not None:
+        out["engine"] = args.engine
+    arrivals = _arrivals(table, shape, hw, recipe, wls, par, args.engine)
+    for per, pt in zip(out["workloads"], arrivals):
+        if pt is not None:  # the arrival process's figures replace the lockstep cycle's
+            per.update(ttft_s=pt.ttft_s, tpot_s=pt.tpot_s, latency_s=pt.latency_s,
+                       throughput_tok_s=pt.throughput_tok_s,
+                       throughput_node_tok_s=pt.throughput_tok_s * hw.gpus_per_node.value,
+                       per_user_tok_s=1.0 / pt.tpot_s, arrival=pt.to_dict())
     slo_points = []
     if slo is not None:
         for w in wls:
             pt = slo_throughput(table, shape, hw, recipe, w, slo, reserve_bytes=reserve,
-                                step_overhead_s=overhead, request_overhead_s=req, **par)
+                                step_overhead_s=overhead, request_overhead_s=req,
+                                engine=args.engine, **par)
             slo_points.append((w, pt))
         out["slo"] = [{"workload": w.name, **pt.to_dict()} for w, pt in slo_points]
     if args.json:
