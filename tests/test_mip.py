@@ -235,8 +235,11 @@ def test_diverse_pool_is_the_greedy_sequence(prob, d, n):
 
 def test_found_children_meet_every_row_and_start_the_next_pool_solve():
     # the children HiGHS found on the way are kept; after a diversity row only those that
-    # differ enough remain, best first, each meeting every row (the pool's next incumbent)
-    lib = synthetic_library(40, seed=5, pair_noops=True)
+    # differ enough remain, best first, each meeting every row (the pool's next incumbent).
+    # The seed is one on which HiGHS finds runner-ups on the way (which instances give them
+    # depends on the search path: with the first fixing threshold at 3e-4 of the LP bound
+    # most seeds' first run finds the answer at once)
+    lib = synthetic_library(40, seed=11, pair_noops=True)
     base = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(40)])
     budgets = [f"params<={0.7 * base['params']}",
                f"memory_bytes@chat-4k<={0.6 * base['memory_bytes@chat-4k']}"]

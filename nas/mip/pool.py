@@ -79,17 +79,7 @@ def diverse_pool(
     Each solve starts from the best child that HiGHS found on the way in an earlier one
     and that differs enough from every solution so far (a runner-up, checked against every
     row; see :meth:`MipModel.found_children`): it is the incumbent, never a MIP start, so
-    the answers are the same optimum within the gap, found with fewer nodes.
-
-    On a model with lattice rows (``SolveOptions.lattice``, see
-    :func:`nas.mip.model.lattice_split`) the solves after the first run HiGHS' RINS and RENS
-    heuristics (``SolveOptions.sub_mips``, off by default): there the root bound is tight
-    and what a solve with diversity rows lacks is a child near it. Measured on NVlabs'
-    Llama-3.3-70B library (pool of 10, min distance 20, gap 1e-4): the last solve's root
-    bound was within the gap of the optimum, but HiGHS found no child that close and spent
-    10^5 nodes (over 120 s) looking; with RINS and RENS the pool took 28 s in all. Without
-    lattice rows they are left as set (on super88-s0's pool of 10 they took 2.5 -> 4.5 s of
-    CPU). They change the work, never the answers' guarantee."""
+    the answers are the same optimum within the gap, found with fewer nodes."""
     if n < 1:
         raise InputError(f"pool size must be >= 1, got {n}")
     if not 1 <= min_distance <= library.num_blocks:
@@ -112,16 +102,7 @@ def diverse_pool(
             break
         out.append(res)
         m.add_diversity(res.chosen, min_distance)
-        if i == 0 and m.lattice_row and not m.opts.sub_mips:
-            _sub_mips_on(m)
     return out
-
-
-def _sub_mips_on(m: MipModel) -> None:
-    """Turn on HiGHS' RINS and RENS for ``m``'s next runs (see :func:`diverse_pool`)."""
-    m.opts = replace(m.opts, sub_mips=True)
-    m._set("mip_heuristic_run_rins", True)
-    m._set("mip_heuristic_run_rens", True)
 
 
 @dataclass
