@@ -68,18 +68,19 @@ def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
     recipe name per block (``nas.spans``; default: the problem's one recipe)."""
     wls = list(problem.workloads.values())
     adp = bool(getattr(problem, "attention_dp", False))
+    eng = getattr(problem, "engine", None)
     if recipes is not None:  # a precision per block: each row under its own recipe
         from costmodels.dtypes import get_recipe
         from nas.spans import price_mixed
 
         blocks = price_mixed(arch.table, [get_recipe(r) for r in recipes], problem.hw, wls,
-                             tp=problem.tp, ep=problem.ep, attention_dp=adp)
+                             tp=problem.tp, ep=problem.ep, attention_dp=adp, engine=eng)
     else:
         blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, tp=problem.tp,
-                              ep=problem.ep, attention_dp=adp)
+                              ep=problem.ep, attention_dp=adp, engine=eng)
     mtp = any(w.draft_tokens > 0 for w in wls)  # speculative decoding with the MTP head
     nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls, tp=problem.tp,
-                        attention_dp=adp, draft=mtp)
+                        attention_dp=adp, draft=mtp, engine=eng)
     meas = measured_blocks(problem)
     if meas is not None:  # block runtimes measured (nas.search prices the library the same)
         blocks = price_measured(arch.table, problem.hw, problem.recipe, meas, wls,
@@ -91,7 +92,7 @@ def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
                              field="workloads.draft_tokens")
         blocks = BlockCosts.concat([blocks, price_blocks(
             head, problem.hw, problem.recipe, wls, tp=problem.tp, ep=problem.ep,
-            attention_dp=adp, draft=[True] * len(head))])
+            attention_dp=adp, draft=[True] * len(head), engine=eng)])
     mc = summarize(blocks, nb, problem.hw, reserve_bytes=problem.reserve_bytes)
     out = {}
     d = mc.to_dict()

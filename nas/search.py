@@ -59,9 +59,12 @@ from costmodels import shapes
 from costmodels.blocks import BlockCosts, price_blocks
 from costmodels.dtypes import PrecisionRecipe, get_recipe, recipe_from_dict
 from costmodels.measured import price_measured
+from costmodels.memory import DEFAULT_PREFILL_CHUNK
+from costmodels.memory import workspace_bytes as memory_workspace
 from costmodels.model import (
     NonBlockCosts,
     concurrency_workspace_bytes,
+    engine_limits,
     max_concurrency,
     price_nonblock,
     spec_state_snapshots,
@@ -110,6 +113,11 @@ class Problem:
         return self.spec.hw.attention_dp
 
     @property
+    def engine(self) -> str | None:
+        """The serving engine the spec names (``hardware.engine``), or ``None``."""
+        return self.spec.hw.engine
+
+    @property
     def device_bytes(self) -> float:
         """Usable memory of one GPU (bytes); memory figures are per GPU."""
         return float(self.hw.memory_bytes.value)
@@ -137,8 +145,11 @@ def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -
         recipe = get_recipe(str(pr) if spec.precision.endswith(".json") else spec.precision)
     else:
         recipe = recipe_from_dict(spec.precision, source="spec: precision")
-    wls = {name: Workload(name=name, **w.model_dump(exclude={"slo", "concurrency_sweep"},
-                                                    exclude_none=True))
+    # the engine's own token budget / running-request cap / prefill mixing where a workload
+    # does not set them (costmodels.model.engine_limits)
+    lim = engine_limits(hw, spec.hw.engine) if spec.hw.engine else {}
+    wls = {name: Workload(name=name, **{**lim, **w.model_dump(
+        exclude={"slo", "concurrency_sweep"}, exclude_none=True)})
            for name, w in spec.workloads.items()}
     drafting = [n for n, w in wls.items() if w.draft_tokens > 0]
     if drafting and not parent.mtp_blocks:
@@ -160,7 +171,7 @@ def price_head(problem: Problem) -> BlockCosts | None:
     assert head is not None  # resolve() refuses drafts without a head
     return price_blocks(head, problem.hw, problem.recipe, list(problem.workloads.values()),
                         tp=problem.tp, ep=problem.ep, attention_dp=problem.attention_dp,
-                        draft=np.ones(len(head), dtype=bool))
+                        draft=np.ones(len(head), dtype=bool), engine=problem.engine)
 
 
 def _measured_rows(problem: Problem, flat: list[space.Alternative], table: Any,
@@ -223,14 +234,16 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
         if wide:  # a span is the sum of its child blocks, each under its own recipe
             rows, wide_params, wide_active = spans.price_alternatives(
                 flat, h, problem.hw, problem.recipe, wl, tp=problem.tp, ep=problem.ep,
-                attention_dp=problem.attention_dp)
+                attention_dp=problem.attention_dp, engine=problem.engine)
         else:
             rows = price_blocks(table, problem.hw, problem.recipe, wl, tp=problem.tp,
-                                ep=problem.ep, attention_dp=problem.attention_dp)
+                                ep=problem.ep, attention_dp=problem.attention_dp,
+                                engine=problem.engine)
         bar.update(len(flat))
     rows = _measured_rows(problem, flat, table, wl, rows)
     nb = price_nonblock(nonblock_shape(problem.parent), problem.hw, problem.recipe, wl,
-                        tp=problem.tp, attention_dp=problem.attention_dp, draft=problem.mtp)
+                        tp=problem.tp, attention_dp=problem.attention_dp, draft=problem.mtp,
+                        engine=problem.engine)
     head = price_head(problem)
     # activation workspace is a max over blocks, not a sum: hold the parent's (a child is no
     # wider; with its MTP head) as a constant, so memory budgets stay linear and
@@ -244,6 +257,10 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
     for j, w in enumerate(wl):
         workspace[w.name] = float(per_workload[j])
         workspace[w.name + "#conc"] = concurrency_workspace_bytes(parent_rows, nb, w.max_context)
+    # max_concurrency's workspace grows with its n sequences (costmodels.model
+    # .step_workspace_bytes): the parent's widest bytes per token sizes it at any n
+    workspace["#widest"] = (float(parent_rows.workspace_bytes_per_token.max())
+                            if len(parent_rows) else 0.0)
     if wide:
         return Priced(rows, wide_params, wide_active, nb, workspace, head)
     assert table is not None
@@ -384,9 +401,12 @@ def _concurrency_key(problem: Problem, library: BlockLibrary, priced: Priced | N
         hd = priced.head
         head = float(hd.weight_bytes.sum() + n * (hd.kv_bytes(w.max_context).sum()
                                                   + hd.state_bytes_per_sequence.sum()))
+    ctx = float(w.max_context)  # costmodels' max_concurrency at a context: prompts of ctx
+    ws = float(memory_workspace(priced.workspace_bytes["#widest"],
+                                max(min(n * ctx, DEFAULT_PREFILL_CHUNK), n), n,
+                                priced.nonblock.vocab_per_gpu))
     columns[key] = (rows.weight_bytes + n * per_seq,
-                    priced.nonblock.weight_bytes + priced.workspace_bytes[wname + "#conc"]
-                    + problem.reserve_bytes + head)
+                    priced.nonblock.weight_bytes + ws + problem.reserve_bytes + head)
     return key
 
 
@@ -851,7 +871,8 @@ def parent_slo_point(problem: Problem, wname: str) -> SLOPoint:
                           problem.recipe, problem.workloads[wname], parse_slo(ws.slo),
                           tp=problem.tp, ep=problem.ep, reserve_bytes=problem.reserve_bytes,
                           attention_dp=problem.attention_dp,
-                          concurrencies=ws.concurrency_sweep, draft=draft)
+                          concurrencies=ws.concurrency_sweep, draft=draft,
+                          engine=problem.engine)
 
 
 def slo_problem(problem: Problem, wname: str, parent_pt: SLOPoint) -> Problem:

@@ -218,7 +218,7 @@ def is_wide(alts: list[list[Alternative]]) -> bool:
 # ---- pricing ------------------------------------------------------------------------------
 def price_mixed(table: BlockTable, recipes: Sequence[PrecisionRecipe],
                 hw: HardwareProfile, workloads: Sequence[Workload], tp: int = 1, ep: int = 1,
-                attention_dp: bool = False) -> BlockCosts:
+                attention_dp: bool = False, engine: str | None = None) -> BlockCosts:
     """``price_blocks`` of the rows of ``table`` where row ``i`` runs under ``recipes[i]``:
     one pass per distinct recipe, rows returned in input order (exactly the rows each pass
     priced)."""
@@ -235,7 +235,8 @@ def price_mixed(table: BlockTable, recipes: Sequence[PrecisionRecipe],
     for key, idx in groups.items():
         ix = np.asarray(idx, dtype=np.int64)
         parts.append((ix, price_blocks(table.take(ix), hw, objs[key], list(workloads),
-                                       tp=tp, ep=ep, attention_dp=attention_dp)))
+                                       tp=tp, ep=ep, attention_dp=attention_dp,
+                                       engine=engine)))
     first = parts[0][1]
     out = {}
     for f in ("prefill_s", "decode_s", "runtime_s", "memory_bytes", "weight_bytes",
@@ -278,7 +279,7 @@ def sum_rows(rows: BlockCosts, owner: np.ndarray, n: int) -> BlockCosts:
 
 def price_alternatives(flat: Sequence[Alternative], hidden: int, hw: HardwareProfile,
                        base: PrecisionRecipe, workloads: Sequence[Workload], tp: int = 1,
-                       ep: int = 1, attention_dp: bool = False
+                       ep: int = 1, attention_dp: bool = False, engine: str | None = None
                        ) -> tuple[BlockCosts, np.ndarray, np.ndarray]:
     """(costs, params, active params) per alternative: each the sum over its child blocks,
     every block priced under the alternative's recipe."""
@@ -292,7 +293,7 @@ def price_alternatives(flat: Sequence[Alternative], hidden: int, hw: HardwarePro
     if not rows:  # every alternative removes its span: price one no-op to get the shapes
         rows, owner, recipes = [NoOp()], [0], [base]
     table = blocks_table(rows, hidden)
-    costs = price_mixed(table, recipes, hw, workloads, tp, ep, attention_dp)
+    costs = price_mixed(table, recipes, hw, workloads, tp, ep, attention_dp, engine)
     ow = np.asarray(owner, dtype=np.int64)
     summed = sum_rows(costs, ow, len(flat))
     params = np.zeros(len(flat))

@@ -157,6 +157,11 @@ class HardwareSpec(_Model):
                                          description="GPUs serving one model copy (default tp)")
     attention_dp: bool = Field(default=False, description="attention data parallelism over the "
                                "tp GPUs, routed experts expert-parallel behind an all-to-all")
+    engine: str | None = Field(default=None, description="serving engine profile (trtllm, "
+                               "trtllm-cpp, vllm, sglang; NAME@VERSION for version-dependent "
+                               "behaviour): its host overheads, token budget, running-request "
+                               "cap and compute dtypes price every workload (default: "
+                               "TensorRT-LLM's overheads, the device's dtypes)")
 
     @model_validator(mode="after")
     def _gpus(self) -> HardwareSpec:
@@ -166,6 +171,12 @@ class HardwareSpec(_Model):
                              "parallelism is not modeled)")
         if self.ep not in (1, self.tp):
             raise ValueError(f"ep must be 1 or tp ({self.tp}), got {self.ep}")
+        if self.engine is not None:
+            from hwprofiles.engines import available_engines, find_engine
+
+            if find_engine(self.engine) is None:
+                raise ValueError(f"unknown serving engine {self.engine!r}; expected one of "
+                                 f"{', '.join(available_engines())}")
         return self
 
 

@@ -408,3 +408,25 @@ def test_cli_cost_names_an_engine_and_an_arrival_process(capsys):
     assert slow["throughput_tok_s"] == pytest.approx(2 * 200)
     assert main(["cost", str(LLAMA), "--hw", "h100-sxm", "--workload",
                  "isl=10,osl=10,concurrency=1", "--rate", "3"]) == 2
+
+
+def test_a_spec_names_its_serving_engine():
+    # hardware.engine in a spec: the engine's scheduling defaults reach every workload that
+    # does not set them, and an unknown name is refused when the spec is read
+    import json as _json
+
+    from pydantic import ValidationError
+
+    from nas.search import resolve
+    from nas.spec import HardwareSpec, SearchSpec
+
+    ex = Path(__file__).resolve().parents[1] / "nas" / "examples"
+    data = _json.loads((ex / "deepseek-v3-8xh200.json").read_text())
+    plain = resolve(SearchSpec.model_validate(data), ex)
+    data["hardware"]["engine"] = "sglang"
+    sg = resolve(SearchSpec.model_validate(data), ex)
+    assert plain.engine is None and sg.engine == "sglang"
+    assert all(w.mixed_prefill for w in plain.workloads.values())
+    assert not any(w.mixed_prefill for w in sg.workloads.values())  # SGLang: prefill alone
+    with pytest.raises(ValidationError, match="unknown serving engine"):
+        HardwareSpec(profile="h100-sxm", engine="nope")
