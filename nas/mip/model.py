@@ -375,14 +375,16 @@ def lattice_split(v: np.ndarray) -> tuple[float, int, np.ndarray, np.ndarray, li
         return None
     if float(np.max(np.abs(sc))) >= 2.0 ** 50:
         return None
-    ints = [int(t) for t in np.round(sc)]
-    diffs = sorted({abs(a - b) for i, a in enumerate(ints) for b in ints[i + 1:]})
-    cands = set(diffs)
-    for i, a in enumerate(diffs):
-        cands.update(math.gcd(a, b) for b in diffs[i + 1:])
-    limit = min(LATTICE_RESIDUES, (len(ints) - 1) // 2)
-    d = next((c for c in sorted(cands, reverse=True)
-              if c > 1 and len({t % c for t in ints}) <= limit), None)
+    ints = np.round(sc).astype(np.int64)
+    # candidate steps: the differences and the gcds of every two of them
+    diffs = np.unique(np.abs(ints[:, None] - ints[None, :])[np.triu_indices(ints.size, 1)])
+    cands = np.unique(np.concatenate([diffs, np.gcd(diffs[:, None], diffs[None, :]).ravel()]))
+    cands = cands[cands > 1][::-1]
+    limit = min(LATTICE_RESIDUES, (ints.size - 1) // 2)
+    res_sorted = np.sort(ints[None, :] % cands[:, None], axis=1)
+    n_res = 1 + np.count_nonzero(np.diff(res_sorted, axis=1), axis=1)
+    ok = np.flatnonzero(n_res <= limit)
+    d = int(cands[ok[0]]) if ok.size else None
     q = 2.0 ** -k
     if d is None or q * d < LATTICE_MIN_STEP * float(np.max(np.abs(vals))):
         return None
@@ -650,8 +652,13 @@ class MipModel:
                 row_lo.append(np.zeros(1))
                 row_hi.append(np.zeros(1))
                 nrow += 1
-                new_lo.append(float(lib.path_values(f, live)[L]))
-                new_hi.append(float(lib.path_values(f, live, largest=True)[L]))
+                # a child takes at most one replacement starting at each block
+                top = np.zeros(L)
+                bot = np.zeros(L)
+                np.maximum.at(top, lib.start[live], f[live])
+                np.minimum.at(bot, lib.start[live], f[live])
+                new_lo.append(float(bot.sum()))
+                new_hi.append(float(top.sum()))
             rows_.append(np.full(len(cols), nrow))
             cols_.append(np.array(cols))
             vals_.append(np.array(coefs))
