@@ -26,6 +26,12 @@ Solvers, each on one thread to the same relative gap, model building included
 - ``cbc-fixed``: CBC with the same fixing (nas.mip's LP reduced-cost fixing, then PuLP +
   CBC on each restricted plain model).
 
+NVlabs/puzzle's own scenario (``test_nvlabs_*``): its ``mip_nas`` and
+``multi_solution_mip_nas`` (python-mip + CBC) on its published Llama-3.3-70B library, side by
+side with nas.mip: three single solves and a pool of 10 at min diversity 20. Its code and
+data are under a non-commercial licence and are never fetched here: point
+``PUZZLE_NAS_NVLABS_PUZZLE`` at a checkout (and install python-mip), or those rows skip.
+
 Every answer is checked against scipy.milp at gap 0: within the gap asked, and for
 nas.mip never "optimal" without being so. ``ROUNDS`` rounds per instance; the summary
 prints per-instance medians and the median over instances, and the ratio of each solver's
