@@ -68,7 +68,7 @@ def _synthetic(truth, n=8, engine="trtllm", engines=None, gpu="h100-sxm",
 
 
 def test_fit_recovers_a_known_profile():
-    params = {p.label: p for p in parameters(H100)}
+    params = {p.label: p for p in parameters(H100, published=True)}
     chosen = [params["memory"], params["matmul fp8"], params["kernel overhead"]]
     truth = with_values(H100, chosen, [0.62, 0.55, 6e-6])
     ms = _synthetic(truth)
@@ -131,8 +131,8 @@ def _write_measurements(path: Path, ms: list[Measurement]) -> Path:
 
 
 def test_cli_calibrate_writes_profile(tmp_path):
-    ms = _synthetic(with_values(H100, [p for p in parameters(H100) if p.label == "memory"],
-                                [0.7]), 2)
+    ms = _synthetic(with_values(H100, [p for p in parameters(H100, published=True)
+                                       if p.label == "memory"], [0.7]), 2)
     path = _write_measurements(tmp_path / "m.csv", ms)
     out = tmp_path / "fitted.json"
     p = run_cli("calibrate", str(path), "--hw", "h100-sxm", "-o", str(out),

@@ -224,13 +224,18 @@ def test_bf16_and_fp16_gemm_run_at_one_efficiency(name):
     assert not p.efficiency.matmul["bf16"].source.startswith("fitted")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30, left: H100 HBM streaming fits at 0.95 (its "
-                   "upper bound) and H200 at 0.72 on the same GH100 memory system; a joint "
-                   "Hopper fit (or a published STREAM figure per part) is still to come")
 def test_hbm_efficiency_is_one_figure_across_a_generation():
-    h100, h200 = hwprofiles.get("h100-sxm"), hwprofiles.get("h200-sxm")
-    assert h100.efficiency.memory.peak_fraction == pytest.approx(
-        h200.efficiency.memory.peak_fraction, rel=0.1)
+    # HBM streaming is the memory system's, not a per-part fit: H100 and H200 (one Hopper
+    # generation) and B200 carry the published fraction, none on the fitter's bounds (the
+    # serving rows cannot pin it: H100/H200 rms log error moves 3 % from 0.75 to 0.95)
+    from costmodels.calibrate import BOUNDS
+
+    lo, hi, _ = BOUNDS["memory"]
+    fr = {n: hwprofiles.get(n).efficiency.memory for n in ("h100-sxm", "h200-sxm", "b200")}
+    assert fr["h100-sxm"].peak_fraction == pytest.approx(fr["h200-sxm"].peak_fraction, rel=0.1)
+    for n, c in fr.items():
+        assert lo < c.peak_fraction < hi, n
+        assert c.source.startswith("published"), n
 
 
 def test_engine_step_overhead_below_its_smallest_published_step():
