@@ -89,7 +89,7 @@ def test_a_rerun_reuses_every_stage(smoke):
                   calib_tokens=cfg.score_calib_tokens, bld_steps=cfg.bld_steps,
                   bld_lr=cfg.bld_lr, seed=0)
     kd = DistillSettings(tokens=cfg.kd_tokens // 2, seq_len=cfg.seq_len, batch_size=cfg.kd_batch,
-                         lr=cfg.kd_lr, eval_every=cfg.kd_eval_every,
+                         lr=cfg.kd_lr, lr_sweep=cfg.kd_lr_sweep, eval_every=cfg.kd_eval_every,
                          eval_tokens=cfg.eval_tokens, checkpoint_every=10_000, seed=0)
     before = json.loads((out / "iterative" / "seed-0" / "iterate.json").read_text())
     rec = run_iterate(out / "specs" / "e.json", out / "parent", data / "train.npy",

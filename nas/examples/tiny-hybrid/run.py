@@ -69,6 +69,7 @@ class Config:
     kd_tokens: int
     kd_batch: int
     kd_lr: float
+    kd_lr_sweep: tuple[float, ...]  # peak rates tried per distillation (nas.distill)
     kd_eval_every: int
     eval_tokens: int
     n_random: int
@@ -78,12 +79,14 @@ class Config:
 FULL = Config(spec="spec.json", max_train_tokens=1_500_000, max_held_tokens=100_000,
               bpe_chars=4_000_000, seq_len=128, parent_steps=260, parent_batch=8,
               parent_lr=3e-3, score_max_tokens=2048, score_calib_tokens=4096, bld_steps=30,
-              bld_lr=1e-3, kd_tokens=24_576, kd_batch=8, kd_lr=1e-3, kd_eval_every=8,
-              eval_tokens=4096, n_random=5, seeds=(0, 1))
+              bld_lr=1e-3, kd_tokens=24_576, kd_batch=8, kd_lr=1e-3,
+              kd_lr_sweep=(3e-4, 1e-3, 3e-3), kd_eval_every=8,
+              eval_tokens=4096, n_random=5, seeds=(0, 1, 2))
 SMOKE = Config(spec="spec-smoke.json", max_train_tokens=120_000, max_held_tokens=8_000,
                bpe_chars=400_000, seq_len=64, parent_steps=20, parent_batch=8,
                parent_lr=5e-3, score_max_tokens=512, score_calib_tokens=1024, bld_steps=4,
-               bld_lr=1e-3, kd_tokens=2048, kd_batch=4, kd_lr=1e-3, kd_eval_every=8,
+               bld_lr=1e-3, kd_tokens=2048, kd_batch=4, kd_lr=1e-3,
+               kd_lr_sweep=(1e-3, 3e-3), kd_eval_every=8,
                eval_tokens=1024, n_random=2, seeds=(0, 1))
 
 
@@ -378,7 +381,10 @@ def write_markdown(path: Path, res: dict[str, Any], cfg: Config) -> None:
         f"held-out files, BPE vocabulary {res['split']['vocab']}).",
         f"Budget ({res['budget_text']}); every child is built from the BLD blocks "
         f"({cfg.bld_steps} BLD steps per alternative) and distilled from the parent for "
-        f"{res['kd_tokens']:,} tokens (logit KL, lr {cfg.kd_lr}); (e) splits the same "
+        f"{res['kd_tokens']:,} tokens (logit KL; peak lr chosen per distillation from "
+        f"{', '.join(f'{x:g}' for x in cfg.kd_lr_sweep)} by a held-out sweep, the "
+        "evaluation with the lowest held-out KL kept, the child as built included); (e) "
+        "splits the same "
         f"tokens over its {res['n_stages']} stages. Evaluated on "
         f"{res['eval_tokens']:,} held-out tokens; seeds {list(cfg.seeds)} (distillation "
         "order, and the random draws of (d)); a cell is the mean over seeds (min-max).",
@@ -598,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for s in cfg.seeds:
         kd = DistillSettings(tokens=cfg.kd_tokens, seq_len=cfg.seq_len, batch_size=cfg.kd_batch,
-                             lr=cfg.kd_lr, eval_every=cfg.kd_eval_every,
+                             lr=cfg.kd_lr, lr_sweep=cfg.kd_lr_sweep,
+                             eval_every=cfg.kd_eval_every,
                              eval_tokens=cfg.eval_tokens, checkpoint_every=10_000, seed=s)
         for m in "abc":
             log(f"method ({m}) seed {s}")
@@ -628,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in cfg.seeds:
         log(f"method (e) seed {s}")
         kd = DistillSettings(tokens=cfg.kd_tokens // n_stages, seq_len=cfg.seq_len,
-                             batch_size=cfg.kd_batch, lr=cfg.kd_lr,
+                             batch_size=cfg.kd_batch, lr=cfg.kd_lr, lr_sweep=cfg.kd_lr_sweep,
                              eval_every=cfg.kd_eval_every, eval_tokens=cfg.eval_tokens,
                              checkpoint_every=10_000, seed=s)
         ssk = ss.model_copy(update={"seed": s})
