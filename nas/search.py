@@ -311,7 +311,8 @@ def build_library(problem: Problem, alts: list[list[space.Alternative]], priced:
         costs[f"runtime_s@{n}"] = priced.rows.runtime_s[:, j]
         costs[f"memory_bytes@{n}"] = (priced.rows.memory_bytes[:, j]
                                       + extra * priced.rows.state_bytes_per_sequence)
-        constants[f"ttft_s@{n}"] = float(nb.prefill_s[j])
+        # the engine's front-end latency reaches TTFT too (costmodels.model.summarize)
+        constants[f"ttft_s@{n}"] = float(nb.prefill_s[j]) + nb.request_latency_s
         constants[f"tpot_s@{n}"] = float(nb.decode_s[j])
         constants[f"runtime_s@{n}"] = float(nb.runtime_s[j])
         constants[f"memory_bytes@{n}"] = (nb.weight_bytes + priced.workspace_bytes[n]
