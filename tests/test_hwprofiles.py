@@ -298,13 +298,13 @@ ON_BOUND = {
     ("h200-sxm", "MoE routing imbalance"): "floor: 1.00 is perfect balance",
     ("b200", "matmul fp8"): "open: B200 FP8 dense GEMM at 40 % (the DeepSeek / Nano FP8 rows)",
     ("b200", "ssm state"): "open: Mamba-state streaming below HBM streaming",
-    ("b200", "link"): "open: NVLink fraction at small messages (no size curve yet)",
     ("b200", "grouped matmul tokens"): "open: NVFP4 grouped GEMM below its dense fraction",
     ("h100-sxm", "link"): "open: NVLink fraction at small messages (no size curve yet)",
     ("h100-sxm", "kernel overhead"): "open: host-visible launch gaps at TP2 (NIM rows)",
     ("h100-sxm", "MoE routing imbalance"): "open: Qwen3-235B TP8 FP8 throughput over-predicted",
     ("h200-sxm", "ssm state"): "open: Mamba-state streaming below HBM streaming",
     ("h200-sxm", "link"): "open: NVLink fraction at small messages (no size curve yet)",
+    ("h200-sxm", "kernel overhead"): "open: host-visible launch gaps (SGLang TP4 rows)",
 }
 
 
@@ -331,8 +331,6 @@ def test_fitted_figures_on_a_bound_are_listed_with_their_reason():
 ENGINE_ON_BOUND = {
     ("sglang", "step_overhead_s"): "floor of physics: at most its shortest published step "
                                    "(min_step_s, 2.404 ms: gpt-oss-120b at batch 1 on B200)",
-    ("sglang", "request_overhead_s"): "open: stands in for SGLang's TTFT growth with "
-                                      "concurrency beyond the modeled queueing",
     ("trtllm-cpp", "request_latency_s"): "floor: 0, no front-end time beyond the GPU work "
                                          "in the NIM / v0.17 rows",
 }
