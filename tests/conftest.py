@@ -76,10 +76,12 @@ def configs() -> Path:
     return CONFIGS
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def trained_parent():
     """``(model, calib, held, data)``: the tiny hybrid parent of ``tiny_parent`` trained on
-    English text, read from its frozen checkpoint once per session (torch tests only)."""
+    English text, read from its frozen checkpoint once per module (torch tests only; a
+    fraction of a second): a test that changes it in place cannot reach another module,
+    whatever the order."""
     pytest.importorskip("torch")
     from tiny_parent import frozen_parent
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -395,8 +396,8 @@ def test_streamed_parent_gives_the_same_child_as_one_in_memory(trained, tmp_path
 
 def test_streamed_bf16_parent_gives_a_bf16_child_by_default(trained, tmp_path):
     parent, calib, held = trained
-    path = save_pretrained(parent.to(torch.bfloat16), tmp_path / "bf16")
-    parent.float()
+    # a copy: .to() converts the module in place, and the fixture is shared with later tests
+    path = save_pretrained(copy.deepcopy(parent).to(torch.bfloat16), tmp_path / "bf16")
     child = init_from_parent(PARENT, path, calib[:2])
     assert child.embed.weight.dtype == torch.bfloat16
     ref = load_pretrained(path)
