@@ -363,3 +363,32 @@ def test_ctrl_c_during_the_write_probe_leaves_no_probe(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         check_output_file(tmp_path / "out" / "x.json")
     assert os.listdir(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("sig", ["int", "term"])
+def test_a_signal_wrapped_by_the_code_it_landed_in_is_still_that_signal(tmp_path, monkeypatch,
+                                                                         capsys, sig):
+    """A Ctrl-C inside an import that runs a class body reaches the CLI as ``RuntimeError:
+    Error calling __set_name__`` raised from the KeyboardInterrupt (seen under load with
+    matplotlib): it exits 130 (143 for SIGTERM) with the one interrupted line, no traceback."""
+    import nas.search
+    from nas.cli import Terminated, main
+
+    cause = KeyboardInterrupt() if sig == "int" else Terminated()
+
+    def wrapped(*a, **k):
+        try:
+            raise cause
+        except BaseException as e:
+            raise RuntimeError("Error calling __set_name__ on 'x'") from e
+
+    monkeypatch.setattr(nas.search, "run", wrapped)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(TINY_SPEC))
+    rc = main(["search", str(spec), "-o", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == (130 if sig == "int" else 143), err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("puzzle-nas search: " + ("interrupted" if sig == "int"
+                                                    else "terminated")), err
+    assert "Traceback" not in err

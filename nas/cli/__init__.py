@@ -69,6 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _signal_in_chain(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or :class:`Terminated` that ``exc`` was raised from, if any."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, (KeyboardInterrupt, Terminated)):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def _who(args: argparse.Namespace) -> str:
     cmd = getattr(args, "command", None)
     return f"puzzle-nas {cmd}" if cmd else "puzzle-nas"
@@ -111,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"puzzle-nas {args.command}: error: {loc}: {msg}", file=sys.stderr)
             return 2
         except Exception as exc:
+            # a Ctrl-C or SIGTERM that landed inside code which wraps exceptions (an import
+            # running a class body: "Error calling __set_name__") is still that signal
+            sig = _signal_in_chain(exc)
+            if sig is not None:
+                raise sig from None
             # a solver answer that breaks a row is a bug, not bad input: one line, exit 1
             # (nas.mip is looked up, not imported: only a command that solved can raise it)
             mip = sys.modules.get("nas.mip.constraints")
