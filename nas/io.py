@@ -312,14 +312,21 @@ def _signals_held() -> Iterator[None]:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
-        for sig in dict.fromkeys(got):  # once each, in arrival order
-            handler = saved[sig]
-            if callable(handler):
-                handler(sig, None)
-            elif handler == signal.SIG_DFL:
-                if sig == signal.SIGINT:
-                    raise KeyboardInterrupt
-                signal.raise_signal(sig)
+        deliver_signals(got, saved)
+
+
+def deliver_signals(sigs: list[int], saved: dict[int, Any]) -> None:
+    """Hand each recorded signal (once each, in arrival order) to the handler saved for it:
+    a callable is called, the default action happens (SIGINT as KeyboardInterrupt), an
+    ignored signal stays ignored."""
+    for sig in dict.fromkeys(sigs):
+        handler = saved.get(sig, signal.SIG_DFL)
+        if callable(handler):
+            handler(sig, None)
+        elif handler == signal.SIG_DFL:
+            if sig == signal.SIGINT:
+                raise KeyboardInterrupt
+            signal.raise_signal(sig)
 
 
 def swap_in_dir(staged: Path, path: Path) -> None:

@@ -119,6 +119,26 @@ def search_example(name: str, tmp_path: Path, sweep: bool = False) -> dict:
     return bp
 
 
+def tiny_llama_checkpoint(folder: Path, **save: object) -> tuple:
+    """``(parent folder, child config.json, parent arch, child arch)``: a 2-layer random
+    Llama (hidden 32, vocab 64) saved under ``folder/parent`` (``save``: options of
+    ``save_pretrained``) and the config of a child with half-width FFNs (torch tests only)."""
+    import json
+
+    from nas.arch import FFN, Attention, ModelArch
+    from nas.build import build_model, save_pretrained
+    from nas.hf import to_hf
+
+    att = Attention(num_heads=4, num_kv_heads=2, head_dim=8)
+    parent = ModelArch(hidden_size=32, vocab_size=64, model_type="llama",
+                       blocks=(att, FFN(width=64)) * 2)
+    child = parent.replace_blocks([att, FFN(width=32)] * 2)
+    pdir = save_pretrained(build_model(parent, seed=0), folder / "parent", **save)
+    cfg = folder / "child.json"
+    cfg.write_text(json.dumps(to_hf(child)))
+    return pdir, cfg, parent, child
+
+
 def tiny_parent_of(hf_model) -> tuple:
     """``(parent, calib, held)`` for the family builder tests: our model converted from a
     tiny random transformers model (``from_transformers``), 8 x 24 calibration and 4 x 24

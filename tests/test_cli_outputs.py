@@ -128,17 +128,9 @@ torch_missing = pytest.mark.skipif(
 @pytest.fixture
 def tiny(tmp_path):
     pytest.importorskip("torch")
-    from nas.arch import FFN, Attention, ModelArch
-    from nas.build import build_model, save_pretrained
-    from nas.hf import to_hf
+    from conftest import tiny_llama_checkpoint
 
-    att = Attention(num_heads=4, num_kv_heads=2, head_dim=8)
-    parent = ModelArch(hidden_size=32, vocab_size=64, model_type="llama",
-                       blocks=(att, FFN(width=64)) * 2)
-    child = parent.replace_blocks([att, FFN(width=32)] * 2)
-    pdir = save_pretrained(build_model(parent, seed=0), tmp_path / "parent", max_shard_bytes=8000)
-    cfg = tmp_path / "child.json"
-    cfg.write_text(json.dumps(to_hf(child)))
+    pdir, cfg, _, _ = tiny_llama_checkpoint(tmp_path, max_shard_bytes=8000)
     calib = tmp_path / "calib.json"
     calib.write_text(json.dumps(list(range(64)) * 2))
     return pdir, cfg, calib

@@ -198,17 +198,9 @@ def test_second_search_process_is_refused(tmp_path):
 def tiny_build(tmp_path):
     """``(parent folder, child config)``: a tiny llama parent checkpoint and a child."""
     pytest.importorskip("torch")
-    from nas.arch import FFN, Attention, ModelArch
-    from nas.build import build_model, save_pretrained
-    from nas.hf import to_hf
+    from conftest import tiny_llama_checkpoint
 
-    att = Attention(num_heads=4, num_kv_heads=2, head_dim=8)
-    parent = ModelArch(hidden_size=32, vocab_size=64, model_type="llama",
-                       blocks=(att, FFN(width=64)) * 2)
-    pdir = save_pretrained(build_model(parent, seed=0), tmp_path / "parent")
-    cfg = tmp_path / "child.json"
-    cfg.write_text(json.dumps(to_hf(parent.replace_blocks([att, FFN(width=32)] * 2))))
-    return pdir, cfg
+    return tiny_llama_checkpoint(tmp_path)[:2]
 
 
 def test_sigkilled_build_leftovers_are_removed_by_the_next_run(tmp_path, tiny_build):
@@ -261,19 +253,12 @@ def writers(tmp_path_factory):
     pytest.importorskip("torch")
     tmp_path = tmp_path_factory.mktemp("writers")
     import numpy as np
+    from conftest import tiny_llama_checkpoint
 
-    from nas.arch import FFN, Attention, ModelArch
     from nas.build import build_model, save_pretrained
-    from nas.hf import to_hf
 
-    att = Attention(num_heads=4, num_kv_heads=2, head_dim=8)
-    parent = ModelArch(hidden_size=32, vocab_size=64, model_type="llama",
-                       blocks=(att, FFN(width=64)) * 2)
-    pdir = save_pretrained(build_model(parent, seed=0), tmp_path / "parent")
-    cfg = tmp_path / "child.json"
-    cfg.write_text(json.dumps(to_hf(parent.replace_blocks([att, FFN(width=32)] * 2))))
-    child = save_pretrained(build_model(parent.replace_blocks([att, FFN(width=32)] * 2),
-                                        seed=1), tmp_path / "childck")
+    pdir, cfg, _, small = tiny_llama_checkpoint(tmp_path)
+    child = save_pretrained(build_model(small, seed=1), tmp_path / "childck")
     tokens = tmp_path / "tokens.npy"
     np.save(tokens, np.random.default_rng(0).integers(0, 64, 20000).astype(np.int32))
     sspec = tmp_path / "score.json"

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from nas.io import deliver_signals
+
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -60,19 +62,6 @@ def check() -> None:
     """Raise :class:`Interrupted` when a signal was recorded."""
     if _State.event.is_set():
         raise Interrupted()
-
-
-def _deliver(sigs: list[int], saved: dict[int, Any]) -> None:
-    """Hand each recorded signal (once each, in arrival order) to the handler saved for it."""
-    for sig in dict.fromkeys(sigs):
-        handler = saved.get(sig, signal.SIG_DFL)
-        if callable(handler):
-            handler(sig, None)
-        elif handler == signal.SIG_DFL:
-            if sig == signal.SIGINT:
-                raise KeyboardInterrupt
-            signal.raise_signal(sig)
-        # SIG_IGN: ignored, as it would have been
 
 
 @contextlib.contextmanager
@@ -110,4 +99,4 @@ def deferred() -> Iterator[None]:
                         signal.signal(sig, handler)
                 sigs, _State.got, _State.saved = list(_State.got), [], {}
                 _State.event.clear()
-        _deliver(sigs, saved)
+        deliver_signals(sigs, saved)
