@@ -224,15 +224,19 @@ def output_lock(path: str | Path, what: str = "output") -> Iterator[None]:
         return
     lock = lock_path(path)
     _mkdirs(lock.parent, what, Path(path))
-    with _signals_held():  # a Ctrl-C never leaves the lock file behind
-        fd = _take_lock(fcntl, lock, path, what)
+    fd = None
     try:
+        # a Ctrl-C never leaves the lock file behind: one held while the lock is taken is
+        # delivered as the block below is left, inside this try
+        with _signals_held():
+            fd = _take_lock(fcntl, lock, path, what)
         yield
     finally:
-        with _signals_held():
-            with contextlib.suppress(OSError):
-                os.unlink(lock)  # while still locked: a waiter re-checks the inode
-            os.close(fd)
+        if fd is not None:
+            with _signals_held():
+                with contextlib.suppress(OSError):
+                    os.unlink(lock)  # while still locked: a waiter re-checks the inode
+                os.close(fd)
 
 
 def _take_lock(fcntl: Any, lock: Path, path: str | Path, what: str) -> int:

@@ -26,19 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli_outputs import TINY_SPEC as CLI_TINY_SPEC
 
 from nas.cli import main
 from nas.mip.model import SIGNAL_ENV
 
-TINY_SPEC: dict[str, Any] = {
-    "name": "tiny", "hardware": {"profile": "h100-sxm", "tp": 1}, "precision": "bf16",
-    "parent": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 768,
-               "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
-               "vocab_size": 1024, "max_position_embeddings": 4096},
-    "workloads": {"chat": {"isl": 512, "osl": 128, "concurrency": 8}},
-    "search_space": {"attention": {"kv_heads": [2, 1], "noop": True},
-                     "ffn": {"fractions": [0.5], "round_to": 64, "noop": True}},
-    "budgets": [{"metric": "throughput", "workload": "chat", "min": "105%"}]}
+# the CLI output tests' tiny Llama search spec, without its sweep
+TINY_SPEC: dict[str, Any] = {k: v for k, v in CLI_TINY_SPEC.items() if k != "solver"}
 SWEEP = {"budget": 0, "start": "100%", "stop": "130%", "num": 6}
 SOLVERS: dict[str, dict[str, Any]] = {
     "single": {},
@@ -617,3 +611,24 @@ def test_a_full_disk_during_iterate_is_one_line(tmp_path, writers, capsys):
                       "earlier outputs are as they were, nothing half-written was left "
                       "behind"], err
     assert not [p for p in tmp_path.rglob(".*")], list(tmp_path.rglob(".*"))
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_a_signal_while_the_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypatch, sig):
+    """A signal held back while the output lock is taken is delivered as that step ends;
+    it happens inside the lock's cleanup, so no ``.run.lock`` is left (a real SIGTERM at
+    0 s into a 2-thread sweep once left one)."""
+    import nas.io
+
+    spec, out, before = earlier_set(tmp_path, "single")
+    take = nas.io._take_lock
+
+    def take_then_signal(*a, **k):
+        fd = take(*a, **k)
+        os.kill(os.getpid(), getattr(signal, "SIG" + sig))  # held until the step ends
+        return fd
+
+    monkeypatch.setattr(nas.io, "_take_lock", take_then_signal)
+    assert main(["search", str(spec), "-o", str(out), "--quiet"]) == CODES[sig]
+    assert snapshot(out) == before
+    assert sorted(os.listdir(tmp_path)) == sorted(["run", spec.name])
