@@ -324,6 +324,58 @@ def figures(bp: dict[str, Any], built_params: int, rec: Any,
     }
 
 
+# ---- 5b. a small task set on the held-out files ------------------------------------------
+TASK_TOKENS = 32_768  # held-out tokens the tasks read (the first of held.npy)
+
+
+def task_figures(model_dir: Path, data: dict[str, Path], seq_len: int) -> dict[str, Any]:
+    """Two completion tasks on held-out code, next-token top-1 accuracy at the positions
+    where each applies: ``close`` (the next token starts with a closing bracket ``)``,
+    ``]`` or ``}``: does the model close what is open), ``line_start`` (the previous token
+    ends a line: the indentation and first token of the next line)."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from nas.build import load_pretrained
+
+    tok = Tokenizer.from_file(str(data["tokenizer.json"]))
+    strs = [tok.decode([i]) for i in range(tok.get_vocab_size())]
+    close = torch.tensor([t[:1] in (")", "]", "}") for t in strs])
+    nl = torch.tensor([t.endswith("\n") for t in strs])
+    ids = torch.as_tensor(np.load(data["held.npy"]).astype(np.int64))[:TASK_TOKENS]
+    rows = ids[: len(ids) // seq_len * seq_len].reshape(-1, seq_len)
+    model = load_pretrained(model_dir).eval()
+    hits = {"close": [0, 0], "line_start": [0, 0]}
+    with torch.no_grad():
+        for k in range(0, len(rows), 8):
+            x = rows[k:k + 8]
+            pred = model(x)[:, :-1].argmax(-1)
+            y = x[:, 1:]
+            ok = pred == y
+            for name, mask in (("close", close[y]), ("line_start", nl[x[:, :-1]])):
+                hits[name][0] += int(ok[mask].sum())
+                hits[name][1] += int(mask.sum())
+    return {f"{k}_acc": a / max(n, 1) for k, (a, n) in hits.items()} | {
+        f"{k}_n": n for k, (_, n) in hits.items()}
+
+
+def add_tasks(res: dict[str, Any], out: Path, data: dict[str, Path], seq_len: int) -> None:
+    """The task figures of the parent and of every final child (from their folders)."""
+    res["parent_tasks"] = task_figures(out / "parent", data, seq_len)
+    for m, _ in METHODS:
+        for s, v in res["methods"][m].items():
+            if m == "d":
+                for i, c in enumerate(v):
+                    c["tasks"] = task_figures(out / "methods" / "d" / f"seed-{s}" / f"child-{i}"
+                                              / "distill" / "model", data, seq_len)
+            elif m == "e":
+                it = json.loads((out / "iterative" / f"seed-{s}" / "iterate.json").read_text())
+                v["tasks"] = task_figures(Path(it["stages"][-1]["distilled"]), data, seq_len)
+            else:
+                v["tasks"] = task_figures(out / "methods" / m / f"seed-{s}" / "distill"
+                                          / "model", data, seq_len)
+
+
 def random_scores(path: Path, labels: list[tuple[int, str]], seed: int) -> Path:
     """A score file of i.i.d. uniform random scores (the parent's alternatives 0)."""
     rng = np.random.default_rng(seed)
@@ -366,6 +418,12 @@ def summarize(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def write_markdown(path: Path, res: dict[str, Any], cfg: Config) -> None:
     summ = summarize(res)
     par = res["parent_eval"]
+    pt = res.get("parent_tasks", {})
+
+    def task(runs: list[dict[str, Any]], key: str) -> str:
+        vals = [r["tasks"][key] for r in runs if "tasks" in r]
+        return _fmt(vals) if vals else "-"
+
     lines = [
         "# tiny-hybrid: searched vs simpler compression at the same budget",
         "",
@@ -390,10 +448,12 @@ def write_markdown(path: Path, res: dict[str, Any], cfg: Config) -> None:
         "order, and the random draws of (d)); a cell is the mean over seeds (min-max).",
         "",
         "| method | params | predicted throughput (x parent) | held-out LM loss | KL to parent "
-        "| next-token accuracy | KL before KD* |",
-        "|---|---|---|---|---|---|---|",
+        "| next-token accuracy | close-bracket accuracy** | line-start accuracy** "
+        "| KL before KD* |",
+        "|---|---|---|---|---|---|---|---|---|",
         f"| parent | {res['parent']['parameters']:,} | 1.00 | {par['lm_loss']:.4f} | 0 | "
-        f"{par['accuracy']:.4f} | 0 |",
+        f"{par['accuracy']:.4f} | {pt.get('close_acc', float('nan')):.4f} | "
+        f"{pt.get('line_start_acc', float('nan')):.4f} | 0 |",
     ]
     for m, name in METHODS:
         runs = list(summ[m].values())
@@ -404,10 +464,15 @@ def write_markdown(path: Path, res: dict[str, Any], cfg: Config) -> None:
             f"{_fmt([r['final']['lm_loss'] for r in runs])} | "
             f"{_fmt([r['final']['kl_div'] for r in runs])} | "
             f"{_fmt([r['final']['accuracy'] for r in runs])} | "
+            f"{task(runs, 'close_acc')} | {task(runs, 'line_start_acc')} | "
             f"{_fmt([r['init']['kl_div'] for r in runs])} |")
     lines += ["", "\\* the child built from the BLD blocks, before distillation; for (e) the "
               "final child before its own (last-stage) distillation, i.e. after the earlier "
-              "stages' distillation.", "",
+              "stages' distillation.",
+              f"\\*\\* top-1 accuracy on the first {TASK_TOKENS:,} held-out tokens at the "
+              "positions where the next token starts with `)`, `]` or `}` "
+              f"({pt.get('close_n', 0):,} positions), and where the previous token ends a "
+              f"line ({pt.get('line_start_n', 0):,} positions).", "",
               "Children chosen (block by block; `noop` = removed):", ""]
     for m, _name in METHODS:
         for s, r in summ[m].items():
@@ -510,6 +575,11 @@ def report_only(args: argparse.Namespace) -> int:
     out = Path(args.output or ("out/tiny-hybrid-smoke" if args.smoke else "out/tiny-hybrid"))
     results = Path(args.results) if args.results else (out if args.smoke else HERE)
     res = json.loads((out / "results.json").read_text())
+    if "parent_tasks" not in res:  # a run from before the task set: evaluate its children
+        spec = json.loads((HERE / (args.spec or cfg.spec)).read_text())
+        data = prepare_data(cfg, int(spec["parent"]["vocab_size"]), Path(args.cache))
+        add_tasks(res, out, data, cfg.seq_len)
+        (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     for s, fig in res["methods"]["e"].items():
         it = out / "iterative" / f"seed-{s}" / "iterate.json"
         if it.is_file():
@@ -532,6 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--report-only", action="store_true", help="rewrite results.md / .png "
                    "from -o's results.json (no computation)")
+    p.add_argument("--spec", default=None, help="the experiment's spec (default spec.json, "
+                   "spec-smoke.json with --smoke; spec-dense.json: a dense Llama-style "
+                   "parent trained the same way), relative to this folder or a path")
     p.add_argument("--write-corpus", metavar="PATH", default=None,
                    help="write this interpreter's stdlib sources as a corpus file and exit")
     args = p.parse_args(argv)
@@ -552,6 +625,10 @@ def main(argv: list[str] | None = None) -> int:
     from nas.spec import load_spec, parse_spec
 
     cfg = SMOKE if args.smoke else FULL
+    if args.spec:
+        from dataclasses import replace
+
+        cfg = replace(cfg, spec=args.spec)
     out = Path(args.output or ("out/tiny-hybrid-smoke" if args.smoke else "out/tiny-hybrid"))
     results = Path(args.results) if args.results else (out if args.smoke else HERE)
     cache = Path(args.cache)
@@ -666,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
 
     first = res["methods"]["a"][str(cfg.seeds[0])]
     res["parent_eval"] = first["teacher"]
-    arch_pattern = spec["parent"].get("hybrid_override_pattern", "")
+    arch_pattern = spec["parent"].get("hybrid_override_pattern") or \
+        f"{spec['parent']['model_type']}, {spec['parent']['num_hidden_layers']} layers"
     res["parent"] = {"parameters": ptrain["parameters"], "pattern": arch_pattern}
     res["budget_text"] = "; ".join(
         f"{b['metric']}{'@' + b['workload'] if b.get('workload') else ''} "
@@ -682,7 +760,9 @@ def main(argv: list[str] | None = None) -> int:
     res["load_start"], res["load_end"] = list(load_start), list(os.getloadavg())
     res["machine"] = f"{os.cpu_count()} CPU cores, torch {torch.__version__}, " \
         f"{torch.get_num_threads()} threads"
-    res["command"] = "python examples/tiny-hybrid/run.py" + (" --smoke" if args.smoke else "")
+    res["command"] = "python examples/tiny-hybrid/run.py" + (" --smoke" if args.smoke else "") \
+        + (f" --spec {args.spec}" if args.spec else "")
+    add_tasks(res, out, data, cfg.seq_len)
     res["verdict"] = verdict(res)
     res["checks"] = check(res, out)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
