@@ -406,14 +406,17 @@ class CheckpointReader:
         self._shapes = {k: tuple(v.shape) for k, v in
                         self.model.state_dict(keep_vars=True).items()}
         self._buffers = {k for k, _ in self.model.named_buffers()}
+        self._stored_dtype: torch.dtype | None = None
 
     def stored_dtype(self) -> torch.dtype:
         """The dtype the embedding table is stored in: the checkpoint's non-quantized dtype
         (no published layout quantizes the embedding), which is the compute dtype a model
         read with ``dtype=None`` takes."""
-        name = next(n for k, n, _ in self.layout if k == "embed.weight")
-        code = self._handle(self.files[name]).get_slice(name).get_dtype()
-        return _DTYPES.get(code, torch.float32)
+        if self._stored_dtype is None:  # read once: tensors() asks for every block
+            name = next(n for k, n, _ in self.layout if k == "embed.weight")
+            code = self._handle(self.files[name]).get_slice(name).get_dtype()
+            self._stored_dtype = _DTYPES.get(code, torch.float32)
+        return self._stored_dtype
 
     def _handle(self, file: Path) -> Any:
         if file not in self._handles:

@@ -472,8 +472,10 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     local = s.batch_size // world
 
     def train_steps(run: DistillSettings, optim: torch.optim.Optimizer, start: int, stop: int,
-                    losses: list[float]) -> None:
-        """Optimizer steps ``start .. stop - 1`` of schedule ``run``."""
+                    losses: list[float],
+                    on_step: Callable[[int, float], None] | None = None) -> None:
+        """Optimizer steps ``start .. stop - 1`` of schedule ``run`` (``on_step(step, loss)``
+        after each)."""
         student.train()
         for step in range(start, stop):
             idx = step_rows(step, len(tr), run)[rank * local:(rank + 1) * local]
@@ -501,7 +503,6 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             if on_step is not None:
                 on_step(step, float(lv))
 
-    on_step: Callable[[int, float], None] | None = None
     if state is None:
         ev = evaluate(teacher, teacher, ho)
         teacher_eval = _point(0, s, ev, None)
@@ -550,7 +551,7 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     with Progress(s.steps, "distilling", progress if rank == 0 else False) as bar:
         bar.update(start)
 
-        def on_step(step: int, lv: float) -> None:  # noqa: F811  (the bar's, from here on)
+        def on_step(step: int, lv: float) -> None:
             bar.update(1, f"loss {lv:.4f}")
 
         step = start
@@ -560,7 +561,7 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             n = min(s.steps, (step // s.eval_every + 1) * s.eval_every,
                     (step // s.checkpoint_every + 1) * s.checkpoint_every,
                     kill_after if kill_after > step else s.steps)
-            train_steps(run, opt, step, n, losses)
+            train_steps(run, opt, step, n, losses, on_step)
             step = n
             if n % s.eval_every == 0 or n == s.steps:
                 tl = float(np.mean(losses[-s.eval_every:]))

@@ -197,15 +197,5 @@ def token_rows(path: str | Path, length: int, tokenizer: str | Path | None = Non
     return arr[: n * length].reshape(n, length)
 
 
-def check_vocab(tokens: np.ndarray, vocab_size: int, source: str) -> None:
-    """Every id in ``[0, vocab_size)``, or an error naming the first one outside and where."""
-    lo, hi = int(tokens.min()), int(tokens.max())
-    if lo < 0 or hi >= vocab_size:
-        flat = tokens.reshape(-1)
-        bad = int(np.flatnonzero((flat < 0) | (flat >= vocab_size))[0])
-        raise InputError(f"token id {int(flat[bad])} at position {bad} is outside the "
-                         f"model's vocabulary [0, {vocab_size})", path=source)
-
-
-__all__ = ["BIN_DTYPES", "BYTES", "COMPUTE_DTYPES", "add_dtype_flag", "add_token_flags", "check_vocab", "read_tokens",
+__all__ = ["BIN_DTYPES", "BYTES", "COMPUTE_DTYPES", "add_dtype_flag", "add_token_flags", "read_tokens",
            "token_rows", "token_stream"]
