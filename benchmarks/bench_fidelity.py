@@ -5,7 +5,7 @@ Run: ``python benchmarks/bench_fidelity.py [-o DIR] [--profiles DIR]`` or
 hardware profiles (or the profile JSON files of ``--profiles``):
 
 * MAPE and mean signed error per split (fit / hold-out, fixed in the CSV before any fit),
-  GPU and regime (TTFT, TPOT, throughput) over ``tests/data/serving_measurements.csv``;
+  GPU and regime (TTFT, TPOT, throughput) over ``costmodels/data/serving_measurements.csv``;
 * the seeds' headline: Nemotron-Labs-3-Puzzle-75B vs Nemotron-3-Super on one 8xB200 node
   at 8K in / 64K out and >= 100 tok/s per user (published 20,939 -> 42,601 tok/s, 2.03x),
   with attention data parallelism, **with MTP** speculative decoding (5 draft tokens, the
@@ -45,7 +45,7 @@ from nas.hf import load_config
 from nas.search import nonblock_shape
 
 REPO = Path(__file__).resolve().parents[1]
-CSV = REPO / "tests" / "data" / "serving_measurements.csv"
+CSV = REPO / "costmodels" / "data" / "serving_measurements.csv"
 SUPER = REPO / "nas" / "examples" / "configs" / "nemotron-3-super-120b-a12b.json"
 CHILD = REPO / "tests" / "data" / "configs" / "nemotron-labs-3-puzzle-75b-a9b.json"
 ACCEPTANCE = {"parent": 3.45, "child": 4.34}  # FACTS.md s2 (SPEED-Bench, seed articles)
@@ -98,8 +98,7 @@ def long_context_concurrency(hw) -> dict:
 def report(out_dir: str | Path = ".", profiles: str | Path | None = None,
            measurements: str | Path = CSV) -> dict:
     ms = load_measurements(measurements)
-    shapes = shape_resolver(Path(measurements), [] if Path(measurements) == CSV
-                            else [str(CSV.parent / "configs"), str(SUPER.parent)])
+    shapes = shape_resolver(Path(measurements), [str(CHILD.parent), str(SUPER.parent)])
     prof = _profiles(profiles)
     t0 = time.perf_counter()
     scored = score(ms, shapes, prof)
@@ -145,6 +144,6 @@ if __name__ == "__main__":
     ap.add_argument("--profiles", default=None, help="folder of profile JSON files to use "
                     "instead of the shipped ones (e.g. calibrate outputs)")
     ap.add_argument("--measurements", default=str(CSV), help="measurements CSV (default: "
-                    "tests/data/serving_measurements.csv)")
+                    "costmodels/data/serving_measurements.csv)")
     a = ap.parse_args()
     report(a.out, a.profiles, a.measurements)

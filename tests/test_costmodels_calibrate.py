@@ -30,8 +30,10 @@ from hwprofiles.errors import InputError
 from nas.cli.calibrate import shape_resolver
 
 DATA = Path(__file__).resolve().parent / "data"
-CSV = DATA / "serving_measurements.csv"
-SHAPES = shape_resolver(CSV, [])
+CSV = DATA.parents[1] / "costmodels" / "data" / "serving_measurements.csv"
+# the configs of the CSV's models: the test inputs', then the shipped examples'
+CONFIG_DIRS = [str(DATA / "configs"), str(DATA.parents[1] / "nas" / "examples" / "configs")]
+SHAPES = shape_resolver(CSV, CONFIG_DIRS)
 H100 = hwprofiles.get("h100-sxm")
 
 
@@ -115,8 +117,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nas", *args], capture_output=True, text=True)
 
 
-CONFIG_ARGS = ("--configs", str(DATA / "configs"),
-               "--configs", str(DATA.parents[1] / "nas" / "examples" / "configs"))
+CONFIG_ARGS = ("--configs", CONFIG_DIRS[0], "--configs", CONFIG_DIRS[1])
 """calibrate's --configs for the measurement set's models (tests/data and the examples')."""
 
 
@@ -168,7 +169,7 @@ def test_bad_measurement_row_is_one_line(tmp_path, row, needle):
 
 
 def test_json_report(tmp_path):
-    p = run_cli("calibrate", str(CSV), "--hw", "h200-sxm", "--report", "--json")
+    p = run_cli("calibrate", str(CSV), "--hw", "h200-sxm", "--report", "--json", *CONFIG_ARGS)
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["device"] == "h200-sxm" and {r["split"] for r in d["table"]} == {"fit", "holdout"}

@@ -1,6 +1,6 @@
 """The serving model against published measurements it never fitted (issue 30).
 
-The hold-out rows of ``tests/data/serving_measurements.csv`` were fixed before any fit (the
+The hold-out rows of ``costmodels/data/serving_measurements.csv`` were fixed before any fit (the
 split rule is written in the CSV's header) and no shipped figure is fitted to them; the
 seeds' rows (Super -> Puzzle-75B on 8xB200) are among them. The bounds below are what the
 shipped profiles achieve, asserted as they are (the goal is <= 15 % in every regime): a
@@ -20,7 +20,7 @@ from hwprofiles.engines import available_engines, get_engine
 from nas.cli.calibrate import shape_resolver
 
 REPO = Path(__file__).resolve().parents[1]
-CSV = REPO / "tests" / "data" / "serving_measurements.csv"
+CSV = REPO / "costmodels" / "data" / "serving_measurements.csv"
 CONFIGS = [str(REPO / "nas" / "examples" / "configs"), str(REPO / "tests" / "data" / "configs")]
 SEED_SOURCE = "Nemotron-Labs-3-Puzzle-75B-A9B model card"
 

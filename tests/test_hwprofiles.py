@@ -240,11 +240,12 @@ def test_hbm_efficiency_is_one_figure_across_a_generation():
 
 def test_engine_step_overhead_below_its_smallest_published_step():
     # an engine's host step cannot exceed the shortest step it was measured at: a TPOT at
-    # concurrency 1 is one step per token (tests/data/serving_measurements.csv)
+    # concurrency 1 is one step per token (costmodels/data/serving_measurements.csv)
     from costmodels.calibrate import load_measurements
     from hwprofiles.engines import available_engines, find_engine, get_engine
 
-    rows = load_measurements(Path(__file__).parent / "data" / "serving_measurements.csv")
+    rows = load_measurements(
+        Path(__file__).parents[1] / "costmodels" / "data" / "serving_measurements.csv")
     for e in available_engines():
         prof = get_engine(e)
         tpots = [m.value for m in rows if m.metric == "tpot_s" and m.concurrency == 1
