@@ -430,3 +430,85 @@ def test_sharding_deals_every_item_once_balanced_by_cost(work):
         assert sorted(keys) == sorted(it.key for it in items)
         if world == 2:  # both ranks get early (expensive) and late (cheap) blocks
             assert {it.block for it in parts[0]} & {it.block for it in parts[1]} >= {0, 6}
+
+
+# ---- the parent sharded over ranks (nas.scoring.pipeline) -------------------------------
+def _close_metrics(a: Path, b: Path) -> None:
+    """Equal rows; figures within float tolerance (other processes, same modules)."""
+    ra, rb = _csv(a), _csv(b)
+    assert [(r["block"], r["alternative"]) for r in ra] == \
+        [(r["block"], r["alternative"]) for r in rb]
+    for x, y in zip(ra, rb):
+        for c in ("kl_div", "lm_loss_delta", "top1_agreement", "bld_loss", "kl_before_bld"):
+            if x.get(c) not in (None, ""):
+                assert float(x[c]) == pytest.approx(float(y[c]), rel=1e-6, abs=1e-9), (c, x, y)
+        assert (x["tokens"], x["bld_steps"], x.get("bld_kept")) == \
+            (y["tokens"], y["bld_steps"], y.get("bld_kept"))
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_parent_sharded_over_ranks_scores_as_one_rank_with_bld(work, bld_scored, nproc):
+    """Each rank holds only its stage of the parent (its elements add up to the parent's,
+    none holds all); scores, BLD losses and the kept blocks equal the one-rank run's."""
+    out = work / f"sharded-{nproc}"
+    p = subprocess.run(_score_cmd(work, out, BLD, "--nproc", str(nproc), "--json"),
+                       env=_env(), capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = json.loads(p.stdout[p.stdout.index("{"):])
+    assert rec["world_size"] == nproc and rec["parent_weights"] == bld_scored[0].parent_weights
+    stages = rec["stages"]
+    cuts = [tuple(s["blocks"]) for s in stages]
+    assert cuts[0][0] == 0 and cuts[-1][1] == PARENT.num_blocks
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(cuts, cuts[1:] + [(7, 8)]))
+    total = sum(t.numel() for t in load_pretrained(work / "parent").state_dict().values())
+    held = [s["elements_held"] for s in stages]
+    assert sum(held) == total and max(held) < total
+    _close_metrics(out / "scores.csv", work / "bld" / "scores.csv")
+    a = json.loads((out / "blocks" / "index.json").read_text())
+    b = json.loads((work / "bld" / "blocks" / "index.json").read_text())
+    assert a["files"] == b["files"]
+    from safetensors.torch import load_file
+
+    for f in a["files"]:
+        ta, tb = load_file(out / "blocks" / f), load_file(work / "bld" / "blocks" / f)
+        assert ta.keys() == tb.keys()
+        for k in ta:
+            torch.testing.assert_close(ta[k], tb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_sharded_bad_input_is_one_line_before_any_rank_starts(work, tmp_path, capsys):
+    err = _bad(work, tmp_path, capsys, "--data", str(work / "tokens.npy"), "--nproc", "8")
+    assert "--nproc 8: the parent's 7 blocks cannot be split over 8 ranks" in err
+    err = _bad(work, tmp_path, capsys, "--data", str(work / "tokens.npy"), "--nproc", "2",
+               "--naive")
+    assert "add --replicas" in err
+
+
+def test_replicas_and_a_resume_with_another_rank_count(work, scored):
+    """--replicas loads the whole parent per rank (no stages); a sharded run over 3 ranks
+    resumes a 2-replica run killed after its first rows and ends equal to one rank."""
+    out = work / "replicas-then-sharded"
+    env = _env()
+    env[KILL_ENV] = "3"
+    p = subprocess.run(_score_cmd(work, out, SETTINGS, "--nproc", "2", "--replicas"),
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0
+    p = subprocess.run(_score_cmd(work, out, SETTINGS, "--nproc", "3", "--json"), env=_env(),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = json.loads(p.stdout[p.stdout.index("{"):])
+    assert rec["reused"] >= 3 and rec["reused"] + rec["scored_now"] == 25
+    assert len(rec["stages"]) == 3
+    _close_metrics(out / "scores.csv", work / "plain" / "scores.csv")
+
+
+def test_a_sharded_run_killed_mid_run_resumes_on_one_rank(work, scored):
+    out = work / "sharded-killed"
+    env = _env()
+    env[KILL_ENV] = "2"  # the rank that commits its third row is killed before committing it
+    p = subprocess.run(_score_cmd(work, out, SETTINGS, "--nproc", "2"), env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode != 0 and not (out / "scores.csv").exists()
+    rec = run(_job(work, **SETTINGS), out, progress=False)
+    assert rec.reused >= 2 and rec.reused + rec.scored_now == 25
+    _close_metrics(out / "scores.csv", work / "plain" / "scores.csv")

@@ -4,7 +4,8 @@ Replace-1-block scoring of every alternative the spec's search space generates (
 extra). Writes ``scores.csv`` (point the spec's ``"quality": {"scores": ...}`` at it),
 ``scores.png``, ``scores.json`` and the resumable store; prints the most and least
 sensitive blocks. ``--nproc N`` runs ``torchrun --standalone --nproc-per-node N -m
-nas.scoring`` with the same arguments; multi-node runs call torchrun themselves with
+nas.scoring`` with the same arguments, the parent sharded over the ranks as pipeline
+stages (:mod:`nas.scoring.pipeline`; ``--replicas``: a whole parent per rank); multi-node runs call torchrun themselves with
 their own rendezvous flags and ``-m nas.scoring``.
 """
 
@@ -46,6 +47,10 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--naive", action="store_true", help="no prefix cache: every alternative "
                    "runs the whole model (a reference for the cached path)")
     p.add_argument("--json", action="store_true", help="print scores.json instead of a summary")
+    p.add_argument("--replicas", action="store_true", help="with --nproc N: load the whole "
+                   "parent on every rank and share the alternatives out (for a parent that "
+                   "fits one rank); default: the parent is sharded over the ranks as "
+                   "pipeline stages, no rank holds all of it")
     if launcher:
         p.add_argument("--nproc", type=int, default=1,
                        help="processes (ranks) on this node, launched with torchrun")
@@ -100,7 +105,7 @@ def run_local(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise InputError("--device cuda: no CUDA device is visible")
     record = run_scoring(job, args.output, cache_bytes=args.cache_gib * 2**30,
-                         device=args.device, cached=not args.naive)
+                         device=args.device, cached=not args.naive, replicas=args.replicas)
     if record is None:
         return 0
     if args.json:
@@ -123,7 +128,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--nproc must be >= 1")
     if args.nproc == 1:
         return run_local(args)
-    _job(args)  # bad input: one line and exit 2 here, before any rank starts
+    job = _job(args)  # bad input: one line and exit 2 here, before any rank starts
+    if not args.replicas:
+        from nas.scoring.stages import stage_bounds
+
+        if args.naive:
+            raise InputError("--naive runs every alternative through the whole parent on "
+                             "one rank: with --nproc N > 1 add --replicas")
+        stage_bounds(job.parent_arch, args.nproc, job.alts)  # the ranks can split the blocks
     return run_ranks("nas.scoring", args.nproc, _forward(args))
 
 
@@ -137,8 +149,9 @@ def _forward(args: argparse.Namespace) -> list[str]:
                  "bld_batch", "seed", "cache_gib", "device"):
         out += ["--" + name.replace("_", "-"), repr(getattr(args, name))
                 if isinstance(getattr(args, name), float) else str(getattr(args, name))]
-    if args.naive:
-        out.append("--naive")
+    for flag in ("naive", "replicas"):
+        if getattr(args, flag):
+            out.append("--" + flag)
     if args.json:
         out.append("--json")
     return out

@@ -1,16 +1,21 @@
-"""The prefix cache: the parent's activations at every block boundary, computed once.
+"""The prefix cache: the parent's residual stream at block boundaries, computed once.
 
-For every batch of rows the parent runs once; the cache keeps its residual stream at each
-block boundary ``0..L`` (``h[i]`` is block ``i``'s input, ``h[L]`` the last block's output)
-and, for held-out batches, the parent's next-token distribution at every position that has
-a next token: probabilities ``p`` (float64 softmax of its logits), their row sums, the
-batch's ``sum p log p``, the parent's summed NLL of the actual next tokens and its top-1
-tokens. Scoring block ``i`` then starts from ``h[i]`` and runs only blocks ``i..L-1``: no
-position is recomputed through the unchanged prefix.
+For every batch of rows the parent runs once; the cache keeps its residual stream at the
+block boundaries asked for (``h[i]`` is block ``i``'s input, ``h[L]`` the last block's
+output, default: every boundary ``0..L``). Scoring block ``i`` then starts from ``h[i]``
+and runs only blocks ``i..L-1``: no position is recomputed through the unchanged prefix.
+
+The parent's next-token distribution is not kept: ``h[L]`` is the teacher target, and
+its log-probabilities are recomputed from it chunk by chunk over positions when a score
+is summed (:func:`nas.scoring.core.kl_sums`), so the cache holds ``hidden_size`` values
+per token and boundary instead of a float64 probability per vocabulary entry (1 MiB per
+token at a 128k vocabulary).
 
 Memory is bounded: batches are kept in RAM until ``max_bytes`` is reached, and later ones
-are written to ``spill_dir`` as safetensors files and read back tensor by tensor (memory
-mapped). :attr:`PrefixCache.stats` says how much went where.
+are written to ``spill_dir`` as safetensors files and read back tensor by tensor.
+:attr:`PrefixCache.stats` says how much went where. A pipeline stage of a sharded parent
+(:mod:`nas.scoring.pipeline`) fills one with :meth:`PrefixCache.add`, boundary by
+boundary of its own blocks.
 """
 
 from __future__ import annotations
@@ -30,54 +35,61 @@ def _nbytes(ts: dict[str, torch.Tensor]) -> int:
 
 
 class PrefixCache:
-    """Parent activations for a list of token batches (see the module docstring)."""
+    """Parent activations for a list of token batches (see the module docstring).
 
-    def __init__(self, parent: CausalLM, batches: list[torch.Tensor], *, logits: bool,
-                 max_bytes: float, spill_dir: Path | None, name: str = "cache"):
-        self.num_blocks = len(parent.blocks)
+    With ``parent`` the cache runs it on every batch and keeps the boundaries ``keep``
+    (default all); with ``parent=None`` it starts empty and :meth:`add` fills it."""
+
+    def __init__(self, parent: CausalLM | None, batches: list[torch.Tensor], *,
+                 max_bytes: float, spill_dir: Path | None, name: str = "cache",
+                 keep: set[int] | None = None, device: torch.device | None = None):
         self.batches = batches
         self.mem: dict[int, dict[str, torch.Tensor]] = {}
         self.files: dict[int, Path] = {}
         self.spill_dir = spill_dir
+        self.max_bytes = max_bytes
+        self.name = name
         self.mem_bytes = 0
         self.disk_bytes = 0
-        self.device = parent.embed.weight.device
+        self.device = device if parent is None else parent.embed.weight.device
+        if parent is None:
+            return
+        self.num_blocks = len(parent.blocks)
         with torch.no_grad():
             for b, tokens in enumerate(batches):
-                ts = self._run(parent, tokens.to(self.device), logits)
-                size = _nbytes(ts)
-                if self.mem_bytes + size <= max_bytes or spill_dir is None:
-                    self.mem[b] = ts
-                    self.mem_bytes += size
-                else:
-                    spill_dir.mkdir(parents=True, exist_ok=True)
-                    f = spill_dir / f"{name}-{b}.safetensors"
-                    save_file({k: v.cpu().contiguous() for k, v in ts.items()}, str(f))
-                    self.files[b] = f
-                    self.disk_bytes += size
+                x = parent.embed_tokens(tokens.to(self.device))
+                out = {"h0": x} if keep is None or 0 in keep else {}
+                for i, blk in enumerate(parent.blocks):
+                    x = blk(x)
+                    if keep is None or i + 1 in keep:
+                        out[f"h{i + 1}"] = x
+                self.add(b, out)
 
-    def _run(self, parent: CausalLM, tokens: torch.Tensor, logits: bool
-             ) -> dict[str, torch.Tensor]:
-        x = parent.embed_tokens(tokens)
-        out = {"h0": x}
-        for i, blk in enumerate(parent.blocks):
-            x = blk(x)
-            out[f"h{i + 1}"] = x
-        if logits:
-            h = parent.norm(x) if parent.norm is not None else x
-            z = parent.logits(h)[:, :-1].double()
-            lp = z.log_softmax(-1)
-            p = lp.exp()
-            out["p"] = p
-            out["psum"] = p.sum(-1)
-            out["neg_entropy"] = (p * lp).sum().reshape(1)
-            out["nll"] = -lp.gather(-1, tokens[:, 1:, None]).sum().reshape(1)
-            out["top1"] = z.argmax(-1)
-        return out
+    def add(self, b: int, ts: dict[str, torch.Tensor]) -> None:
+        """Keep tensors ``ts`` of batch ``b`` (in memory while ``max_bytes`` allows, else on
+        disk). Adding to a batch that is on disk rewrites its file with both."""
+        if b in self.files:
+            with safe_open(str(self.files[b]), framework="pt") as f:
+                old = {k: f.get_tensor(k) for k in f.keys()}
+            self.disk_bytes -= _nbytes(old)
+            ts = {**old, **ts}
+            del self.files[b]
+        elif b in self.mem:
+            self.mem_bytes -= _nbytes(self.mem[b])
+            ts = {**self.mem.pop(b), **ts}
+        size = _nbytes(ts)
+        if self.mem_bytes + size <= self.max_bytes or self.spill_dir is None:
+            self.mem[b] = ts
+            self.mem_bytes += size
+            return
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        f = self.spill_dir / f"{self.name}-{b}.safetensors"
+        save_file({k: v.cpu().contiguous() for k, v in ts.items()}, str(f))
+        self.files[b] = f
+        self.disk_bytes += size
 
     def get(self, b: int, name: str) -> torch.Tensor:
-        """Tensor ``name`` (``h<i>``, ``p``, ``psum``, ``neg_entropy``, ``nll``, ``top1``) of
-        batch ``b``."""
+        """Tensor ``name`` (``h<i>``) of batch ``b``."""
         if b in self.mem:
             return self.mem[b][name]
         with safe_open(str(self.files[b]), framework="pt") as f:
@@ -87,8 +99,6 @@ class PrefixCache:
     def hidden(self, b: int, i: int) -> torch.Tensor:
         """The parent's residual stream entering block ``i`` (``i = L``: after the last)."""
         return self.get(b, f"h{i}")
-
-
 
     def all_hidden(self, i: int) -> torch.Tensor:
         """Boundary ``i`` of every batch, concatenated along the batch dimension."""

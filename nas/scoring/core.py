@@ -22,9 +22,11 @@ The parent's own alternative scores 0 (and top-1 agreement 1) by definition.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,7 @@ from nas.scoring.digest import code_digest, weights_digest  # noqa: F401  (re-ex
 from nas.scoring.job import Settings, check_parent  # noqa: F401  (re-exported)
 from nas.space import Alternative
 
-VERSION = "replace-1-block v2"  # part of every key: bump when the numerics change
+VERSION = "replace-1-block v3"  # part of every key: bump when the numerics change
 
 
 
@@ -96,14 +98,17 @@ def make_items(parent: ModelArch, alts: list[list[Alternative]], parent_hash: st
 
 @torch.no_grad()
 def init_block(parent: CausalLM, i: int, child: _Block, x: torch.Tensor,
-               seed: int) -> tuple[Block, str]:
+               seed: int, block_of: Callable[[int], torch.nn.Module] | None = None
+               ) -> tuple[Block, str]:
     """Block ``i`` of the parent replaced by ``child``, initialized from the parent block
     given the parent's residual stream ``x`` entering block ``i`` on calibration tokens
     (the per-block step of :func:`nas.build.init_from_parent`); returns the block and what
-    was done."""
+    was done. ``block_of(j)`` gives parent block ``j`` when an attention <-> DeltaNet swap
+    initializes from another block (default ``parent.blocks[j]``; a pipeline stage that
+    does not hold block ``j`` reads it from the checkpoint)."""
     pa = parent.arch
     pc, pb = pa.blocks[i], parent.blocks[i]
-    w = parent.embed.weight
+    w = x  # the block's device and compute dtype (a pipeline stage's embedding is on meta)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         cb = Block(child, pa)
@@ -117,7 +122,8 @@ def init_block(parent: CausalLM, i: int, child: _Block, x: torch.Tensor,
 
         j = swap_source(pa, i, child)
         what = (f"random (no parent {child.kind} block of this config)"  # type: ignore[attr-defined]
-                if j is None else swap_init(cb, pb, parent.blocks[j], j, x))
+                if j is None else swap_init(cb, pb, (block_of or parent.blocks.__getitem__)(j),
+                                            j, x))
     elif cb.mixer is None or pb.mixer is None:
         what = inherit_block(pc, pb.mixer, child, cb.mixer, x)
     else:
@@ -129,6 +135,10 @@ def init_block(parent: CausalLM, i: int, child: _Block, x: torch.Tensor,
     return cb, what
 
 
+CHUNK_BYTES = 64 * 2**20
+"""Float64 logits per chunk of positions when a score is summed (:func:`kl_sums`)."""
+
+
 class Sums:
     """Float64 running sums of the three metrics over held-out positions."""
 
@@ -138,21 +148,52 @@ class Sums:
         self.agree = 0
         self.n = 0
 
-    def add(self, cache: PrefixCache, b: int, q_logits: torch.Tensor, targets: torch.Tensor
-            ) -> None:
-        """Add held-out batch ``b`` (parent side from ``cache``; ``q_logits`` the replaced
-        model's logits). With ``lq = z - logsumexp(z)``:
-        ``sum p (log p - lq) = sum p log p - p . z + sum_t lse_t * sum_v p``, in float64."""
-        z = q_logits[:, :-1]
-        zd = z.double()
-        lse = torch.logsumexp(zd, -1)
-        p = cache.get(b, "p")
-        cross = float(torch.dot(p.reshape(-1), zd.reshape(-1))) \
-            - float(torch.dot(lse.reshape(-1), cache.get(b, "psum").reshape(-1)))
-        self.kl += float(cache.get(b, "neg_entropy")[0]) - cross
-        self.loss += float((lse - zd.gather(-1, targets[:, 1:, None])[..., 0]).sum())
-        self.agree += int((cache.get(b, "top1") == z.argmax(-1)).sum())
-        self.n += targets[:, 1:].numel()
+    def add(self, logits: Callable[[torch.Tensor], torch.Tensor], hq: torch.Tensor,
+            ht: torch.Tensor, targets: torch.Tensor) -> None:
+        """Add one held-out batch: ``hq`` the replaced model's and ``ht`` the parent's
+        last residual stream ``(rows, length, hidden)``, ``logits`` the parent's final norm
+        and LM head, ``targets`` the batch's token ids (:func:`kl_sums`)."""
+        kl, loss, agree, n = kl_sums(logits, hq, ht, targets)
+        self.kl += kl
+        self.loss += loss
+        self.agree += agree
+        self.n += n
+
+
+def kl_sums(logits: Callable[[torch.Tensor], torch.Tensor], hq: torch.Tensor,
+            ht: torch.Tensor | None, targets: torch.Tensor, chunk_bytes: int = CHUNK_BYTES
+            ) -> tuple[float, float, int, int]:
+    """Summed ``KL(p || q)``, cross-entropy of ``q`` on the next tokens, top-1 agreements
+    and positions, over every position that has a next token. ``p`` and ``q`` are the
+    softmaxes (float64) of ``logits(ht)`` and ``logits(hq)``, computed chunk by chunk over
+    positions (at most ``chunk_bytes`` of float64 logits per chunk), so neither side's
+    full-vocabulary distribution is ever held for a whole batch. ``ht=None``: the KL and
+    agreement terms are 0 (the parent's own loss)."""
+    h = hq.shape[-1]
+    xq = hq[:, :-1].reshape(-1, h)
+    xt = None if ht is None else ht[:, :-1].reshape(-1, h)
+    tg = targets[:, 1:].reshape(-1).to(hq.device)
+    n = xq.shape[0]
+    vocab = int(logits(xq[:1]).shape[-1])
+    step = max(1, chunk_bytes // (8 * vocab))
+    kl = loss = 0.0
+    agree = 0
+    for s in range(0, n, step):
+        lq = logits(xq[s:s + step]).double().log_softmax(-1)
+        loss -= float(lq.gather(-1, tg[s:s + step, None]).sum())
+        if xt is not None:
+            lt = logits(xt[s:s + step]).double().log_softmax(-1)
+            kl += float((lt.exp() * (lt - lq)).sum())
+            agree += int((lt.argmax(-1) == lq.argmax(-1)).sum())
+    return kl, loss, agree, n
+
+
+def head_of(parent: CausalLM) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The parent's final norm and LM head: last residual stream -> logits."""
+    if parent.norm is None:
+        return parent.logits
+    norm = parent.norm
+    return lambda h: parent.logits(norm(h))
 
 
 class Scorer:
@@ -171,14 +212,21 @@ class Scorer:
         self.held = [held[k:k + bs].to(dev) for k in range(0, len(held), bs)]
         self.calib = [calib[k:k + bs].to(dev) for k in range(0, len(calib), bs)]
         self.init_rows = max(1, MAX_TOKENS // settings.seq_len)
-        # the held-out cache keeps log-probs; in naive mode only those are used
-        self.held_cache = PrefixCache(parent, self.held, logits=True, max_bytes=cache_bytes,
-                                      spill_dir=spill_dir, name="held")
+        # the held-out cache's last boundary is the teacher target; in naive mode only it
+        # is used
+        L = len(parent.blocks)
+        self.held_cache = PrefixCache(parent, self.held, max_bytes=cache_bytes,
+                                      spill_dir=spill_dir, name="held",
+                                      keep=None if cached else {L})
         left = max(0.0, cache_bytes - self.held_cache.mem_bytes)
-        self.calib_cache = PrefixCache(parent, self.calib, logits=False, max_bytes=left,
+        self.calib_cache = PrefixCache(parent, self.calib, max_bytes=left,
                                        spill_dir=spill_dir, name="calib") if cached else None
-        self.parent_loss = sum(float(self.held_cache.get(b, "nll")[0])
-                               for b in range(len(self.held)))
+        self.head = head_of(parent)
+        with torch.no_grad():
+            self.parent_loss = sum(kl_sums(self.head, self.held_cache.hidden(b, L), None,
+                                           t)[1] for b, t in enumerate(self.held))
+        self.block_of: Callable[[int], torch.nn.Module] | None = None
+        """Parent block ``j`` for an attention <-> DeltaNet swap (None: ``parent.blocks``)."""
         self.tokens = sum(t[:, 1:].numel() for t in self.held)
 
     @property
@@ -216,10 +264,11 @@ class Scorer:
         if item.alt.end is not None:
             from nas.scoring.span_scoring import build_span
 
-            return build_span(self, item, init_block)  # type: ignore[return-value]
+            return build_span(self, item, functools.partial(  # type: ignore[return-value]
+                init_block, block_of=self.block_of))
         x = self.calib_stream(item.block)
         block, what = init_block(self.parent, item.block, item.alt.child,
-                                 x[: self.init_rows], item.seed)
+                                 x[: self.init_rows], item.seed, self.block_of)
         info: dict[str, Any] = {"bld_steps": 0, "bld_loss": None}
         # a precision change alone is scored as stored (post-training quantization, no BLD)
         if self.settings.bld_steps and block.mixer is not None \
@@ -258,8 +307,7 @@ class Scorer:
             x = block(x)
             for blk in p.blocks[item.alt.stop:]:  # after the replaced block (or span)
                 x = blk(x)
-            h = p.norm(x) if p.norm is not None else x
-            s.add(self.held_cache, b, p.logits(h), tokens)
+            s.add(self.head, x, self.held_cache.hidden(b, len(p.blocks)), tokens)
         return {"kl_div": s.kl / s.n, "lm_loss_delta": (s.loss - self.parent_loss) / s.n,
                 "top1_agreement": s.agree / s.n, "tokens": s.n}
 

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 
+from hwprofiles.errors import InputError
 from nas.arch import ModelArch
 from nas.build import load_pretrained
 from nas.build_checkpoint import CheckpointReader
@@ -69,6 +70,10 @@ class RunRecord(BaseModel):
     """What the parent checkpoint holds that is not read, and why (e.g. a wrapper's vision
     tower): :attr:`nas.build_checkpoint.CheckpointReader.left_out_note`, as ``puzzle-nas
     build`` reports it; ``None`` when every tensor is read."""
+    stages: list[dict[str, Any]] | None = None
+    """A sharded run's ranks (:mod:`nas.scoring.pipeline`): each one's blocks ``[a, b)``,
+    the parameter and buffer elements it held and its prefix-cache figures; ``None`` on one
+    rank or with replicas."""
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -134,9 +139,14 @@ def _rows(job: Job, items: list[Item], results: dict[str, ScoreRow], tokens: int
 
 def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
         device: str = "cpu", cached: bool = True, progress: bool | None = None,
-        log: Any = None) -> RunRecord | None:
+        log: Any = None, replicas: bool = False) -> RunRecord | None:
     """Score every alternative of ``job`` (this rank's share); on rank 0 merge and write
-    the outputs and return the :class:`RunRecord` (``None`` on other ranks)."""
+    the outputs and return the :class:`RunRecord` (``None`` on other ranks).
+
+    Under torchrun with more than one rank the parent is sharded over the ranks as
+    pipeline stages (:mod:`nas.scoring.pipeline`); ``replicas=True`` loads the whole parent
+    on every rank instead and shares the alternatives out (data parallelism, for a parent
+    that fits one rank)."""
     t0 = time.perf_counter()
     log = log if log is not None else (lambda s: print(s, file=sys.stderr))
     rank, world, device = init_distributed(device)
@@ -144,6 +154,12 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     out.mkdir(parents=True, exist_ok=True)
     left_out = CheckpointReader(job.parent_dir).left_out_note
     dtype = None if job.settings.dtype is None else getattr(torch, job.settings.dtype)
+    if world > 1 and not replicas:
+        if not cached:
+            raise InputError("--naive runs every alternative through the whole parent on "
+                             "one rank: with --nproc N > 1 add --replicas")
+        return _run_sharded(job, out, t0, rank, world, device, dtype, cache_bytes, progress,
+                            log, left_out)
     parent = load_pretrained(job.parent_dir, dtype=dtype).to(device).eval()
     phash = weights_digest(parent)
     items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings,
@@ -153,7 +169,6 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     mine = shard(job.parent_arch, items, world)[rank]
     todo = [it for it in mine if it.key not in done]
     kill_after = int(os.environ.get(KILL_ENV, "-1"))
-    scored = 0
     stats: dict[str, float] = {}
     tokens = job.split.held[:, 1:].size
     if todo:
@@ -161,35 +176,14 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
                         spill_dir=out / "cache" / f"rank-{rank}", cached=cached)
         stats = scorer.cache_stats
         tokens = scorer.tokens
-        if rank == 0 and stats["batches_on_disk"]:
-            log(f"prefix cache: {stats['memory_bytes'] / 1e9:.3f} GB in memory, "
-                f"{stats['disk_bytes'] / 1e9:.3f} GB spilled to {out / 'cache'} "
-                f"(over --cache-gib)")
+        _log_spill(rank, stats, out, log)
         store = Store(out / "store" / f"rank-{rank}.sqlite")
         label = f"scoring r{rank}/{world}" if world > 1 else "scoring"
         with Progress(len(todo), label, progress if rank == 0 else False) as bar:
             t1 = time.perf_counter()
             for n, it in enumerate(todo):
                 res, block = scorer.score(it)
-                bld_file = None
-                if res["bld_steps"] and it.alt.end is None:  # (trained spans are not kept)
-                    bld_file = f"{it.key[:32]}.safetensors"
-                    bld.save_block(out / "blocks" / bld_file, block, bld.BldMeta(
-                        key=it.key, block=it.block, alternative=it.alt.label,
-                        child=it.alt.child.model_dump(), parent_weights=phash,
-                        steps=res["bld_steps"], loss=res["bld_loss"],
-                        kept=res.get("bld_kept")))
-                if n == kill_after:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                store.put(ScoreRow(key=it.key, block=it.block, alternative=it.alt.label,
-                                   kind=it.alt.child.kind, kl_div=res["kl_div"],
-                                   lm_loss_delta=res["lm_loss_delta"],
-                                   top1_agreement=res["top1_agreement"], tokens=res["tokens"],
-                                   bld_steps=res["bld_steps"], bld_loss=res["bld_loss"],
-                                   bld_file=bld_file, seconds=res["seconds"],
-                                   kl_before_bld=res.get("kl_before_bld"),
-                                   bld_kept=res.get("bld_kept")))
-                scored += 1
+                _commit(store, out, it, res, block, phash, kill=n == kill_after)
                 el = time.perf_counter() - t1
                 eta = el / (n + 1) * (len(todo) - n - 1)
                 bar.update(1, f"ETA {eta:5.0f}s  block {it.block} {it.alt.label[:28]}")
@@ -199,6 +193,91 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
         dist.barrier()
     if rank != 0:
         return None
+    return _outputs(job, out, items, len(done), phash, tokens, stats, world, t0, left_out,
+                    log)
+
+
+def _log_spill(rank: int, stats: dict[str, float], out: Path, log: Any) -> None:
+    if rank == 0 and stats["batches_on_disk"]:
+        log(f"prefix cache: {stats['memory_bytes'] / 1e9:.3f} GB in memory, "
+            f"{stats['disk_bytes'] / 1e9:.3f} GB spilled to {out / 'cache'} "
+            f"(over --cache-gib)")
+
+
+def _commit(store: Store, out: Path, it: Item, res: dict[str, Any], block: Any, phash: str,
+            kill: bool = False) -> None:
+    """Save ``it``'s BLD-trained block (when trained) and commit its row to ``store``."""
+    bld_file = None
+    if res["bld_steps"] and it.alt.end is None:  # (trained spans are not kept)
+        bld_file = f"{it.key[:32]}.safetensors"
+        bld.save_block(out / "blocks" / bld_file, block, bld.BldMeta(
+            key=it.key, block=it.block, alternative=it.alt.label,
+            child=it.alt.child.model_dump(), parent_weights=phash,
+            steps=res["bld_steps"], loss=res["bld_loss"], kept=res.get("bld_kept")))
+    if kill:
+        os.kill(os.getpid(), signal.SIGKILL)
+    store.put(ScoreRow(key=it.key, block=it.block, alternative=it.alt.label,
+                       kind=it.alt.child.kind, kl_div=res["kl_div"],
+                       lm_loss_delta=res["lm_loss_delta"],
+                       top1_agreement=res["top1_agreement"], tokens=res["tokens"],
+                       bld_steps=res["bld_steps"], bld_loss=res["bld_loss"],
+                       bld_file=bld_file, seconds=res["seconds"],
+                       kl_before_bld=res.get("kl_before_bld"), bld_kept=res.get("bld_kept")))
+
+
+def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: str,
+                 dtype: torch.dtype | None, cache_bytes: float, progress: bool | None,
+                 log: Any, left_out: str | None) -> RunRecord | None:
+    """:func:`run` with the parent sharded over the ranks (:mod:`nas.scoring.pipeline`)."""
+    from nas.scoring.pipeline import PipelineScorer, Stage
+    from nas.scoring.stages import stage_bounds
+
+    bounds = stage_bounds(job.parent_arch, world, job.alts)
+    stage = Stage(CheckpointReader(job.parent_dir), bounds, rank, job.settings, dtype, device)
+    phash = stage.digest()
+    items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings,
+                       base_recipe=job.base_recipe)
+    keys = [it.key for it in items]
+    box: list[Any] = [sorted(read_all(out, keys)) if rank == 0 else None]
+    dist.broadcast_object_list(box, 0, group=stage.side)  # one view of what is done
+    done = set(box[0])
+    todo = [it for it in items if it.key not in done]
+    kill_after = int(os.environ.get(KILL_ENV, "-1"))
+    stats: dict[str, float] = {}
+    per_rank: list[Any] = [None] * world
+    tokens = job.split.held[:, 1:].size
+    if todo:
+        scorer = PipelineScorer(stage, job.split, job.settings, cache_bytes=cache_bytes,
+                                spill_dir=out / "cache" / f"rank-{rank}")
+        stats, tokens = scorer.cache_stats, scorer.tokens
+        _log_spill(rank, stats, out, log)
+        store = Store(out / "store" / f"rank-{rank}.sqlite")
+        count = [0]
+
+        def commit(it: Item, res: dict[str, Any], block: Any) -> None:
+            _commit(store, out, it, res, block, phash, kill=count[0] == kill_after)
+            count[0] += 1
+
+        with Progress(len(todo), f"scoring ({world} stages)",
+                      progress if rank == 0 else False) as bar:
+            scorer.run(todo, commit, bar)
+        store.close()
+        scorer.close()
+    dist.all_gather_object(per_rank, {"blocks": list(bounds[rank]),
+                                      "elements_held": stage.held_elements, **stats},
+                           group=stage.side)
+    dist.barrier(group=stage.side)
+    if rank != 0:
+        return None
+    return _outputs(job, out, items, len(done), phash, tokens, stats, world, t0, left_out,
+                    log, stages=per_rank)
+
+
+def _outputs(job: Job, out: Path, items: list[Item], reused: int, phash: str, tokens: int,
+             stats: dict[str, float], world: int, t0: float, left_out: str | None,
+             log: Any, stages: list[Any] | None = None) -> RunRecord:
+    """Rank 0, every rank finished: merge the stores and write the outputs."""
+    keys = [it.key for it in items]
     results = read_all(out, keys)
     missing = [k for k in keys if k not in results]
     if missing:
@@ -233,8 +312,8 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
         parent_weights=phash, data=job.split.source, data_sha256=job.split.digest,
         settings=job.settings.model_dump(), calib_rows=len(job.split.calib),
         held_rows=len(job.split.held), held_tokens_scored=tokens, alternatives=len(items),
-        scored_now=len(items) - len(done), reused=len(done), world_size=world, cache=stats,
+        scored_now=len(items) - reused, reused=reused, world_size=world, cache=stats,
         seconds=time.perf_counter() - t0, most_sensitive=sens[:5],
-        summary=summary_lines(rows), parent_left_out=left_out)
+        summary=summary_lines(rows), parent_left_out=left_out, stages=stages)
     atomic_write_json(out / "scores.json", record.model_dump())
     return record
