@@ -463,6 +463,16 @@ def test_parent_sharded_over_ranks_scores_as_one_rank_with_bld(work, bld_scored,
     total = sum(t.numel() for t in load_pretrained(work / "parent").state_dict().values())
     held = [s["elements_held"] for s in stages]
     assert sum(held) == total and max(held) < total
+    # --plan, from the configs alone, foresaw each rank's blocks, weights and cache
+    import hwprofiles
+    from nas.scoring.plan import plan
+
+    pl = plan(PARENT, _job(work, **BLD).alts, Settings(**BLD), nproc,
+              hwprofiles.get("h100-sxm"), "float32")
+    for r, s in zip(pl.ranks, stages):
+        assert r.blocks == tuple(s["blocks"])
+        assert r.cache + r.spilled == s["memory_bytes"] + s["disk_bytes"]
+        assert r.weights == pytest.approx(4 * s["elements_held"], rel=0.02)
     _close_metrics(out / "scores.csv", work / "bld" / "scores.csv")
     a = json.loads((out / "blocks" / "index.json").read_text())
     b = json.loads((work / "bld" / "blocks" / "index.json").read_text())
@@ -512,3 +522,25 @@ def test_a_sharded_run_killed_mid_run_resumes_on_one_rank(work, scored):
     rec = run(_job(work, **SETTINGS), out, progress=False)
     assert rec.reused >= 2 and rec.reused + rec.scored_now == 25
     _close_metrics(out / "scores.csv", work / "plain" / "scores.csv")
+
+
+def test_plan_prints_memory_per_rank_and_refuses_what_does_not_fit(capsys):
+    """``score --plan`` needs only the spec (its parent's config): Llama-3.1-70B in bf16
+    over 8 H100s fits, over 2 it does not (one line naming the figures, exit 2); no torch
+    is imported."""
+    spec = str(REPO / "examples" / "llama3.1-70b-8xh100.json")
+    capsys.readouterr()
+    assert cli(["score", spec, "--plan", "--nproc", "8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.strip()[:1].isdigit()]
+    assert len(rows) == 8 and "fits" in out[-2] and "held-out" in out[-1]
+    weights = sum(float(r.split()[2]) for r in rows)  # GiB, all ranks
+    assert weights == pytest.approx(70_553_706_496 * 2 / 2**30, rel=1e-3)
+    assert cli(["score", spec, "--plan", "--nproc", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("puzzle-nas score: error: the plan does not fit: rank 0 needs")
+    assert "\n" not in err and "of 79.65 GiB per rank" in err
+    code = ("import sys; from nas.cli import main; main(['score', %r, '--plan', '--nproc', "
+            "'8']); sys.exit('torch' in sys.modules)" % spec)
+    assert subprocess.run([sys.executable, "-c", code], env=_env(),
+                          capture_output=True).returncode == 0

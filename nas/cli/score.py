@@ -22,11 +22,12 @@ from nas.tokens import add_dtype_flag, add_token_flags
 
 def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("spec", help="search spec JSON (its search space gives the alternatives)")
-    p.add_argument("--parent", required=True, help="parent checkpoint folder (config.json + "
-                   "safetensors, sharded or not); must match the spec's parent")
-    p.add_argument("--data", required=True, help="tokens: .npy (integers), .bin (raw, with "
-                   "--bin-dtype) or UTF-8 text with --tokenizer")
-    p.add_argument("-o", "--output", required=True, help="output folder (resumable)")
+    p.add_argument("--parent", help="parent checkpoint folder (config.json + safetensors, "
+                   "sharded or not); must match the spec's parent (required unless --plan: "
+                   "then the spec's parent config)")
+    p.add_argument("--data", help="tokens: .npy (integers), .bin (raw, with --bin-dtype) or "
+                   "UTF-8 text with --tokenizer (required unless --plan)")
+    p.add_argument("-o", "--output", help="output folder (resumable; required unless --plan)")
     add_token_flags(p)
     add_dtype_flag(p)
     p.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
@@ -51,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
                    "parent on every rank and share the alternatives out (for a parent that "
                    "fits one rank); default: the parent is sharded over the ranks as "
                    "pipeline stages, no rank holds all of it")
+    p.add_argument("--plan", action="store_true", help="print the memory per rank (weights, "
+                   "cache, activations, optimizer) and time per phase of this run, before "
+                   "loading anything, and exit (2 when it does not fit --device-memory)")
+    p.add_argument("--hardware", help="hardware profile the plan's times and default capacity "
+                   "come from (default: the spec's)")
+    p.add_argument("--device-memory", type=float, help="memory per rank in GiB (2^30 bytes) "
+                   "a plan must fit (default with --plan: the hardware profile's)")
     if launcher:
         p.add_argument("--nproc", type=int, default=1,
                        help="processes (ranks) on this node, launched with torchrun")
@@ -83,9 +91,84 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise InputError(f"{name}: {msg}") from None
 
 
+def _plan(args: argparse.Namespace, nproc: int):  # type: ignore[no-untyped-def]
+    """The run's :class:`nas.scoring.plan.Plan` from configs alone (no weights, no data)."""
+    import hwprofiles
+    from nas import space
+    from nas.hf import from_hf, load_config
+    from nas.scoring.plan import plan
+    from nas.spec import load_spec
+
+    spec, base, _ = load_spec(args.spec)
+    if args.parent:
+        arch = load_config(args.parent)
+        cfg = json.loads((Path(args.parent) / "config.json").read_text())
+    elif isinstance(spec.parent, str):
+        pp = Path(spec.parent) if Path(spec.parent).is_absolute() else base / spec.parent
+        arch, cfg = load_config(pp), json.loads(pp.read_text())
+    else:
+        arch, cfg = from_hf(spec.parent, source=f"{args.spec}: parent"), dict(spec.parent)
+    dtype = args.dtype or {"bfloat16": "bfloat16", "float16": "float16"}.get(
+        str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), "float32")
+    name = args.hardware or (spec.hardware if isinstance(spec.hardware, str)
+                             else spec.hardware.profile)
+    if name not in hwprofiles.available() and not Path(name).is_absolute():
+        name = str(base / name)  # a profile file beside the spec
+    hw = hwprofiles.get(name)
+    cap = args.device_memory * 2**30 if args.device_memory else hw.memory_bytes.value
+    alts = space.alternatives(arch, spec.search_space)
+    return plan(arch, alts, _settings(args), 1 if args.replicas else nproc, hw, dtype, cap,
+                cache_bytes=args.cache_gib * 2**30)
+
+
+def _print_plan(args: argparse.Namespace, nproc: int, quiet: bool = False) -> int:
+    p = _plan(args, nproc)
+    for line in ([] if quiet else p.lines()):
+        print(line)
+    if not p.fits():
+        worst = max(p.ranks, key=lambda r: r.total)
+        raise InputError(f"the plan does not fit: rank {worst.rank} needs "
+                         f"{worst.total / 2**30:.2f} GiB (weights {worst.weights / 2**30:.2f}, "
+                         f"cache {worst.cache / 2**30:.2f}, activations "
+                         f"{worst.activations / 2**30:.2f}, optimizer "
+                         f"{worst.optimizer / 2**30:.2f}) of {p.capacity / 2**30:.2f} GiB "
+                         "per rank; add ranks, lower --max-tokens / --calib-tokens / "
+                         "--cache-gib, or use a device with more memory")
+    return 0
+
+
+def _available_memory() -> float | None:
+    """Bytes of memory available on this machine (``/proc/meminfo``; None elsewhere)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_fits(args: argparse.Namespace, job) -> None:  # type: ignore[no-untyped-def]
+    """Refuse, before anything is loaded, a run whose plan does not fit: per rank, the
+    ``--device-memory`` given, or on the CPU the machine's available memory shared by the
+    ranks."""
+    cap = args.device_memory * 2**30 if args.device_memory else None
+    if cap is None and args.device == "cpu":
+        avail = _available_memory()
+        cap = None if avail is None else avail / max(1, args.nproc)
+    if cap is None:
+        return
+    args.device_memory = cap / 2**30
+    if args.parent is not None:
+        _print_plan(args, args.nproc, quiet=True)
+
+
 def _job(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from nas.scoring.job import prepare
 
+    for flag in ("parent", "data", "output"):
+        if not getattr(args, flag):
+            raise InputError(f"--{flag} is required (unless --plan)")
     if args.cache_gib < 0:
         raise InputError("--cache-gib must be >= 0")
     if Path(args.output).exists() and not Path(args.output).is_dir():
@@ -94,11 +177,11 @@ def _job(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                    args.bin_dtype)
 
 
-def run_local(args: argparse.Namespace) -> int:
+def run_local(args: argparse.Namespace, job=None) -> int:  # type: ignore[no-untyped-def]
     """Score in this process (one rank when launched by torchrun)."""
     from nas.scoring.runner import run as run_scoring
 
-    job = _job(args)
+    job = job or _job(args)
     if args.device == "cuda":
         import torch
 
@@ -126,10 +209,13 @@ def run_local(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise InputError("--nproc must be >= 1")
+    if args.plan:
+        return _print_plan(args, args.nproc)
+    job = _job(args)
+    _check_fits(args, job)
     if args.nproc == 1:
-        return run_local(args)
-    job = _job(args)  # bad input: one line and exit 2 here, before any rank starts
-    if not args.replicas:
+        return run_local(args, job)
+    if not args.replicas:  # bad input: one line and exit 2 here, before any rank starts
         from nas.scoring.stages import stage_bounds
 
         if args.naive:
@@ -141,8 +227,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _forward(args: argparse.Namespace) -> list[str]:
     """The rank command line for ``args`` (everything but ``--nproc``)."""
-    out = [args.spec, "--parent", args.parent, "--data", args.data, "-o", args.output]
-    for name in ("tokenizer", "bin_dtype", "dtype"):
+    out = [args.spec, "--parent", args.parent, "--data", args.data, "-o", args.output]  # type: ignore[list-item]
+    for name in ("tokenizer", "bin_dtype", "dtype", "hardware", "device_memory"):
         if getattr(args, name):
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     for name in ("seq_len", "batch_size", "max_tokens", "calib_tokens", "bld_steps", "bld_lr",
