@@ -540,7 +540,34 @@ def test_plan_prints_memory_per_rank_and_refuses_what_does_not_fit(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("puzzle-nas score: error: the plan does not fit: rank 0 needs")
     assert "\n" not in err and "of 79.65 GiB per rank" in err
-    code = ("import sys; from nas.cli import main; main(['score', %r, '--plan', '--nproc', "
-            "'8']); sys.exit('torch' in sys.modules)" % spec)
+    code = (f"import sys; from nas.cli import main; main(['score', {spec!r}, '--plan', "
+            "'--nproc', '8']); sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], env=_env(),
                           capture_output=True).returncode == 0
+
+
+def test_a_finished_run_resumes_without_reading_the_parent(work, scored, monkeypatch):
+    """The parent's digest is recorded beside the run (with its files' sizes and times):
+    rerunning a finished job neither loads nor hashes the parent; touching a parent file
+    makes the next run hash it again (same weights: every row still reused)."""
+    import nas.scoring.runner as runner
+    from nas.scoring.digest import PARENT_RECORD
+
+    rec = json.loads((work / "plain" / PARENT_RECORD).read_text())
+    assert rec["digests"]["stored"] == scored[0].parent_weights
+
+    def refuse(*a, **k):
+        raise AssertionError("the parent was loaded")
+
+    monkeypatch.setattr(runner, "load_pretrained", refuse)
+    again = run(_job(work, **SETTINGS), work / "plain", progress=False)
+    assert (again.reused, again.scored_now) == (25, 0)
+    monkeypatch.undo()
+    f = work / "parent" / "model.safetensors"
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 1))
+    monkeypatch.setattr(runner, "load_pretrained", refuse)
+    with pytest.raises(AssertionError, match="the parent was loaded"):
+        run(_job(work, **SETTINGS), work / "plain", progress=False)
+    monkeypatch.undo()
+    third = run(_job(work, **SETTINGS), work / "plain", progress=False)
+    assert third.reused == 25 and third.parent_weights == scored[0].parent_weights

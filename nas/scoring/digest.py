@@ -46,3 +46,54 @@ def code_digest() -> str:
         h.update(f.read_bytes())
     return h.hexdigest()
 METRICS = ("kl_div", "lm_loss_delta", "top1_agreement")
+
+
+PARENT_RECORD = "parent-digest.json"
+"""Beside a scoring run: the parent's :func:`weights_digest` per compute dtype, with the
+size and modification time of every file of the parent folder it was computed from."""
+
+
+def _signature(parent_dir: Path) -> dict[str, list[int]]:
+    out = {}
+    for f in sorted(Path(parent_dir).iterdir()):
+        if f.is_file() and (f.suffix in (".safetensors", ".json")):
+            st = f.stat()
+            out[f.name] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def recorded_digest(out_dir: Path, parent_dir: Path, dtype: str) -> str | None:
+    """The digest a run in ``out_dir`` recorded for this parent in compute dtype ``dtype``,
+    if no file of the parent folder changed since (size and modification time): a resume
+    then neither reads nor hashes the parent to know which results are done."""
+    import json
+
+    try:
+        data = json.loads((Path(out_dir) / PARENT_RECORD).read_text())
+        if data.get("parent") == str(Path(parent_dir).resolve()) and \
+                data.get("files") == _signature(parent_dir):
+            d = data.get("digests", {}).get(dtype)
+            return d if isinstance(d, str) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return None
+
+
+def record_digest(out_dir: Path, parent_dir: Path, dtype: str, digest: str) -> None:
+    """Record ``digest`` beside the run (see :func:`recorded_digest`)."""
+    import json
+
+    from nas.io import atomic_write_json
+
+    path = Path(out_dir) / PARENT_RECORD
+    sig = _signature(parent_dir)
+    digests: dict[str, str] = {}
+    try:
+        old = json.loads(path.read_text())
+        if old.get("files") == sig:
+            digests = dict(old.get("digests", {}))
+    except (OSError, ValueError, AttributeError):
+        pass
+    digests[dtype] = digest
+    atomic_write_json(path, {"parent": str(Path(parent_dir).resolve()), "files": sig,
+                             "digests": digests})

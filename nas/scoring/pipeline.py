@@ -64,7 +64,8 @@ class Stage:
     """This rank's share of a sharded parent and the pipeline that scores through it."""
 
     def __init__(self, reader: CheckpointReader, bounds: list[tuple[int, int]], rank: int,
-                 settings: Settings, dtype: torch.dtype | None, device: str):
+                 settings: Settings, dtype: torch.dtype | None, device: str, side: Any,
+                 hash_weights: bool = True):
         self.reader, self.bounds, self.rank, self.world = reader, bounds, rank, len(bounds)
         self.a, self.b = bounds[rank]
         self.L = reader.arch.num_blocks
@@ -80,16 +81,16 @@ class Stage:
             if getattr(self.model, name.split(".")[0], None) is None:
                 continue  # no final norm / a tied head
             sub = reader.materialize(name, self.dtype).to(self.device)
-            for k, t in sub.state_dict().items():
+            for k, t in sub.state_dict().items() if hash_weights else ():
                 lines[f"{name}.{k}"] = tensor_line(f"{name}.{k}", t)
         self.model.eval()
         self._lines = lines
         self.held_elements = sum(t.numel() for t in self.model.state_dict().values()
                                  if t.device.type != "meta")
         """Parameter and buffer elements this rank holds (the rest stay on meta)."""
-        # figures, losses and digests travel on a gloo group (CPU tensors, objects) beside
-        # the activations' group (nccl on CUDA, which matches messages by order alone)
-        self.side = dist.new_group(backend="gloo")
+        self.side = side
+        """A gloo group beside the activations' (nccl on CUDA, which matches messages by
+        order alone): figures, losses and digests travel on it (CPU tensors, objects)."""
 
     def digest(self) -> str:
         """:func:`nas.scoring.digest.weights_digest` of the whole parent, from every rank's

@@ -36,6 +36,7 @@ from nas.io import atomic_write_json
 from nas.progress import Progress
 from nas.scoring import bld
 from nas.scoring.core import VERSION, Item, Scorer, make_items, weights_digest
+from nas.scoring.digest import record_digest, recorded_digest
 from nas.scoring.job import Job, Settings, prepare  # noqa: F401  (re-exported)
 from nas.scoring.report import plot_heatmap, summary_lines, write_csv
 from nas.scoring.store import ScoreRow, Store, read_all
@@ -70,6 +71,9 @@ class RunRecord(BaseModel):
     """What the parent checkpoint holds that is not read, and why (e.g. a wrapper's vision
     tower): :attr:`nas.build_checkpoint.CheckpointReader.left_out_note`, as ``puzzle-nas
     build`` reports it; ``None`` when every tensor is read."""
+    scoring_seconds: float | None = None
+    """Seconds of the scoring phase on rank 0 (after the parent is loaded and its prefix
+    cache filled; ``None`` when nothing was left to score)."""
     stages: list[dict[str, Any]] | None = None
     """A sharded run's ranks (:mod:`nas.scoring.pipeline`): each one's blocks ``[a, b)``,
     the parameter and buffer elements it held and its prefix-cache figures; ``None`` on one
@@ -160,8 +164,14 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
                              "one rank: with --nproc N > 1 add --replicas")
         return _run_sharded(job, out, t0, rank, world, device, dtype, cache_bytes, progress,
                             log, left_out)
-    parent = load_pretrained(job.parent_dir, dtype=dtype).to(device).eval()
-    phash = weights_digest(parent)
+    dname = job.settings.dtype or "stored"
+    phash = recorded_digest(out, job.parent_dir, dname)
+    parent = None
+    if phash is None:  # (a resume with unchanged parent files neither reads nor hashes it)
+        parent = load_pretrained(job.parent_dir, dtype=dtype).to(device).eval()
+        phash = weights_digest(parent)
+        if rank == 0:
+            record_digest(out, job.parent_dir, dname, phash)
     items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings,
                        base_recipe=job.base_recipe)
     keys = [it.key for it in items]
@@ -170,8 +180,11 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     todo = [it for it in mine if it.key not in done]
     kill_after = int(os.environ.get(KILL_ENV, "-1"))
     stats: dict[str, float] = {}
+    scoring_s = None
     tokens = job.split.held[:, 1:].size
     if todo:
+        if parent is None:
+            parent = load_pretrained(job.parent_dir, dtype=dtype).to(device).eval()
         scorer = Scorer(parent, job.split, job.settings, cache_bytes=cache_bytes,
                         spill_dir=out / "cache" / f"rank-{rank}", cached=cached)
         stats = scorer.cache_stats
@@ -187,6 +200,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
                 el = time.perf_counter() - t1
                 eta = el / (n + 1) * (len(todo) - n - 1)
                 bar.update(1, f"ETA {eta:5.0f}s  block {it.block} {it.alt.label[:28]}")
+            scoring_s = time.perf_counter() - t1
         store.close()
         scorer.close()
     if world > 1:
@@ -194,7 +208,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     if rank != 0:
         return None
     return _outputs(job, out, items, len(done), phash, tokens, stats, world, t0, left_out,
-                    log)
+                    log, scoring_s=scoring_s)
 
 
 def _log_spill(rank: int, stats: dict[str, float], out: Path, log: Any) -> None:
@@ -233,20 +247,36 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
     from nas.scoring.stages import stage_bounds
 
     bounds = stage_bounds(job.parent_arch, world, job.alts)
-    stage = Stage(CheckpointReader(job.parent_dir), bounds, rank, job.settings, dtype, device)
-    phash = stage.digest()
+    side = dist.new_group(backend="gloo")
+    dname = job.settings.dtype or "stored"
+    box: list[Any] = [recorded_digest(out, job.parent_dir, dname) if rank == 0 else None]
+    dist.broadcast_object_list(box, 0, group=side)
+    phash = box[0]
+    stage = None
+    if phash is None:  # (a resume with unchanged parent files neither reads nor hashes it)
+        stage = Stage(CheckpointReader(job.parent_dir), bounds, rank, job.settings, dtype,
+                      device, side)
+        phash = stage.digest()
+        if rank == 0:
+            record_digest(out, job.parent_dir, dname, phash)
     items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings,
                        base_recipe=job.base_recipe)
     keys = [it.key for it in items]
-    box: list[Any] = [sorted(read_all(out, keys)) if rank == 0 else None]
-    dist.broadcast_object_list(box, 0, group=stage.side)  # one view of what is done
+    box = [sorted(read_all(out, keys)) if rank == 0 else None]
+    dist.broadcast_object_list(box, 0, group=side)  # one view of what is done
     done = set(box[0])
     todo = [it for it in items if it.key not in done]
     kill_after = int(os.environ.get(KILL_ENV, "-1"))
     stats: dict[str, float] = {}
+    scoring_s = None
     per_rank: list[Any] = [None] * world
     tokens = job.split.held[:, 1:].size
+    held_elements = 0
     if todo:
+        if stage is None:
+            stage = Stage(CheckpointReader(job.parent_dir), bounds, rank, job.settings,
+                          dtype, device, side, hash_weights=False)
+        held_elements = stage.held_elements
         scorer = PipelineScorer(stage, job.split, job.settings, cache_bytes=cache_bytes,
                                 spill_dir=out / "cache" / f"rank-{rank}")
         stats, tokens = scorer.cache_stats, scorer.tokens
@@ -260,22 +290,24 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
 
         with Progress(len(todo), f"scoring ({world} stages)",
                       progress if rank == 0 else False) as bar:
+            t1 = time.perf_counter()
             scorer.run(todo, commit, bar)
+            scoring_s = time.perf_counter() - t1
         store.close()
         scorer.close()
     dist.all_gather_object(per_rank, {"blocks": list(bounds[rank]),
-                                      "elements_held": stage.held_elements, **stats},
-                           group=stage.side)
-    dist.barrier(group=stage.side)
+                                      "elements_held": held_elements, **stats}, group=side)
+    dist.barrier(group=side)
     if rank != 0:
         return None
     return _outputs(job, out, items, len(done), phash, tokens, stats, world, t0, left_out,
-                    log, stages=per_rank)
+                    log, stages=per_rank, scoring_s=scoring_s)
 
 
 def _outputs(job: Job, out: Path, items: list[Item], reused: int, phash: str, tokens: int,
              stats: dict[str, float], world: int, t0: float, left_out: str | None,
-             log: Any, stages: list[Any] | None = None) -> RunRecord:
+             log: Any, stages: list[Any] | None = None, scoring_s: float | None = None
+             ) -> RunRecord:
     """Rank 0, every rank finished: merge the stores and write the outputs."""
     keys = [it.key for it in items]
     results = read_all(out, keys)
@@ -314,6 +346,7 @@ def _outputs(job: Job, out: Path, items: list[Item], reused: int, phash: str, to
         held_rows=len(job.split.held), held_tokens_scored=tokens, alternatives=len(items),
         scored_now=len(items) - reused, reused=reused, world_size=world, cache=stats,
         seconds=time.perf_counter() - t0, most_sensitive=sens[:5],
-        summary=summary_lines(rows), parent_left_out=left_out, stages=stages)
+        summary=summary_lines(rows), parent_left_out=left_out, stages=stages,
+        scoring_seconds=scoring_s)
     atomic_write_json(out / "scores.json", record.model_dump())
     return record
