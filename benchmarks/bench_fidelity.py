@@ -47,7 +47,7 @@ from nas.search import nonblock_shape
 REPO = Path(__file__).resolve().parents[1]
 CSV = REPO / "costmodels" / "data" / "serving_measurements.csv"
 SUPER = REPO / "nas" / "examples" / "configs" / "nemotron-3-super-120b-a12b.json"
-CHILD = REPO / "tests" / "data" / "configs" / "nemotron-labs-3-puzzle-75b-a9b.json"
+CHILD = REPO / "costmodels" / "data" / "configs" / "nemotron-labs-3-puzzle-75b-a9b.json"
 ACCEPTANCE = {"parent": 3.45, "child": 4.34}  # FACTS.md s2 (SPEED-Bench, seed articles)
 DRAFT_TOKENS = 5  # num_speculative_tokens of NVIDIA's Super deployment guide (8k/64k)
 PUBLISHED = {"parent": 20_939, "child": 42_601}  # tok/s per 8xB200 node, FACTS.md s2

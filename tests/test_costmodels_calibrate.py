@@ -32,7 +32,7 @@ from nas.cli.calibrate import shape_resolver
 DATA = Path(__file__).resolve().parent / "data"
 CSV = DATA.parents[1] / "costmodels" / "data" / "serving_measurements.csv"
 # the configs of the CSV's models: the test inputs', then the shipped examples'
-CONFIG_DIRS = [str(DATA / "configs"), str(DATA.parents[1] / "nas" / "examples" / "configs")]
+CONFIG_DIRS: list[str] = []  # the default: the CSV's configs/ folder, then the examples'
 SHAPES = shape_resolver(CSV, CONFIG_DIRS)
 H100 = hwprofiles.get("h100-sxm")
 
@@ -117,7 +117,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nas", *args], capture_output=True, text=True)
 
 
-CONFIG_ARGS = ("--configs", CONFIG_DIRS[0], "--configs", CONFIG_DIRS[1])
+CONFIG_ARGS = ("--configs", str(DATA.parents[1] / "costmodels" / "data" / "configs"),
+               "--configs", str(DATA.parents[1] / "nas" / "examples" / "configs"))
+"""For CSVs written in a temp folder (the shipped one finds its configs by default)."""
 """calibrate's --configs for the measurement set's models (tests/data and the examples')."""
 
 

@@ -120,7 +120,7 @@ def test_one_h100_million_token_concurrency_parent_vs_published_child():
     recipe = get_recipe("nvfp4-super")
     got = {}
     for who, path in (("parent", repo / "nas/examples/configs/nemotron-3-super-120b-a12b.json"),
-                      ("child", repo / "tests/data/configs/nemotron-labs-3-puzzle-75b-a9b.json")):
+                      ("child", repo / "costmodels/data/configs/nemotron-labs-3-puzzle-75b-a9b.json")):
         arch = load_config(path)
         wl = ["isl=1044480,osl=4096,concurrency=1"]
         b = price_blocks(arch.block_table(), H100, recipe, wl)
@@ -242,7 +242,7 @@ def test_a_measurement_taken_with_mtp_is_priced_with_the_mtp_head(tmp_path):
     spec, plain, llama = load_measurements(csv)
     assert (spec.draft_tokens, spec.acceptance, plain.draft_tokens, plain.acceptance) == (
         5, 3.45, 0, None)
-    shapes = shape_resolver(csv, [str(repo / "tests/data/configs"),
+    shapes = shape_resolver(csv, [str(repo / "costmodels/data/configs"),
                                   str(repo / "nas/examples/configs")])
     b200 = hwprofiles.get("b200")
     shape = shapes("nemotron-3-super-120b-a12b")

@@ -236,7 +236,8 @@ def test_every_dialect_registers_once_and_round_trips_its_own_example():
         register(DIALECTS["llama"])
     for mt, d in DIALECTS.items():
         assert d.model_type == mt and d.architecture.endswith("ForCausalLM")
-    paths = sorted(CONFIGS.glob("*.json")) + sorted((REPO / "tests/data/configs").glob("*.json"))
+    paths = sorted(CONFIGS.glob("*.json")) + sorted((REPO / "tests/data/configs").glob("*.json")) \
+        + sorted((REPO / "costmodels/data/configs").glob("*.json"))
     assert len(paths) >= 9
     for path in paths:
         a = load_config(path)
