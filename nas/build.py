@@ -125,8 +125,8 @@ def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool =
     (then training one changes the other; drop ``model`` after converting).
 
     Raises :class:`InputError` when transformers is not installed or the architecture only
-    fits a type it lacks (``nemotron_h_puzzle``, ``nemotron-nas``: the README says what
-    loads those).
+    fits a type it lacks (``nemotron_h_puzzle``, ``nemotron-nas``: ``docs/build.md`` says
+    what loads those).
     """
     try:
         import transformers
@@ -144,7 +144,7 @@ def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool =
         cls = transformers.AutoModelForCausalLM._model_mapping[type(hcfg)]
     except (ValueError, KeyError):
         raise InputError(f"transformers {transformers.__version__} has no {mt} model; save "
-                         "the checkpoint and load it with a stack that has (see README)"
+                         "the checkpoint and load it with a stack that has one (docs/build.md)"
                          ) from None
     own = model.state_dict()
     sd = {name: own[key] if j is None else own[key][j] for key, name, j in hf_layout(model, mt)}

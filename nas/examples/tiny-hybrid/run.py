@@ -1,6 +1,6 @@
 """The tiny-hybrid experiment: does the search beat simpler compression at the same budget?
 
-One command (README, "Proof on a trained model")::
+One command (``docs/results.md``, "Proof on a trained model")::
 
     python examples/tiny-hybrid/run.py                 # full run, writes results.md/.png here
     python examples/tiny-hybrid/run.py --smoke -o DIR  # tiny sizes, a few minutes
