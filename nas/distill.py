@@ -18,11 +18,30 @@ written into a temporary folder and swapped in whole (:func:`nas.io.staged_dir`)
 killed at any moment resumes from the last complete checkpoint and ends with the same
 weights as an uninterrupted run (same threads per process).
 
-**Distributed.** Under ``torchrun`` (``WORLD_SIZE`` > 1) the student is wrapped in
-:class:`torch.nn.parallel.DistributedDataParallel` (gloo on CPU, nccl on CUDA); each step's
-``batch_size`` rows (the *global* batch) are split evenly over the ranks, and DDP's gradient
-average equals the one-process gradient of the mean loss. Held-out evaluation is sharded
-over the ranks and summed with ``all_reduce``. Rank 0 writes every file.
+**Distributed.** Under ``torchrun`` (``WORLD_SIZE`` > 1; gloo on CPU, nccl on CUDA) each
+step's ``batch_size`` rows (the *global* batch) are split evenly over the ranks, and the
+gradient average over the ranks equals the one-process gradient of the mean loss. By
+default teacher and student are both **sharded** over the ranks with FSDP2
+(:func:`torch.distributed.fsdp.fully_shard` on a 1-D DeviceMesh, every block a unit, the
+embedding, final norm and head the root's): :func:`load_sharded` builds each model on the
+meta device and each rank keeps only its dim-0 slice of every tensor, read one block at a
+time from the safetensors, so no rank ever holds a whole model; the AdamW state is sharded
+with the student. Checkpoints are sharded too (:mod:`torch.distributed.checkpoint`: every
+rank writes its shards, rank 0 ``state.json``) and resume on any number of ranks (DCP
+reshards); the same rank count resumes bit for bit. ``model/`` is gathered one tensor at
+a time and streamed into safetensors by rank 0 (:func:`export_sharded`). With
+``replicas`` every rank holds a whole teacher and student instead and the student is
+wrapped in :class:`torch.nn.parallel.DistributedDataParallel` (the checkpoint is then
+rank 0's whole one, as with one process). A checkpoint of one layout does not resume in
+the other (:func:`resume_conflict` says so in one line). Held-out evaluation is sharded
+over the ranks and summed with ``all_reduce``.
+
+**Mixed precision** (``mixed_precision``, FSDP2's :class:`MixedPrecisionPolicy`, also on
+one process: a one-rank group): the student computes in bf16 / fp16 from float32 master
+weights (AdamW state float32, gradients reduced in float32), the teacher is held and run
+in that dtype, and ``model/`` is written in the child's stored dtype. **Activation
+checkpointing** (``checkpointing``) recomputes each block in the backward pass
+(:func:`torch.utils.checkpoint.checkpoint`); the weights are the same bit for bit.
 
 Outputs in ``DIR``: ``model/`` (the distilled child: ``config.json`` + ``model.safetensors``,
 a checkpoint :func:`nas.build.load_pretrained` reads and ``puzzle-nas score`` takes as a
@@ -47,7 +66,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from hwprofiles.errors import InputError, first_error, read_json
 from nas.build import load_pretrained
@@ -96,6 +122,17 @@ class DistillSettings(BaseModel):
                                         "(lr is then not used)")
     sweep_steps: int | None = Field(default=None, ge=1, description="steps of each sweep "
                                     "trial (default: a quarter of the run, at least 1)")
+    mixed_precision: Literal["bfloat16", "float16"] | None = Field(
+        default=None, description="FSDP2 mixed precision: the student computes in this dtype "
+        "from float32 master weights (AdamW state float32, gradients reduced in float32); "
+        "the teacher is held and run in it (None: no mixed precision)")
+
+    @model_validator(mode="after")
+    def _master_weights(self) -> DistillSettings:
+        if self.mixed_precision is not None and self.dtype not in (None, "float32"):
+            raise ValueError(f"dtype {self.dtype} with mixed_precision: the master weights "
+                             "are float32 (leave dtype unset)")
+        return self
 
     @field_validator("lr_sweep")
     @classmethod
@@ -183,6 +220,14 @@ class DistillRecord(BaseModel):
     """The peak learning rate trained with (the sweep's choice when there was one)."""
     sweep: list[SweepTrial] = []
     """The learning-rate sweep's trials, in the order run."""
+    layout: Literal["full", "sharded"] = "full"
+    """``sharded``: teacher and student sharded over the ranks (FSDP2); ``full``: a whole
+    copy per process (one rank, or DDP replicas)."""
+    activation_checkpointing: bool = False
+    held_elements: list[list[int]] = []
+    """Per rank: [student, teacher] parameter and buffer elements held (local shards)."""
+    peak_rss_mib: list[float] = []
+    """Per rank: peak resident memory of the process (MiB, ``getrusage``)."""
 
 
 class _State(BaseModel):
@@ -199,6 +244,10 @@ class _State(BaseModel):
     sweep: list[SweepTrial] = []
     best_step: int = 0
     since_best: int = 0
+    layout: Literal["full", "sharded"] = "full"
+    world: int | None = None
+    settings: str | None = None
+    """:meth:`DistillSettings.digest` (a launcher tells a resume in another layout by it)."""
 
 
 # ---- data -------------------------------------------------------------------------------
@@ -267,20 +316,27 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tokens: 
 
 
 @torch.no_grad()
-def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: int = 8
-             ) -> dict[str, float]:
+def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: int = 8,
+             lockstep: bool = False) -> dict[str, float]:
     """Held-out figures of ``student`` against ``teacher`` (float64 sums over every position
     with a next token; rows sharded over ranks and summed): ``kl_div`` (mean KL(teacher ||
     student), nats), ``lm_loss`` (mean cross-entropy, nats), ``accuracy`` (next-token top-1
-    accuracy), ``top1_agreement`` (argmax equal to the teacher's)."""
+    accuracy), ``top1_agreement`` (argmax equal to the teacher's). ``lockstep``: every rank
+    runs as many forward passes (a rank out of rows runs one row and drops it), as sharded
+    models need: each pass gathers parameters from every rank."""
     rank, world = rank_and_world()
     was = student.training
     student.eval()
     dev = student.embed.weight.device
     sums = torch.zeros(5, dtype=torch.float64)
     mine = held[rank::world]
-    for k in range(0, len(mine), batch):
+    passes = math.ceil(math.ceil(len(held) / world) / batch) if lockstep else \
+        math.ceil(len(mine) / batch)
+    for k in range(0, passes * batch, batch):
         t = mine[k:k + batch].to(dev)
+        if not len(t):
+            student(held[:1].to(dev)), teacher(held[:1].to(dev))
+            continue
         zs = student(t)[:, :-1].double()
         zt = teacher(t)[:, :-1].double()
         lq, lp = F.log_softmax(zs, -1), F.log_softmax(zt, -1)
@@ -326,13 +382,13 @@ def _damaged(folder: Path, name: str, why: str) -> InputError:
                       path=str(folder / name))
 
 
-def _load_checkpoint(folder: Path, key: str, student: CausalLM,
-                     opt: torch.optim.Optimizer) -> _State | None:
-    """The checkpoint's state (student and optimizer loaded in place), or ``None`` when
-    there is none or it belongs to another run (other settings, data or weights). A file of
-    it that cannot be read (truncated, bit-flipped, missing) is a one-line
+def _read_state(folder: Path, key: str, layout: str, settings: DistillSettings
+                ) -> _State | None:
+    """The checkpoint's state, or ``None`` when there is none or it belongs to another run
+    (other settings, data or weights). A ``state.json`` that cannot be read is a one-line
     :class:`InputError` naming it and saying what to delete (only one checkpoint is kept:
-    a second would double the disk a run needs)."""
+    a second would double the disk a run needs); so is a checkpoint of this run in the
+    other layout (:func:`resume_conflict`)."""
     if not (folder / "state.json").is_file():
         return None
     try:
@@ -344,6 +400,18 @@ def _load_checkpoint(folder: Path, key: str, student: CausalLM,
         raise _damaged(folder, "state.json", str(exc).rsplit(": ", 1)[-1]) from None
     if state.key != key:
         return None
+    if state.layout != layout:
+        why = resume_conflict(folder.parent, settings, layout)
+        raise InputError(why or f"the checkpoint is {LAYOUTS[state.layout]}, this run's would "
+                         f"be {LAYOUTS[layout]}; delete {folder} to start over",
+                         path=str(folder / "state.json"))
+    return state
+
+
+def _load_full_checkpoint(folder: Path, student: CausalLM, opt: torch.optim.Optimizer
+                          ) -> None:
+    """Load a whole-model checkpoint (the student and optimizer in place); a file of it that
+    cannot be read (truncated, bit-flipped, missing) is a one-line :class:`InputError`."""
     from safetensors.torch import load_file
 
     dev = student.embed.weight.device
@@ -360,7 +428,6 @@ def _load_checkpoint(folder: Path, key: str, student: CausalLM,
         raise
     except Exception as exc:
         raise _damaged(folder, "optimizer.pt", f"{type(exc).__name__}: {exc}") from None
-    return state
 
 
 def _load_best(folder: Path, student: CausalLM) -> dict[str, torch.Tensor]:
@@ -407,6 +474,304 @@ def plot_curve(path: Path, record: DistillRecord) -> Path | None:
     return path
 
 
+# ---- sharded over the ranks (FSDP2) ------------------------------------------------------
+def _checkpointed(blk: torch.nn.Module) -> None:
+    """Recompute ``blk``'s activations in the backward pass instead of keeping them
+    (:func:`torch.utils.checkpoint.checkpoint`, non-reentrant). The instance's ``forward``
+    is replaced, so FSDP2's hooks (on ``__call__``) stay outside the recomputed region: the
+    block's parameters are all-gathered before its backward runs, and the recompute uses
+    them."""
+    from torch.utils.checkpoint import checkpoint
+
+    inner = blk.forward
+
+    def forward(x: torch.Tensor, cache: dict[str, Any] | None = None,
+                offset: int = 0) -> torch.Tensor:
+        if cache is not None or not torch.is_grad_enabled():
+            return inner(x, cache, offset)
+        return checkpoint(inner, x, None, offset, use_reentrant=False)
+
+    blk.forward = forward  # type: ignore[method-assign]
+
+
+def _held(model: torch.nn.Module) -> int:
+    """Parameter and buffer elements this rank holds (a DTensor's local shard only)."""
+    from torch.distributed.tensor import DTensor
+
+    return sum(t.to_local().numel() if isinstance(t, DTensor) else t.numel()
+               for t in model.state_dict(keep_vars=True).values())
+
+
+def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device: str, *,
+                 train: bool, mp_dtype: torch.dtype | None = None,
+                 checkpointing: bool = False) -> tuple[CausalLM, str, torch.dtype]:
+    """The checkpoint ``path`` as an FSDP2 model sharded over ``mesh`` (every block a unit,
+    the embedding, final norm and head the root's), its :func:`weights_digest` and the
+    checkpoint's stored dtype.
+
+    The model is built on the meta device, sharded, and given storage for this rank's
+    shards only (``to_empty``); then the checkpoint is read one submodule at a time (the
+    embedding, the norm, the head, each block) through :class:`CheckpointReader` (every
+    check of a normal load: shapes, SHA-256, finite values, dequantization) and each rank
+    keeps its dim-0 slice of every tensor (:func:`distribute_tensor` with
+    ``src_data_rank=None``: a local slice, no communication). A rank holds its shards plus,
+    for the moment, one block read whole. Each rank hashes every ``world``-th tensor; the
+    lines gathered give the same digest as one process hashing the whole model.
+    ``mp_dtype``: compute dtype of FSDP2's mixed precision (the parameters stay in
+    ``dtype``, gradients are reduced in float32)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from nas.build_checkpoint import CheckpointReader
+    from nas.scoring.digest import combine_lines, tensor_line
+
+    reader = CheckpointReader(path)
+    model = reader.model
+    stored = reader.stored_dtype()
+    dt = dtype or stored
+    for mod in model.modules():  # parameters in dt; buffers stay float32, as the reader's
+        for name, p in list(mod.named_parameters(recurse=False)):
+            setattr(mod, name, torch.nn.Parameter(p.to(dt), requires_grad=train))
+    mp = MixedPrecisionPolicy() if mp_dtype is None else \
+        MixedPrecisionPolicy(param_dtype=mp_dtype, reduce_dtype=torch.float32)
+    for blk in model.blocks:
+        if blk.mixer is None:
+            continue  # a no-op block has no tensors
+        if checkpointing:
+            _checkpointed(blk)
+        fully_shard(blk, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    model.to_empty(device=device)
+    sd = model.state_dict(keep_vars=True)
+    order = list(sd)
+    rank, world = mesh.get_local_rank(), mesh.size()
+    mine = set(order[rank::world])
+    lines: dict[str, str] = {}
+    units = [n for n in ("embed", "norm", "lm_head") if getattr(model, n) is not None]
+    units += [f"blocks.{i}" for i in range(len(model.blocks))]
+    with torch.no_grad():
+        for unit in units:
+            keys = {k for k in order if k.startswith(unit + ".")}
+            if not keys:
+                continue
+            full = reader.tensors(keys, dt)
+            reader.close()  # unmap the files: the pages read would stay resident
+            for k in sorted(full):
+                t = full.pop(k)
+                if k in mine:
+                    lines[k] = tensor_line(k, t)
+                dst = sd[k]
+                if isinstance(dst, DTensor):
+                    part = distribute_tensor(t, dst.device_mesh, dst.placements,
+                                             src_data_rank=None).to_local()
+                    dst.to_local().copy_(part)
+                else:
+                    dst.copy_(t)
+                del t
+    every: list[dict[str, str]] = [{} for _ in range(world)]
+    dist.all_gather_object(every, lines, group=mesh.get_group())
+    merged = {k: v for d in every for k, v in d.items()}
+    model.train(train)
+    return model, combine_lines([merged[k] for k in order]), stored
+
+
+def _snapshot(model: torch.nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
+    """A copy of the weights: this rank's shards (DTensors) when sharded, else on the
+    CPU."""
+    if not sharded:
+        return _cpu_copy(model)  # type: ignore[arg-type]
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def _restore(model: torch.nn.Module, snap: dict[str, torch.Tensor], sharded: bool) -> None:
+    if not sharded:
+        model.load_state_dict(snap)
+        return
+    from torch.distributed.tensor import DTensor
+
+    for k, t in model.state_dict(keep_vars=True).items():
+        src = snap[k]
+        if isinstance(t, DTensor):
+            t.to_local().copy_(src.to_local())  # type: ignore[attr-defined]
+        else:
+            t.copy_(src)
+
+
+def _save_sharded(folder: Path, student: torch.nn.Module, opt: torch.optim.Optimizer,
+                  state: _State, best: dict[str, torch.Tensor] | None) -> None:
+    """Every rank writes its shards of the student, the AdamW state and ``best``
+    (:func:`torch.distributed.checkpoint.save` of :func:`get_state_dict`'s sharded state
+    dicts) into one staged folder; rank 0 adds ``state.json`` and swaps it in whole."""
+    import contextlib
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(student, opt)
+    sd: dict[str, Any] = {"model": msd, "optim": osd}
+    if best is not None:
+        sd["best"] = best
+    rank = dist.get_rank()
+    with contextlib.ExitStack() as stack:
+        where: list[Any] = [str(stack.enter_context(staged_dir(folder, "checkpoint")))
+                            if rank == 0 else None]
+        dist.broadcast_object_list(where, src=0)
+        dcp.save(sd, checkpoint_id=where[0])
+        if rank == 0:
+            (Path(where[0]) / "state.json").write_text(state.model_dump_json(indent=1) + "\n")
+    dist.barrier()
+
+
+def _load_sharded_checkpoint(folder: Path, state: _State, student: torch.nn.Module,
+                             opt: torch.optim.Optimizer) -> dict[str, torch.Tensor] | None:
+    """Load a sharded checkpoint (any rank count: DCP reshards) into ``student`` and
+    ``opt`` in place; returns the best weights it kept (this rank's shards) or None."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(student, opt)
+    sd: dict[str, Any] = {"model": msd, "optim": osd}
+    if state.best_step != state.step:
+        sd["best"] = _snapshot(student, True)
+    try:
+        dcp.load(sd, checkpoint_id=str(folder))
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise _damaged(folder, ".metadata", f"{type(exc).__name__}: {exc}") from None
+    set_state_dict(student, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    return sd.get("best")
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+              torch.float64: "F64"}
+
+
+def _st_header(header: dict[str, Any], digests: dict[str, str]) -> bytes:
+    """A safetensors header (length, JSON padded to 8 bytes) with this project's per-tensor
+    digests in its metadata (:data:`nas.build_checkpoint.DIGESTS_KEY`)."""
+    from nas.build_checkpoint import DIGESTS_KEY
+
+    meta = {"format": "pt", DIGESTS_KEY: json.dumps(digests)}
+    raw = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
+                   max_shard_bytes: int | None = None) -> None:
+    """Write a sharded model as a checkpoint folder (``config.json`` + safetensors, as
+    :func:`nas.build.save_pretrained` writes it, digests included), gathering one tensor
+    at a time (a collective: every rank calls it; rank 0 writes). The safetensors files
+    are streamed: the header (offsets from the shapes, digests as placeholders of their
+    fixed length) first, then each tensor's bytes as it is gathered, then the header again
+    with the digests. Parameters are written in ``dtype``, buffers as they are (float32)."""
+    import hashlib as _hl
+    import shutil
+    import tempfile
+
+    from torch.distributed.tensor import DTensor
+
+    from nas.build_checkpoint import (
+        CONFIG,
+        INDEX,
+        MAX_SHARD_BYTES,
+        WEIGHTS,
+        _export_config,
+        hf_layout,
+        is_checkpoint_file,
+    )
+    from nas.io import check_output_dir, swap_in_dir, temp_prefix
+
+    rank = dist.get_rank()
+    limit = max_shard_bytes or MAX_SHARD_BYTES
+    sd = model.state_dict(keep_vars=True)
+    buffers = {k for k, _ in model.named_buffers()}
+    cfg = _export_config(model, None)
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    rows = hf_layout(model, cfg["model_type"])
+
+    def out_dtype(key: str) -> torch.dtype:
+        return sd[key].dtype if key in buffers else dtype
+
+    def shape(key: str, j: int | None) -> list[int]:
+        s = list(sd[key].shape)
+        return s[1:] if j is not None else s
+
+    def nbytes(key: str, j: int | None) -> int:
+        return math.prod(shape(key, j)) * out_dtype(key).itemsize
+
+    files: list[list[tuple[str, str, int | None]]] = [[]]
+    size = 0
+    for row in rows:
+        n = nbytes(row[0], row[2])
+        if files[-1] and size + n > limit:
+            files.append([])
+            size = 0
+        files[-1].append(row)
+        size += n
+    names = [WEIGHTS] if len(files) == 1 else \
+        [f"model-{k + 1:05d}-of-{len(files):05d}.safetensors" for k in range(len(files))]
+    tmp: Path | None = None
+    if rank == 0:
+        check_output_dir(path, is_checkpoint_file, "output folder")
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
+    try:
+        wmap: dict[str, str] = {}
+        total = 0
+        last: tuple[str, torch.Tensor] | None = None
+        for fname, frows in zip(names, files):
+            header: dict[str, Any] = {}
+            off = 0
+            for key, name, j in frows:
+                n = nbytes(key, j)
+                header[name] = {"dtype": _ST_DTYPES[out_dtype(key)], "shape": shape(key, j),
+                                "data_offsets": [off, off + n]}
+                off += n
+                wmap[name] = fname
+            total += off
+
+            digests = {name: "0" * 64 for _, name, _ in frows}
+            fh = open(tmp / fname, "wb") if tmp is not None else None  # noqa: SIM115
+            try:
+                if fh is not None:
+                    fh.write(_st_header(header, digests))
+                for key, name, j in frows:
+                    if last is None or last[0] != key:  # stacked experts: gathered once
+                        t = sd[key].detach()
+                        full = t.full_tensor() if isinstance(t, DTensor) else t
+                        last = (key, full.to(out_dtype(key)).cpu().contiguous())
+                    if fh is not None:
+                        v = last[1] if j is None else last[1][j].contiguous()
+                        data = v.reshape(-1).view(torch.uint8).numpy()
+                        digests[name] = _hl.sha256(memoryview(data)).hexdigest()
+                        fh.write(memoryview(data))
+                if fh is not None:
+                    fh.seek(0)
+                    fh.write(_st_header(header, digests))  # same length: the digests' hex is fixed-size
+            finally:
+                if fh is not None:
+                    fh.close()
+        last = None
+        if tmp is not None:
+            if len(files) > 1:
+                (tmp / INDEX).write_text(json.dumps(
+                    {"metadata": {"total_size": total}, "weight_map": wmap}, indent=2) + "\n")
+            (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+            umask = os.umask(0)
+            os.umask(umask)
+            for f in tmp.iterdir():
+                os.chmod(f, 0o666 & ~umask)
+            os.chmod(tmp, 0o777 & ~umask)
+            swap_in_dir(tmp, path)
+            tmp = None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()
+
+
 # ---- the run ----------------------------------------------------------------------------
 def _point(step: int, s: DistillSettings, ev: dict[str, float],
            train_loss: float | None) -> CurvePoint:
@@ -414,29 +779,116 @@ def _point(step: int, s: DistillSettings, ev: dict[str, float],
                       **ev)
 
 
+LAYOUTS = {"full": "written whole by one process (1 rank, or --replicas)",
+           "sharded": "sharded over the ranks (FSDP2, torch.distributed.checkpoint)"}
+
+
+def layout_of(world: int, settings: DistillSettings, replicas: bool = False) -> str:
+    """The checkpoint layout a run writes: ``sharded`` (FSDP2) with more than one rank unless
+    ``replicas``, and always with mixed precision; else ``full``."""
+    return "sharded" if (world > 1 and not replicas) or settings.mixed_precision else "full"
+
+
+def resume_conflict(out_dir: str | Path, settings: DistillSettings, layout: str
+                    ) -> str | None:
+    """Why the checkpoint in ``out_dir`` (of a run with these settings) cannot be resumed
+    by a run of ``layout``, or None (no checkpoint, another run's, or the same layout: a
+    sharded checkpoint resumes on any number of ranks)."""
+    folder = Path(out_dir) / "checkpoint"
+    try:
+        state = _State.model_validate(read_json(folder / "state.json"))
+    except (InputError, ValidationError):
+        return None
+    if state.layout == layout or state.settings != settings.digest():
+        return None
+    n = f" over {state.world} ranks" if state.world else ""
+    want = ("with --nproc 1 or --replicas" if state.layout == "full" else
+            "sharded (--nproc N > 1 without --replicas)")
+    return (f"the checkpoint in {folder} was {LAYOUTS[state.layout].replace(' over the ranks', n)}"
+            f"; this run's would be {LAYOUTS[layout]}: resume it {want}, or delete {folder} "
+            "to start over")
+
+
+def _solo_group(device: str) -> bool:
+    """A one-rank process group for a sharded run in a single process (mixed precision
+    needs FSDP2); True when this call created it."""
+    if dist.is_initialized():
+        return False
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo",
+                            store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
+def _peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
 def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             out_dir: str | Path, settings: DistillSettings, *, held: np.ndarray | None = None,
             data_source: str = "data", eval_source: str | None = None, device: str = "cpu",
-            progress: bool | None = None, log: Callable[[str], None] | None = None
-            ) -> DistillRecord | None:
+            progress: bool | None = None, log: Callable[[str], None] | None = None,
+            replicas: bool = False, checkpointing: bool = False) -> DistillRecord | None:
     """Distill the checkpoint ``student_dir`` from ``teacher_dir`` on token array ``train``
     (held-out rows from ``held``, else the end of ``train``) into ``out_dir`` (see the
     module docstring). Resumes from ``out_dir/checkpoint`` when it belongs to the same run;
     returns the existing record when the same run already finished. Returns the
-    :class:`DistillRecord` on rank 0, ``None`` on other ranks."""
-    t0 = time.perf_counter()
-    log = log if log is not None else (lambda s: print(s, file=sys.stderr))
-    rank, world, device = init_distributed(device)
+    :class:`DistillRecord` on rank 0, ``None`` on other ranks.
+
+    Under torchrun the teacher and student are sharded over the ranks (FSDP2) unless
+    ``replicas`` (a whole copy of each per rank, DDP); ``checkpointing`` recomputes each
+    block's activations in the backward pass (same weights, less memory)."""
     s = settings
+    if replicas and s.mixed_precision:
+        raise InputError("--mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
+    rank, world, device = init_distributed(device)
+    solo = layout_of(world, s, replicas) == "sharded" and _solo_group(device)
+    try:
+        return _distill(student_dir, teacher_dir, train, out_dir, s, held, data_source,
+                        eval_source, device, progress, log, replicas, checkpointing)
+    finally:
+        if solo:
+            dist.destroy_process_group()
+
+
+def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
+             out_dir: str | Path, s: DistillSettings, held: np.ndarray | None,
+             data_source: str, eval_source: str | None, device: str, progress: bool | None,
+             log: Callable[[str], None] | None, replicas: bool, checkpointing: bool
+             ) -> DistillRecord | None:
+    t0 = time.perf_counter()
+    log = log if log is not None else (lambda m: print(m, file=sys.stderr))
+    rank, world = rank_and_world()
+    layout = layout_of(world, s, replicas)
+    sharded = layout == "sharded"
     if s.batch_size % world:
         raise InputError(f"--batch {s.batch_size} (the global batch) must be a multiple of the "
                          f"{world} ranks")
     out = Path(out_dir)
     dtype = None if s.dtype is None else getattr(torch, s.dtype)
-    teacher = load_pretrained(teacher_dir, dtype=dtype).to(device).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    student = load_pretrained(student_dir, dtype=dtype).to(device)
+    mp = None if s.mixed_precision is None else getattr(torch, s.mixed_precision)
+    if sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (world,))
+        # the teacher computes in the mixed-precision dtype (no master weights: no training)
+        teacher, t_hash, _ = load_sharded(teacher_dir, mp or dtype, mesh, device, train=False)
+        student, s_hash, s_stored = load_sharded(
+            student_dir, torch.float32 if mp else dtype, mesh, device, train=True,
+            mp_dtype=mp, checkpointing=checkpointing)
+        teacher.eval()
+        export_dtype = s_stored if mp else student.embed.weight.dtype
+    else:
+        teacher = load_pretrained(teacher_dir, dtype=dtype).to(device).eval()
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        student = load_pretrained(student_dir, dtype=dtype).to(device)
+        if checkpointing:
+            for blk in student.blocks:
+                if blk.mixer is not None:
+                    _checkpointed(blk)
+        t_hash, s_hash = weights_digest(teacher), weights_digest(student)
     if student.arch.vocab_size != teacher.arch.vocab_size:
         raise InputError(f"the student's vocabulary ({student.arch.vocab_size}) differs from "
                          f"the teacher's ({teacher.arch.vocab_size})", path=str(student_dir))
@@ -446,7 +898,6 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
         h.update(str(tuple(a.shape)).encode())
         h.update(a.numpy().tobytes())
     data_hash = h.hexdigest()
-    t_hash, s_hash = weights_digest(teacher), weights_digest(student)
     key = hashlib.sha256(json.dumps([VERSION, t_hash, s_hash, data_hash, s.digest()]
                                     ).encode()).hexdigest()
     done = out / "distill.json"
@@ -457,15 +908,21 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             rec = None
         if rec is not None and rec.key == key:
             return rec if rank == 0 else None
+
     def new_opt(lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr,
                                  weight_decay=s.weight_decay)
 
     opt = new_opt(s.lr)
     ckpt = out / "checkpoint"
-    state = _load_checkpoint(ckpt, key, student, opt)
+    state = _read_state(ckpt, key, layout, s)
+    best: dict[str, torch.Tensor] | None = None
+    if state is not None and sharded:
+        best = _load_sharded_checkpoint(ckpt, state, student, opt)
+    elif state is not None:
+        _load_full_checkpoint(ckpt, student, opt)
     model: torch.nn.Module = student
-    if world > 1:
+    if world > 1 and not sharded:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         model = DDP(student)  # every parameter is used (experts are stacked tensors)
@@ -503,21 +960,23 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             if on_step is not None:
                 on_step(step, float(lv))
 
+    def ev(m: CausalLM) -> dict[str, float]:
+        return evaluate(m, teacher, ho, lockstep=sharded)
+
     if state is None:
-        ev = evaluate(teacher, teacher, ho)
-        teacher_eval = _point(0, s, ev, None)
-        curve = [_point(0, s, evaluate(student, teacher, ho), None)]
+        teacher_eval = _point(0, s, ev(teacher), None)
+        curve = [_point(0, s, ev(student), None)]
         start, losses, best_step, since_best = 0, [], 0, 0
         sweep: list[SweepTrial] = []
         lr = s.lr
         if s.lr_sweep:  # trials from the student as given; it is put back after each
-            init = _cpu_copy(student)
+            init = _snapshot(student, sharded)
             for cand in s.lr_sweep:
                 trial = s.model_copy(update={"lr": cand, "tokens": s.trial_steps * s.batch_size
                                              * s.seq_len})
                 try:
                     train_steps(trial, new_opt(cand), 0, trial.steps, [])
-                    e = evaluate(student, teacher, ho)
+                    e = ev(student)
                 except InputError:  # diverged: this rate loses the sweep
                     e = {"kl_div": math.inf, "lm_loss": math.inf, "accuracy": 0.0}
                 sweep.append(SweepTrial(lr=cand, steps=trial.steps, kl_div=e["kl_div"],
@@ -525,7 +984,7 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
                 if rank == 0:
                     log(f"lr sweep: {cand:g} -> held-out KL {e['kl_div']:.4f} after "
                         f"{trial.steps} steps")
-                student.load_state_dict(init)
+                _restore(student, init, sharded)
             ok = [t for t in sweep if math.isfinite(t.kl_div)]
             if not ok:
                 raise InputError(f"every learning rate of the sweep diverged "
@@ -540,11 +999,14 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
         best_step, since_best = state.best_step, state.since_best
         sweep, lr = list(state.sweep), state.lr if state.lr is not None else s.lr
         if rank == 0:
-            log(f"resuming from step {start} of {s.steps} ({ckpt})")
+            log(f"resuming from step {start} of {s.steps} ({ckpt})"
+                + (f", written by {state.world} ranks" if state.world not in (None, world)
+                   else ""))
     run = s.model_copy(update={"lr": lr})
-    # best: a CPU copy of the best evaluation's weights once the student has moved past them
-    # (None while the student itself holds them)
-    best = _load_best(ckpt, student) if state is not None and best_step != start else None
+    # best: a copy of the best evaluation's weights once the student has moved past them
+    # (None while the student itself holds them): on the CPU, or this rank's shards
+    if state is not None and best_step != start and not sharded:
+        best = _load_best(ckpt, student)
     best_kl = next(c.kl_div for c in curve if c.step == best_step)
     kill_after = int(os.environ.get(KILL_ENV, "-1"))
     stopped = None
@@ -557,7 +1019,7 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
         step = start
         while step < s.steps:
             if s.keep_best and best_step == step and best is None:
-                best = _cpu_copy(student)
+                best = _snapshot(student, sharded)
             n = min(s.steps, (step // s.eval_every + 1) * s.eval_every,
                     (step // s.checkpoint_every + 1) * s.checkpoint_every,
                     kill_after if kill_after > step else s.steps)
@@ -565,7 +1027,7 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             step = n
             if n % s.eval_every == 0 or n == s.steps:
                 tl = float(np.mean(losses[-s.eval_every:]))
-                curve.append(_point(n, s, evaluate(student, teacher, ho), tl))
+                curve.append(_point(n, s, ev(student), tl))
                 c = curve[-1]
                 if c.kl_div < best_kl:
                     best_kl, best_step, since_best, best = c.kl_div, n, 0, None
@@ -582,13 +1044,18 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
                             "evaluations")
                     break
             if n % s.checkpoint_every == 0 and n < s.steps:  # the end writes model/
-                if rank == 0:
-                    _save_checkpoint(ckpt, student, opt, _State(
-                        key=key, step=n, curve=curve, teacher_eval=teacher_eval,
-                        losses=losses, lr=lr, sweep=sweep, best_step=best_step,
-                        since_best=since_best), best if best_step != n else None)
-                if world > 1:
-                    dist.barrier()
+                st = _State(key=key, step=n, curve=curve, teacher_eval=teacher_eval,
+                            losses=losses, lr=lr, sweep=sweep, best_step=best_step,
+                            since_best=since_best, layout=layout, world=world,
+                            settings=s.digest())
+                keep = best if best_step != n else None
+                if sharded:
+                    _save_sharded(ckpt, student, opt, st, keep)
+                else:
+                    if rank == 0:
+                        _save_checkpoint(ckpt, student, opt, st, keep)
+                    if world > 1:
+                        dist.barrier()
             if n == kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)
     student.eval()
@@ -596,14 +1063,22 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     kept = last
     if s.keep_best and best_step != last.step:
         assert best is not None
-        student.load_state_dict(best)
+        _restore(student, best, sharded)
         kept = next(c for c in curve if c.step == best_step)
+    del best
+    held_el, rss = [_held(student), _held(teacher)], _peak_rss_mib()
+    figures: list[Any] = [(held_el, rss)] * world
+    if world > 1:
+        dist.all_gather_object(figures, (held_el, rss))
+    if sharded:
+        export_sharded(student, out / "model", export_dtype)
     if rank != 0:
         dist.barrier()
         return None
-    from nas.build import save_pretrained
+    if not sharded:
+        from nas.build import save_pretrained
 
-    save_pretrained(student, out / "model")
+        save_pretrained(student, out / "model")
     record = DistillRecord(
         version=VERSION, key=key, student=str(student_dir), teacher=str(teacher_dir),
         teacher_weights=t_hash, student_init_weights=s_hash, data=data_source,
@@ -612,7 +1087,9 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
         * s.seq_len, held_tokens=int(ho[:, 1:].numel()), world_size=world,
         teacher_eval=teacher_eval, curve=curve, final=kept, resumed_from_step=start,
         seconds=time.perf_counter() - t0, parameters=student.num_stored(), initial=curve[0],
-        last=last, kept_step=kept.step, stopped_early_at=stopped, lr=lr, sweep=sweep)
+        last=last, kept_step=kept.step, stopped_early_at=stopped, lr=lr, sweep=sweep,
+        layout=layout, activation_checkpointing=checkpointing,
+        held_elements=[f[0] for f in figures], peak_rss_mib=[f[1] for f in figures])
     plot_curve(out / "kd_curve.png", record)
     atomic_write_json(done, record.model_dump())
     if world > 1:

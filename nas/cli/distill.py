@@ -5,8 +5,12 @@ Global knowledge distillation of a built child from its parent (torch extra): lo
 LM loss and accuracy logged every ``--eval-every`` steps, a checkpoint every
 ``--checkpoint-every`` steps (rerunning the same command resumes from it). ``--nproc N``
 runs ``torchrun --standalone --nproc-per-node N -m nas.cli.distill`` with the same
-arguments (DistributedDataParallel, gloo on CPU, nccl with ``--device cuda``); multi-node
-runs call torchrun themselves with their rendezvous flags and ``-m nas.cli.distill``.
+arguments (gloo on CPU, nccl with ``--device cuda``): teacher and student sharded over the
+ranks with FSDP2, sharded resumable checkpoints (``--replicas``: a whole copy of each per
+rank, DistributedDataParallel); multi-node runs call torchrun themselves with their
+rendezvous flags and ``-m nas.cli.distill``. ``--mixed-precision bfloat16`` computes in
+bf16 from float32 master weights; ``--activation-checkpointing`` recomputes each block's
+activations in the backward pass.
 """
 
 from __future__ import annotations
@@ -63,6 +67,16 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the row sampling")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cpu (gloo) or cuda (nccl; rank r uses cuda:LOCAL_RANK)")
+    p.add_argument("--mixed-precision", choices=("bfloat16", "float16"),
+                   help="compute in this dtype from float32 master weights and AdamW state "
+                   "(FSDP2 mixed precision; the teacher is held in it); the model is written "
+                   "in the child's stored dtype")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each block's activations in the backward pass instead of "
+                   "keeping them (same weights, less memory)")
+    p.add_argument("--replicas", action="store_true", help="with --nproc N: a whole teacher "
+                   "and student on every rank (DistributedDataParallel), for models that fit "
+                   "one rank; default: both sharded over the ranks (FSDP2)")
     p.add_argument("--json", action="store_true", help="print distill.json")
     if launcher:
         p.add_argument("--nproc", type=int, default=1,
@@ -92,13 +106,13 @@ def settings_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
               eval_tokens=args.eval_tokens, checkpoint_every=args.checkpoint_every,
               seed=args.seed, dtype=args.dtype, lr_sweep=args.lr_sweep,
               sweep_steps=args.sweep_steps, patience=args.patience,
-              keep_best=not args.keep_last)
+              keep_best=not args.keep_last, mixed_precision=args.mixed_precision)
     flags = {"batch_size": "--batch"}
     try:
         return DistillSettings(**kw)
     except ValidationError as exc:
         loc, msg = first_error(exc)
-        name = loc.split(".")[0]
+        name = loc.split(".")[0] or ("mixed_precision" if "mixed_precision" in msg else "")
         raise InputError(f"{flags.get(name, '--' + name.replace('_', '-'))}: {msg}") from None
 
 
@@ -110,12 +124,29 @@ def _check(args: argparse.Namespace) -> None:
             raise InputError("not a checkpoint folder (config.json + safetensors)", path=d,
                              field=flag)
     check_output_dir(args.output, lambda n: n in OUTPUT_FILES or n.startswith("."), "-o")
-    settings_of(args)
+    s = settings_of(args)
+    if args.replicas and s.mixed_precision:
+        raise InputError("--mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
+
+
+def _check_resume(args: argparse.Namespace, nproc: int) -> None:
+    """A checkpoint of this run in the other layout (whole vs sharded) is refused in one line
+    before anything loads; a sharded one resumes on any number of ranks."""
+    from nas.distill import layout_of, resume_conflict
+
+    s = settings_of(args)
+    why = resume_conflict(args.output, s, layout_of(nproc, s, args.replicas))
+    if why is not None:
+        raise InputError(why)
 
 
 def run_local(args: argparse.Namespace) -> int:
     """Distill in this process (one rank when launched by torchrun)."""
     _check(args)
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        _check_resume(args, 1)
     from nas.distill import distill
     from nas.scoring.data import load_tokens
 
@@ -128,7 +159,8 @@ def run_local(args: argparse.Namespace) -> int:
     held = None if not args.eval_data else load_tokens(args.eval_data, args.tokenizer,
                                                        args.bin_dtype)
     rec = distill(args.child, args.teacher, train, args.output, settings_of(args), held=held,
-                  data_source=args.data, eval_source=args.eval_data, device=args.device)
+                  data_source=args.data, eval_source=args.eval_data, device=args.device,
+                  replicas=args.replicas, checkpointing=args.activation_checkpointing)
     if rec is None:
         return 0
     if args.json:
@@ -148,7 +180,7 @@ def run_local(args: argparse.Namespace) -> int:
 def forward_args(args: argparse.Namespace) -> list[str]:
     """The rank command line for ``args`` (everything but ``--nproc``)."""
     out = [args.child, "--teacher", args.teacher, "--data", args.data, "-o", args.output]
-    for name in ("eval_data", "tokenizer", "bin_dtype", "dtype"):
+    for name in ("eval_data", "tokenizer", "bin_dtype", "dtype", "mixed_precision"):
         if getattr(args, name):
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     for name in ("tokens", "seq_len", "batch", "lr", "min_lr_fraction", "warmup_steps",
@@ -160,8 +192,9 @@ def forward_args(args: argparse.Namespace) -> list[str]:
         out += ["--lr-sweep", ",".join(repr(x) for x in args.lr_sweep)]
     if args.sweep_steps is not None:
         out += ["--sweep-steps", str(args.sweep_steps)]
-    if args.keep_last:
-        out.append("--keep-last")
+    for flag in ("keep_last", "replicas", "activation_checkpointing"):
+        if getattr(args, flag):
+            out.append("--" + flag.replace("_", "-"))
     if args.json:
         out.append("--json")
     return out
@@ -196,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of "
                              f"the {args.nproc} ranks (--nproc)")
         _check(args)  # bad input: one line and exit 2 here, before any rank starts
+        _check_resume(args, args.nproc)
         return run_ranks("nas.cli.distill", args.nproc, forward_args(args))
 
 
