@@ -503,19 +503,47 @@ def nvlabs_budgets(cons: dict[str, float]) -> list[Budget]:
     return [Budget(k, None, v) for k, v in cons.items()]
 
 
+def nvlabs_at_gap_0(mod: Any) -> Callable[..., Any]:
+    """NVlabs' ``mip_nas`` with CBC at relative and absolute gap 0 (python-mip's defaults
+    are 1e-4 and 1e-10): its module's ``Model`` replaced, for the call, by one that sets
+    them."""
+    import mip
+
+    class Gap0(mip.Model):  # type: ignore[misc]
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.max_mip_gap = 0.0
+            self.max_mip_gap_abs = 0.0
+
+    def run(*a: Any, **kw: Any) -> Any:
+        old = mod.Model
+        mod.Model = Gap0
+        try:
+            return mod.mip_nas(*a, **kw)
+        finally:
+            mod.Model = old
+
+    return run
+
+
 @pytest.mark.benchmark(group="mip-nvlabs")
 def test_nvlabs_single_solves(benchmark, capsys):
-    """NVlabs' ``mip_nas`` (python-mip + CBC at its defaults: relative gap 1e-4, 60 s) and
-    nas.mip (1 thread) at gap 1e-4 (CBC's) and 0, and at 1e-4 with the lattice rows off, on
-    NVlabs' own library, each from its in-memory library to a verified answer; ``ROUNDS``
-    interleaved rounds, medians and ratios NVlabs / nas.mip. Objectives: nas.mip's at gap 0
-    is never worse than NVlabs' (both are the optimum here)."""
+    """NVlabs' ``mip_nas`` (python-mip + CBC at its defaults: relative gap 1e-4, 60 s, and
+    at gap 0) and nas.mip (1 thread) at gap 1e-4 (CBC's default) and 0, at 0 with the exact
+    path DP off (HiGHS' branch and bound on the restricted models) and at 1e-4 with the
+    lattice rows off, on NVlabs' own library, each from its in-memory library to a verified
+    answer; ``ROUNDS`` interleaved rounds, medians and ratios to NVlabs at its default gap.
+    Objectives: nas.mip's at gap 0 is never worse than NVlabs' (both are the optimum
+    here)."""
     mod, raw, lib = nvlabs_puzzle()
+    gap0 = nvlabs_at_gap_0(mod)
     ways: dict[str, Callable[[dict[str, float]], float]] = {
         "nvlabs mip_nas (CBC)": lambda c: mod.mip_nas(raw, NVLABS_OBJECTIVE, c, False)[1],
+        "nvlabs mip_nas (CBC) gap 0": lambda c: gap0(raw, NVLABS_OBJECTIVE, c, False)[1],
     }
     for name, kw in (("nas.mip gap 1e-4", {"mip_rel_gap": GAP}),
                      ("nas.mip gap 0", {"mip_rel_gap": 0.0}),
+                     ("nas.mip gap 0 dp=off", {"mip_rel_gap": 0.0, "dp": False}),
                      ("nas.mip 1e-4 lattice=off", {"mip_rel_gap": GAP, "lattice": False})):
         ways[name] = functools.partial(
             lambda c, kw: float(solve(lib, NVLABS_OBJECTIVE, nvlabs_budgets(c),
@@ -535,18 +563,21 @@ def test_nvlabs_single_solves(benchmark, capsys):
     for sc in NVLABS_SINGLE:
         ref = objs[sc, "nas.mip gap 0"]
         assert ref <= objs[sc, "nvlabs mip_nas (CBC)"] + 1e-9 * abs(ref), sc
+        assert ref <= objs[sc, "nvlabs mip_nas (CBC) gap 0"] + 1e-9 * abs(ref), sc
         for w in ways:
             if w.startswith("nas.mip"):
                 assert abs(objs[sc, w] - ref) <= GAP * abs(ref), (sc, w)
     with capsys.disabled():
         print(f"\n[bench_mip] NVlabs' Llama-3.3-70B library, single solves, median of {ROUNDS} "
-              f"interleaved rounds (s); ratio = NVlabs / this row; {before} before, {load()} "
-              "after")
+              f"interleaved rounds (s); ratios = NVlabs at CBC's default gap 1e-4 / this row, "
+              f"NVlabs at gap 0 / this row; {before} before, {load()} after")
         for sc in NVLABS_SINGLE:
             nv = statistics.median(times[sc, "nvlabs mip_nas (CBC)"])
+            nv0 = statistics.median(times[sc, "nvlabs mip_nas (CBC) gap 0"])
             row = "; ".join(f"{w} {statistics.median(times[sc, w]):.3f} s"
                             + ("" if w.startswith("nvlabs") else
-                               f" ({nv / statistics.median(times[sc, w]):.2f}x)")
+                               f" ({nv / statistics.median(times[sc, w]):.2f}x, "
+                               f"{nv0 / statistics.median(times[sc, w]):.2f}x)")
                             for w in ways)
             print(f"[bench_mip]   {sc:<22} {row}; objective {objs[sc, 'nas.mip gap 0']:.9f} "
                   f"(NVlabs {objs[sc, 'nvlabs mip_nas (CBC)']:.9f})")

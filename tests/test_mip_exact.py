@@ -153,7 +153,8 @@ def test_stopped_restricted_runs_keep_the_exact_optimum(seed, gap):
     tot = lib.totals([i for i, lab in enumerate(lib.labels) if lab in full])
     budgets = [Budget("memory_bytes@long-1m", None, 0.4 * tot["memory_bytes@long-1m"]),
                Budget("runtime_s@rag-32k", None, 0.6 * tot["runtime_s@rag-32k"])]
-    m = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=gap))
+    # HiGHS' runs, not the exact path DP that solves these small restricted models
+    m = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=gap, dp=False))
     res = m.solve()
     assert "stopped" in m.runs and m.runs[-1] != "stopped", m.runs
     ref = exact(lib, budgets, "kl_div")
@@ -162,13 +163,14 @@ def test_stopped_restricted_runs_keep_the_exact_optimum(seed, gap):
     assert res.best_bound is not None and res.best_bound <= best + 1e-12 * abs(best)
     assert best - 1e-9 * abs(best) <= res.objective <= best + max(gap, GAP_FLOOR) * abs(best)
     # with the rule off every run ends on its own; same optimum within the gap
-    off = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=gap, stop=False))
+    off = MipModel(lib, "kl_div", budgets,
+                   options=SolveOptions(mip_rel_gap=gap, stop=False, dp=False))
     res_off = off.solve()
     assert "stopped" not in off.runs and res_off.status == "optimal"
     assert abs(res_off.objective - res.objective) <= max(gap, GAP_FLOOR) * abs(best)
     # stopping at the root too (stop_after_root off): same optimum within the gap
     root = solve(lib, "kl_div", budgets,
-                 options=SolveOptions(mip_rel_gap=gap, stop_after_root=False))
+                 options=SolveOptions(mip_rel_gap=gap, stop_after_root=False, dp=False))
     assert root.status == "optimal"
     assert abs(root.objective - res.objective) <= max(gap, GAP_FLOOR) * abs(best)
 
@@ -339,19 +341,19 @@ def test_fractional_members_are_made_whole():
     assert m.c_min @ whole <= m.c_min @ frac + 1e-9
 
 
-@pytest.mark.parametrize("lattice", [True, False])
+@pytest.mark.parametrize(("lattice", "dp"), [(True, True), (False, True), (True, False)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_pool_at_nvlabs_diversity_is_the_exact_greedy_sequence(seed, lattice):
+def test_pool_at_nvlabs_diversity_is_the_exact_greedy_sequence(seed, lattice, dp):
     """A pool of 6 at NVlabs' diversity (a quarter of the layers: 20 of 80 in its notebook)
     on an NVlabs-shaped library with NVlabs' measured sizes (its memory row has a lattice
-    form: SolveOptions.lattice on and off) and a binding memory budget: each child is
-    scipy.milp's optimum given the children before it (gap 0), and differs enough from
-    every one of them."""
+    form: SolveOptions.lattice on and off) and a binding memory budget, the first child by
+    the exact path DP or by HiGHS: each child is scipy.milp's optimum given the children
+    before it (gap 0), and differs enough from every one of them."""
     lib = nvlabs_shaped_library(24, seed=seed, measured_sizes=True)
     tot = parent_totals(lib)
     budgets = [Budget("stats.memory_mib", None, 0.72 * tot["stats.memory_mib"]),
                Budget("stats.runtime_ms", None, 0.8 * tot["stats.runtime_ms"])]
-    opts = SolveOptions(mip_rel_gap=0.0, lattice=lattice)
+    opts = SolveOptions(mip_rel_gap=0.0, lattice=lattice, dp=dp)
     assert bool(MipModel(lib, OBJ, budgets, options=opts).lattice_row) == lattice
     d = 6
     pool = diverse_pool(lib, OBJ, budgets, n=6, min_distance=d, options=opts)
@@ -385,3 +387,61 @@ def test_lattice_split_is_exact_and_only_where_the_step_is_coarse():
     assert mip_model.lattice_split(fine) is None
     split = mip_model.lattice_split(np.array([0.0, 1, 2, 3, 1, 2, 3]) * 1e6 + 4.0)
     assert split is not None and split[0] * split[1] == 1e6
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), blocks=st.integers(3, 12), mem=st.floats(0.2, 0.95),
+       second=st.sampled_from(["", "run", "floor"]), spans=st.booleans())
+def test_path_dp_is_the_exact_optimum(seed, blocks, mem, second, spans):
+    """nas.mip.dp.path_optimum (the exact DP that solves small restricted models, with
+    two-block spans, one or two budgets, a lower bound written as a negated row) finds
+    scipy.milp's optimum on the plain model; with the optimum as the cutoff it finds
+    nothing below it, and a cutoff just above gives the optimum back; solve() with the DP
+    on and off agree."""
+    from nas.mip.dp import Row, path_optimum
+
+    lib = typed_library(blocks, seed=seed, groups=2, spans=spans)
+    tot = typed_totals(lib)
+    budgets = [Budget("mem", None, mem * tot["mem"])]
+    if second == "run":
+        budgets.append(Budget("time", None, 0.6 * tot["time"]))
+    if second == "floor":
+        budgets.append(Budget("params", 0.3 * tot["params"], None))
+    ref = exact(lib, budgets, "kl")
+    rows = []
+    for b in budgets:
+        v, k = lib.values(b.key), lib.constant(b.key)
+        s = float(np.abs(v).max()) or 1.0
+        rows.append(Row(v, b.hi - k, s) if b.hi is not None else Row(-v, k - b.lo, s))
+    c = lib.values("kl")
+    allowed = np.ones(lib.num_replacements, dtype=bool)
+    found = path_optimum(lib.start, lib.end, lib.num_blocks, c, rows, allowed, None,
+                         max_labels=10**6, max_work=10**8)
+    on, off = (solve(lib, "kl", budgets, options=SolveOptions(mip_rel_gap=0.0, dp=dp))
+               for dp in (True, False))
+    if ref is None:
+        assert found is not None and found[0] == "infeasible"
+        assert on.status == off.status == "infeasible"
+        return
+    assert found is not None and found[0] == "optimal"
+    chosen = found[1][0]
+    m = MipModel(lib, "kl", budgets)
+    x = np.zeros(lib.num_replacements)
+    x[chosen] = 1.0
+    m.verify(m.with_counts(x))  # a path meeting every budget
+    best = ref[0]
+    got = float(c[chosen].sum())
+    assert abs(got - best) <= 1e-12 * max(abs(best), 1.0), (got, best)
+    # nothing below the optimum (a path found is the optimum again, its sum taken in
+    # another order a rounding below)
+    cut = path_optimum(lib.start, lib.end, lib.num_blocks, c, rows, allowed, got,
+                       max_labels=10**6, max_work=10**8)
+    assert cut is not None
+    assert cut == ("cutoff", []) or abs(float(c[cut[1][0]].sum()) - got) <= 1e-14 * abs(got)
+    again = path_optimum(lib.start, lib.end, lib.num_blocks, c, rows, allowed,
+                         got + 1e-9 * max(abs(got), 1.0), max_labels=10**6, max_work=10**8)
+    assert again is not None and again[0] == "optimal"
+    assert float(c[again[1][0]].sum()) == got
+    assert on.status == off.status == "optimal"
+    assert abs(on.objective - best) <= GAP_FLOOR * max(abs(best), 1.0)
+    assert abs(off.objective - best) <= GAP_FLOOR * max(abs(best), 1.0)

@@ -25,6 +25,13 @@ HiGHS' rounding cuts then see that no child can spend the last fraction of a ste
 the LP relaxation does (NVlabs' Llama-3.3-70B library: a 12 MiB step; its pools' hardest
 solves went from 10^5 nodes to a few thousand).
 
+A restricted model (after the reduced-cost fixing below) with one or two budget rows in
+force and no count or diversity row is solved exactly by dynamic programming over the
+replacement graph (``SolveOptions.dp``, :mod:`nas.mip.dp`: a resource-constrained shortest
+path with Pareto labels, each budget compared to its bound with only a 1e-12 rounding
+allowance) instead of by HiGHS, which falls back in when the labels grow past a limit. Its
+answer is the restricted optimum itself, so the guarantees below hold unchanged.
+
 Scaling, tolerances and gaps
 ----------------------------
 The objective is handed to HiGHS in *typical-coefficient units*: divided by ``unit``, the

@@ -53,6 +53,13 @@ LATTICE_RESIDUES = 6
 #: super88's byte-sized rows, steps of 2e-4..4e-3 of their largest coefficient, solved 2-3x
 #: slower with them; NVlabs' memory row, a step of 8e-3, 10-100x faster in pools)
 LATTICE_MIN_STEP = 5e-3
+#: ``SolveOptions.dp``: a restricted run is solved by :func:`nas.mip.dp.path_optimum` when
+#: at most this many budget rows are in force, at most ``DP_FREE`` replacements are free,
+#: no boundary holds more than ``DP_LABELS`` labels and at most ``DP_WORK`` are made (see
+#: :func:`nas.mip.dp.path_optimum`)
+DP_ROWS, DP_FREE, DP_LABELS, DP_WORK = 2, 400, 5000, 400_000
+#: ... and its best ``DP_KEEP`` children are kept for :meth:`MipModel.found_children`
+DP_KEEP = 32
 
 
 @dataclass
@@ -86,9 +93,14 @@ class SolveOptions:
     next run's threshold and cutoff come from it). ``lattice`` adds to each budget row whose
     coefficients are a step times an integer plus one of a few residues (measured sizes in
     MiB: a multiple of 6 MiB plus an attention part) the same row over integer columns
-    (:func:`lattice_split`), which lets HiGHS round the budget to the step.
+    (:func:`lattice_split`), which lets HiGHS round the budget to the step. ``dp`` solves
+    a restricted run with one or two budget rows in force, no count or diversity row and a
+    few hundred free replacements exactly by dynamic programming over the replacement graph
+    instead of HiGHS (:func:`nas.mip.dp.path_optimum`; HiGHS when the labels grow past a
+    limit): after reduced-cost fixing such runs are tiny, and HiGHS spent 0.5 ms a node on
+    them.
     ``stop``, ``stop_after_root``, ``incumbent_threshold``, ``node_cuts``, ``cut_pool``,
-    ``sub_mips``, ``aggregate``, ``lazy_rows`` and ``lattice`` change the work, never the answer's guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
+    ``sub_mips``, ``aggregate``, ``lazy_rows``, ``lattice`` and ``dp`` change the work, never the answer's guarantee; their defaults are chosen by ``benchmarks/bench_mip.py``. A known child is given per solve, checked,
     as :meth:`MipModel.solve`'s ``incumbent`` (never as a HiGHS MIP start)."""
 
     time_limit: float | None = None
@@ -110,6 +122,7 @@ class SolveOptions:
     lazy_rows: bool = True
     stop_after_root: bool = True
     lattice: bool = True
+    dp: bool = True
 
     def __post_init__(self) -> None:
         for name in ("mip_rel_gap", "mip_abs_gap"):
@@ -881,6 +894,73 @@ class MipModel:
         u = float(self.c_min @ np.round(x))
         return status, x, min(bound, u - self.feastol), nodes, ""
 
+    def _dp_run(self, lo: np.ndarray, hi: np.ndarray, cutoff: float | None,
+                lazy: np.ndarray) -> tuple[str, np.ndarray | None, float, int, str] | None:
+        """The run :meth:`_run` would make on the column bounds ``lo`` / ``hi`` (budget
+        and count rows ``lazy`` left out), solved exactly by :func:`nas.mip.dp.path_optimum`
+        instead of HiGHS (``SolveOptions.dp``): same statuses, with the restricted optimum
+        as its own bound. None when the model is not one it takes (a diversity row, a count
+        row in force, more than :data:`DP_ROWS` budgets in force, a budget with both bounds,
+        more free replacements than :data:`DP_FREE`, bounds changed on a column past the
+        replacements) or when its labels outgrow :data:`DP_LABELS`."""
+        from nas.mip.dp import Row, path_optimum
+
+        lib, R = self.lib, self.lib.num_replacements
+        if self.diversity:
+            return None
+        out = set(int(r) for r in lazy)
+        L = lib.num_blocks
+        if any(L + len(self.budgets) + j not in out for j in range(len(self.counts))):
+            return None
+        if not (np.array_equal(lo[R:], self.col_lo[R:])
+                and np.array_equal(hi[R:], self.col_hi[R:])):
+            return None
+        rows = []
+        for b, row in zip(self.budgets, self.budget_row):
+            if row in out:
+                continue
+            if b.lo is not None and b.hi is not None:
+                return None
+            v = np.where(self.dead, 0.0, lib.values(b.key))
+            const = lib.constant(b.key)
+            if b.hi is not None:
+                rows.append(Row(v, b.hi - const, float(np.max(np.abs(v))) or 1.0))
+            elif b.lo is not None:
+                rows.append(Row(-v, const - b.lo, float(np.max(np.abs(v))) or 1.0))
+        if not rows or len(rows) > DP_ROWS:
+            return None
+        allowed = (hi[:R] > 0.5) & ~self.dead
+        forced = allowed & (lo[:R] > 0.5)
+        if forced.any():
+            # a forced replacement's blocks take no other one
+            cover = np.zeros(L + 1, dtype=np.int64)
+            np.add.at(cover, lib.start[forced], 1)
+            np.add.at(cover, lib.end[forced], -1)
+            taken = np.concatenate([[0], np.cumsum(np.cumsum(cover)[:-1] > 0)])
+            allowed &= forced | (taken[lib.end] == taken[lib.start])
+        if int((allowed & ~forced).sum()) > DP_FREE:
+            return None
+        found = path_optimum(lib.start, lib.end, L, self.c_min[:R], rows, allowed,
+                             cutoff, DP_LABELS, DP_KEEP, DP_WORK)
+        if found is None:
+            return None
+        st, children = found
+        if st == "infeasible":
+            return "infeasible", None, math.inf, 0, ""
+        if st == "cutoff":
+            assert cutoff is not None
+            return "cutoff", None, cutoff - self.feastol, 0, ""
+        xs = []
+        for chosen in children:
+            x = np.zeros(R)
+            x[chosen] = 1.0
+            xs.append(self.with_counts(x))
+        # the runner-ups are kept as HiGHS' improving solutions are (found_children)
+        for x in xs[::-1]:
+            nz = np.flatnonzero(x)
+            self._found.append((nz, x[nz]))
+        return "optimal", xs[0], float(self.c_min @ xs[0]), 0, ""
+
     def _highs_run(self) -> Any:
         """``Highs.run()`` with SIGINT / SIGTERM recorded, not raised inside HiGHS'
         callbacks: a signal stops the run, and :class:`~nas.mip.interrupt.Interrupted` is
@@ -1187,7 +1267,9 @@ class MipModel:
                 # (U'); once HiGHS' bound D on it shows otherwise, more search here is
                 # wasted: stop holding a child and raise tau (see stop_threshold)
                 stop = math.inf if full or not o.stop else self.stop_threshold(lb0 + tau)
-                st, x, bnd, n, msg = m._run(left(), cut, stop, lazy)
+                found = m._dp_run(lo, hi, cut, lazy) if o.dp else None
+                st, x, bnd, n, msg = found if found is not None else \
+                    m._run(left(), cut, stop, lazy)
                 nodes += n
                 broken = np.zeros(0, dtype=np.int64) if x is None else m.broken_rows(x, lazy)
                 if broken.size:
