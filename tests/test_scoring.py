@@ -465,7 +465,11 @@ def test_parent_sharded_over_ranks_scores_as_one_rank_with_bld(work, bld_scored,
     assert sum(held) == total and max(held) < total
     # --plan, from the configs alone, foresaw each rank's blocks, weights and cache
     import hwprofiles
+    from nas.scoring import core
+    from nas.scoring import plan as plan_mod
     from nas.scoring.plan import plan
+
+    assert plan_mod.CHUNK_BYTES == core.CHUNK_BYTES  # the plan's torch-free copy
 
     pl = plan(PARENT, _job(work, **BLD).alts, Settings(**BLD), nproc,
               hwprofiles.get("h100-sxm"), "float32")

@@ -135,7 +135,7 @@ def init_block(parent: CausalLM, i: int, child: _Block, x: torch.Tensor,
     return cb, what
 
 
-CHUNK_BYTES = 64 * 2**20
+CHUNK_BYTES = 16 * 2**20
 """Float64 logits per chunk of positions when a score is summed (:func:`kl_sums`)."""
 
 
@@ -183,8 +183,9 @@ def kl_sums(logits: Callable[[torch.Tensor], torch.Tensor], hq: torch.Tensor,
         loss -= float(lq.gather(-1, tg[s:s + step, None]).sum())
         if xt is not None:
             lt = logits(xt[s:s + step]).double().log_softmax(-1)
-            kl += float((lt.exp() * (lt - lq)).sum())
             agree += int((lt.argmax(-1) == lq.argmax(-1)).sum())
+            lq.neg_().add_(lt)  # log p - log q, in place: one float64 chunk less at a time
+            kl += float(torch.dot(lt.exp_().reshape(-1), lq.reshape(-1)))
     return kl, loss, agree, n
 
 

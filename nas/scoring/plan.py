@@ -37,7 +37,7 @@ from nas.scoring.stages import stage_bounds
 from nas.space import Alternative
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-CHUNK_BYTES = 64 * 2**20  # nas.scoring.core.CHUNK_BYTES (torch-free copy, checked in tests)
+CHUNK_BYTES = 16 * 2**20  # nas.scoring.core.CHUNK_BYTES (torch-free copy, checked in tests)
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def plan(arch: ModelArch, alts: list[list[Alternative]], settings: Settings, wor
                 (held * h * e if r == 0 else 0.0)
         acts = bs * seq * float(work_tok[a:b].max()) + 2 * two * held * h * e
         if r == 0:
-            acts += 4 * CHUNK_BYTES
+            acts += 3 * CHUNK_BYTES  # float64 log-softmaxes of teacher and student, + logits
         optim = 0.0
         if settings.bld_steps and own:
             big = max(_alt_params(it, h) for it in own)

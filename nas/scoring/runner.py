@@ -76,8 +76,8 @@ class RunRecord(BaseModel):
     cache filled; ``None`` when nothing was left to score)."""
     stages: list[dict[str, Any]] | None = None
     """A sharded run's ranks (:mod:`nas.scoring.pipeline`): each one's blocks ``[a, b)``,
-    the parameter and buffer elements it held and its prefix-cache figures; ``None`` on one
-    rank or with replicas."""
+    the parameter and buffer elements it held, its peak resident memory (bytes) and its
+    prefix-cache figures; ``None`` on one rank or with replicas."""
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -295,8 +295,12 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
             scoring_s = time.perf_counter() - t1
         store.close()
         scorer.close()
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     dist.all_gather_object(per_rank, {"blocks": list(bounds[rank]),
-                                      "elements_held": held_elements, **stats}, group=side)
+                                      "elements_held": held_elements,
+                                      "peak_rss_bytes": peak, **stats}, group=side)
     dist.barrier(group=side)
     if rank != 0:
         return None

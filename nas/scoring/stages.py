@@ -29,7 +29,8 @@ def stage_bounds(arch: ModelArch, world: int, alts: list[list[Alternative]]
                  ) -> list[tuple[int, int]]:
     """The blocks ``[a_r, b_r)`` of each of ``world`` ranks (see the module docstring): the
     contiguous cut minimizing the largest rank's ``max(memory share, work share) x world``,
-    by dynamic programming over the cut points (exact). Raises :class:`InputError` when the
+    then, among those, the sum of the squared costs, by dynamic programming over the cut
+    points (exact). Raises :class:`InputError` when the
     ranks outnumber the pieces the blocks can be cut into."""
     units = _units(arch.num_blocks, alts)
     if world > len(units):
@@ -63,18 +64,33 @@ def stage_bounds(arch: ModelArch, world: int, alts: list[list[Alternative]]
         return max(m / total_m, w / max(total_w, 1.0)) * world
 
     inf = float("inf")
-    best = np.full((world + 1, u + 1), inf)
-    arg = np.zeros((world + 1, u + 1), dtype=int)
-    best[0, 0] = 0.0
-    for k in range(1, world + 1):
-        for e in range(k, u - (world - k) + 1):
-            for v in range(k - 1, e):
-                c = max(best[k - 1, v], cost(v, e))
-                if c < best[k, e]:
-                    best[k, e], arg[k, e] = c, v
-    cuts, e = [], u
-    for k in range(world, 0, -1):
-        v = int(arg[k, e])
-        cuts.append((units[v][0], units[e - 1][1]))
-        e = v
+
+    def solve(cap: float | None) -> tuple[float, list[tuple[int, int]]]:
+        """Cut minimizing the largest cost (``cap`` None) or, with every cost at most
+        ``cap``, the sum of squared costs (so that the ranks below the largest are as even
+        as they can be: a min-max cut alone leaves them arbitrary)."""
+        best = np.full((world + 1, u + 1), inf)
+        arg = np.zeros((world + 1, u + 1), dtype=int)
+        best[0, 0] = 0.0
+        for k in range(1, world + 1):
+            for e in range(k, u - (world - k) + 1):
+                for v in range(k - 1, e):
+                    c = cost(v, e)
+                    if cap is None:
+                        val = max(best[k - 1, v], c)
+                    elif c > cap:
+                        continue
+                    else:
+                        val = best[k - 1, v] + c * c
+                    if val < best[k, e]:
+                        best[k, e], arg[k, e] = val, v
+        cuts, e = [], u
+        for k in range(world, 0, -1):
+            v = int(arg[k, e])
+            cuts.append((units[v][0], units[e - 1][1]))
+            e = v
+        return float(best[world, u]), cuts
+
+    top, cuts = solve(None)
+    _, cuts = solve(top * (1 + 1e-9))
     return cuts[::-1]
