@@ -21,6 +21,13 @@ Every stage writes ``stage-<k>/``: ``spec.json`` (the stage's search spec: paren
 whose ``stage.json`` matches, and each step inside a stage resumes (scoring and
 distillation are resumable themselves). ``iterate.json`` (:class:`IterateRecord`) lists
 the stages.
+
+**Ranks.** With ``nproc`` > 1 each stage's scoring and distillation run as ``nproc`` ranks
+under torchrun on ``device`` (``puzzle-nas score`` / ``distill --nproc N``: the stage's
+parent sharded as pipeline stages, teacher and student sharded with FSDP2; ``replicas``: a
+whole copy per rank for both); the search runs in this process, and so does the build,
+which reads the stage's parent whole (:func:`nas.scoring.bld.assemble_child`). A stage
+done on one rank count is reused on another (the rank count is not part of its key).
 """
 
 from __future__ import annotations
@@ -177,6 +184,62 @@ def _stage_spec(spec_data: dict[str, Any], spec: SearchSpec, parent_cfg: dict[st
     return out, dropped
 
 
+def _flag(name: str, v: Any) -> list[str]:
+    """``--name value`` (floats as ``repr``, so they travel exactly), nothing for None."""
+    if v is None:
+        return []
+    return ["--" + name.replace("_", "-"), repr(v) if isinstance(v, float) else str(v)]
+
+
+def score_argv(spec: Path, parent: Path, data: str | Path, out: Path, settings: Any,
+               tokenizer: str | Path | None, bin_dtype: str | None, device: str,
+               replicas: bool) -> list[str]:
+    """The rank command line of ``torchrun -m nas.scoring`` for one stage's scoring."""
+    argv = [str(spec), "--parent", str(parent), "--data", str(data), "-o", str(out)]
+    for name in ("seq_len", "batch_size", "max_tokens", "calib_tokens", "bld_steps", "bld_lr",
+                 "bld_batch", "seed", "dtype"):
+        argv += _flag(name, getattr(settings, name))
+    argv += _flag("tokenizer", tokenizer) + _flag("bin_dtype", bin_dtype)
+    argv += ["--device", device] + (["--replicas"] if replicas else [])
+    return argv
+
+
+def distill_argv(child: Path, teacher: Path, data: str | Path, out: Path, settings: Any,
+                 eval_data: str | Path | None, tokenizer: str | Path | None,
+                 bin_dtype: str | None, device: str, replicas: bool,
+                 checkpointing: bool) -> list[str]:
+    """The rank command line of ``torchrun -m nas.cli.distill`` for one stage's
+    distillation (every field of :class:`nas.distill.DistillSettings` as its flag)."""
+    s = settings
+    argv = [str(child), "--teacher", str(teacher), "--data", str(data), "-o", str(out)]
+    argv += _flag("batch", s.batch_size)
+    for name in ("tokens", "seq_len", "lr", "min_lr_fraction", "warmup_steps", "weight_decay",
+                 "grad_clip", "lm_weight", "eval_every", "eval_tokens", "checkpoint_every",
+                 "seed", "dtype", "mixed_precision", "patience", "sweep_steps"):
+        argv += _flag(name, getattr(s, name))
+    if s.lr_sweep:
+        argv += ["--lr-sweep", ",".join(repr(x) for x in s.lr_sweep)]
+    argv += _flag("eval_data", eval_data) + _flag("tokenizer", tokenizer)
+    argv += _flag("bin_dtype", bin_dtype) + ["--device", device]
+    for flag, on in (("--keep-last", not s.keep_best), ("--replicas", replicas),
+                     ("--activation-checkpointing", checkpointing)):
+        if on:
+            argv.append(flag)
+    return argv
+
+
+def _ranks(k: int, what: str, module: str, nproc: int, argv: list[str]) -> None:
+    """Run one stage's step as ``nproc`` ranks under torchrun; a failure is one line (the
+    ranks printed why above it)."""
+    from nas.cli import run_ranks
+
+    rc = run_ranks(module, nproc, argv)
+    if rc != 0:
+        raise InputError(f"stage {k}: the {what} on {nproc} ranks failed (torchrun exit "
+                         f"{rc}; the ranks' error is above); rerun the same command to "
+                         "resume")
+
+
 def _key(*parts: Any) -> str:
     import hashlib
 
@@ -188,13 +251,16 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
                 eval_data: str | Path | None = None, tokenizer: str | Path | None = None,
                 bin_dtype: str | None = None, teacher: str | Path | None = None,
                 parent_scores: str | Path | None = None, progress: bool | None = None,
-                log: Callable[[str], None] | None = None) -> IterateRecord:
+                log: Callable[[str], None] | None = None, nproc: int = 1,
+                device: str = "cpu", replicas: bool = False,
+                checkpointing: bool = False) -> IterateRecord:
     """Run every stage of ``spec_path`` (see the module docstring) on the checkpoint
     ``parent_dir``; ``data`` trains (BLD calibration and scoring come from it too),
     ``eval_data`` is the distillation's held-out set. ``teacher`` defaults to the parent.
     ``parent_scores``: an existing ``puzzle-nas score`` folder of the parent (with the same
-    settings) that stage 0 reuses. One process (for ranks, run the steps under torchrun
-    yourself)."""
+    settings) that stage 0 reuses. ``nproc``, ``device``, ``replicas``: the ranks each
+    stage's scoring and distillation run on (see the module docstring); ``checkpointing``:
+    the distillation's activation checkpointing."""
     import sys
 
     import torch
@@ -232,8 +298,11 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         if pruned:
             log(f"stage {k}: values no block of its parent can take are left out: "
                 + "; ".join(pruned))
-        key = _key(VERSION, sdata, str(current), score_settings.model_dump(),
-                   distill_settings.model_dump(), str(teacher), str(data), str(eval_data))
+        ds_dump = distill_settings.model_dump()
+        if ds_dump.get("mixed_precision") is None:  # keys of runs made before the field
+            ds_dump.pop("mixed_precision", None)
+        key = _key(VERSION, sdata, str(current), score_settings.model_dump(), ds_dump,
+                   str(teacher), str(data), str(eval_data))
         done = sdir / "stage.json"
         if done.is_file():
             try:
@@ -253,10 +322,16 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
                                          "metric": spec.quality.metric})
         atomic_write_json(sdir / "spec.json", sdata)
         if reuse is None:
-            log(f"stage {k}: scoring {current}")
+            log(f"stage {k}: scoring {current}"
+                + (f" on {nproc} ranks" if nproc > 1 else ""))
             job = prepare(sdir / "spec.json", current, data, score_settings, tokenizer,
                           bin_dtype)
-            run_scoring(job, scores, progress=progress, log=log)
+            if nproc > 1:
+                _ranks(k, "scoring", "nas.scoring", nproc, score_argv(
+                    sdir / "spec.json", current, data, scores, score_settings, tokenizer,
+                    bin_dtype, device, replicas))
+            else:
+                run_scoring(job, scores, progress=progress, log=log, device=device)
         # 2. search
         sspec, sbase, shash = load_spec(sdir / "spec.json")
         res = search.run(sspec, sbase, sdir / "search", shash, progress=progress)
@@ -271,10 +346,23 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         save_pretrained(child, sdir / "child")
         # 4. distill
         dist_dir = sdir / "distill"
-        rec_d = distill(sdir / "child", teacher, train, dist_dir, distill_settings, held=held,
-                        data_source=str(data),
-                        eval_source=None if eval_data is None else str(eval_data),
-                        progress=progress, log=log)
+        if nproc > 1:
+            from nas.distill import layout_of, load_record, resume_conflict
+
+            why = resume_conflict(dist_dir, distill_settings,
+                                  layout_of(nproc, distill_settings, replicas))
+            if why is not None:
+                raise InputError(f"stage {k}: {why}")
+            _ranks(k, "distillation", "nas.cli.distill", nproc, distill_argv(
+                sdir / "child", teacher, data, dist_dir, distill_settings, eval_data,
+                tokenizer, bin_dtype, device, replicas, checkpointing))
+            rec_d = load_record(dist_dir)
+        else:
+            rec_d = distill(sdir / "child", teacher, train, dist_dir, distill_settings,
+                            held=held, data_source=str(data),
+                            eval_source=None if eval_data is None else str(eval_data),
+                            progress=progress, log=log, device=device,
+                            checkpointing=checkpointing)
         assert rec_d is not None
         rec = StageRecord(
             version=VERSION, index=k, name=st.name or f"stage {k}", parent=str(current),

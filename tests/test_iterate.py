@@ -90,3 +90,91 @@ def test_iterate_without_stages_is_one_line(tmp_path):
                   "--kd-tokens", "100"])
     assert rc == 2 and "lists no stages" in err.getvalue()
     assert err.getvalue().count("\n") == 1
+
+
+# ---- ranks: --nproc / --device ------------------------------------------------------------
+def test_stage_command_lines_carry_every_setting():
+    """The rank command lines iterate gives torchrun parse back to the same settings (every
+    field set away from its default), so a stage on N ranks runs what one process would."""
+    import argparse
+
+    from nas.cli import distill as cli_distill
+    from nas.cli import score as cli_score
+    from nas.distill import DistillSettings
+    from nas.iterate import distill_argv, score_argv
+    from nas.scoring.job import Settings
+
+    ds = DistillSettings(tokens=1000, seq_len=32, batch_size=4, lr=1.5e-4, min_lr_fraction=0.2,
+                         warmup_steps=3, weight_decay=0.01, grad_clip=0.5, lm_weight=0.25,
+                         eval_every=7, eval_tokens=333, checkpoint_every=9, seed=5,
+                         keep_best=False, patience=2, lr_sweep=(1e-4, 3e-4), sweep_steps=2,
+                         mixed_precision="bfloat16")
+    p = argparse.ArgumentParser()
+    cli_distill.add_arguments(p, launcher=False)
+    args = p.parse_args(distill_argv(Path("c"), Path("t"), "d.npy", Path("o"), ds, "e.npy",
+                                     None, None, "cuda", False, True))
+    assert cli_distill.settings_of(args) == ds
+    assert args.device == "cuda" and args.activation_checkpointing and not args.replicas
+    assert args.eval_data == "e.npy" and args.teacher == "t"
+    ss = Settings(seq_len=32, batch_size=3, max_tokens=999, calib_tokens=128, bld_steps=4,
+                  bld_lr=2.5e-4, bld_batch=2, seed=3, dtype="bfloat16")
+    p = argparse.ArgumentParser()
+    cli_score.add_arguments(p, launcher=False)
+    args = p.parse_args(score_argv(Path("s.json"), Path("par"), "d.npy", Path("o"), ss, None,
+                                   "uint16", "cpu", True))
+    assert cli_score._settings(args) == ss
+    assert args.replicas and args.bin_dtype == "uint16" and args.parent == "par"
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    from nas.cli import main as cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = cli(argv)
+    return rc, err.getvalue()
+
+
+def test_bad_rank_flags_are_one_line(tmp_path):
+    base = ["iterate", str(SPEC), "--parent", str(tmp_path), "--data", str(tmp_path / "t.npy"),
+            "-o", str(tmp_path / "out"), "--kd-tokens", "100"]
+    for extra, needle in ((["--nproc", "0"], "--nproc must be >= 1"),
+                          (["--nproc", "2", "--kd-batch", "3"], "multiple of the 2 ranks"),
+                          (["--nproc", "2", "--replicas", "--kd-mixed-precision", "bfloat16"],
+                           "drop --replicas")):
+        rc, err = _cli(base + extra)
+        assert rc == 2 and needle in err and err.count("\n") == 1, err
+
+
+def test_iterate_on_two_ranks_scores_and_distills_sharded(tmp_path):
+    """``iterate --nproc 2``: the stage's scoring runs with the parent sharded as pipeline
+    stages and its distillation on FSDP2, both on 2 gloo ranks; a rerun finds the stage
+    done."""
+    import numpy as np
+    from tiny_parent import FROZEN, english_bytes
+
+    spec = {"name": "tiny-ranks", "parent": json.loads((FROZEN / "config.json").read_text()),
+            "hardware": "h100-sxm", "precision": "bf16",
+            "workloads": {"w": {"isl": 512, "osl": 128, "concurrency": 4}},
+            "search_space": {"ffn": {"fractions": [0.5], "noop": True},
+                             "attention": {"noop": True}},
+            "budgets": [{"metric": "total_params", "max": "85%"}],
+            "stages": [{"budgets": [{"metric": "total_params", "max": "85%"}]}]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    np.save(tmp_path / "t.npy", np.frombuffer(english_bytes()[:40000], dtype=np.uint8)
+            .astype(np.uint16))
+    argv = ["iterate", str(tmp_path / "spec.json"), "--parent", str(FROZEN), "--data",
+            str(tmp_path / "t.npy"), "-o", str(tmp_path / "out"), "--seq-len", "64",
+            "--max-tokens", "512", "--calib-tokens", "256", "--bld-steps", "2",
+            "--kd-tokens", str(4 * 8 * 64), "--kd-eval-every", "2", "--kd-eval-tokens", "512",
+            "--nproc", "2"]
+    rc, err = _cli(argv)
+    assert rc == 0, err[-3000:]
+    stage = tmp_path / "out" / "stage-0"
+    scores = json.loads((stage / "scores" / "scores.json").read_text())
+    assert scores["world_size"] == 2
+    rec = json.loads((stage / "distill" / "distill.json").read_text())
+    assert rec["world_size"] == 2 and rec["layout"] == "sharded" and rec["steps"] == 4
+    assert rec["final"]["kl_div"] <= rec["initial"]["kl_div"]
+    rc, err = _cli(argv)
+    assert rc == 0 and "stage 0: done before" in err, err[-2000:]

@@ -4,7 +4,10 @@ For each of the spec's ``stages``: score the stage's parent (replace-1-block KL 
 search under the stage's budgets, build the child from the BLD-trained blocks, distill it
 from the teacher (the parent by default); the distilled child is the next stage's parent.
 Resumable stage by stage (:mod:`nas.iterate`). Scoring flags are ``puzzle-nas score``'s,
-distillation flags ``puzzle-nas distill``'s with a ``--kd-`` prefix.
+distillation flags ``puzzle-nas distill``'s with a ``--kd-`` prefix. ``--nproc N`` runs each
+stage's scoring and distillation as N ranks under torchrun on ``--device`` (the parent
+sharded over the ranks as pipeline stages, teacher and student sharded with FSDP2;
+``--replicas``: a whole copy per rank).
 """
 
 from __future__ import annotations
@@ -52,6 +55,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kd-patience", type=int, default=0,
                    help="KD: evaluations without a lower held-out KL before stopping")
     p.add_argument("--seed", type=int, default=0, help="seed of BLD and KD sampling")
+    p.add_argument("--kd-mixed-precision", choices=("bfloat16", "float16"),
+                   help="KD: compute in this dtype from float32 master weights (see distill "
+                   "--mixed-precision)")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="KD: recompute each block's activations in the backward pass")
+    p.add_argument("--nproc", type=int, default=1, help="ranks (processes on this node, "
+                   "torchrun) each stage's scoring and distillation run on (default 1)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cpu (gloo) or cuda (nccl; rank r uses cuda:LOCAL_RANK)")
+    p.add_argument("--replicas", action="store_true", help="with --nproc N: a whole parent, "
+                   "teacher and student on every rank (default: sharded over the ranks)")
     p.add_argument("--json", action="store_true", help="print iterate.json")
     p.set_defaults(func=run)
 
@@ -62,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from hwprofiles.errors import first_error
 
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         raise InputError("iterate needs torch: pip install 'puzzle-nas[torch]'") from None
     from nas.cli.distill import lr_warning
@@ -72,6 +86,15 @@ def run(args: argparse.Namespace) -> int:
 
     if (warn := lr_warning(args.kd_lr, "--kd-lr")) is not None:
         print(f"puzzle-nas iterate: {warn}", file=sys.stderr)
+    if args.nproc < 1:
+        raise InputError("--nproc must be >= 1")
+    if args.kd_batch % args.nproc:
+        raise InputError(f"--kd-batch {args.kd_batch} (the global batch) must be a multiple "
+                         f"of the {args.nproc} ranks (--nproc)")
+    if args.replicas and args.kd_mixed_precision:
+        raise InputError("--kd-mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is visible")
     if not (Path(args.parent) / "config.json").is_file():
         raise InputError("not a checkpoint folder (config.json + safetensors)",
                          path=args.parent, field="--parent")
@@ -84,14 +107,17 @@ def run(args: argparse.Namespace) -> int:
                              lm_weight=args.kd_lm_weight, eval_every=args.kd_eval_every,
                              eval_tokens=args.kd_eval_tokens, seed=args.seed,
                              dtype=args.dtype, lr_sweep=args.kd_lr_sweep,
-                             patience=args.kd_patience)
+                             patience=args.kd_patience,
+                             mixed_precision=args.kd_mixed_precision)
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{loc}: {msg}") from None
     rec = run_iterate(args.spec, args.parent, args.data, args.output, ss, ds,
                       eval_data=args.eval_data, tokenizer=args.tokenizer,
                       bin_dtype=args.bin_dtype, teacher=args.teacher,
-                      parent_scores=args.parent_scores)
+                      parent_scores=args.parent_scores, nproc=args.nproc,
+                      device=args.device, replicas=args.replicas,
+                      checkpointing=args.activation_checkpointing)
     if args.json:
         print(json.dumps(rec.model_dump(), indent=2))
         return 0
