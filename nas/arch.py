@@ -91,11 +91,15 @@ def cap_of(field: str) -> tuple[int, str] | None:
     return _CAPS.get(field)
 
 
-class _Block(BaseModel):
+class BlockConfig(BaseModel):
+    """The base of every block kind's configuration (:class:`Attention`, :class:`FFN`,
+    :class:`MoE`, ...): frozen, no unknown fields, caps checked. Each kind declares its own
+    ``kind`` literal (the discriminator of :data:`Block`)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     @model_validator(mode="after")
-    def _caps(self) -> _Block:
+    def _caps(self) -> BlockConfig:
         check_caps(self)
         return self
 
@@ -104,7 +108,7 @@ class _Block(BaseModel):
         return self.kind  # type: ignore[attr-defined]
 
 
-class Attention(_Block):
+class Attention(BlockConfig):
     """Grouped-query attention."""
 
     kind: Literal["attention"] = "attention"
@@ -144,7 +148,7 @@ class Attention(_Block):
         return s + (f" window{self.sliding_window}" if self.sliding_window else "")
 
 
-class Mamba(_Block):
+class Mamba(BlockConfig):
     """Mamba-2 mixer (HF NemotronH layout)."""
 
     kind: Literal["mamba"] = "mamba"
@@ -168,7 +172,7 @@ class Mamba(_Block):
         return f"mamba h{self.num_heads}x{self.head_dim} state{self.state_size}"
 
 
-class Mamba1(_Block):
+class Mamba1(BlockConfig):
     """Mamba-1 selective SSM mixer (arXiv 2312.00752), HF Jamba layout (``JambaMambaMixer``).
 
     ``in_proj`` maps the hidden state to ``[x | z]`` (``inner_size`` channels each); a causal
@@ -194,7 +198,7 @@ class Mamba1(_Block):
         return f"mamba1 i{self.inner_size} state{self.state_size} dt{self.dt_rank}"
 
 
-class DeltaNet(_Block):
+class DeltaNet(BlockConfig):
     """Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5 layout, arXiv 2412.06464).
 
     ``num_k_heads`` query/key heads of ``head_k_dim`` and ``num_v_heads`` value heads of
@@ -225,7 +229,7 @@ class DeltaNet(_Block):
                 f"v{self.num_v_heads}x{self.head_v_dim}")
 
 
-class MoE(_Block):
+class MoE(BlockConfig):
     """Routed mixture of experts, optional latent projections and shared expert."""
 
     kind: Literal["moe"] = "moe"
@@ -289,7 +293,7 @@ class MoE(_Block):
         return s + (f" latent{self.latent_size}" if self.latent_size else "")
 
 
-class MLA(_Block):
+class MLA(BlockConfig):
     """Multi-head latent attention (DeepSeek-V2/V3, arXiv 2405.04434), HF ``deepseek_v3``
     layout.
 
@@ -322,7 +326,7 @@ class MLA(_Block):
         return f"mla q{self.num_heads} kvlora{self.kv_lora_rank}{q}"
 
 
-class Parallel(_Block):
+class Parallel(BlockConfig):
     """Attention and a Mamba-2 mixer in parallel on the same normed input, outputs summed
     (Falcon-H1's hybrid mixer, HF ``falcon_h1``; the muP multipliers of each branch are the
     model's, :class:`MuP`).
@@ -355,7 +359,7 @@ class Parallel(_Block):
         return f"parallel [{a} + {m}]"
 
 
-class FFN(_Block):
+class FFN(BlockConfig):
     """Dense MLP: gated (SwiGLU-style, 3 matrices) or not (2 matrices)."""
 
     kind: Literal["ffn"] = "ffn"
@@ -368,13 +372,13 @@ class FFN(_Block):
         return f"ffn {self.width}"
 
 
-class Linear(_Block):
+class Linear(BlockConfig):
     """A block replaced by one hidden x hidden matrix (keeps its pre-norm)."""
 
     kind: Literal["linear"] = "linear"
 
 
-class NoOp(_Block):
+class NoOp(BlockConfig):
     """A removed block: the residual stream passes through."""
 
     kind: Literal["noop"] = "noop"
@@ -382,7 +386,7 @@ class NoOp(_Block):
 
 Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | DeltaNet | MLA | Mamba1
                   | Parallel, Field(discriminator="kind")]
-BLOCK_TYPES: dict[str, type[_Block]] = {
+BLOCK_TYPES: dict[str, type[BlockConfig]] = {
     "attention": Attention, "mamba": Mamba, "moe": MoE, "ffn": FFN, "linear": Linear, "noop": NoOp,
     "deltanet": DeltaNet, "mla": MLA, "mamba1": Mamba1,
     "parallel": Parallel,
@@ -393,7 +397,7 @@ _KIND_CODE = {"attention": Kind.ATTENTION, "mamba": Kind.MAMBA, "moe": Kind.MOE,
               "parallel": Kind.PARALLEL}
 
 
-def block_row(block: _Block, hidden: int) -> dict[str, int]:
+def block_row(block: BlockConfig, hidden: int) -> dict[str, int]:
     """The :class:`costmodels.shapes.BlockTable` columns of one block."""
     row: dict[str, int] = {"kind": int(_KIND_CODE[block.kind]), "hidden": hidden}  # type: ignore[attr-defined]
     if isinstance(block, Attention):
@@ -438,7 +442,7 @@ def block_row(block: _Block, hidden: int) -> dict[str, int]:
     return row
 
 
-def blocks_table(blocks: list[_Block] | tuple[_Block, ...], hidden: int) -> BlockTable:
+def blocks_table(blocks: list[BlockConfig] | tuple[BlockConfig, ...], hidden: int) -> BlockTable:
     """A :class:`BlockTable` with one row per block."""
     return BlockTable.from_rows([block_row(b, hidden) for b in blocks])
 
@@ -622,7 +626,7 @@ class ModelArch(BaseModel):
     def kind_counts(self) -> dict[str, int]:
         return dict(Counter(b.kind for b in self.blocks))
 
-    def replace_blocks(self, blocks: list[_Block] | tuple[_Block, ...]) -> ModelArch:
+    def replace_blocks(self, blocks: list[BlockConfig] | tuple[BlockConfig, ...]) -> ModelArch:
         """A copy with other blocks (same embeddings, norms, MTP)."""
         return self.model_copy(update={"blocks": tuple(blocks)})
 

@@ -68,6 +68,7 @@ from nas.arch import (
     FFN,
     MLA,
     Attention,
+    BlockConfig,
     DeltaNet,
     Linear,
     Mamba,
@@ -75,7 +76,6 @@ from nas.arch import (
     MoE,
     NoOp,
     Parallel,
-    _Block,
 )
 from nas.build_checkpoint import CheckpointReader
 from nas.build_inherit_mla import copy_expert_biases, copy_router_bias, inherit_mla
@@ -435,14 +435,14 @@ def swap_init(cb: torch.nn.Module, pb: torch.nn.Module, src: torch.nn.Module, j:
     return f"swap: copied from parent block {j} (output scale {_swap_scale(pb, cb, x):.3g})"
 
 
-def swap_source(parent: ModelArch, i: int, cc: _Block) -> int | None:
+def swap_source(parent: ModelArch, i: int, cc: BlockConfig) -> int | None:
     """For an attention <-> DeltaNet swap at block ``i``: the nearest parent block whose
     config equals the child's (ties to the earlier one), or None."""
     same = [j for j, b in enumerate(parent.blocks) if b == cc]
     return min(same, key=lambda j: (abs(j - i), j)) if same else None
 
 
-def inherit_block(pc: _Block, p: torch.nn.Module | None, cc: _Block, c: torch.nn.Module | None,
+def inherit_block(pc: BlockConfig, p: torch.nn.Module | None, cc: BlockConfig, c: torch.nn.Module | None,
                   xin: torch.Tensor) -> str:
     """Initialize child mixer ``c`` (config ``cc``) from parent mixer ``p`` (config ``pc``)
     given the parent mixer's input ``xin``; returns what was done."""

@@ -624,7 +624,8 @@ def _save_sharded(folder: Path, student: torch.nn.Module, opt: torch.optim.Optim
 
 
 def _load_sharded_checkpoint(folder: Path, state: _State, student: torch.nn.Module,
-                             opt: torch.optim.Optimizer) -> dict[str, torch.Tensor] | None:
+                             opt: torch.optim.Optimizer, keep_best: bool
+                             ) -> dict[str, torch.Tensor] | None:
     """Load a sharded checkpoint (any rank count: DCP reshards) into ``student`` and
     ``opt`` in place; returns the best weights it kept (this rank's shards) or None."""
     import torch.distributed.checkpoint as dcp
@@ -632,7 +633,7 @@ def _load_sharded_checkpoint(folder: Path, state: _State, student: torch.nn.Modu
 
     msd, osd = get_state_dict(student, opt)
     sd: dict[str, Any] = {"model": msd, "optim": osd}
-    if state.best_step != state.step:
+    if keep_best and state.best_step != state.step:
         sd["best"] = _snapshot(student, True)
     try:
         dcp.load(sd, checkpoint_id=str(folder))
@@ -918,7 +919,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
     state = _read_state(ckpt, key, layout, s)
     best: dict[str, torch.Tensor] | None = None
     if state is not None and sharded:
-        best = _load_sharded_checkpoint(ckpt, state, student, opt)
+        best = _load_sharded_checkpoint(ckpt, state, student, opt, s.keep_best)
     elif state is not None:
         _load_full_checkpoint(ckpt, student, opt)
     model: torch.nn.Module = student
@@ -1005,7 +1006,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
     run = s.model_copy(update={"lr": lr})
     # best: a copy of the best evaluation's weights once the student has moved past them
     # (None while the student itself holds them): on the CPU, or this rank's shards
-    if state is not None and best_step != start and not sharded:
+    if state is not None and best_step != start and s.keep_best and not sharded:
         best = _load_best(ckpt, student)
     best_kl = next(c.kl_div for c in curve if c.step == best_step)
     kill_after = int(os.environ.get(KILL_ENV, "-1"))

@@ -52,13 +52,13 @@ from pathlib import Path
 import numpy as np
 
 from hwprofiles.errors import InputError, read_text
-from nas.arch import FFN, MLA, Attention, DeltaNet, Linear, Mamba, MoE, NoOp, Parallel, _Block
+from nas.arch import FFN, MLA, Attention, BlockConfig, DeltaNet, Linear, Mamba, MoE, NoOp, Parallel
 from nas.space import Alternative
 
 PRIOR_LABEL = "structural prior (not measured)"
 
 
-def _damage(parent: _Block, child: _Block) -> float:
+def _damage(parent: BlockConfig, child: BlockConfig) -> float:
     if child == parent:
         return 0.0
     if isinstance(child, NoOp):
@@ -117,7 +117,7 @@ def _parallel_damage(parent: Parallel, child: Parallel) -> float:
     return 1.0 - kept
 
 
-def structural_prior(parents: list[_Block], alts: list[list[Alternative]]) -> np.ndarray:
+def structural_prior(parents: list[BlockConfig], alts: list[list[Alternative]]) -> np.ndarray:
     """The prior score of every alternative, flattened in block order."""
     n = len(parents)
     edge = max(1, math.ceil(0.1 * n))

@@ -35,7 +35,7 @@ from typing import Any
 
 from costmodels.dtypes import DType, PrecisionRecipe, TensorRole, get_recipe
 from hwprofiles.errors import InputError
-from nas.arch import FFN, MLA, Attention, Linear, Mamba, ModelArch, MoE, Parallel, _Block
+from nas.arch import FFN, MLA, Attention, BlockConfig, Linear, Mamba, ModelArch, MoE, Parallel
 
 # ModelOpt's names of the formats (hf_quant_config.json ``quant_algo``), with group sizes
 _ALGO: dict[DType, dict[str, Any]] = {
@@ -49,7 +49,7 @@ _FROM_ALGO = {v["quant_algo"]: k for k, v in _ALGO.items()}
 NEMOTRON_TYPES = ("nemotron_h", "nemotron_h_puzzle")
 
 
-def _modules(b: _Block, model_type: str, i: int) -> list[tuple[str, TensorRole]]:
+def _modules(b: BlockConfig, model_type: str, i: int) -> list[tuple[str, TensorRole]]:
     """(module name or pattern, role) of every quantizable linear of block ``i``."""
     if model_type in NEMOTRON_TYPES:
         pre = f"backbone.layers.{i}.mixer."
@@ -125,7 +125,7 @@ def _modules(b: _Block, model_type: str, i: int) -> list[tuple[str, TensorRole]]
     return []
 
 
-def _has_kv(b: _Block) -> bool:
+def _has_kv(b: BlockConfig) -> bool:
     """Whether the block keeps a KV cache (attention, MLA, a parallel block's attention)."""
     return isinstance(b, Attention | MLA) or (isinstance(b, Parallel) and b.attention is not None)
 

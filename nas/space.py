@@ -16,6 +16,7 @@ from nas.arch import (
     FFN,
     MLA,
     Attention,
+    BlockConfig,
     DeltaNet,
     Linear,
     Mamba,
@@ -24,7 +25,6 @@ from nas.arch import (
     MoE,
     NoOp,
     Parallel,
-    _Block,
 )
 from nas.spec import SearchSpace, _Axis
 
@@ -34,12 +34,12 @@ class Alternative:
     """One child block for parent block ``block`` (``label`` is unique within the block)."""
 
     block: int
-    child: _Block
+    child: BlockConfig
     label: str
     is_parent: bool
     end: int | None = None
     """One past the last parent block covered (``block + 1`` when None); see nas.spans."""
-    children: tuple[_Block, ...] | None = None
+    children: tuple[BlockConfig, ...] | None = None
     """The child blocks replacing the span (``(child,)`` when None; ``()``: removed)."""
     recipe: str | None = None
     """Precision recipe of these child blocks (None: the spec's own ``precision``)."""
@@ -50,7 +50,7 @@ class Alternative:
         return self.block + 1 if self.end is None else self.end
 
     @property
-    def blocks(self) -> tuple[_Block, ...]:
+    def blocks(self) -> tuple[BlockConfig, ...]:
         """The child blocks (a single-block alternative: its child)."""
         return (self.child,) if self.children is None else self.children
 
@@ -63,7 +63,7 @@ def _round(x: float, to: int) -> int:
     return max(to, int(round(x / to)) * to)
 
 
-def _label(parent: _Block, child: _Block) -> str:
+def _label(parent: BlockConfig, child: BlockConfig) -> str:
     if child == parent:
         return "parent"
     if isinstance(child, NoOp | Linear):
@@ -79,11 +79,11 @@ def _label(parent: _Block, child: _Block) -> str:
     return ",".join(diffs)
 
 
-def _attention(b: Attention, s: SearchSpace) -> list[_Block]:
+def _attention(b: Attention, s: SearchSpace) -> list[BlockConfig]:
     kvs = [k for k in s.attention.kv_heads if b.num_heads % k == 0] or [b.num_kv_heads]
     kvs = sorted(set(kvs) | {b.num_kv_heads}, reverse=True)
     windows: list[int | None] = [b.sliding_window, *s.attention.sliding_window]
-    out: list[_Block] = [b.model_copy(update={"num_kv_heads": k, "sliding_window": w})
+    out: list[BlockConfig] = [b.model_copy(update={"num_kv_heads": k, "sliding_window": w})
                          for k, w in product(kvs, windows)]
     if s.attention.linear:
         out.append(Linear())
@@ -92,10 +92,10 @@ def _attention(b: Attention, s: SearchSpace) -> list[_Block]:
     return out
 
 
-def _ffn(b: FFN, s: SearchSpace) -> list[_Block]:
+def _ffn(b: FFN, s: SearchSpace) -> list[BlockConfig]:
     widths = {b.width, *s.ffn.widths}
     widths |= {_round(b.width * f, s.ffn.round_to) for f in s.ffn.fractions}
-    out: list[_Block] = [b.model_copy(update={"width": w})
+    out: list[BlockConfig] = [b.model_copy(update={"width": w})
                          for w in sorted(widths, reverse=True) if w <= b.width]
     if s.ffn.linear:
         out.append(Linear())
@@ -104,7 +104,7 @@ def _ffn(b: FFN, s: SearchSpace) -> list[_Block]:
     return out
 
 
-def _moe(b: MoE, s: SearchSpace) -> list[_Block]:
+def _moe(b: MoE, s: SearchSpace) -> list[BlockConfig]:
     m = s.moe
     experts = {b.num_experts, *m.experts}
     experts |= {max(1, int(round(b.num_experts * f))) for f in m.expert_fractions}
@@ -112,7 +112,7 @@ def _moe(b: MoE, s: SearchSpace) -> list[_Block]:
     widths |= {_round(b.expert_width * f, m.round_to) for f in m.width_fractions}
     topks = {b.top_k, *m.top_k}
     shared = {b.shared_width, *m.shared_widths}
-    out: list[_Block] = []
+    out: list[BlockConfig] = []
     for e, w, k, sh in product(sorted(experts, reverse=True), sorted(widths, reverse=True),
                                sorted(topks, reverse=True), sorted(shared, reverse=True)):
         if k <= e and e <= b.num_experts and w <= b.expert_width and k <= b.top_k \
@@ -124,7 +124,7 @@ def _moe(b: MoE, s: SearchSpace) -> list[_Block]:
     return out
 
 
-def _mla(b: MLA, s: SearchSpace) -> list[_Block]:
+def _mla(b: MLA, s: SearchSpace) -> list[BlockConfig]:
     m = s.mla
     heads = sorted({h for h in {b.num_heads, *m.heads} if h <= b.num_heads}, reverse=True)
     kvr = sorted({r for r in {b.kv_lora_rank, *m.kv_lora_ranks} if r <= b.kv_lora_rank},
@@ -133,7 +133,7 @@ def _mla(b: MLA, s: SearchSpace) -> list[_Block]:
     if b.q_lora_rank:
         qr = sorted({r for r in {b.q_lora_rank, *m.q_lora_ranks} if r <= b.q_lora_rank},
                     reverse=True)
-    out: list[_Block] = [b.model_copy(update={"num_heads": h, "kv_lora_rank": r,
+    out: list[BlockConfig] = [b.model_copy(update={"num_heads": h, "kv_lora_rank": r,
                                               "q_lora_rank": q})
                          for h, r, q in product(heads, kvr, qr)]
     if m.noop:
@@ -150,10 +150,10 @@ def _moe_valid(b: MoE, experts: int, top_k: int) -> bool:
     return not rem and per >= 2 and top_k <= b.topk_group * per
 
 
-def _mamba(b: Mamba, s: SearchSpace) -> list[_Block]:
+def _mamba(b: Mamba, s: SearchSpace) -> list[BlockConfig]:
     states = {b.state_size, *s.mamba.state_sizes}
     heads = {h for h in {b.num_heads, *s.mamba.heads} if h % b.n_groups == 0}
-    out: list[_Block] = [b.model_copy(update={"state_size": st, "num_heads": h})
+    out: list[BlockConfig] = [b.model_copy(update={"state_size": st, "num_heads": h})
                          for h, st in product(sorted(heads, reverse=True),
                                               sorted(states, reverse=True))
                          if st <= b.state_size and h <= b.num_heads]
@@ -162,14 +162,14 @@ def _mamba(b: Mamba, s: SearchSpace) -> list[_Block]:
     return out
 
 
-def _mamba1(b: Mamba1, s: SearchSpace) -> list[_Block]:
+def _mamba1(b: Mamba1, s: SearchSpace) -> list[BlockConfig]:
     """Mamba-1 (Jamba) blocks: channels x state sizes, each at most the parent's
     (``search_space.mamba1``)."""
     m = s.mamba1
     inner = b.inner_size
     sizes = {inner, *m.inner_sizes} | {_round(inner * f, m.round_to) for f in m.inner_fractions}
     states = {b.state_size, *m.state_sizes}
-    out: list[_Block] = [b.model_copy(update={"inner_size": i, "state_size": n})
+    out: list[BlockConfig] = [b.model_copy(update={"inner_size": i, "state_size": n})
                          for i, n in product(sorted(sizes, reverse=True),
                                              sorted(states, reverse=True))
                          if i <= inner and n <= b.state_size]
@@ -178,11 +178,11 @@ def _mamba1(b: Mamba1, s: SearchSpace) -> list[_Block]:
     return out
 
 
-def _deltanet(b: DeltaNet, s: SearchSpace) -> list[_Block]:
+def _deltanet(b: DeltaNet, s: SearchSpace) -> list[BlockConfig]:
     d = s.deltanet
     vs = {b.num_v_heads, *d.v_heads}
     ks = {b.num_k_heads, *d.k_heads}
-    out: list[_Block] = [b.model_copy(update={"num_v_heads": v, "num_k_heads": k})
+    out: list[BlockConfig] = [b.model_copy(update={"num_v_heads": v, "num_k_heads": k})
                          for v, k in product(sorted(vs, reverse=True), sorted(ks, reverse=True))
                          if v <= b.num_v_heads and k <= b.num_k_heads and v % k == 0
                          and v // k <= b.num_v_heads // b.num_k_heads]
@@ -191,7 +191,7 @@ def _deltanet(b: DeltaNet, s: SearchSpace) -> list[_Block]:
     return out
 
 
-def _parallel(b: Parallel, s: SearchSpace) -> list[_Block]:
+def _parallel(b: Parallel, s: SearchSpace) -> list[BlockConfig]:
     """Falcon-H1 parallel blocks: KV heads of the attention branch x Mamba heads x state
     sizes of the Mamba branch, each branch optionally dropped (``search_space.parallel``)."""
     p = s.parallel
@@ -214,7 +214,7 @@ def _parallel(b: Parallel, s: SearchSpace) -> list[_Block]:
                   for h, n in product(heads, states)]
     if b.mamba is None or p.drop_mamba:
         mambas.append(None)
-    out: list[_Block] = [b.model_copy(update={"attention": a, "mamba": m})
+    out: list[BlockConfig] = [b.model_copy(update={"attention": a, "mamba": m})
                          for a, m in product(atts, mambas) if a is not None or m is not None]
     if p.noop:
         out.append(NoOp())
@@ -242,7 +242,7 @@ def _parallel_label(parent: Parallel, child: Parallel) -> str:
     return ",".join(diffs)
 
 
-def _swaps(parent: ModelArch, b: _Block, i: int, s: SearchSpace) -> list[_Block]:
+def _swaps(parent: ModelArch, b: BlockConfig, i: int, s: SearchSpace) -> list[BlockConfig]:
     """Attention <-> DeltaNet at block ``i`` (``search_space.deltanet.swap``): the other
     kind's first shape in the parent."""
     if not s.deltanet.swap or not _in_ranges(s.deltanet, i) \
@@ -262,13 +262,13 @@ def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative
     """Per parent block, its alternatives (the parent block first)."""
     out: list[list[Alternative]] = []
     for i, b in enumerate(parent.blocks):
-        children: list[_Block] = [b]
+        children: list[BlockConfig] = [b]
         if b.kind in _GEN:
             axis_name, gen = _GEN[b.kind]
             if _in_ranges(getattr(space, axis_name), i):
                 children += gen(b, space)  # type: ignore[operator]
         children += _swaps(parent, b, i, space)
-        seen: set[_Block] = set()
+        seen: set[BlockConfig] = set()
         alts = []
         for c in children:
             if c in seen:

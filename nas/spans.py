@@ -39,7 +39,7 @@ from costmodels.shapes import BlockTable
 from costmodels.workload import Workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
-from nas.arch import BLOCK_TYPES, ModelArch, NoOp, _Block, blocks_table
+from nas.arch import BLOCK_TYPES, BlockConfig, ModelArch, NoOp, blocks_table
 from nas.space import Alternative
 from nas.spec import SearchSpace, SpanBlock, SpanRule
 
@@ -86,7 +86,7 @@ def _in(ranges: list[tuple[int, int]] | None, a: int, b: int) -> bool:
 
 
 # ---- spans --------------------------------------------------------------------------------
-def _span_block(parents: Sequence[_Block], sb: SpanBlock, where: str) -> _Block:
+def _span_block(parents: Sequence[BlockConfig], sb: SpanBlock, where: str) -> BlockConfig:
     first = next((b for b in parents if b.kind == sb.kind), None)
     if first is None:
         raise InputError(f"a {sb.kind} block needs a {sb.kind} parent block in the span to "
@@ -103,7 +103,7 @@ def _span_block(parents: Sequence[_Block], sb: SpanBlock, where: str) -> _Block:
         raise InputError(str(exc).splitlines()[-1].strip(), field=where) from None
 
 
-def _span_label(n: int, children: Sequence[_Block], what: str) -> str:
+def _span_label(n: int, children: Sequence[BlockConfig], what: str) -> str:
     return f"span{n}:{what}" if what else \
         f"span{n}:" + "+".join(c.describe().replace(" ", "_") for c in children)
 
@@ -113,7 +113,7 @@ def span_alternatives(parent: ModelArch, rules: Sequence[SpanRule]) -> list[list
     by their child list; a span whose children equal its parent blocks is left out)."""
     blocks = parent.blocks
     out: list[list[Alternative]] = [[] for _ in blocks]
-    seen: list[set[tuple[int, tuple[_Block, ...]]]] = [set() for _ in blocks]
+    seen: list[set[tuple[int, tuple[BlockConfig, ...]]]] = [set() for _ in blocks]
     for ri, rule in enumerate(rules):
         n = rule.span
         matched = False
@@ -130,7 +130,7 @@ def span_alternatives(parent: ModelArch, rules: Sequence[SpanRule]) -> list[list
             if (i - first) % rule.stride:
                 continue
             matched = True
-            options: list[tuple[tuple[_Block, ...], str]] = []
+            options: list[tuple[tuple[BlockConfig, ...], str]] = []
             for k, rep in enumerate(rule.replace_with):
                 where = f"search_space.spans[{ri}].replace_with[{k}]"
                 if rep.noop:
@@ -309,11 +309,11 @@ def is_paired(parent: ModelArch) -> bool:
     return parent.model_type in PAIRED_TYPES
 
 
-def _in_slots(start: int, n: int, kids: list[_Block]) -> list[_Block]:
+def _in_slots(start: int, n: int, kids: list[BlockConfig]) -> list[BlockConfig]:
     """A paired type's span of ``n`` blocks from ``start`` holding ``kids`` in order: each
     attention child in the next free attention slot (even index), each FFN / MoE child in
     the next free MLP slot (odd), anything else in the next free slot; no-ops elsewhere."""
-    slots: list[_Block | None] = [None] * n
+    slots: list[BlockConfig | None] = [None] * n
     last = -1
     for c in kids:
         want = 0 if c.kind == "attention" else 1 if c.kind in ("ffn", "moe") else None
@@ -326,7 +326,7 @@ def _in_slots(start: int, n: int, kids: list[_Block]) -> list[_Block]:
 
 
 def child_blocks(parent: ModelArch, chosen: Sequence[Alternative], base: PrecisionRecipe
-                 ) -> tuple[list[_Block], list[str], list[tuple[int, int]]]:
+                 ) -> tuple[list[BlockConfig], list[str], list[tuple[int, int]]]:
     """The child's blocks for a chosen path of alternatives (any order), the recipe name of
     each child block, and the parent span ``[start, end)`` each child block came from.
 
@@ -336,7 +336,7 @@ def child_blocks(parent: ModelArch, chosen: Sequence[Alternative], base: Precisi
     paired = is_paired(parent)
     by_start = sorted(chosen, key=lambda a: a.block)
     pos = 0
-    blocks: list[_Block] = []
+    blocks: list[BlockConfig] = []
     names: list[str] = []
     origin: list[tuple[int, int]] = []
     for a in by_start:
@@ -369,7 +369,7 @@ nearest; ``tests/test_fakequant.py`` re-measures every entry within 5 %). INT8 h
 fake-quant here (0: not scored)."""
 
 
-def precision_damage(block: _Block, recipe: PrecisionRecipe) -> float:
+def precision_damage(block: BlockConfig, recipe: PrecisionRecipe) -> float:
     """Prior damage in [0, 1) of storing ``block``'s weights in ``recipe``: the parameter-
     weighted relative RMS error (:data:`NSR`) over its weight roles. KV-cache and state
     dtypes are priced but not in this prior (fake-quant scoring quantizes weights)."""
@@ -379,7 +379,7 @@ def precision_damage(block: _Block, recipe: PrecisionRecipe) -> float:
 
 
 @lru_cache(maxsize=65536)
-def _role_fractions(block: _Block) -> tuple[tuple[TensorRole, float], ...]:
+def _role_fractions(block: BlockConfig) -> tuple[tuple[TensorRole, float], ...]:
     """(role, fraction of the block's parameters) at the stream width of :func:`_hidden_of`."""
     rp = shapes.role_params(blocks_table([block], _hidden_of(block)))
     total = sum(float(v[0]) for v in rp.values())
@@ -387,24 +387,24 @@ def _role_fractions(block: _Block) -> tuple[tuple[TensorRole, float], ...]:
 
 
 @lru_cache(maxsize=65536)
-def _params(block: _Block) -> float:
+def _params(block: BlockConfig) -> float:
     return float(shapes.params(blocks_table([block], _hidden_of(block)))[0])
 
 
-def _hidden_of(block: _Block) -> int:
+def _hidden_of(block: BlockConfig) -> int:
     """The stream width a block's role fractions are taken at: 4,096 for every block (the
     fractions barely depend on it, and the prior stays a function of the block alone)."""
     return 4096
 
 
-def span_damage(parents: Sequence[_Block], children: Sequence[_Block]) -> float:
+def span_damage(parents: Sequence[BlockConfig], children: Sequence[BlockConfig]) -> float:
     """Prior damage of replacing ``parents`` (a span) by ``children``: half a no-op per block
     of depth lost, plus half a no-op per parent block times the fraction of its kind's
     parameters the children do not keep, ``0.5 * (n_p - n_c) + 0.5 * sum_p (1 - kept_kind(p))``
     with ``kept_k = min(1, child params of kind k / parent params of kind k)``. Removing the
     span scores ``n_p`` (its blocks' no-ops); two Mamba blocks merged into one as wide as
     both score 0.5. A prior, not a measurement."""
-    def by_kind(bs: Sequence[_Block]) -> dict[str, float]:
+    def by_kind(bs: Sequence[BlockConfig]) -> dict[str, float]:
         out: dict[str, float] = {}
         for b in bs:
             if not isinstance(b, NoOp):
@@ -448,7 +448,7 @@ def prior(parent: ModelArch, alts: list[list[Alternative]], base: PrecisionRecip
 
 
 
-def stand_in(parent: ModelArch, blocks: Sequence[_Block],
+def stand_in(parent: ModelArch, blocks: Sequence[BlockConfig],
              origin: Sequence[tuple[int, int]]) -> list[int]:
     """For each child block (:func:`child_blocks`' blocks and origins), the parent block it
     stands in for: its own block for a one-block alternative, else the first parent block of

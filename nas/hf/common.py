@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from hwprofiles.errors import InputError, first_error
-from nas.arch import MAX_BLOCKS, MAX_CONTEXT, Block, ModelArch, _Block, cap_of
+from nas.arch import MAX_BLOCKS, MAX_CONTEXT, Block, BlockConfig, ModelArch, cap_of
 from nas.hf.registry import ExportError, dialect
 
 MISSING = object()
@@ -104,7 +104,7 @@ class Reader:
         return v
 
 
-def make_block(cls: type[_Block], r: Reader, **kw: Any) -> _Block:
+def make_block(cls: type[BlockConfig], r: Reader, **kw: Any) -> BlockConfig:
     try:
         return cls(**kw)
     except ValidationError as exc:
@@ -382,7 +382,7 @@ def base_config(arch: ModelArch, mt: str, eps_key: str) -> dict[str, Any]:
     return out
 
 
-def layer_pairs(arch: ModelArch, mt: str) -> list[tuple[_Block, _Block]]:
+def layer_pairs(arch: ModelArch, mt: str) -> list[tuple[BlockConfig, BlockConfig]]:
     b = arch.blocks
     if len(b) % 2:
         raise ExportError(f"{mt} needs (attention, mlp) pairs; got an odd number of blocks")
@@ -392,7 +392,7 @@ def layer_pairs(arch: ModelArch, mt: str) -> list[tuple[_Block, _Block]]:
 _BLOCK_ADAPTER: TypeAdapter[Any] = TypeAdapter(Block)
 
 
-def write_puzzle_layers(out: dict[str, Any], mixers: list[_Block], mlps: list[_Block],
+def write_puzzle_layers(out: dict[str, Any], mixers: list[BlockConfig], mlps: list[BlockConfig],
                         stock: bool) -> dict[str, Any]:
     """Set ``out["puzzle_layers"]`` (one ``{"mixer", "mlp"}`` pair of block JSON per layer)
     unless the stock keys of the dialect describe every layer (``stock``), in which case any
@@ -405,13 +405,13 @@ def write_puzzle_layers(out: dict[str, Any], mixers: list[_Block], mlps: list[_B
     return out
 
 
-def read_puzzle_layers(r: Reader, layers: Any, n: int) -> list[_Block]:
+def read_puzzle_layers(r: Reader, layers: Any, n: int) -> list[BlockConfig]:
     """The ``puzzle_layers`` extension (``qwen3_next``, ``qwen3_5_moe*``,
     ``granitemoehybrid``, ``jamba``, ``falcon_h1``): a heterogeneous child as ``n`` layers
     of ``{"mixer", "mlp"}`` block objects; errors name the layer, the part and the field."""
     if not isinstance(layers, list) or len(layers) != n:
         raise r.err("puzzle_layers", f"expected a list of {n} layers (num_hidden_layers)")
-    out: list[_Block] = []
+    out: list[BlockConfig] = []
     for i, layer in enumerate(layers):
         if not isinstance(layer, dict) or set(layer) != {"mixer", "mlp"}:
             raise r.err(f"puzzle_layers[{i}]", "expected an object with keys mixer and mlp")

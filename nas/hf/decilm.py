@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nas.arch import FFN, Attention, Linear, ModelArch, NoOp, _Block
+from nas.arch import FFN, Attention, BlockConfig, Linear, ModelArch, NoOp
 from nas.hf.common import Reader, base_config, common_fields, head_dim_of, layer_pairs, make_block
 from nas.hf.registry import Dialect, ExportError, register
 
@@ -20,7 +20,7 @@ def ffn_width_from_mult(mult: float, hidden: int) -> int:
     return -(-width // 256) * 256
 
 
-def _import_decilm(r: Reader) -> tuple[list[_Block], dict[str, Any]]:
+def _import_decilm(r: Reader) -> tuple[list[BlockConfig], dict[str, Any]]:
     kw = common_fields(r, "rms_norm_eps", 1e-5, "nemotron-nas")
     h = kw["hidden_size"]
     heads = r.int("num_attention_heads")
@@ -33,7 +33,7 @@ def _import_decilm(r: Reader) -> tuple[list[_Block], dict[str, Any]]:
     if n != len(confs):
         raise r.err("num_hidden_layers",
                     f"is {n} but block_configs has {len(confs)} entries")
-    blocks: list[_Block] = []
+    blocks: list[BlockConfig] = []
     for i, bc in enumerate(confs):
         if not isinstance(bc, dict):
             raise r.err(f"block_configs[{i}]", "expected an object")
@@ -122,7 +122,7 @@ def _export_decilm(arch: ModelArch) -> dict[str, Any]:
     return out
 
 
-def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     blocks, kw = _import_decilm(r)
     return blocks, [], kw
 

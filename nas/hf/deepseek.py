@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from hwprofiles.errors import first_error
-from nas.arch import FFN, MLA, Block, ModelArch, MoE, _Block
+from nas.arch import FFN, MLA, Block, BlockConfig, ModelArch, MoE
 from nas.hf.common import (
     _UNSUPPORTED_NUMERIC,
     MISSING,
@@ -74,7 +74,7 @@ def model_fields(r: Reader, mt: str, eps_default: float, computed: set[str]
     return kw
 
 
-def read_block_configs(r: Reader, key: str = "block_configs") -> list[_Block]:
+def read_block_configs(r: Reader, key: str = "block_configs") -> list[BlockConfig]:
     """``block_configs`` (or ``mtp_block_configs``) of a ``*_puzzle`` config: one block
     object per residual block."""
     confs = r.raw(key)
@@ -112,7 +112,7 @@ def _check_choice(r: Reader, key: str, allowed: str, why: str) -> None:
 
 
 def _read_stock(r: Reader, mt: str = "deepseek_v3"
-                ) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+                ) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     kw = model_fields(r, mt, 1e-6, _COMPUTED)
     n = r.int("num_hidden_layers")
     heads = r.int("num_attention_heads")
@@ -159,7 +159,7 @@ def _read_stock(r: Reader, mt: str = "deepseek_v3"
             router="sigmoid", router_bias=True, norm_topk=r.bool("norm_topk_prob", True),
             routed_scaling=r.float("routed_scaling_factor", 2.5),
             n_group=r.int("n_group", 8), topk_group=r.int("topk_group", 4))
-    blocks: list[_Block] = []
+    blocks: list[BlockConfig] = []
     for i in range(n):
         blocks += [mla, ffn if i < dense else moe]  # type: ignore[list-item]
     n_mtp = _alias(r, "num_nextn_predict_layers", "num_mtp_layers", 0)
@@ -167,14 +167,14 @@ def _read_stock(r: Reader, mt: str = "deepseek_v3"
     return blocks, mtp, kw  # type: ignore[return-value]
 
 
-def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     if mt in ("deepseek_v3", "kimi_k2"):
         return _read_stock(r, mt)
     return read_puzzle(r, mt, 1e-6)
 
 
 def read_puzzle(r: Reader, mt: str, eps_default: float
-                ) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+                ) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     """A ``*_puzzle`` config (``deepseek_v3_puzzle``, ``gpt_oss_puzzle``): the model fields
     (``eps_default``: the family's RMSNorm epsilon default), two ``block_configs`` entries
     per layer, and the MTP blocks' ``mtp_block_configs``."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nas.arch import FFN, Attention, Mamba, ModelArch, MuP, NoOp, Parallel, _Block
+from nas.arch import FFN, Attention, BlockConfig, Mamba, ModelArch, MuP, NoOp, Parallel
 from nas.hf.common import (
     Reader,
     base_config,
@@ -82,7 +82,7 @@ def _read_mup(r: Reader) -> MuP:
     return MuP(**kw)
 
 
-def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read(r0: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     mup = _read_mup(r0)
     # the shared reader refuses embedding_multiplier for every other type: read the rest
     # without it
@@ -96,7 +96,7 @@ def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, An
     return blocks, mtp, kw
 
 
-def _read_rest(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read_rest(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     kw = common_fields(r, "rms_norm_eps", 1e-5, mt)
     kw["_extra"] = {**kw.get("_extra", {}), **read_time_step_limit(r)}  # Mamba dt clamp
     h = kw["hidden_size"]

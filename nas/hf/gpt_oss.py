@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nas.arch import Attention, ModelArch, MoE, _Block
+from nas.arch import Attention, BlockConfig, ModelArch, MoE
 from nas.hf.common import Reader, base_config, layer_pairs, make_block
 from nas.hf.deepseek import model_fields, read_puzzle, write_puzzle
 from nas.hf.registry import Dialect, ExportError, register
@@ -47,7 +47,7 @@ def _layer_windows(r: Reader, n: int) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in types]
 
 
-def _read_stock(r: Reader) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read_stock(r: Reader) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     for key in ("rope_theta",):
         if key not in r.cfg and not isinstance(r.cfg.get("rope_parameters"), dict):
             raise r.err(key, "missing required field (transformers' gpt-oss default would "
@@ -73,13 +73,13 @@ def _read_stock(r: Reader) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
                      router="softmax", norm_topk=True, router_linear_bias=True,
                      expert_bias=True, swiglu_limit=r.float("swiglu_limit", SWIGLU_LIMIT),
                      swiglu_alpha=r.float("swiglu_alpha", SWIGLU_ALPHA))
-    blocks: list[_Block] = []
+    blocks: list[BlockConfig] = []
     for i in range(n):
         blocks += [make_block(Attention, r, sliding_window=windows[i], **att), moe]
     return blocks, [], kw
 
 
-def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     if mt == "gpt_oss":
         return _read_stock(r)
     return read_puzzle(r, mt, 1e-5)

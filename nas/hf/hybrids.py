@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nas.arch import FFN, Attention, Mamba, ModelArch, MoE, _Block
+from nas.arch import FFN, Attention, BlockConfig, Mamba, ModelArch, MoE
 from nas.hf.common import (
     Reader,
     base_config,
@@ -57,7 +57,7 @@ _LAYER_TYPES = {"mamba": "mamba", "linear_attention": "mamba", "attention": "att
                 "full_attention": "attention"}
 
 
-def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read(r0: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     # computed by nas.modules.granite; absent: transformers' GraniteMoeHybridConfig default
     mult = {k: read_multiplier(r0, k, 1.0) for k in _MULTIPLIERS}
     # the shared reader refuses these fields for every other type; read the rest without them
@@ -71,7 +71,7 @@ def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, An
     return blocks, mtp, kw
 
 
-def _read_rest(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read_rest(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     kw = common_fields(r, "rms_norm_eps", 1e-6, mt)
     h = kw["hidden_size"]
     n = r.int("num_hidden_layers", 32)
@@ -116,7 +116,7 @@ def _read_rest(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str
     shared = r.int("shared_intermediate_size", 1024)
     n_exp = r.int("num_local_experts", 8, minimum=0)
     if n_exp:
-        mlp: _Block = make_block(MoE, r, num_experts=n_exp, top_k=r.int("num_experts_per_tok", 2),
+        mlp: BlockConfig = make_block(MoE, r, num_experts=n_exp, top_k=r.int("num_experts_per_tok", 2),
                                  expert_width=r.int("intermediate_size", 11008),
                                  shared_width=shared, activation=act, norm_topk=True)
     else:
@@ -125,7 +125,7 @@ def _read_rest(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str
     layers = r.raw("puzzle_layers", None)
     if layers is not None:
         return read_puzzle_layers(r, layers, n), [], kw
-    blocks: list[_Block] = []
+    blocks: list[BlockConfig] = []
     for t in types:
         blocks += [mamba if t == "mamba" else att, mlp]
     return blocks, [], kw

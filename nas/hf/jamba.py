@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from nas.arch import FFN, Attention, Mamba1, ModelArch, MoE, _Block
+from nas.arch import FFN, Attention, BlockConfig, Mamba1, ModelArch, MoE
 from nas.hf.common import (
     Reader,
     base_config,
@@ -62,7 +62,7 @@ def _pattern(r: Reader, n: int, period_key: str, offset_key: str, dflt: tuple[in
     return [i % period == offset for i in range(n)]
 
 
-def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     kw = common_fields(r, "rms_norm_eps", 1e-6, mt)
     h = kw["hidden_size"]
     n = r.int("num_hidden_layers", 32)
@@ -110,7 +110,7 @@ def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any
     layers = r.raw("puzzle_layers", None)
     if layers is not None:
         return read_puzzle_layers(r, layers, n), [], kw
-    blocks: list[_Block] = []
+    blocks: list[BlockConfig] = []
     for i in range(n):
         blocks += [att if is_att[i] else mamba, moe if is_moe[i] else ffn]  # type: ignore[list-item]
     return blocks, [], kw

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nas.arch import FFN, Attention, ModelArch, MoE, _Block
+from nas.arch import FFN, Attention, BlockConfig, ModelArch, MoE
 from nas.hf.common import (
     MISSING,
     Reader,
@@ -74,7 +74,7 @@ def _experts(r: Reader) -> int:
     return r.int("num_local_experts") if a is not None else r.int("num_experts")
 
 
-def _import_llama_like(r: Reader, mt: str) -> tuple[list[_Block], dict[str, Any]]:
+def _import_llama_like(r: Reader, mt: str) -> tuple[list[BlockConfig], dict[str, Any]]:
     kw = common_fields(r, "rms_norm_eps", 1e-5 if mt == "mixtral" else 1e-6, mt)
     h = kw["hidden_size"]
     n = r.int("num_hidden_layers")
@@ -96,7 +96,7 @@ def _import_llama_like(r: Reader, mt: str) -> tuple[list[_Block], dict[str, Any]
     inter = r.int("intermediate_size", None if mt in MOE_LIKE else MISSING)
 
     moe_layers: set[int] = set()
-    moe: _Block | None = None
+    moe: BlockConfig | None = None
     if mt == "mixtral":
         moe = make_block(MoE, r, num_experts=_experts(r),
                      top_k=r.int("num_experts_per_tok"), expert_width=inter, activation=act)
@@ -117,7 +117,7 @@ def _import_llama_like(r: Reader, mt: str) -> tuple[list[_Block], dict[str, Any]
     if len(moe_layers) < n and inter is None:
         raise r.err("intermediate_size", "missing required field (dense layers need it)")
 
-    blocks: list[_Block] = []
+    blocks: list[BlockConfig] = []
     for i in range(n):
         blocks.append(make_block(Attention, r, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
                              sliding_window=windows[i], rope=True, qk_norm=qk_norm,
@@ -222,7 +222,7 @@ def _export_llama_like(arch: ModelArch, mt: str) -> dict[str, Any]:
     return out
 
 
-def _read(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     blocks, kw = _import_llama_like(r, mt)
     return blocks, [], kw
 

@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp, _Block
+from nas.arch import FFN, Attention, BlockConfig, Linear, Mamba, ModelArch, MoE, NoOp
 from nas.hf.common import Reader, base_config, common_fields, head_dim_of, make_block
 from nas.hf.registry import Dialect, ExportError, register
 
@@ -24,7 +24,7 @@ _PATTERN = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
 _PATTERN_INV = {v: k for k, v in _PATTERN.items()}
 
 
-def _nemotron_block(btype: str, r: Reader, h: int) -> _Block:
+def _nemotron_block(btype: str, r: Reader, h: int) -> BlockConfig:
     """One Nemotron-H block from (top-level defaults overlaid with per-block overrides)."""
     if btype == "mamba":
         act = r.str("mamba_hidden_act", "silu")
@@ -128,12 +128,12 @@ _LAYER_TYPES = {"linear_attention": "mamba", "mamba": "mamba", "full_attention":
                 "attention": "attention", "moe": "moe", "mlp": "mlp"}
 
 
-def _import_nemotron_h(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _import_nemotron_h(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     kw = common_fields(r, "layer_norm_epsilon", 1e-5, mt)
     h = kw["hidden_size"]
     cfg = r.cfg
 
-    def build(types: list[str], overrides: list[dict[str, Any]], field: str) -> list[_Block]:
+    def build(types: list[str], overrides: list[dict[str, Any]], field: str) -> list[BlockConfig]:
         out = []
         for i, (t, ov) in enumerate(zip(types, overrides)):
             sub = Reader({**cfg, **ov}, r.source,
@@ -196,7 +196,7 @@ def _import_nemotron_h(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], 
                         f"has {len(pat)} blocks but block_configs has {len(types)}")
     blocks = build(types, ovs, field)
 
-    mtp: list[_Block] = []
+    mtp: list[BlockConfig] = []
     if mt == "nemotron_h_puzzle" and "mtp_block_configs" in cfg:
         mtypes, movs = from_configs("mtp_block_configs")
         mtp = build(mtypes, movs, "mtp_block_configs")
@@ -218,7 +218,7 @@ def _import_nemotron_h(r: Reader, mt: str) -> tuple[list[_Block], list[_Block], 
     return blocks, mtp, kw
 
 
-def _nemotron_fields(b: _Block, h: int) -> dict[str, Any]:
+def _nemotron_fields(b: BlockConfig, h: int) -> dict[str, Any]:
     """The Nemotron-H config keys that describe one block (extensions included)."""
     if isinstance(b, Mamba):
         return {"mamba_num_heads": b.num_heads, "mamba_head_dim": b.head_dim,
@@ -313,7 +313,7 @@ def _export_nemotron_h_puzzle(arch: ModelArch) -> dict[str, Any]:
     out.update(top)
     out["num_hidden_layers"] = len(arch.blocks)
 
-    def entries(blocks: tuple[_Block, ...]) -> list[dict[str, Any]]:
+    def entries(blocks: tuple[BlockConfig, ...]) -> list[dict[str, Any]]:
         res = []
         for b in blocks:
             e: dict[str, Any] = {"block_type": _BLOCK_TYPE[b.kind]}

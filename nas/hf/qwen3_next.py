@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nas.arch import FFN, Attention, DeltaNet, ModelArch, MoE, _Block
+from nas.arch import FFN, Attention, BlockConfig, DeltaNet, ModelArch, MoE
 from nas.hf.common import (
     Reader,
     base_config,
@@ -110,7 +110,7 @@ def _strip_mrope(r: Reader, cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+def _read(r0: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     if mt == "qwen3_5_moe":  # the image-text wrapper: its language model
         text = r0.raw("text_config")
         if not isinstance(text, dict):
@@ -138,7 +138,7 @@ def _read(r0: Reader, mt: str) -> tuple[list[_Block], list[_Block], dict[str, An
 
 
 def _read_rest(r: Reader, mt: str, factor: float
-               ) -> tuple[list[_Block], list[_Block], dict[str, Any]]:
+               ) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
     q35 = mt in _QWEN35
     dflt = _DEFAULTS["qwen3_5_moe_text" if q35 else "qwen3_next"]
     kw = common_fields(r, "rms_norm_eps", 1e-6, mt)
@@ -191,7 +191,7 @@ def _read_rest(r: Reader, mt: str, factor: float
     layers = r.raw("puzzle_layers", None)
     if layers is not None:
         return read_puzzle_layers(r, layers, n), [], kw
-    blocks: list[_Block] = []
+    blocks: list[BlockConfig] = []
     for i in range(n):
         blocks.append(dn if types[i] == "linear_attention" else att)
         blocks.append(moe if i in moe_layers else ffn)  # type: ignore[arg-type]

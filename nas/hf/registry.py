@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hwprofiles.errors import InputError
 
 if TYPE_CHECKING:
-    from nas.arch import ModelArch, _Block
+    from nas.arch import BlockConfig, ModelArch
     from nas.hf.common import Reader
 
 
@@ -43,7 +43,7 @@ class Dialect:
 
     model_type: str
     architecture: str
-    read: Callable[[Reader, str], tuple[list[_Block], list[_Block], dict[str, Any]]]
+    read: Callable[[Reader, str], tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]]
     write: Callable[[ModelArch, str], dict[str, Any]]
     fallbacks: tuple[str, ...] = ()
 

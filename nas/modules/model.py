@@ -20,6 +20,7 @@ from nas.arch import (
     FFN,
     MLA,
     Attention,
+    BlockConfig,
     DeltaNet,
     Linear,
     Mamba,
@@ -28,7 +29,6 @@ from nas.arch import (
     MoE,
     NoOp,
     Parallel,
-    _Block,
 )
 from nas.modules.deltanet import DeltaNetMixer
 from nas.modules.gpt_oss import GptOssMoEMixer, SinkAttentionMixer, is_gpt_oss_moe
@@ -52,7 +52,7 @@ from nas.modules.moe import MoEMixer
 from nas.modules.parallel import MuPFFNMixer, ParallelMixer
 
 
-def make_mixer(cfg: _Block, arch: ModelArch) -> nn.Module | None:
+def make_mixer(cfg: BlockConfig, arch: ModelArch) -> nn.Module | None:
     """The mixer module for one block config (``None`` for a no-op)."""
     h = arch.hidden_size
     if isinstance(cfg, MLA):
@@ -96,7 +96,7 @@ class Block(nn.Module):
     Granite scales the branch: ``x + residual_multiplier * mixer(norm(x))``
     (:mod:`nas.modules.granite`; 1 for every other type)."""
 
-    def __init__(self, cfg: _Block, arch: ModelArch):
+    def __init__(self, cfg: BlockConfig, arch: ModelArch):
         super().__init__()
         self.cfg = cfg
         self.mixer = make_mixer(cfg, arch)

@@ -62,7 +62,7 @@ from costmodels.measured import (
     row_key,
 )
 from hwprofiles.errors import InputError
-from nas.arch import ModelArch, _Block, block_row
+from nas.arch import BlockConfig, ModelArch, block_row
 from nas.modules.model import Block
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -261,7 +261,7 @@ class BlockTimer:
         return GemmTiming(m=m, n=n, k=k, median_s=med, flop_per_s=2.0 * m * n * k / med)
 
     # -- one block ------------------------------------------------------------------------
-    def build(self, cfg: _Block, arch: ModelArch) -> Block:
+    def build(self, cfg: BlockConfig, arch: ModelArch) -> Block:
         """The real block with random weights (seeded) in the run's dtype, on the device."""
         torch.manual_seed(self.seed)
         blk = Block(cfg, arch)
@@ -269,7 +269,7 @@ class BlockTimer:
         return blk.to(device=self.dev, dtype=self.tdtype).eval()
 
     @torch.no_grad()
-    def time_point(self, blk: Block, cfg: _Block, hidden: int, p: Point, base: int) -> Timing:
+    def time_point(self, blk: Block, cfg: BlockConfig, hidden: int, p: Point, base: int) -> Timing:
         """Time one point of one block."""
         g = torch.Generator(device="cpu").manual_seed(self.seed + 1)
 
@@ -301,10 +301,10 @@ class BlockTimer:
                       median_s=med, min_s=lo, max_s=hi, repeats=n, peak_bytes=peak)
 
 
-def distinct_blocks(blocks: Sequence[_Block], hidden: int) -> list[tuple[str, _Block]]:
+def distinct_blocks(blocks: Sequence[BlockConfig], hidden: int) -> list[tuple[str, BlockConfig]]:
     """``(row_key, block)`` of each distinct shape (first occurrence; no-ops left out:
     nothing runs)."""
-    out: dict[str, _Block] = {}
+    out: dict[str, BlockConfig] = {}
     for b in blocks:
         if b.kind == "noop":
             continue
@@ -312,7 +312,7 @@ def distinct_blocks(blocks: Sequence[_Block], hidden: int) -> list[tuple[str, _B
     return list(out.items())
 
 
-def gemm_shapes(blocks: Sequence[_Block], hidden: int) -> list[tuple[int, int]]:
+def gemm_shapes(blocks: Sequence[BlockConfig], hidden: int) -> list[tuple[int, int]]:
     """``(n, k)`` of the blocks' linear layers timed as plain GEMMs: ``(hidden, hidden)``
     and, with FFN blocks, ``(width, hidden)`` of the widest FFN."""
     out = [(hidden, hidden)]
@@ -349,7 +349,7 @@ def _check_resume(old: BlockMeasurements, new: BlockMeasurements, path: Path) ->
                 "settings to resume", path=str(path), field=f)
 
 
-def profile_blocks(blocks: Sequence[_Block], arch: ModelArch, plan: Sequence[Point],
+def profile_blocks(blocks: Sequence[BlockConfig], arch: ModelArch, plan: Sequence[Point],
                    out: str | Path, timer: BlockTimer, spec: str = "",
                    progress: ProgressFn | None = None) -> BlockMeasurements:
     """Time every distinct block shape of ``blocks`` at every point of ``plan`` and write

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from nas.arch import ModelArch, _Block
+from nas.arch import BlockConfig, ModelArch
 from nas.build_inherit import MAX_TOKENS, inherit_block
 from nas.modules.layers import default_out_std
 from nas.modules.mamba import MambaMixer
@@ -54,7 +54,7 @@ class Item:
     """One unit of work: block ``alt.block`` replaced by ``alt.child``."""
 
     alt: Alternative
-    parent_block: _Block
+    parent_block: BlockConfig
     key: str
     recipe: str | None = None
     """Precision recipe the block's weights are fake-quantized with (None: not quantized)."""
@@ -97,7 +97,7 @@ def make_items(parent: ModelArch, alts: list[list[Alternative]], parent_hash: st
 
 
 @torch.no_grad()
-def init_block(parent: CausalLM, i: int, child: _Block, x: torch.Tensor,
+def init_block(parent: CausalLM, i: int, child: BlockConfig, x: torch.Tensor,
                seed: int, block_of: Callable[[int], torch.nn.Module] | None = None
                ) -> tuple[Block, str]:
     """Block ``i`` of the parent replaced by ``child``, initialized from the parent block
