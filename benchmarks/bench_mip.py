@@ -471,6 +471,8 @@ NVLABS_SINGLE: dict[str, dict[str, float]] = {
 }
 #: the notebook's multi-solution setting (min diversity 20) on the H100 budgets, 10 children
 NVLABS_POOL = {"n": 10, "min_distance": 20, "budgets": NVLABS_SINGLE["mem<=80000&rt<=51200"]}
+#: set (to anything) to run NVlabs' pool with CBC at gap 0 too (about 45 min)
+NVLABS_POOL_GAP0_ENV = "PUZZLE_NAS_NVLABS_POOL_GAP0"
 
 
 def nvlabs_puzzle() -> tuple[Any, dict[str, Any], BlockLibrary]:
@@ -503,10 +505,10 @@ def nvlabs_budgets(cons: dict[str, float]) -> list[Budget]:
     return [Budget(k, None, v) for k, v in cons.items()]
 
 
-def nvlabs_at_gap_0(mod: Any) -> Callable[..., Any]:
-    """NVlabs' ``mip_nas`` with CBC at relative and absolute gap 0 (python-mip's defaults
-    are 1e-4 and 1e-10): its module's ``Model`` replaced, for the call, by one that sets
-    them."""
+def nvlabs_at_gap_0(mod: Any, name: str = "mip_nas") -> Callable[..., Any]:
+    """NVlabs' ``mip_nas`` (or ``multi_solution_mip_nas``, which calls it) with CBC at
+    relative and absolute gap 0 (python-mip's defaults are 1e-4 and 1e-10): its module's
+    ``Model`` replaced, for the call, by one that sets them."""
     import mip
 
     class Gap0(mip.Model):  # type: ignore[misc]
@@ -519,7 +521,7 @@ def nvlabs_at_gap_0(mod: Any) -> Callable[..., Any]:
         old = mod.Model
         mod.Model = Gap0
         try:
-            return mod.mip_nas(*a, **kw)
+            return getattr(mod, name)(*a, **kw)
         finally:
             mod.Model = old
 
@@ -592,7 +594,10 @@ def test_nvlabs_pool_10(benchmark, capsys):
     unproven; nas.mip's are each proven within their gap. A greedy pool's later children
     depend on the earlier ones, so the two sequences part once one child differs; each rank
     is also solved by nas.mip at gap 0 after NVlabs' own earlier children ("on NVlabs'
-    prefix"), the same problem NVlabs' child solved."""
+    prefix"), the same problem NVlabs' child solved. With :data:`NVLABS_POOL_GAP0_ENV` set
+    (about 45 min), NVlabs' pool also runs with CBC at gap 0 and 600 s a child, and its
+    column shows where a greedy sequence parts from ours: the first rank whose children
+    differ, and whether ours is the better child there."""
     mod, raw, lib = nvlabs_puzzle()
     cfg = NVLABS_POOL
     budgets = nvlabs_budgets(cfg["budgets"])
@@ -608,12 +613,20 @@ def test_nvlabs_pool_10(benchmark, capsys):
         raw, NVLABS_OBJECTIVE, dict(cfg["budgets"]), False, num_solutions=cfg["n"],
         minimal_diversity=cfg["min_distance"]))
     pool4, t4, c4 = ours(GAP)
+    nv0: list[dict[str, Any]] | None = None
+    if os.environ.get(NVLABS_POOL_GAP0_ENV):
+        nv0, t_nv0, c_nv0 = timed(lambda: nvlabs_at_gap_0(mod, "multi_solution_mip_nas")(
+            raw, NVLABS_OBJECTIVE, dict(cfg["budgets"]), False, num_solutions=cfg["n"],
+            minimal_diversity=cfg["min_distance"], max_seconds_per_solution=600.0))
     assert len(pool0) == len(pool4) == len(nv) == cfg["n"]
     assert all(r.status == "optimal" for r in pool0 + pool4)
     index = {(lib.block_names[int(lib.start[r])], lib.labels[r]): r
              for r in range(lib.num_replacements)}
     nv_chosen = [np.array([index[k] for k in s["chosen_block_variants"].items()])
                  for s in nv]
+
+    def parted(a: np.ndarray, b: np.ndarray) -> int:  # layers whose variant differs
+        return lib.num_blocks - len(set(a.tolist()) & set(b.tolist()))
     prefix = []
     for k in range(cfg["n"]):
         m = MipModel(lib, NVLABS_OBJECTIVE, budgets,
@@ -634,11 +647,20 @@ def test_nvlabs_pool_10(benchmark, capsys):
                            ("nas.mip diverse_pool gap 1e-4", t4, c4)):
             print(f"[bench_mip]   {name:<35} {t:7.2f} s wall ({c:.2f} s CPU): "
                   f"{t_nv / t:.2f}x faster")
+        if nv0 is not None:
+            print(f"[bench_mip]   NVlabs multi_solution_mip_nas (CBC gap 0, 600 s a child) "
+                  f"{t_nv0:7.2f} s wall ({c_nv0:.2f} s CPU): {t_nv0 / t0:.2f}x our gap 0")
         print(f"[bench_mip]   {'rank':>4} {'NVlabs':>12} {'gap 0':>12} {'gap 1e-4':>12} "
-              f"{'NVlabs prefix, gap 0':>21}")
+              f"{'NVlabs prefix, gap 0':>21} {'layers apart':>12}"
+              + (f" {'NVlabs gap 0':>12} {'apart':>5}" if nv0 is not None else ""))
         for k in range(cfg["n"]):
-            print(f"[bench_mip]   {k:>4} {nv[k]['total_value']:12.7f} "
-                  f"{pool0[k].objective:12.7f} {pool4[k].objective:12.7f} {prefix[k]:21.7f}")
+            row = (f"[bench_mip]   {k:>4} {nv[k]['total_value']:12.7f} "
+                   f"{pool0[k].objective:12.7f} {pool4[k].objective:12.7f} {prefix[k]:21.7f} "
+                   f"{parted(nv_chosen[k], pool0[k].chosen):>12}")
+            if nv0 is not None and k < len(nv0):
+                c0 = np.array([index[x] for x in nv0[k]["chosen_block_variants"].items()])
+                row += f" {nv0[k]['total_value']:12.7f} {parted(c0, pool0[k].chosen):>5}"
+            print(row)
         print("[bench_mip]   seconds per child, gap 0: "
               + " ".join(f"{r.seconds:.2f}" for r in pool0)
               + "; nodes: " + " ".join(str(r.nodes) for r in pool0))
