@@ -305,6 +305,31 @@ def test_activation_checkpointing_and_mixed_precision(work, two_ranks, tmp_path)
     assert all(t.dtype == torch.float32 for t in w.values())  # the child's stored dtype
 
 
+def test_replicas_keep_a_whole_copy_per_rank_and_match_one_rank(work, one_rank, tmp_path):
+    out = tmp_path / "replicas"
+    p = _cli(work, out, "--nproc", "2", "--replicas")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rec = load_record(out)
+    assert rec.layout == "full" and rec.world_size == 2
+    whole = load_pretrained(work / "child").num_stored()
+    assert [r[0] for r in rec.held_elements] == [whole, whole]
+    _curves_agree(one_rank, out)
+
+
+def test_a_keep_last_run_resumes_past_a_better_early_evaluation(work, tmp_path):
+    """With --keep-last no best weights are kept in the checkpoint, and the resume needs
+    none (on one process and sharded)."""
+    bad = ["--lr", "0.1", "--grad-clip", "0", "--checkpoint-every", "2", "--eval-every", "2",
+           "--keep-last"]
+    for n in ("1", "2"):
+        out = tmp_path / f"last{n}"
+        p = _cli(work, out, *bad, "--nproc", n, env=_env(**{KILL_ENV: "5"}))
+        assert p.returncode != 0
+        p = _cli(work, out, *bad, "--nproc", n)
+        assert p.returncode == 0 and "resuming from step 4" in p.stderr, p.stderr[-2000:]
+        assert load_record(out).kept_step == 10
+
+
 # ---- bad input ----------------------------------------------------------------------------
 def test_bad_input_is_one_line(work, tmp_path):
     from nas.cli import main as cli
