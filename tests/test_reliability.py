@@ -260,7 +260,6 @@ def writers(tmp_path_factory):
         **TINY_SPEC, "parent": str(pdir / "config.json"),
         "search_space": {"attention": {"kv_heads": [1], "noop": True},
                          "ffn": {"fractions": [0.5], "round_to": 8, "noop": True}}}))
-    data = REPO / "tests" / "data"
     return {
         "search": (["search", str(spec_file(tmp_path, "sweep")), "-o", "OUT", "--quiet"],
                    20000),
@@ -276,9 +275,8 @@ def writers(tmp_path_factory):
                    "OUT", "--seq-len", "32", "--batch-size", "4", "--max-tokens", "256"],
                   8000),
         "calibrate": (["calibrate", str(REPO / "costmodels" / "data" / "serving_measurements.csv"),
-                       "--hw", "h100-sxm", "-o", "OUT", "--configs", str(data / "configs"),
-                       "--configs", str(REPO / "nas" / "examples" / "configs"),
-                       "--max-evals", "5", "--only", "memory"], 1000),
+                       "--hw", "h100-sxm", "-o", "OUT", "--max-evals", "5", "--only",
+                       "memory"], 1000),
         "profile": (["profile", "--device", "cpu", "--quick", "--threads", "1", "-o", "OUT"],
                     1000),
     }
