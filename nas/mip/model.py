@@ -57,7 +57,11 @@ LATTICE_MIN_STEP = 5e-3
 #: at most this many budget rows are in force, at most ``DP_FREE`` replacements are free,
 #: no boundary holds more than ``DP_LABELS`` labels and at most ``DP_WORK`` are made (see
 #: :func:`nas.mip.dp.path_optimum`)
-DP_ROWS, DP_FREE, DP_LABELS, DP_WORK = 2, 400, 5000, 400_000
+DP_ROWS, DP_FREE, DP_LABELS, DP_WORK = 2, 400, 5000, 150_000
+#: ... and at most this many blocks are open (more than one replacement allowed to start
+#: there): measured, the DP finished every NVlabs-library and nv80 run (<= 40 open blocks,
+#: <= 75,000 labels made) and gave up on nv320's (84-87 open of 320) after ~20 ms
+DP_OPEN = 64
 #: ... and its best ``DP_KEEP`` children are kept for :meth:`MipModel.found_children`
 DP_KEEP = 32
 
@@ -901,8 +905,9 @@ class MipModel:
         instead of HiGHS (``SolveOptions.dp``): same statuses, with the restricted optimum
         as its own bound. None when the model is not one it takes (a diversity row, a count
         row in force, more than :data:`DP_ROWS` budgets in force, a budget with both bounds,
-        more free replacements than :data:`DP_FREE`, bounds changed on a column past the
-        replacements) or when its labels outgrow :data:`DP_LABELS`."""
+        more free replacements than :data:`DP_FREE` or open blocks than :data:`DP_OPEN`,
+        bounds changed on a column past the replacements) or when its labels outgrow
+        :data:`DP_LABELS` or :data:`DP_WORK`."""
         from nas.mip.dp import Row, path_optimum
 
         lib, R = self.lib, self.lib.num_replacements
@@ -938,7 +943,8 @@ class MipModel:
             np.add.at(cover, lib.end[forced], -1)
             taken = np.concatenate([[0], np.cumsum(np.cumsum(cover)[:-1] > 0)])
             allowed &= forced | (taken[lib.end] == taken[lib.start])
-        if int((allowed & ~forced).sum()) > DP_FREE:
+        if int((allowed & ~forced).sum()) > DP_FREE or int(
+                (np.bincount(lib.start[allowed], minlength=L) > 1).sum()) > DP_OPEN:
             return None
         found = path_optimum(lib.start, lib.end, L, self.c_min[:R], rows, allowed,
                              cutoff, DP_LABELS, DP_KEEP, DP_WORK)
