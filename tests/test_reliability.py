@@ -33,6 +33,16 @@ from nas.mip.model import SIGNAL_ENV
 
 # the CLI output tests' tiny Llama search spec, without its sweep
 TINY_SPEC: dict[str, Any] = {k: v for k, v in CLI_TINY_SPEC.items() if k != "solver"}
+ON_HIGHS = "import nas.mip.model as m; m.DP_ROWS = 0"
+"""Keeps a search on HiGHS: nas.mip solves a model this small by its exact DP (no HiGHS
+callback to interrupt) unless no budget row may go to the DP."""
+
+
+@pytest.fixture(autouse=True)
+def _on_highs(monkeypatch):
+    import nas.mip.model
+
+    monkeypatch.setattr(nas.mip.model, "DP_ROWS", 0)
 SWEEP = {"budget": 0, "start": "100%", "stop": "130%", "num": 6}
 SOLVERS: dict[str, dict[str, Any]] = {
     "single": {},
@@ -107,7 +117,8 @@ def test_signal_inside_highs_ends_the_search(tmp_path, capsys, monkeypatch, kind
 
 
 def _popen(spec: Path, out: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "nas", "search", str(spec), "-o", str(out)],
+    code = f"import sys; {ON_HIGHS}; from nas.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", code, "search", str(spec), "-o", str(out)],
                             cwd=spec.parent, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
