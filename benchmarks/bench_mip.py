@@ -19,7 +19,7 @@ Solvers, each on one thread to the same relative gap, model building included
   HiGHS restarts off);
 - ``nas.mip fixing=off``, ``nas.mip shift=on``, ``nas.mip restarts=on``, ``nas.mip
   node_cuts=on``, ``nas.mip cut_pool=HiGHS``, ``nas.mip sub_mips=on``, ``nas.mip
-  lazy_rows=off``: one preprocessing
+  lazy_rows=off``, ``nas.mip dp=off``: one preprocessing
   or HiGHS choice changed each, so every default is chosen by this measurement;
 - ``highs-default``: HiGHS with its default options on the plain model;
 - ``pulp-cbc``: the plain formulation through PuLP + CBC (Puzzletron, NVlabs/puzzle);
@@ -27,10 +27,13 @@ Solvers, each on one thread to the same relative gap, model building included
   CBC on each restricted plain model).
 
 NVlabs/puzzle's own scenario (``test_nvlabs_*``): its ``mip_nas`` and
-``multi_solution_mip_nas`` (python-mip + CBC) on its published Llama-3.3-70B library, side by
-side with nas.mip: three single solves and a pool of 10 at min diversity 20. Its code and
-data are under a non-commercial licence and are never fetched here: point
-``PUZZLE_NAS_NVLABS_PUZZLE`` at a checkout (and install python-mip), or those rows skip.
+``multi_solution_mip_nas`` (python-mip + CBC, at python-mip's default gap 1e-4 and, for the
+single solves, also at gap 0) on its published Llama-3.3-70B library, side by side with
+nas.mip (gap 0 and 1e-4, and gap 0 with the exact path DP off): three single solves and a
+pool of 10 at min diversity 20 (``PUZZLE_NAS_NVLABS_POOL_GAP0`` adds NVlabs' pool at CBC gap
+0, about 45 min). Its code and data are under a non-commercial licence and are never
+fetched here: point ``PUZZLE_NAS_NVLABS_PUZZLE`` at a checkout (and install python-mip), or
+those rows skip.
 
 Every answer is checked against scipy.milp at gap 0: within the gap asked, and for
 nas.mip never "optimal" without being so. ``ROUNDS`` rounds per instance; the summary
@@ -132,6 +135,7 @@ SOLVERS = {
     "nas.mip cut_pool=HiGHS": ours(cut_pool=None),
     "nas.mip sub_mips=on": ours(sub_mips=True),
     "nas.mip lazy_rows=off": ours(lazy_rows=False),
+    "nas.mip dp=off": ours(dp=False),
     "highs-default": baseline(highs_default),
     "pulp-cbc": baseline(pulp_cbc),
     "cbc-fixed": baseline(cbc_fixed),
@@ -145,6 +149,7 @@ LEGEND = {
     "nas.mip cut_pool=HiGHS": "nas.mip, HiGHS' default cut pool (10,000 cuts, age 30)",
     "nas.mip sub_mips=on": "nas.mip, HiGHS' RINS and RENS heuristics on",
     "nas.mip lazy_rows=off": "nas.mip, every budget row in every HiGHS run",
+    "nas.mip dp=off": "nas.mip, HiGHS on small restricted models too (no path DP)",
     "highs-default": "HiGHS with default options on the plain model",
     "pulp-cbc": "Puzzletron-style PuLP+CBC on the plain model",
     "cbc-fixed": "CBC with the same fixing (nas.mip's LP fixing, then PuLP+CBC)",
