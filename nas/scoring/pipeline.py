@@ -51,7 +51,7 @@ class _Pending:
 
     k: int
     item: Item
-    block: torch.nn.Module
+    block: torch.nn.Module | None
     init: torch.nn.Module | None
     what: str
     info: dict[str, Any]
@@ -255,6 +255,8 @@ class PipelineScorer(Scorer):
         if st.rank >= o:
             for b in blocks:
                 self._through(item, b, waits)
+        if pend is not None and not pend.info.get("bld_steps"):
+            pend.block = pend.init = None  # only a BLD-trained block is saved: free it now
         return pend
 
     def finish(self, item: Item) -> torch.Tensor | None:
