@@ -289,22 +289,31 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
                     DIGESTS_KEY: json.dumps({k: _digest(v) for k, v in tensors.items()})}
             save_file(tensors, str(tmp / fname), metadata=meta)
             del tensors
-        if len(shards) > 1:
-            (tmp / INDEX).write_text(json.dumps(
-                {"metadata": {"total_size": total}, "weight_map": wmap}, indent=2) + "\n")
-        (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        for f in tmp.iterdir():  # mkdtemp made the folder private; files as open() would
-            os.chmod(f, 0o666 & ~umask)
-        os.chmod(tmp, 0o777 & ~umask)
-        # one swap: a reader sees the old checkpoint or the new one, never new weights beside
-        # an old config; an older checkpoint's stale shards and index go with the old folder
-        swap_in_dir(tmp, path)
+        finish_checkpoint(tmp, path, cfg, wmap if len(shards) > 1 else None, total)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def finish_checkpoint(tmp: Path, path: Path, cfg: dict[str, Any],
+                      weight_map: dict[str, str] | None, total: int) -> None:
+    """Complete a checkpoint written into the temp folder ``tmp`` (its safetensors files
+    already there) and swap it in as ``path``: the shard index (``weight_map`` None: one
+    file, no index), ``config.json``, permissions as ``open()`` would give (``mkdtemp``
+    made the folder private), then one swap, so a reader sees the old checkpoint or the new
+    one, never new weights beside an old config (an older checkpoint's stale shards and
+    index go with the old folder)."""
+    if weight_map is not None:
+        (tmp / INDEX).write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in tmp.iterdir():
+        os.chmod(f, 0o666 & ~umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    swap_in_dir(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------

@@ -737,15 +737,14 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
     from torch.distributed.tensor import DTensor
 
     from nas.build_checkpoint import (
-        CONFIG,
-        INDEX,
         MAX_SHARD_BYTES,
         WEIGHTS,
         _export_config,
+        finish_checkpoint,
         hf_layout,
         is_checkpoint_file,
     )
-    from nas.io import check_output_dir, swap_in_dir, temp_prefix
+    from nas.io import check_output_dir, temp_prefix
 
     rank = dist.get_rank()
     limit = max_shard_bytes or MAX_SHARD_BYTES
@@ -818,16 +817,7 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
                     fh.close()
         last = None
         if tmp is not None:
-            if len(files) > 1:
-                (tmp / INDEX).write_text(json.dumps(
-                    {"metadata": {"total_size": total}, "weight_map": wmap}, indent=2) + "\n")
-            (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
-            umask = os.umask(0)
-            os.umask(umask)
-            for f in tmp.iterdir():
-                os.chmod(f, 0o666 & ~umask)
-            os.chmod(tmp, 0o777 & ~umask)
-            swap_in_dir(tmp, path)
+            finish_checkpoint(tmp, path, cfg, wmap if len(files) > 1 else None, total)
             tmp = None
     finally:
         if tmp is not None:
