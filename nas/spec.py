@@ -31,6 +31,7 @@ from pydantic import (
 from costmodels.serving import parse_slo
 from hwprofiles.errors import InputError, read_json
 from nas.arch import MAX_BLOCKS, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS, MAX_HEADS
+from nas.units import UNITS
 
 MAX_SWEEP_POINTS = 200
 """Points of a sweep (and batch sizes per point): each is a full MIP solve (0.1 s to
@@ -671,13 +672,7 @@ def json_schema() -> dict[str, Any]:
 
 
 # ---- quantities -------------------------------------------------------------------------
-_UNITS = {
-    "memory": {"b": 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10,
-               "mib": 2**20, "gib": 2**30, "tib": 2**40},
-    "time": {"s": 1, "sec": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "min": 60},
-    "rate": {"tok/s": 1, "tokens/s": 1, "ktok/s": 1e3},
-    "count": {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12},
-}
+_UNITS = UNITS  # the table lives in nas.units (nas.mip reads it too)
 METRIC_UNITS = {
     "memory": "memory", "weight_memory": "memory", "ttft": "time", "tpot": "time",
     "runtime": "time", "per_user_tps": "rate", "throughput": "rate",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hwprofiles.errors import InputError
+from nas.units import UNITS  # the unit words spec budgets accept
 
 
 class InfeasibleError(InputError):
@@ -55,8 +56,6 @@ def parse_value(text: str, key: str) -> float:
     """A budget value for ``key``: a number (``1e5``, ``80_000``, ``inf``) with an optional
     unit word from the spec's units (``80 GiB``, ``10 ms``, ``75B``, ``5000 tok/s``),
     converted to the key's own unit (:func:`key_unit`)."""
-    from nas.spec import _UNITS  # the unit words spec budgets accept
-
     m = _VALUE.match(str(text))
     if not m:
         raise InputError(f"budget on {key!r}: cannot read {text!r} as a number "
@@ -73,7 +72,7 @@ def parse_value(text: str, key: str) -> float:
         raise InputError(f"budget on {key!r}: unit {word!r} given, but the key's name says no "
                          "unit (write the number in the key's own units)")
     dim, size = ku
-    units = _UNITS[dim]
+    units = UNITS[dim]
     if word.lower() not in units:
         raise InputError(f"budget on {key!r}: unknown unit {word!r} for a {dim} key; expected "
                          f"one of {sorted(u for u in units if u)}")
