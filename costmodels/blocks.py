@@ -29,6 +29,7 @@ from costmodels.dtypes import PrecisionRecipe, TensorRole
 from costmodels.parallel import allreduce_bytes, check_parallel, linear_cols, shard_table
 from costmodels.roofline import Roof
 from costmodels.shapes import (
+    KIND_NAMES,
     BlockTable,
     Kind,
     deltanet_dims,
@@ -38,8 +39,9 @@ from costmodels.shapes import (
     state_bytes_per_sequence,
 )
 from costmodels.workload import Workload, parse_workload
-from hwprofiles.engines import compute_dtype
-from hwprofiles.schema import HardwareProfile
+from hwprofiles.engines import compute_dtype, find_engine
+from hwprofiles.errors import InputError
+from hwprofiles.schema import EngineProfile, HardwareProfile
 
 DEFAULT_GDN_CHUNK = 64  # Gated DeltaNet chunk length (tokens): FLA's and transformers' chunk
 DEFAULT_SSD_CHUNK = 128  # Mamba-2 chunk length (tokens), the NemotronH / Mamba-2 default
@@ -107,6 +109,10 @@ class BlockCosts:
     window: np.ndarray
     state_bytes_per_sequence: np.ndarray
     workspace_bytes_per_token: np.ndarray
+    no_overlap: np.ndarray | None = None
+    """``[N, W]`` bool: the row makes the serving engine run that workload without its
+    overlap scheduler (``EngineProfile.no_overlap``, :func:`no_overlap_rows`); ``None``:
+    no row does."""
 
     def __len__(self) -> int:
         return int(self.weight_bytes.shape[0])
@@ -121,6 +127,7 @@ class BlockCosts:
         return BlockCosts(
             workloads=self.workloads, tp=self.tp, ep=self.ep,
             **{k: getattr(self, k)[idx] for k in _ROW_FIELDS},
+            no_overlap=None if self.no_overlap is None else self.no_overlap[idx],
         )
 
     @staticmethod
@@ -131,9 +138,14 @@ class BlockCosts:
         for p in parts[1:]:
             if (p.workloads, p.tp, p.ep) != (first.workloads, first.tp, first.ep):
                 raise ValueError("BlockCosts.concat needs the same workloads, tp and ep")
+        flags = None
+        if any(p.no_overlap is not None for p in parts):
+            flags = np.concatenate([p.no_overlap if p.no_overlap is not None else
+                                    np.zeros((len(p), len(p.workloads)), bool) for p in parts])
         return BlockCosts(
             workloads=first.workloads, tp=first.tp, ep=first.ep,
             **{k: np.concatenate([getattr(p, k) for p in parts]) for k in _ROW_FIELDS},
+            no_overlap=flags,
         )
 
 
@@ -683,4 +695,33 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
         runtime_s=runtime, memory_bytes=mem, weight_bytes=weight.astype(np.float64),
         kv_bytes_per_token=kv_tok.astype(np.float64), window=window,
         state_bytes_per_sequence=state.astype(np.float64), workspace_bytes_per_token=workspace,
+        no_overlap=no_overlap_rows(table, engine, wls),
     )
+
+
+def no_overlap_rows(table: BlockTable, engine: str | None,
+                    workloads: Sequence[Workload | str],
+                    engines: dict[str, EngineProfile] | None = None) -> np.ndarray | None:
+    """``[N, W]`` bool: the rows of ``table`` whose block kind makes the serving engine
+    ``engine`` run workload w without its overlap scheduler (a rule of its profile's
+    ``no_overlap``: e.g. SGLang's Mamba radix cache turns it off for Nemotron-H; a rule
+    with ``except_draft`` holds only for workloads without draft tokens); ``None`` when the
+    engine has no such rule (or none is named). ``engines``: profiles by name that take
+    precedence over the shipped ones."""
+    prof = find_engine(engine, engines) if engine else None
+    if prof is None or not prof.no_overlap:
+        return None
+    wls = tuple(parse_workload(w) for w in workloads)
+    drafting = np.array([w.draft_tokens > 0 for w in wls])
+    out = np.zeros((len(table), len(wls)), dtype=bool)
+    for i, rule in enumerate(prof.no_overlap):
+        codes = []
+        for k in rule.kinds:
+            if k.upper() not in Kind.__members__:
+                raise InputError(f"engine profile {prof.name!r}: unknown block kind {k!r}; "
+                                 f"expected one of {', '.join(KIND_NAMES.values())}",
+                                 field=f"no_overlap.{i}.kinds")
+            codes.append(int(Kind[k.upper()]))
+        hit = np.isin(table.kind, codes)[:, None]
+        out |= hit & ~(drafting[None, :] & rule.except_draft)
+    return out

@@ -416,8 +416,13 @@ def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
     tpot = b.decode_s.sum(axis=0) + nonblock.decode_s
     runtime = b.runtime_s.sum(axis=0) + nonblock.runtime_s
     if nonblock.overlap and nonblock.step_overhead_s > 0:
-        ttft, tpot, runtime = _overlapped(wls, ttft, tpot, runtime, nonblock.step_overhead_s,
-                                          nonblock.request_overhead_s)
+        t2, p2, r2 = _overlapped(wls, ttft, tpot, runtime, nonblock.step_overhead_s,
+                                 nonblock.request_overhead_s)
+        # a block the engine cannot overlap for (EngineProfile.no_overlap) keeps the sum
+        on = np.ones(len(wls), bool) if b.no_overlap is None or not len(b) \
+            else ~b.no_overlap.any(axis=0)
+        ttft, tpot, runtime = (np.where(on, x2, x) for x2, x in
+                               ((t2, ttft), (p2, tpot), (r2, runtime)))
     ttft = ttft + nonblock.request_latency_s
     tp = b.tp
     thr = B * osl / (runtime * tp)

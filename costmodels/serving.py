@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodels.blocks import _workload_columns, price_blocks
+from costmodels.blocks import _workload_columns, no_overlap_rows, price_blocks
 from costmodels.dtypes import PrecisionRecipe
 from costmodels.memory import DEFAULT_RESERVE_BYTES
 from costmodels.model import (
@@ -306,6 +306,8 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
     nkw = dict(tp=tp, attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)),
                engine=engine, engines=engines)
     so, ro, overlap = engine_figures(hw, engine, dict(engines) if engines else None)
+    off = no_overlap_rows(table, engine, [wl])  # a block kind the engine cannot overlap for
+    overlap = overlap and not (off is not None and bool(off.any()))
     front = engine_latency(engine, engines)
     cap = int(wl.sequences)
     if wl.arrival == "staggered":

@@ -369,6 +369,19 @@ class TokenBudget(BaseModel):
     source: str = Field(min_length=3)
 
 
+class NoOverlapRule(BaseModel):
+    """Where an engine that overlaps scheduling turns it off: for a model with any block of
+    ``kinds`` (block kind names of ``costmodels.shapes.Kind``, lower case: ``mamba``,
+    ``parallel``, ...), unless the deployment drafts with speculative decoding when
+    ``except_draft`` (the engine then takes another path). Each rule cites its source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kinds: list[str] = Field(min_length=1)
+    except_draft: bool = False
+    source: str = Field(min_length=10)
+
+
 class EngineProfile(BaseModel):
     """A serving engine's host-side costs, shared by every device it runs on (the GPU does
     not set the scheduler's CPU time). Units: seconds. ``costmodels.model`` prices them:
@@ -403,6 +416,8 @@ class EngineProfile(BaseModel):
     overlap: bool = False
     overlap_source: str = Field(min_length=3)
     overlap_since: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+)*$")
+    no_overlap: list[NoOverlapRule] = Field(default_factory=list)
+    """Models the engine runs without its overlap scheduler (:class:`NoOverlapRule`)."""
     mixed_prefill: bool = True
     mixed_prefill_source: str = ""
     token_budget: list[TokenBudget] = Field(default_factory=list)

@@ -430,3 +430,40 @@ def test_a_spec_names_its_serving_engine():
     assert not any(w.mixed_prefill for w in sg.workloads.values())  # SGLang: prefill alone
     with pytest.raises(ValidationError, match="unknown serving engine"):
         HardwareSpec(profile="h100-sxm", engine="nope")
+
+
+def test_sglang_runs_mamba_hybrids_without_its_overlap_scheduler():
+    # SGLang's Mamba radix cache (no_buffer) turns the overlap scheduler off for Nemotron-H
+    # (ServerArgs._handle_mamba_radix_cache; the rule and its source in the engine profile):
+    # a step of a model with a Mamba-2 block costs GPU + host, one without max(GPU, host);
+    # with speculative decoding SGLang drops the radix cache instead and overlap stays
+    from costmodels.blocks import no_overlap_rows
+    from hwprofiles.engines import get_engine
+
+    sg = get_engine("sglang")
+    so = sg.step_overhead_s.value
+    assert so > 0 and sg.overlap and sg.no_overlap and "https://" in sg.no_overlap[0].source
+    wl = ["isl=128,osl=64,concurrency=1"]
+    small_att = BlockTable.from_rows([dict(ATT, hidden=512, n_heads=4, n_kv_heads=1)])
+    small_mix = BlockTable.from_rows([dict(ATT, hidden=512, n_heads=4, n_kv_heads=1),
+                                      dict(MAMBA, hidden=512, m_heads=8, groups=1)])
+    nb = NonBlockShape(hidden=512, vocab=1000)
+
+    def tpot(table, step):  # decode step seconds, host step `step` (None: the engine's)
+        b = price_blocks(table, H100, FP8, wl, engine="sglang")
+        n = price_nonblock(nb, H100, FP8, wl, engine="sglang", step_overhead_s=step)
+        return float(summarize(b, n, H100).tpot_s[0])
+
+    for table, overlaps in ((small_att, True), (small_mix, False)):
+        gpu = tpot(table, 0.0)
+        assert gpu < so  # a tiny model: the host step is the longer one
+        want = max(gpu, so) if overlaps else gpu + so
+        assert tpot(table, None) == pytest.approx(want, rel=1e-6)
+    flags = no_overlap_rows(small_mix, "sglang", wl + ["isl=128,osl=64,concurrency=1,"
+                                                       "draft_tokens=2,acceptance=2"])
+    assert flags.tolist() == [[False, False], [True, False]]  # the Mamba row, plain decoding
+    assert no_overlap_rows(small_mix, "trtllm", wl) is None  # TensorRT-LLM has no such rule
+    bad = sg.model_copy(update={"no_overlap": [sg.no_overlap[0].model_copy(
+        update={"kinds": ["mamba3"]})]})
+    with pytest.raises(InputError, match="mamba3"):
+        no_overlap_rows(small_mix, "sglang", wl, engines={"sglang": bad})
