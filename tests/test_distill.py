@@ -365,3 +365,21 @@ def test_bad_input_is_one_line(work, tmp_path):
             rc = cli(argv)
         assert rc == 2, (argv, err.getvalue())
         assert needle in err.getvalue() and err.getvalue().count("\n") == 1, err.getvalue()
+
+
+def test_the_plan_holds_what_each_sharded_rank_holds(work, two_ranks):
+    """``distill --plan``'s weights per rank are the shards a 2-rank run held: P / N each
+    (float32 here), up to FSDP2's dim-0 padding and the buffers every rank keeps."""
+    from nas.distill_plan import distill_plan
+    from nas.hf import load_config
+
+    rec = load_record(two_ranks)
+    p = distill_plan(load_config(work / "child"), load_config(work / "parent"), world=2,
+                     replicas=False, batch=8, seq_len=SEQ, tokens=10 * 8 * SEQ, eval_every=5,
+                     eval_tokens=1024, teacher_dtype="float32", student_dtype="float32",
+                     mixed_precision=None, keep_best=True, lr_sweep=0, sweep_steps=None,
+                     checkpointing=False)
+    for col, planned in ((0, p.student_weights), (1, p.teacher_weights)):
+        held = max(r[col] for r in rec.held_elements) * 4
+        assert planned == pytest.approx(held, rel=0.02), (col, planned, held)
+    assert p.gradients == p.student_weights and p.optimizer == 2 * p.student_weights

@@ -28,13 +28,16 @@ OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png")
 
 
 def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
-    p.add_argument("child", help="the child checkpoint folder (puzzle-nas build -o DIR)")
-    p.add_argument("--teacher", required=True, help="the parent checkpoint folder")
-    p.add_argument("--data", required=True, help="training tokens: .npy (integers), .bin "
-                   "(raw, with --bin-dtype) or UTF-8 text with --tokenizer")
+    p.add_argument("child", help="the child checkpoint folder (puzzle-nas build -o DIR); "
+                   "with --plan also a config.json or a blueprint.json")
+    p.add_argument("--teacher", required=True, help="the parent checkpoint folder (with "
+                   "--plan also its config.json)")
+    p.add_argument("--data", help="training tokens: .npy (integers), .bin (raw, with "
+                   "--bin-dtype) or UTF-8 text with --tokenizer (required unless --plan)")
     p.add_argument("--eval-data", help="held-out tokens (same formats); default: the last "
                    "--eval-tokens of --data, never trained on")
-    p.add_argument("-o", "--output", required=True, help="output folder (resumable)")
+    p.add_argument("-o", "--output", help="output folder (resumable; required unless "
+                   "--plan)")
     add_token_flags(p)
     add_dtype_flag(p)
     p.add_argument("--tokens", type=int, required=True, help="training tokens in all")
@@ -78,6 +81,15 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
                    "and student on every rank (DistributedDataParallel), for models that fit "
                    "one rank; default: both sharded over the ranks (FSDP2)")
     p.add_argument("--json", action="store_true", help="print distill.json")
+    p.add_argument("--plan", action="store_true", help="print the memory per rank (weights, "
+                   "gradients, optimizer state, kept copies, gathered units, activations, "
+                   "logits) and a roofline time per phase from the configs alone, and exit "
+                   "(nothing is loaded; a plan that does not fit is refused)")
+    p.add_argument("--hardware", help="hardware profile of the plan's times and default "
+                   "capacity (a name from `puzzle-nas hw list` or a profile file)")
+    p.add_argument("--device-memory", type=float, help="memory per rank in GiB (2^30 bytes) "
+                   "a run must fit (default: --hardware's; on the CPU the available memory "
+                   "over the ranks)")
     if launcher:
         p.add_argument("--nproc", type=int, default=1,
                        help="processes (ranks) on this node, launched with torchrun")
@@ -116,8 +128,78 @@ def settings_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise InputError(f"{flags.get(name, '--' + name.replace('_', '-'))}: {msg}") from None
 
 
+def _config_dtype(cfg: dict) -> str:  # type: ignore[type-arg]
+    """A config's non-quantized dtype as the loader reads it (float32 when unstated)."""
+    d = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    return d if d in ("bfloat16", "float16") else "float32"
+
+
+def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None):  # type: ignore[no-untyped-def]
+    """The run's :class:`nas.distill_plan.DistillPlan` from the two configs alone."""
+    import hwprofiles
+    from nas.cli.build import read_child_config
+    from nas.distill_plan import distill_plan
+    from nas.hf import from_hf
+
+    s = settings_of(args)
+    models = []
+    for flag, d in (("CHILD", args.child), ("--teacher", args.teacher)):
+        path = Path(d)
+        if not (path / "config.json").is_file() and not path.is_file():
+            raise InputError("expected a checkpoint folder, a config.json or a blueprint.json",
+                             path=str(d), field=flag)
+        cfg, src = read_child_config(path)
+        models.append((from_hf(cfg, source=src), cfg))
+    (child, c_cfg), (teacher, t_cfg) = models
+    hw = None if not args.hardware else hwprofiles.get(args.hardware)
+    if capacity is None and args.device_memory:
+        capacity = args.device_memory * 2**30
+    if capacity is None and hw is not None:
+        capacity = hw.memory_bytes.value
+    return distill_plan(
+        child, teacher, world=nproc, replicas=args.replicas, batch=s.batch_size,
+        seq_len=s.seq_len, tokens=s.tokens, eval_every=s.eval_every,
+        eval_tokens=s.eval_tokens, teacher_dtype=s.dtype or _config_dtype(t_cfg),
+        student_dtype=s.dtype or _config_dtype(c_cfg), mixed_precision=s.mixed_precision,
+        keep_best=s.keep_best, lr_sweep=len(s.lr_sweep), sweep_steps=s.sweep_steps,
+        checkpointing=args.activation_checkpointing, hw=hw, capacity=capacity)
+
+
+def _print_plan(args: argparse.Namespace) -> int:
+    if args.batch % args.nproc:
+        raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of "
+                         f"the {args.nproc} ranks (--nproc)")
+    p = plan_of(args, args.nproc)
+    for line in p.lines():
+        print(line)
+    if not p.fits():
+        raise InputError(p.refusal())
+    return 0
+
+
+def _check_fits(args: argparse.Namespace, nproc: int) -> None:
+    """Refuse, before anything is loaded, a run whose plan does not fit: per rank, the
+    ``--device-memory`` given (or ``--hardware``'s), or on the CPU the machine's available
+    memory shared by the ranks."""
+    from nas.cli.score import _available_memory
+
+    cap = args.device_memory * 2**30 if args.device_memory else None
+    if cap is None and args.hardware is None and args.device == "cpu":
+        avail = _available_memory()
+        cap = None if avail is None else avail / max(1, nproc)
+    if cap is None and args.hardware is None:
+        return
+    p = plan_of(args, nproc, cap)
+    if not p.fits():
+        raise InputError(p.refusal())
+
+
 def _check(args: argparse.Namespace) -> None:
     from nas.io import check_output_dir
+
+    for flag in ("data", "output"):
+        if getattr(args, flag) is None:
+            raise InputError(f"--{flag} is required (unless --plan)")
 
     for flag, d in (("CHILD", args.child), ("--teacher", args.teacher)):
         if not (Path(d) / "config.json").is_file():
@@ -220,6 +302,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"puzzle-nas distill: {warn}", file=sys.stderr)
     if args.nproc < 1:
         raise InputError("--nproc must be >= 1")
+    if args.plan:
+        return _print_plan(args)
+    _check(args)
+    _check_fits(args, args.nproc)
     # one run at a time per output folder (two would train into the same checkpoint): a
     # second is refused at once; the launcher holds the lock while its ranks run
     with output_lock(args.output, "-o"):

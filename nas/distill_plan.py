@@ -1,0 +1,260 @@
+"""``puzzle-nas distill --plan``: memory per rank and time per phase of a distillation, from
+the child's and the teacher's configs alone (no torch, no weights, no data).
+
+Memory per rank (bytes), for the layout :func:`nas.distill.distill` runs (``P_s``, ``P_t``:
+the student's and the teacher's parameters; ``N`` ranks; FSDP2 pads each tensor's dim 0 to
+a multiple of ``N``, at most ``N - 1`` rows per tensor more than ``P / N``):
+
+* **weights**: the teacher's shard ``P_t / N`` in its compute dtype (the mixed-precision
+  dtype when given: it is held in it) and the student's ``P_s / N`` in its master dtype
+  (float32 under mixed precision); with ``replicas`` (or one rank) the whole of both;
+* **gradients**: the student's, sharded like it, in the master dtype;
+* **optimizer**: AdamW's two moments, in the master dtype;
+* **kept copies**: one more copy of the student's (shards of) weights: the best
+  evaluation's (``keep_best``, the default) or, during a learning-rate sweep, the student
+  as given that each trial is put back to (the two are never held at once);
+* **gathered**: what FSDP2 unshards at a time: the root unit (embedding, final norm, head)
+  of each model, kept through the step, and the two largest blocks (the one computing and
+  the one prefetched), student parameters and their unsharded gradients in the compute
+  dtype, teacher parameters in its dtype;
+* **activations**: for the rank's rows (the global batch over ``N``) of ``seq_len``
+  tokens, what autograd keeps for the backward pass per block and token, read off the
+  modules (:mod:`nas.modules`; checked against ``torch.autograd.graph.saved_tensors_hooks``
+  on each block kind in the tests):
+
+  - every block: its input, the norm's output and the branch output, ``3 h`` values, plus
+    twice its widest intermediate (the inputs and outputs of its projections; the widest
+    is :mod:`costmodels.blocks`' workspace width);
+  - attention: the widest (q, k, v) once, as the attention kernel saves them, and its
+    output (the output projection's input), ``heads * head_dim``;
+  - MoE (instead): ``3 h``; per routed copy of a token (``top_k``) the dispatched input
+    and the weighted output, ``2 h``, and the expert's ``(2 m - 1) * width`` (``m`` = 3
+    matrices gated, 2 not: each up projection's output, the activation's, the product);
+    the shared expert's ``2 (m - 1) * width``; the router's ``2 * experts``;
+  - Mamba-2 (``H`` heads, ``d = H * head_dim``, ``G`` groups, state ``N``, chunk ``C`` =
+    64 of :func:`nas.modules.mamba.ssd_chunked`): the scan's per-head ``(C x C)`` decays
+    and their products, ``2 H C``; the per-channel tensors (x, z, dt, the conv's input and
+    output, the gated norm's, the scan's output), ``9 d``; B and C per group, ``6 G N``;
+    ``C B^T`` per group, ``G C``; the chunk states, ``2 d N / C`` (tensor counts of the
+    module's autograd graph: exact on 8 shapes);
+
+  with activation checkpointing only each block's input is kept, plus one block's whole
+  set while it is recomputed. Plus the head: the logits of student and teacher and the
+  float32 tensors of the KL (``kd_loss``: the two log-softmaxes, the teacher's
+  probabilities and their product, and the logits' gradient), ``T * V * (e_s + e_t + 28)``
+  bytes for ``T`` tokens.
+
+Time per phase (seconds) is a roofline lower bound from the hardware profile (dense GEMM
+FLOPs at the matmul peak and efficiency of the compute dtype; attention's quadratic term,
+the host and the optimizer step left out), per rank: a training step is the teacher's
+forward (``2`` FLOPs per active parameter and token, plus the head) and the student's
+forward and backward (``6``, ``8`` with activation checkpointing); an evaluation runs both
+forwards on ``eval_tokens``. **Communication** is what FSDP2 moves per rank over the
+scale-up link (``interconnect.bandwidth`` at its ``link`` efficiency): the teacher
+gathered once per step and the student twice (forward and backward), and the gradients
+reduce-scattered in float32 under mixed precision (else the master dtype), each
+``(N - 1) / N`` of the whole; with replicas, the gradients' all-reduce, twice that. FSDP2
+overlaps it with compute, so a step lasts at least the larger of the two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hwprofiles.schema import HardwareProfile
+from nas.arch import ModelArch
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+MAMBA_CHUNK = 64  # the Mamba-2 module's chunk_size (nas.modules.mamba; checked in the tests)
+KL_FLOAT32_TENSORS = 7  # kd_loss' float32 tensors of the vocabulary's size per token
+
+
+@dataclass(frozen=True)
+class DistillPlan:
+    """A distillation's plan per rank (every rank holds the same share; see the module
+    docstring). Bytes and seconds."""
+
+    world: int
+    layout: str
+    """``"whole"`` (one rank), ``"replicas"`` (DDP) or ``"sharded"`` (FSDP2)."""
+    teacher_weights: float
+    student_weights: float
+    gradients: float
+    optimizer: float
+    copies: float
+    gathered: float
+    activations: float
+    logits: float
+    phases: dict[str, float]
+    steps: int
+    tokens: int
+    dtypes: tuple[str, str, str]
+    """(teacher held in, student master, compute)."""
+    hardware: str | None
+    capacity: float | None
+
+    @property
+    def total(self) -> float:
+        return (self.teacher_weights + self.student_weights + self.gradients + self.optimizer
+                + self.copies + self.gathered + self.activations + self.logits)
+
+    def fits(self) -> bool:
+        return self.capacity is None or self.total <= self.capacity
+
+    def figures(self) -> dict[str, float]:
+        return {"teacher": self.teacher_weights, "student": self.student_weights,
+                "gradients": self.gradients, "optimizer": self.optimizer,
+                "kept copies": self.copies, "gathered": self.gathered,
+                "activations": self.activations, "logits": self.logits}
+
+    def refusal(self) -> str:
+        gib = 2**30
+        parts = ", ".join(f"{k} {v / gib:.2f}" for k, v in self.figures().items())
+        return (f"the plan does not fit: every rank needs {self.total / gib:.2f} GiB ({parts}) "
+                f"of {self.capacity / gib:.2f} GiB per rank; add ranks, lower --batch or "  # type: ignore[operator]
+                "--seq-len, use --activation-checkpointing or --mixed-precision, or a device "
+                "with more memory")
+
+    def lines(self) -> list[str]:
+        gib = 2**30
+        t, m, c = self.dtypes
+        out = [f"plan: {self.world} rank(s), {self.layout}, {self.steps:,} steps, "
+               f"{self.tokens:,} training tokens; teacher in {t}, student master weights "
+               f"{m}, compute {c}; memory per rank in GiB (2^30 bytes)"]
+        for k, v in self.figures().items():
+            out.append(f"  {k:<12} {v / gib:9.2f}")
+        out.append(f"  {'total':<12} {self.total / gib:9.2f}")
+        if self.capacity is not None:
+            out.append(f"capacity per rank: {self.capacity / gib:.2f} GiB "
+                       f"({'fits' if self.fits() else 'does not fit'})")
+        if self.hardware is not None:
+            ph = ", ".join(f"{k} {v:,.1f} s" for k, v in self.phases.items())
+            out.append(f"time on {self.hardware} (roofline lower bound per rank; FSDP2 "
+                       f"overlaps communication with compute): {ph}")
+        return out
+
+
+def _widest(arch: ModelArch) -> np.ndarray:
+    """Widest intermediate per block, values per token (costmodels' workspace width)."""
+    import hwprofiles
+    from costmodels.blocks import price_blocks
+    from costmodels.dtypes import get_recipe
+
+    costs = price_blocks(arch.table, hwprofiles.get("h100-sxm"), get_recipe("bf16"),
+                         ["isl=256,osl=1,batch=1"])
+    ws = np.asarray(costs.workspace_bytes_per_token, dtype=float) / 2.0  # bf16 activations
+    return np.where(ws > 0, ws - 2.0 * arch.hidden_size, 0.0)
+
+
+def saved_values_per_token(arch: ModelArch) -> np.ndarray:
+    """Values per token each block keeps for its backward pass (see the module docstring);
+    0 for a no-op."""
+    h = float(arch.hidden_size)
+    wide = _widest(arch)
+    out = np.zeros(arch.num_blocks)
+    for i, b in enumerate(arch.blocks):
+        if b.kind == "noop":
+            continue
+        v = 3 * h + 2 * wide[i]
+        if b.kind == "attention":  # q, k, v saved once (for the attention kernel), then
+            v = 3 * h + wide[i] + b.num_heads * b.head_dim  # type: ignore[attr-defined]
+        elif b.kind == "moe":
+            mats = 2 + int(b.gated)  # type: ignore[attr-defined]
+            v = (3 * h + b.top_k * (2 * h + (2 * mats - 1) * b.expert_width)  # type: ignore[attr-defined]
+                 + 2 * (mats - 1) * b.shared_width + 2 * b.num_experts)  # type: ignore[attr-defined]
+        elif b.kind == "mamba":
+            c, di = MAMBA_CHUNK, b.num_heads * b.head_dim  # type: ignore[attr-defined]
+            g, n = b.n_groups, b.state_size  # type: ignore[attr-defined]
+            v += (2 * b.num_heads * c + 9 * di + 6 * g * n + g * c  # type: ignore[attr-defined]
+                  + 2 * di * n / c)
+        out[i] = v
+    return out
+
+
+def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: bool,
+                 batch: int, seq_len: int, tokens: int, eval_every: int, eval_tokens: int,
+                 teacher_dtype: str, student_dtype: str, mixed_precision: str | None,
+                 keep_best: bool, lr_sweep: int, sweep_steps: int | None,
+                 checkpointing: bool, hw: HardwareProfile | None = None,
+                 capacity: float | None = None) -> DistillPlan:
+    """The plan of distilling ``child`` from ``teacher`` on ``world`` ranks.
+
+    ``teacher_dtype`` / ``student_dtype``: the dtypes each is loaded in (``--dtype`` or the
+    checkpoint's non-quantized dtype); ``lr_sweep``: the number of rates tried."""
+    layout = "whole" if world == 1 else ("replicas" if replicas else "sharded")
+    share = 1.0 / world if layout == "sharded" else 1.0
+    e_t = DTYPE_BYTES[mixed_precision or teacher_dtype]
+    e_m = 4 if mixed_precision else DTYPE_BYTES[student_dtype]
+    e_c = DTYPE_BYTES[mixed_precision or student_dtype]
+    p_s = float(child.block_params().sum() + sum(child.nonblock_role_params().values()))
+    p_t = float(teacher.block_params().sum() + sum(teacher.nonblock_role_params().values()))
+    root_s = float(sum(child.nonblock_role_params().values()))
+    root_t = float(sum(teacher.nonblock_role_params().values()))
+    steps = math.ceil(tokens / (batch * seq_len))
+    local = batch // world * seq_len  # tokens per rank and step
+
+    weights_t, weights_s = p_t * e_t * share, p_s * e_m * share
+    grads, optim = p_s * e_m * share, 2 * p_s * e_m * share
+    copies = float(keep_best or lr_sweep > 0) * p_s * e_m * share
+    gathered = 0.0
+    if layout == "sharded":
+        top_s = np.sort(child.block_params().astype(float))[-2:].sum()
+        top_t = np.sort(teacher.block_params().astype(float))[-2:].sum()
+        gathered = (root_s + top_s) * e_c * 2 + (root_t + top_t) * e_t
+    saved = saved_values_per_token(child)
+    if checkpointing:
+        acts = local * e_c * (child.hidden_size * np.count_nonzero(saved)
+                              + (saved.max() if saved.size else 0.0))
+    else:
+        acts = local * e_c * saved.sum()
+    logits = local * child.vocab_size * (e_c + e_t + 4 * KL_FLOAT32_TENSORS)
+
+    phases: dict[str, float] = {}
+    if hw is not None:
+        phases = _phases(child, teacher, hw, world, layout, local, steps, eval_every,
+                         eval_tokens, lr_sweep, sweep_steps, checkpointing, p_s, p_t,
+                         e_t, e_c, e_m, mixed_precision)
+    return DistillPlan(world, layout, weights_t, weights_s, grads, optim, copies, gathered,
+                       float(acts), float(logits), phases, steps, steps * batch * seq_len,
+                       (mixed_precision or teacher_dtype,
+                        "float32" if mixed_precision else student_dtype,
+                        mixed_precision or student_dtype),
+                       None if hw is None else hw.name, capacity)
+
+
+def _phases(child: ModelArch, teacher: ModelArch, hw: HardwareProfile, world: int,
+            layout: str, local: int, steps: int, eval_every: int, eval_tokens: int,
+            lr_sweep: int, sweep_steps: int | None, checkpointing: bool, p_s: float,
+            p_t: float, e_t: int, e_c: int, e_m: int, mixed_precision: str | None
+            ) -> dict[str, float]:
+    from costmodels.roofline import Roof
+
+    roof = Roof(hw)
+    cdt = "fp16" if (mixed_precision or "") == "float16" else "bf16"
+    if cdt not in hw.peak_flops:
+        cdt = next(iter(hw.peak_flops))
+
+    def seconds(flops: float) -> float:
+        return float(roof.matmul(cdt, flops) * flops) if flops else 0.0
+
+    a_s = float(child.block_params(active=True).sum())
+    a_t = float(teacher.block_params(active=True).sum())
+    hv_s, hv_t = child.hidden_size * child.vocab_size, teacher.hidden_size * teacher.vocab_size
+    per_step = local * (2 * (a_t + hv_t) + (8 if checkpointing else 6) * a_s + 6 * hv_s)
+    evals = steps // eval_every + 1
+    per_eval = math.ceil(eval_tokens / world) * 2 * (a_t + hv_t + a_s + hv_s)
+    trial = sweep_steps if sweep_steps is not None else max(1, steps // 4)
+    out = {"training": seconds(per_step) * steps + seconds(per_eval) * evals}
+    if lr_sweep:
+        out["sweep"] = lr_sweep * (seconds(per_step) * trial
+                                   + seconds(per_eval) * (trial // eval_every + 1))
+    if world > 1:
+        moved = (p_t * e_t + 2 * p_s * e_c + p_s * (4 if mixed_precision else e_m)) \
+            if layout == "sharded" else 2 * p_s * e_m
+        moved *= (world - 1) / world
+        bw = hw.interconnect.bandwidth.value * float(hw.efficiency.link.at(moved))
+        out["communication"] = moved / bw * (steps + (lr_sweep * trial if lr_sweep else 0))
+    return out

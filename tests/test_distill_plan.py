@@ -1,0 +1,140 @@
+"""``puzzle-nas distill --plan`` (``nas.distill_plan``): the activation rule per block kind
+against what autograd really keeps, the plan's CLI (printed, refused in one line, nothing
+written), and a real run refused before anything loads when its plan does not fit."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nas.arch import FFN, Attention, Mamba, ModelArch, MoE
+
+REPO = Path(__file__).resolve().parents[1]
+ARCH = ModelArch(hidden_size=128, vocab_size=512, blocks=(
+    Attention(num_heads=4, num_kv_heads=2, head_dim=32),
+    FFN(width=512),
+    FFN(width=384, gated=False, activation="relu2"),
+    MoE(num_experts=8, top_k=2, expert_width=128, shared_width=128),
+    MoE(num_experts=4, top_k=1, expert_width=192, gated=True, activation="silu"),
+    Mamba(num_heads=8, head_dim=16, state_size=16, n_groups=2),
+    Mamba(num_heads=4, head_dim=32, state_size=32, n_groups=1),
+))
+
+
+def test_the_plan_imports_no_torch():
+    code = ("import sys, nas.distill_plan, nas.cli.distill; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_saved_values_per_token_match_autograd_per_block_kind():
+    """The rule's values per token are what autograd saves for each block's backward pass
+    (parameters excluded), within 10 %, on every kind it names."""
+    torch = pytest.importorskip("torch")
+    from nas.distill_plan import MAMBA_CHUNK, saved_values_per_token
+    from nas.modules.model import CausalLM
+
+    torch.manual_seed(0)
+    model = CausalLM(ARCH)
+    assert all(getattr(b.mixer, "chunk_size", MAMBA_CHUNK) == MAMBA_CHUNK
+               for b in model.blocks)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    rule = saved_values_per_token(ARCH)
+    b, s = 2, 256
+    x = torch.randn(b, s, ARCH.hidden_size, requires_grad=True)
+    for i, blk in enumerate(model.blocks):
+        seen, total = set(params), [0]
+
+        def pack(t, seen=seen, total=total):  # type: ignore[no-untyped-def]
+            k = t.untyped_storage().data_ptr()
+            if k not in seen:
+                seen.add(k)
+                total[0] += t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            blk(x)
+        measured = total[0] / (b * s * 4)
+        assert rule[i] == pytest.approx(measured, rel=0.10), (ARCH.blocks[i], rule[i],
+                                                              measured)
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    from nas.cli import main as cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture()
+def configs(tmp_path: Path) -> tuple[Path, Path]:
+    from nas.hf import to_hf
+
+    parent = tmp_path / "parent.json"
+    parent.write_text(json.dumps(to_hf(ARCH)))
+    child = ARCH.replace_blocks([*ARCH.blocks[:1], *ARCH.blocks[2:]])
+    blueprint = tmp_path / "blueprint.json"
+    blueprint.write_text(json.dumps({"child": to_hf(child)}))
+    return blueprint, parent
+
+
+def test_plan_prints_and_refuses_in_one_line(configs, tmp_path):
+    child, parent = configs
+    base = ["distill", str(child), "--teacher", str(parent), "--plan", "--tokens", "65536",
+            "--seq-len", "256", "--batch", "8"]
+    rc, out, err = _cli([*base, "--nproc", "4", "--hardware", "h100-sxm"])
+    assert rc == 0, err
+    assert "4 rank(s), sharded" in out and "fits" in out and "time on h100-sxm" in out
+    rc, out, err = _cli([*base, "--nproc", "2", "--device-memory", "0.001"])
+    assert rc == 2 and err.count("\n") == 1 and "the plan does not fit" in err, err
+    assert "gradients" in err and "0.00 GiB per rank" in err
+    rc, _, err = _cli([*base, "--nproc", "3"])
+    assert rc == 2 and "multiple of the 3 ranks" in err
+    rc, _, err = _cli(["distill", str(tmp_path / "nope.json"), "--teacher", str(parent),
+                       "--plan", "--tokens", "10"])
+    assert rc == 2 and "nope.json" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blueprint.json", "parent.json"]
+
+
+def test_more_ranks_hold_less_and_checkpointing_keeps_less():
+    from nas.distill_plan import distill_plan
+
+    kw = dict(batch=8, seq_len=256, tokens=65536, eval_every=50, eval_tokens=4096,
+              teacher_dtype="bfloat16", student_dtype="bfloat16", mixed_precision=None,
+              keep_best=True, lr_sweep=0, sweep_steps=None, replicas=False)
+    one, two, four = (distill_plan(ARCH, ARCH, world=n, checkpointing=False, **kw)
+                      for n in (1, 2, 4))
+    assert one.total > two.total > four.total
+    assert four.student_weights == pytest.approx(one.student_weights / 4)
+    ck = distill_plan(ARCH, ARCH, world=2, checkpointing=True, **kw)
+    assert ck.activations < two.activations
+    mp = distill_plan(ARCH, ARCH, world=2, checkpointing=False,
+                      **{**kw, "mixed_precision": "bfloat16"})
+    assert mp.student_weights == 2 * two.student_weights  # float32 master weights
+
+
+def test_a_run_whose_plan_does_not_fit_is_refused_before_anything_loads(tmp_path):
+    pytest.importorskip("torch")
+    from nas.build import save_pretrained
+    from nas.modules.model import CausalLM
+
+    d = tmp_path / "m"
+    save_pretrained(CausalLM(ARCH), d)
+    import numpy as np
+
+    np.save(tmp_path / "t.npy", np.zeros(8192, dtype=np.uint16))
+    out = tmp_path / "out"
+    rc, _, err = _cli(["distill", str(d), "--teacher", str(d), "--data",
+                       str(tmp_path / "t.npy"), "-o", str(out), "--tokens", "4096",
+                       "--seq-len", "64", "--batch", "8", "--device-memory", "0.001"])
+    assert rc == 2 and "the plan does not fit" in err and err.count("\n") == 1, err
+    assert not out.exists()
