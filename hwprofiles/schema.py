@@ -19,7 +19,15 @@ import math
 import re
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from hwprofiles.units import gb_gib
 
@@ -36,7 +44,30 @@ def is_assumed(source: str) -> bool:
     return bool(_ASSUMED.search(source))
 
 
-class Figure(BaseModel):
+ON_BOUND_PATTERN = r"^(floor|open): .{10,}"
+"""An ``on_bound`` note: ``floor: <why>`` (the bound is physics, the figure can go no
+further) or ``open: <what>`` (structural error the bound hides, still to model)."""
+
+
+class _OnBound(BaseModel):
+    """A fitted figure's ``on_bound`` note: why it sits on a bound of its fit (within 1 % of
+    the bound's range; ``costmodels.calibrate.parameters`` / ``ENGINE_BOUNDS``). A refit
+    writes the figure without it, so a figure that lands on a bound again is reviewed
+    before it ships (``tests/test_hwprofiles.py``). Left out of the JSON when unset."""
+
+    on_bound: str | None = Field(default=None, pattern=ON_BOUND_PATTERN)
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_note(self, handler: SerializerFunctionWrapHandler) -> dict:
+        out = handler(self)
+        if isinstance(out, dict):
+            note = out.pop("on_bound", None)
+            if note is not None:  # after the figure and its source
+                out["on_bound"] = note
+        return out
+
+
+class Figure(_OnBound):
     """A number and where it came from."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -52,7 +83,7 @@ class Figure(BaseModel):
         return v
 
 
-class EfficiencyCurve(BaseModel):
+class EfficiencyCurve(_OnBound):
     """Achieved fraction of peak vs op size; ``points`` are ``[size, fraction]`` pairs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
