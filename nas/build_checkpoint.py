@@ -75,6 +75,8 @@ from nas.build_modelopt import quant_config as modelopt_config
 from nas.build_mxfp4 import packed_names, unpack_mxfp4
 from nas.hf import NEMOTRON_H, ExportError, load_config, to_hf
 from nas.hf.deepseek import is_mtp_tensor
+from nas.hf.remote import AUTO_MAP, REMOTE_FILES, needs_remote_code, remote_config, remote_files
+from nas.hf.remote import CONFIG_KEY as REMOTE_KEY
 from nas.io import check_output_dir, swap_in_dir, temp_prefix
 from nas.modules.granite import GRANITE
 from nas.modules.model import CausalLM
@@ -190,12 +192,71 @@ def hf_state_dict(model: CausalLM, model_type: str) -> dict[str, torch.Tensor]:
     return out
 
 
+def remote_layout(model: CausalLM, model_type: str
+                  ) -> tuple[list[tuple[str, str]], list[tuple[str, str, str, int]]]:
+    """How the checkpoint's modeling code (:mod:`nas.hf.remote`) places ``model``'s modules
+    under the HF tensor names of ``model_type``: ``(internal module path, HF module path)``
+    pairs, merged upward wherever a whole submodule maps under one HF path, and the stacked
+    expert parameters as ``(owner module, parameter, HF template relative to the owner's HF
+    path with {j}, expert count)``."""
+    leaf: dict[str, str] = {}
+    stacked: dict[tuple[str, str], list[str]] = {}
+
+    def put(mod: str, hf: str) -> None:
+        if leaf.setdefault(mod, hf) != hf:
+            raise InputError(f"cannot write modeling code for {model_type}: module {mod} maps "
+                             f"to both {leaf[mod]} and {hf}")
+
+    for key, name, j in hf_layout(model, model_type):
+        mod, _, attr = key.rpartition(".")
+        if j is not None:
+            marker = f".experts.{j}."
+            owner_hf = name[:name.rindex(marker)]
+            put(mod, owner_hf)
+            stacked.setdefault((mod, attr), []).append(name[len(owner_hf) + 1:])
+            continue
+        hf_mod, _, hf_attr = name.rpartition(".")
+        if hf_attr != attr:
+            raise InputError(f"cannot write modeling code for {model_type}: tensor {key} is "
+                             f"saved as {name} (another parameter name)")
+        put(mod, hf_mod)
+    stacked_rows = []
+    for (mod, attr), names in stacked.items():
+        template = names[0].replace("experts.0.", "experts.{j}.", 1)
+        if any(n != template.format(j=j) for j, n in enumerate(names)):  # pragma: no cover
+            raise InputError(f"cannot write modeling code for {model_type}: experts of "
+                             f"{mod}.{attr} are not numbered 0..{len(names) - 1}")
+        stacked_rows.append((mod, attr, template, len(names)))
+    # merge upward: a module whose mapped descendants all keep their relative paths under
+    # one HF path is placed whole (a Nemotron-H block, the block list)
+    mapping = dict(leaf)
+    while True:
+        for par in sorted({m.rpartition(".")[0] for m in mapping if "." in m},
+                          key=lambda m: -m.count(".")):
+            under = {m: h for m, h in mapping.items() if m == par or m.startswith(par + ".")}
+            roots = {h[:len(h) - len(m) + len(par)] for m, h in under.items()
+                     if h.endswith(m[len(par):])}
+            if len(roots) == 1 and all(h.endswith(m[len(par):]) for m, h in under.items()):
+                for m in under:
+                    del mapping[m]
+                mapping[par] = roots.pop()
+                break
+        else:
+            break
+    return sorted(mapping.items()), stacked_rows
+
+
 def _digest(t: torch.Tensor) -> str:
     data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
     return hashlib.sha256(memoryview(data)).hexdigest()
 
 
-def _export_config(model: CausalLM, model_type: str | None) -> dict[str, Any]:
+def _export_config(model: CausalLM, model_type: str | None,
+                   remote_code: bool | None = None) -> dict[str, Any]:
+    """The ``config.json`` of ``model`` saved as ``model_type`` (None: the type
+    :func:`nas.hf.to_hf` picks). ``remote_code`` None adds ``auto_map`` and the
+    ``puzzle_nas`` key (:mod:`nas.hf.remote`) when no stock transformers class holds the
+    child (:func:`nas.hf.remote.needs_remote_code`); True adds them always, False never."""
     try:
         cfg = to_hf(model.arch, model_type)
     except ExportError as exc:
@@ -204,6 +265,10 @@ def _export_config(model: CausalLM, model_type: str | None) -> dict[str, Any]:
     qc = cfg.get("quantization_config")
     if isinstance(qc, dict) and qc.get("quant_method") in PACKED_QUANT_METHODS:
         del cfg["quantization_config"]  # the parent's packing: the tensors written are plain
+    if remote_code or (remote_code is None and needs_remote_code(cfg)):
+        modules, stacked = remote_layout(model, cfg["model_type"])
+        cfg["auto_map"] = dict(AUTO_MAP)
+        cfg[REMOTE_KEY] = remote_config(model.arch, modules, stacked)
     return cfg
 
 
@@ -234,7 +299,7 @@ def _shard_plan(model: CausalLM, model_type: str, max_shard_bytes: int
     return shards
 
 
-CHECKPOINT_FILES = (CONFIG, WEIGHTS, INDEX, "model-*-of-*.safetensors")
+CHECKPOINT_FILES = (CONFIG, WEIGHTS, INDEX, "model-*-of-*.safetensors", *REMOTE_FILES)
 """What :func:`save_pretrained` writes; an existing output folder may hold only these (the
 save replaces the folder whole)."""
 
@@ -248,7 +313,8 @@ def is_checkpoint_file(name: str) -> bool:
 
 
 def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = None,
-                    max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+                    max_shard_bytes: int = MAX_SHARD_BYTES,
+                    remote_code: bool | None = None) -> Path:
     """Write ``config.json`` and the weights into folder ``path``: ``model.safetensors``, or
     ``model-0000k-of-0000n.safetensors`` shards of at most ``max_shard_bytes`` (default 5 GB)
     plus ``model.safetensors.index.json`` when larger, as transformers writes them.
@@ -260,11 +326,16 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
     interrupted save leaves nothing behind and an existing checkpoint untouched, and an older
     checkpoint's stale weight files go with it. An existing ``path`` may hold only checkpoint
     files (:data:`CHECKPOINT_FILES`); anything else is refused before any work.
+
+    A child that no stock transformers class holds (``remote_code`` None, the default;
+    True: always, False: never) also gets ``auto_map`` and its modeling code
+    (:mod:`nas.hf.remote`), so ``AutoModelForCausalLM.from_pretrained(path,
+    trust_remote_code=True)`` builds the same model.
     """
     from safetensors.torch import save_file
 
     path = Path(path)
-    cfg = _export_config(model, model_type)
+    cfg = _export_config(model, model_type, remote_code)
     mt = cfg["model_type"]
     check_output_dir(path, is_checkpoint_file, "output folder")
     shards = _shard_plan(model, mt, max_shard_bytes)
@@ -308,6 +379,9 @@ def finish_checkpoint(tmp: Path, path: Path, cfg: dict[str, Any],
         (tmp / INDEX).write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     (tmp / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+    if REMOTE_KEY in cfg:  # the modeling code its auto_map names (nas.hf.remote)
+        for fname, text in remote_files(cfg["model_type"]).items():
+            (tmp / fname).write_text(text)
     umask = os.umask(0)
     os.umask(umask)
     for f in tmp.iterdir():

@@ -307,6 +307,8 @@ def test_config_that_does_not_match_the_weights_names_the_tensor(saved):
     _, out = saved
     cfg = json.loads((out / "config.json").read_text())
     cfg["block_configs"][3]["intermediate_size"] = 20
+    del cfg["puzzle_nas"], cfg["auto_map"]  # as another tool would write it (with them the
+    # edit is refused earlier, tests/test_remote_code.py)
     (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(InputError, match=r"tensor backbone\.layers\.3\.mixer\.up_proj\.weight "
                                          r"has shape \[24, 16\] but config\.json implies "
@@ -428,7 +430,8 @@ def test_sharded_save_round_trip_and_stale_shards_removed(tmp_path):
     back = load_pretrained(out)
     assert all(torch.equal(v, back.state_dict()[k]) for k, v in model.state_dict().items())
     save_pretrained(model, out)  # one file now: the index and the shards must go
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir() if p.suffix != ".py") == \
+        ["config.json", "model.safetensors"]  # (+ its modeling code: nas.hf.remote)
     import os
 
     umask = os.umask(0)

@@ -79,17 +79,40 @@ def from_hf(cfg: Any, source: str = "config") -> ModelArch:
         raise InputError(f"unsupported model_type {mt!r}; expected one of "
                          f"{', '.join(DIALECTS)}", path=source, field="model_type")
     r = Reader(cfg, source)
+    # auto_map names modeling files of the folder it came from (a Hub parent's, or the
+    # ones nas.hf.remote writes): never carried into another checkpoint
     r.used.update({"model_type", "architectures", "torch_dtype", "dtype",
-                   "transformers_version"})
+                   "transformers_version", "auto_map", "puzzle_nas"})
     blocks, mtp, kw = DIALECTS[mt].read(r, mt)
     extra = {k: v for k, v in cfg.items() if k not in r.used}
     extra.update(kw.pop("_extra", {}))
     try:
-        return ModelArch(blocks=tuple(blocks), mtp_blocks=tuple(mtp), model_type=mt,
+        arch = ModelArch(blocks=tuple(blocks), mtp_blocks=tuple(mtp), model_type=mt,
                          hf_extra_json=json.dumps(extra, sort_keys=True), **kw)
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(msg, path=source, field=loc) from None
+    _check_remote_copy(cfg, arch, source)
+    return arch
+
+
+def _check_remote_copy(cfg: dict[str, Any], arch: ModelArch, source: str) -> None:
+    """The ``puzzle_nas`` key (:mod:`nas.hf.remote`: what the folder's modeling code builds)
+    must describe the same blocks as the config itself, or the two loaders would build
+    different models."""
+    spec = cfg.get("puzzle_nas")
+    if spec is None:
+        return
+    try:
+        copy = ModelArch.model_validate(spec["arch"])
+    except (TypeError, KeyError, ValidationError):
+        raise InputError("expected the architecture puzzle-nas writes (an object with an "
+                         "arch)", path=source, field="puzzle_nas") from None
+    if (copy.blocks, copy.hidden_size, copy.vocab_size) != \
+            (arch.blocks, arch.hidden_size, arch.vocab_size):
+        raise InputError("describes another model than the rest of config.json (edited by "
+                         "hand?); the checkpoint's modeling code would build that one: "
+                         "re-save the checkpoint", path=source, field="puzzle_nas")
 
 
 def to_hf(arch: ModelArch, model_type: str | None = None) -> dict[str, Any]:

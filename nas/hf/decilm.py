@@ -1,9 +1,23 @@
 """The ``nemotron-nas`` dialect (DeciLM, Llama-3.1-Nemotron-51B / -49B): per-layer
 ``block_configs`` of (attention | linear | no-op) and (gated FFN | linear | no-op).
 
-Extension this library writes and reads: ``ffn.intermediate_size`` is written when a width
-is not reachable through ``ffn_mult`` (widths that are not multiples of 256); it wins over
-``ffn_mult``.
+How the engines turn ``ffn.ffn_mult`` into the FFN width: vLLM's
+``vllm/model_executor/models/nemotron_nas.py`` (commit ``00bd1493b3e8``,
+``_ffn_mult_to_intermediate_size``) and NVIDIA's ``modeling_decilm.py`` shipped with
+Nemotron-51B / Super-49B both compute ``int(2 * ffn_mult * hidden_size / 3)`` rounded *up*
+to a multiple of 256 (:func:`ffn_width_from_mult`). So exactly the positive multiples of 256
+are representable. vLLM reads ``ffn.intermediate_size`` instead when the per-block FFN
+config has no ``ffn_mult`` attribute (``hasattr(block_config.ffn, "ffn_mult")``); it has no
+``replace_with_linear`` (a linear block builds full attention / MLP there and fails to load).
+
+Export: a width that is a multiple of 256 is written as ``ffn_mult`` only, the shortest
+decimal that the engines' formula maps back to exactly that width (checked, never an
+approximation: :func:`ffn_mult_for`). Any other width is written as ``ffn.intermediate_size``
+with ``ffn_mult: null`` (this library's extension; NVIDIA's ``block_config.py`` dataclass has
+no such field, so only this library and the checkpoint's own configuration class
+(:mod:`nas.hf.remote`, which exposes it the way vLLM's ``hasattr`` branch reads it) load
+it). Files written before (an approximate ``ffn_mult`` *and* ``intermediate_size``) still
+read: ``intermediate_size`` wins.
 """
 
 from __future__ import annotations
@@ -16,8 +30,15 @@ from nas.hf.registry import Dialect, ExportError, register
 
 
 def ffn_width_from_mult(mult: float, hidden: int) -> int:
+    """The FFN width DeciLM's ``ffn_mult`` stands for, as vLLM and NVIDIA's modeling code
+    compute it: ``int(2 * mult * hidden / 3)`` rounded up to a multiple of 256."""
     width = int(2 * mult * hidden / 3)
     return -(-width // 256) * 256
+
+
+def ffn_width_representable(width: int) -> bool:
+    """Whether ``ffn_mult`` can express FFN width ``width`` (a positive multiple of 256)."""
+    return width > 0 and width % 256 == 0
 
 
 def _import_decilm(r: Reader) -> tuple[list[BlockConfig], dict[str, Any]]:
@@ -65,13 +86,21 @@ def _import_decilm(r: Reader) -> tuple[list[BlockConfig], dict[str, Any]]:
     return blocks, kw
 
 
-def _ffn_mult_for(width: int, hidden: int) -> tuple[float, bool]:
-    """An ``ffn_mult`` for ``width`` and whether it reproduces the width exactly."""
-    mult = round(3 * width / (2 * hidden), 6)
-    for cand in (mult, round(mult, 4), round(mult, 2)):
-        if ffn_width_from_mult(cand, hidden) == width:
-            return cand, True
-    return mult, False
+def ffn_mult_for(width: int, hidden: int) -> float | None:
+    """An ``ffn_mult`` that :func:`ffn_width_from_mult` maps to exactly ``width``: the ratio
+    ``3 * width / (2 * hidden)`` to 6 decimals (``5.25`` for 14336 at hidden 4096, as NVIDIA
+    writes it) when that maps back, else the shortest decimal that does; ``None`` when no
+    multiplier does (``width`` not a positive multiple of 256)."""
+    if not ffn_width_representable(width):
+        return None
+    exact = 3 * width / (2 * hidden)
+    if ffn_width_from_mult(round(exact, 6), hidden) == width:
+        return round(exact, 6)
+    for digits in range(9):
+        for cand in (round(exact, digits), round(exact + 10 ** -digits, digits)):
+            if cand > 0 and ffn_width_from_mult(cand, hidden) == width:
+                return cand
+    return None  # pragma: no cover (the exact ratio maps back within 8 decimals)
 
 
 def _export_decilm(arch: ModelArch) -> dict[str, Any]:
@@ -110,9 +139,9 @@ def _export_decilm(arch: ModelArch) -> dict[str, Any]:
         elif isinstance(f, FFN):
             if not f.gated or f.bias:
                 raise ExportError("nemotron-nas FFN is gated without bias")
-            mult, exact = _ffn_mult_for(f.width, h)
+            mult = ffn_mult_for(f.width, h)
             fc = {"no_op": False, "replace_with_linear": False, "ffn_mult": mult}
-            if not exact:
+            if mult is None:  # not representable: this library's extension
                 fc["intermediate_size"] = f.width
         else:
             raise ExportError("nemotron-nas needs FFN, linear or no-op at odd positions")

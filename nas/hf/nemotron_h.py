@@ -1,11 +1,21 @@
 """The Nemotron-H dialects: ``nemotron_h`` (one shape per block kind, a block pattern) and
 ``nemotron_h_puzzle`` (per-block ``block_configs``: any sequence of block kinds and shapes).
 
+``nemotron_h_puzzle`` is NVIDIA's format for its Puzzle children (Nemotron-Labs-3-Puzzle-75B):
+per-block entries of ``block_type`` plus the keys of :data:`PUZZLE_BLOCK_KEYS`, every MoE entry
+carrying ``n_routed_experts``, ``num_experts_per_tok``, ``moe_intermediate_size`` and
+``moe_shared_expert_intermediate_size`` and every MLP entry ``intermediate_size``
+(:data:`PUZZLE_BLOCK_REQUIRED`; written even when equal to the top-level value). Other keys
+are written per block only where a block differs from the top level.
+
 Extensions this library writes and reads in ``nemotron_h_puzzle`` (documented so that other
 tools can ignore them safely): ``block_type`` may also be ``"linear"`` or ``"noop"``;
 per-block keys ``use_rope``, ``qk_norm``, ``attention_o_bias``, ``moe_gated``, ``moe_router``,
 ``moe_router_bias``, ``moe_shared_gate`` and ``mlp_gated`` describe blocks that stock
-Nemotron-H does not have.
+Nemotron-H does not have; per-block attention heads / KV heads and Mamba shapes are written
+as per-block overrides of the top-level keys. NVIDIA's config class refuses all of these
+(:func:`puzzle_schema_problems` lists them for a config); such a child loads here and through
+the modeling code saved into its folder (:mod:`nas.hf.remote`).
 """
 
 from __future__ import annotations
@@ -317,7 +327,9 @@ def _export_nemotron_h_puzzle(arch: ModelArch) -> dict[str, Any]:
         res = []
         for b in blocks:
             e: dict[str, Any] = {"block_type": _BLOCK_TYPE[b.kind]}
-            e.update({k: v for k, v in _nemotron_fields(b, h).items() if top.get(k) != v})
+            fields = _nemotron_fields(b, h)
+            required = PUZZLE_BLOCK_REQUIRED.get(e["block_type"], ())
+            e.update({k: v for k, v in fields.items() if k in required or top.get(k) != v})
             res.append(e)
         return res
 
@@ -327,6 +339,58 @@ def _export_nemotron_h_puzzle(arch: ModelArch) -> dict[str, Any]:
                                                  for b in arch.blocks)
     if arch.mtp_blocks:
         out["mtp_block_configs"] = entries(arch.mtp_blocks)
+    return out
+
+
+PUZZLE_BLOCK_REQUIRED: dict[str, tuple[str, ...]] = {
+    "moe": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "moe_shared_expert_intermediate_size"),
+    "mlp": ("intermediate_size",),
+}
+"""Per-block keys NVIDIA's ``nemotron_h_puzzle`` config class requires (its ``MoeConfig`` and
+``MlpConfig`` dataclasses have no defaults for them; SGLang's ``NemotronHPuzzleConfig``
+reads ``block["n_routed_experts"]`` of every MoE block). Written in every such entry, even
+when equal to the top-level value."""
+
+PUZZLE_BLOCK_KEYS: dict[str, tuple[str, ...]] = {
+    "attention": ("sliding_window",),
+    "moe": (*PUZZLE_BLOCK_REQUIRED["moe"], "moe_latent_size", "routed_scaling_factor",
+            "n_group", "topk_group", "norm_topk_prob"),
+    "mamba": ("ssm_state_size",),
+    "mlp": PUZZLE_BLOCK_REQUIRED["mlp"],
+}
+"""Every per-block key (besides ``block_type``) of NVIDIA's ``nemotron_h_puzzle`` config
+class, by block type: its ``AttentionConfig``, ``MoeConfig``, ``MambaConfig`` and
+``MlpConfig`` dataclasses, which refuse any other key (``config_class(**block_config)``).
+Sources: NVIDIA's ``configuration_nemotron_h_puzzle.py`` as shipped with its Puzzle
+children (the copy read is the one a vLLM DSA-converter script embeds), SGLang's
+``python/sglang/srt/configs/nemotron_h.py`` (commit ``03c77dc33d0a``) and vLLM's
+``vllm/model_executor/models/nemotron_h.py`` (commit ``00b08dc44519``), where only MLP and
+MoE layers take a per-layer config (``get_nemotron_h_config_for_layer``); Mamba and
+attention shapes come from the top level there."""
+
+
+def puzzle_schema_problems(cfg: dict[str, Any]) -> list[str]:
+    """Why NVIDIA's ``nemotron_h_puzzle`` config class would refuse ``cfg`` (a
+    ``nemotron_h_puzzle`` config dict), one line per problem; empty when it takes it: a
+    ``block_type`` it lacks (``linear``, ``noop``), a per-block key outside
+    :data:`PUZZLE_BLOCK_KEYS` (this library's extensions, a per-block KV-head count or Mamba
+    shape) or a required key missing."""
+    out = []
+    for part in ("block_configs", "mtp_block_configs"):
+        for i, e in enumerate(cfg.get(part) or []):
+            bt = e.get("block_type")
+            if bt not in PUZZLE_BLOCK_KEYS:
+                out.append(f"{part}[{i}]: block_type {bt!r} is not one of "
+                           f"{', '.join(PUZZLE_BLOCK_KEYS)}")
+                continue
+            extra = sorted(set(e) - {"block_type", *PUZZLE_BLOCK_KEYS[bt]})
+            if extra:
+                out.append(f"{part}[{i}] ({bt}): keys outside NVIDIA's schema: "
+                           f"{', '.join(extra)}")
+            missing = [k for k in PUZZLE_BLOCK_REQUIRED.get(bt, ()) if k not in e]
+            if missing:
+                out.append(f"{part}[{i}] ({bt}): missing {', '.join(missing)}")
     return out
 
 

@@ -1,0 +1,218 @@
+"""Heterogeneous children through the checkpoint itself (:mod:`nas.hf.remote`).
+
+A child no stock transformers class holds is saved with ``auto_map`` and a torch-only copy
+of this project's modules; ``AutoModelForCausalLM.from_pretrained(dir,
+trust_remote_code=True)`` must then give our logits within 1e-4 in float32 with no
+missing or unexpected tensors, load in a process where ``nas`` and ``pydantic`` cannot be
+imported, and train under HF ``Trainer``. Tiny random models at O(1) weight scale
+(``tests/test_hf_parity.py``'s ``randomize``), nothing downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hwprofiles.errors import InputError  # noqa: E402
+from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp  # noqa: E402
+from nas.build import build_model, load_pretrained, save_pretrained  # noqa: E402
+from nas.hf import DIALECTS, load_config  # noqa: E402
+from nas.hf.remote import AUTO_MAP, TRANSFORMERS_TYPES, remote_files  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+H = 64
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """O(1)-scale weights: matrices N(0, 1/fan_in), norms U(0.5, 1.5), the rest N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = dict(model.named_parameters())
+    tensors.update((n, b) for n, b in model.named_buffers() if "correction_bias" in n)
+    with torch.no_grad():
+        for name, t in sorted(tensors.items()):
+            leaf = name.rsplit(".", 1)[-1]
+            if t.dim() >= 2:
+                t.copy_(torch.randn(t.shape, generator=g) * t.shape[-1] ** -0.5)
+            elif "norm" in name and leaf == "weight":
+                t.copy_(torch.rand(t.shape, generator=g) + 0.5)
+            elif leaf == "A_log":
+                t.copy_(torch.randn(t.shape, generator=g) * 0.5)
+            else:
+                t.copy_(torch.randn(t.shape, generator=g))
+
+
+def llama_child() -> ModelArch:
+    """Per-layer KV heads, FFN widths (one not a multiple of 256), a no-op attention, a
+    linear FFN: exported as nemotron-nas."""
+    att = Attention(num_heads=4, num_kv_heads=4, head_dim=16)
+    blocks = [att.model_copy(update={"num_kv_heads": 2}), FFN(width=96), NoOp(),
+              FFN(width=256), att.model_copy(update={"num_kv_heads": 1}), Linear(),
+              att, FFN(width=40)]
+    return ModelArch(hidden_size=H, vocab_size=128, blocks=tuple(blocks), model_type="llama",
+                     rope_theta=5e5)
+
+
+def nemotron_h_child() -> ModelArch:
+    """Mamba of two head counts, MoE of two expert counts / widths (shared expert, sigmoid
+    router with correction bias), attention of two KV-head counts, an MLP, a no-op and a
+    linear block: exported as nemotron_h_puzzle."""
+    mamba = Mamba(num_heads=8, head_dim=8, state_size=16, n_groups=2)
+    moe = MoE(num_experts=4, top_k=2, expert_width=32, shared_width=48, gated=False,
+              activation="relu2", router="sigmoid", router_bias=True)
+    att = Attention(num_heads=4, num_kv_heads=2, head_dim=16, rope=False)
+    blocks = [mamba, moe, att, moe.model_copy(update={"num_experts": 3, "expert_width": 16}),
+              mamba.model_copy(update={"num_heads": 4}), NoOp(),
+              att.model_copy(update={"num_kv_heads": 1}),
+              FFN(width=40, gated=False, activation="relu2"), Linear()]
+    return ModelArch(hidden_size=H, vocab_size=128, blocks=tuple(blocks),
+                     model_type="nemotron_h")
+
+
+CHILDREN = {"llama": llama_child, "nemotron_h": nemotron_h_child}
+
+
+def _saved(kind: str, tmp_path, seed: int = 0):
+    torch.manual_seed(seed)
+    model = build_model(CHILDREN[kind]())
+    randomize(model, seed)
+    out = save_pretrained(model, tmp_path / f"{kind}-child")
+    return model, out
+
+
+def _prompt() -> torch.Tensor:
+    return torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("kind", sorted(CHILDREN))
+def test_child_loads_through_trust_remote_code_with_equal_logits(kind, tmp_path):
+    model, out = _saved(kind, tmp_path)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == {"llama": "nemotron-nas", "nemotron_h": "nemotron_h_puzzle"}[kind]
+    assert cfg["auto_map"] == AUTO_MAP
+    assert set(remote_files(cfg["model_type"])) <= {p.name for p in out.iterdir()}
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out, trust_remote_code=True, dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert not info["mismatched_keys"]
+    assert type(hf).__name__ == "PuzzleNasForCausalLM"
+    x = _prompt()
+    with torch.no_grad():
+        ours, theirs = model(x), hf(input_ids=x).logits
+    assert ours.abs().max() > 1.0  # O(1) logits: a wrong weight would show
+    assert (ours - theirs).abs().max().item() <= 1e-4
+    # every stored tensor is a parameter (or the router buffer) of the HF model, once
+    names = set(hf.state_dict())
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert set(f.keys()) == names
+
+
+def test_written_code_needs_neither_nas_nor_pydantic(tmp_path):
+    model, out = _saved("nemotron_h", tmp_path)
+    x = _prompt()
+    torch.save(x, tmp_path / "x.pt")
+    script = (
+        "import sys\n"
+        "for m in ('nas', 'hwprofiles', 'costmodels', 'pydantic'):\n"
+        "    sys.modules[m] = None  # any import of them fails\n"
+        "import torch, transformers\n"
+        "torch.set_num_threads(1)\n"
+        f"m = transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}, "
+        "trust_remote_code=True, dtype=torch.float32)\n"
+        f"x = torch.load({str(tmp_path / 'x.pt')!r})\n"
+        "with torch.no_grad():\n"
+        f"    torch.save(m(input_ids=x).logits, {str(tmp_path / 'y.pt')!r})\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                              "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    with torch.no_grad():
+        ours = model(x)
+    assert (ours - torch.load(tmp_path / "y.pt")).abs().max().item() <= 1e-4
+
+
+def test_hf_trainer_trains_the_child_and_it_loads_back(tmp_path):
+    pytest.importorskip("accelerate")
+    _, out = _saved("nemotron_h", tmp_path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True,
+                                                           dtype=torch.float32)
+    batch = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(2))
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"input_ids": batch[i], "labels": batch[i]}
+
+    with torch.no_grad():
+        before_loss = hf(input_ids=batch, labels=batch).loss.item()
+        before = {k: v.clone() for k, v in hf.state_dict().items()}
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "trainer"), max_steps=6, per_device_train_batch_size=4,
+        learning_rate=3e-3, lr_scheduler_type="constant", report_to=[], save_strategy="no",
+        use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, seed=0)
+    transformers.Trainer(model=hf, args=args, train_dataset=Data()).train()
+    with torch.no_grad():
+        after_loss = hf(input_ids=batch, labels=batch).loss.item()
+    assert after_loss < before_loss  # six steps on one batch lower its loss
+    changed = [k for k, v in hf.state_dict().items() if not torch.equal(before[k], v)]
+    assert any(".experts.1.up_proj." in k for k in changed)  # per-expert gradients flowed
+    # saved by transformers, read back by this library: the same model
+    hf.save_pretrained(tmp_path / "trained")
+    back = load_pretrained(tmp_path / "trained")
+    with torch.no_grad():
+        assert (back(batch) - hf(input_ids=batch).logits).abs().max().item() <= 1e-4
+
+
+def test_label_loss_is_the_shifted_cross_entropy(tmp_path):
+    model, out = _saved("llama", tmp_path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True,
+                                                           dtype=torch.float32)
+    x = _prompt()
+    labels = x.clone()
+    labels[:, :5] = -100
+    with torch.no_grad():
+        logits = model(x)
+        want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 128),
+                                                 labels[:, 1:].reshape(-1), ignore_index=-100)
+        assert abs(hf(input_ids=x, labels=labels).loss.item() - want.item()) <= 1e-5
+        with pytest.raises(ValueError, match="padding"):
+            hf(input_ids=x, attention_mask=torch.zeros_like(x))
+
+
+def test_stock_child_gets_no_modeling_code(tmp_path):
+    att, ffn = Attention(num_heads=4, num_kv_heads=2, head_dim=16), FFN(width=96)
+    arch = ModelArch(hidden_size=H, vocab_size=128, blocks=(att, ffn) * 2, model_type="llama")
+    out = save_pretrained(build_model(arch), tmp_path / "stock")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "llama" and "auto_map" not in cfg and "puzzle_nas" not in cfg
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    # and never when asked not to; a re-save over a folder holding the files replaces them
+    _, child = _saved("llama", tmp_path)
+    model = load_pretrained(child)
+    save_pretrained(model, child, remote_code=False)
+    assert sorted(p.name for p in child.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_edited_config_that_disagrees_with_its_copy_is_refused(tmp_path):
+    _, out = _saved("nemotron_h", tmp_path)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["block_configs"][3]["n_routed_experts"] = 2
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=r"puzzle_nas.*describes another model"):
+        load_config(out)
+
+
+def test_the_stock_type_list_is_what_transformers_ships():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    assert set(TRANSFORMERS_TYPES) == {mt for mt in DIALECTS if mt in CONFIG_MAPPING_NAMES}
