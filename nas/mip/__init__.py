@@ -9,6 +9,9 @@ Model (one binary ``x[r]`` per replacement ``r`` of a :class:`~nas.library.Block
 - **count rows** (:class:`CountRule`): bounds on the number of chosen replacements carrying a
   tag (``unit="replacements"``), or on the number of parent blocks those replacements
   cover (``unit="blocks"``, coefficient = span length);
+- **ties** (:class:`Tie`): groups of replacements (one per value of an axis an engine
+  reads once per model) of which a child takes at most one, as rows over the replacement
+  columns (see :class:`Tie`); a model with a tie is solved by HiGHS, never by the DP;
 - **pins / forbids**: ``x[r] = 1`` / ``x[r] = 0``;
 - **objective** (:class:`Objective`): minimize or maximize a weighted sum of keys (scores
   for the usual "best quality under budgets", a cost for the dual form "least runtime under
@@ -26,7 +29,7 @@ the LP relaxation does (NVlabs' Llama-3.3-70B library: a 12 MiB step; its pools'
 solves went from 10^5 nodes to a few thousand).
 
 A restricted model (after the reduced-cost fixing below) with one or two budget rows in
-force and no count or diversity row is solved exactly by dynamic programming over the
+force and no count, tie or diversity row is solved exactly by dynamic programming over the
 replacement graph (``SolveOptions.dp``, :mod:`nas.mip.dp`: a resource-constrained shortest
 path with Pareto labels, each budget compared to its bound with only a 1e-12 rounding
 allowance) instead of by HiGHS, which falls back in when the labels grow past a limit. Its
@@ -84,6 +87,7 @@ from nas.mip.constraints import (
     InfeasibleError,
     Objective,
     SolverError,
+    Tie,
     key_unit,
     parse_value,
 )
@@ -93,6 +97,6 @@ from nas.mip.pool import Sweep, diverse_pool, pareto_front, solve, sweep
 
 __all__ = [
     "GAP_FLOOR", "Budget", "CountRule", "InfeasibleError", "MipModel", "Objective", "Result",
-    "SolveOptions", "SolverError", "Status", "Sweep", "diverse_pool",
+    "SolveOptions", "SolverError", "Status", "Sweep", "Tie", "diverse_pool",
     "explain_infeasible", "key_unit", "pareto_front", "parse_value", "solve", "sweep",
 ]

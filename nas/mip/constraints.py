@@ -212,3 +212,55 @@ class Objective:
     def __str__(self) -> str:
         body = " + ".join(k if w == 1 else f"{w:g}*{k}" for k, w in self.weights.items())
         return f"{self.sense}:{body}"
+
+
+@dataclass(frozen=True)
+class Tie:
+    """A tied choice: ``groups`` are disjoint sets of replacement indices (one per value of
+    an axis an engine reads once per model, e.g. every Mamba block's state size), and the
+    chosen replacements that lie in any group must all lie in the same group. Replacements
+    in no group (another kind's blocks, a no-op) are free.
+
+    In the model (:class:`~nas.mip.model.MipModel`) a tie is a set of rows over the
+    replacement columns, no new column: with an *anchor* block ``b0`` that every live
+    replacement covering it puts in some group, ``sum_{r starts at b, r in g} x[r] <=
+    sum_{r covers b0, r in g} x[r]`` for every group ``g`` and every other start block
+    ``b`` (the anchor picks exactly one group, the others may pick only it; these rows are
+    the equality rows ``x_b(g) = x_b0(g)`` wherever every block must take a value). With
+    no anchor (a no-op or a span on every block), ``N * sum_{r starts at b, r in g} x[r] +
+    sum_{r not in g, starts elsewhere} x[r] <= N`` with ``N`` the number of start blocks:
+    exact as well, a weaker relaxation."""
+
+    name: str
+    groups: tuple[tuple[int, ...], ...]
+    values: tuple[str, ...] = ()
+    """The value of each group, for messages (``state_size=64``)."""
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for g in self.groups:
+            for r in g:
+                if r in seen:
+                    raise InputError(f"tie {self.name!r}: replacement {r} is in two groups")
+                seen.add(r)
+        if self.values and len(self.values) != len(self.groups):
+            raise InputError(f"tie {self.name!r}: {len(self.values)} values for "
+                             f"{len(self.groups)} groups")
+
+    def group_of(self, num_replacements: int) -> list[int]:
+        """Per replacement, the index of its group (-1: in none)."""
+        out = [-1] * num_replacements
+        for k, g in enumerate(self.groups):
+            for r in g:
+                out[r] = k
+        return out
+
+    def broken_by(self, chosen: list[int] | tuple[int, ...], num_replacements: int
+                  ) -> list[int]:
+        """The groups ``chosen`` takes members of (more than one: the tie is broken)."""
+        of = self.group_of(num_replacements)
+        return sorted({of[r] for r in chosen if of[r] >= 0})
+
+    def __str__(self) -> str:
+        shown = ", ".join(self.values) if self.values else f"{len(self.groups)} groups"
+        return f"tie {self.name} ({shown})"

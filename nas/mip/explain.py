@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from nas.library import BlockLibrary
-from nas.mip.constraints import Budget, CountRule, Objective
+from nas.mip.constraints import Budget, CountRule, Objective, Tie
 from nas.mip.model import MipModel, SolveOptions, allowed_mask
 
 
@@ -32,6 +32,7 @@ def explain_infeasible(
     forbid: Sequence[int] = (),
     options: SolveOptions | None = None,
     max_resolves: int = 64,
+    ties: Sequence[Tie] = (),
 ) -> str:
     """One-line explanation of why no child meets every constraint.
 
@@ -41,7 +42,8 @@ def explain_infeasible(
        budgets that cannot be met even alone are named with that bound.
     3. Otherwise, a deletion filter over budgets and count rules (a few feasibility
        re-solves with HiGHS) finds a small set of constraints that conflict: removing any
-       one of them makes the rest feasible.
+       one of them makes the rest feasible. Ties (:class:`~nas.mip.constraints.Tie`) hold
+       in every re-solve: when they alone leave no child, the message says so.
     """
     lib = library
     bl = [b if isinstance(b, Budget) else Budget.parse(b) for b in budgets]
@@ -97,7 +99,7 @@ def explain_infeasible(
         m = MipModel(lib, Objective({lib.keys()[0]: 0.0}),
                      [x for x in sub if isinstance(x, Budget)],
                      counts=[x for x in sub if isinstance(x, CountRule)],
-                     pin=pin, forbid=forbid, options=base)
+                     pin=pin, forbid=forbid, options=base, ties=ties)
         r = m.solve()
         if r.status == "infeasible":
             return False
@@ -114,6 +116,9 @@ def explain_infeasible(
         else:
             i += 1
     names = ", ".join(str(x) for x in core)
+    if not core and ties:
+        return ("infeasible: the tied choices leave no child (every block of a kind takes one "
+                f"value: {'; '.join(str(t) for t in ties)})")
     if len(core) == 1:
         return f"infeasible: {names} cannot be met (with the pins and forbids)"
     return (f"infeasible: each budget can be met alone, but not together; "

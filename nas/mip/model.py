@@ -19,7 +19,14 @@ import numpy as np
 from hwprofiles.errors import InputError
 from nas.library import BlockLibrary
 from nas.mip import interrupt
-from nas.mip.constraints import Budget, CountRule, InfeasibleError, Objective, SolverError
+from nas.mip.constraints import (
+    Budget,
+    CountRule,
+    InfeasibleError,
+    Objective,
+    SolverError,
+    Tie,
+)
 
 _DEBUG = bool(os.environ.get("PUZZLE_NAS_MIP_DEBUG"))
 #: fault injection for tests: ``EVENT:N:SIG[:LABEL]`` makes the process send itself SIG
@@ -435,6 +442,7 @@ class MipModel:
         pin: Sequence[int] = (),
         forbid: Sequence[int] = (),
         options: SolveOptions | None = None,
+        ties: Sequence[Tie] = (),
     ) -> None:
         import scipy.sparse as sp
 
@@ -443,7 +451,12 @@ class MipModel:
         self.objective = Objective.parse(objective)
         self.budgets = [b if isinstance(b, Budget) else Budget.parse(b) for b in budgets]
         self.counts = [c if isinstance(c, CountRule) else CountRule.parse(c) for c in counts]
+        self.ties = list(ties)
         R, L = lib.num_replacements, lib.num_blocks
+        for t in self.ties:
+            for g in t.groups:
+                for r in g:
+                    self._index(r, f"tie {t.name!r}")
         self.pin = sorted({self._index(i, "pin") for i in pin})
         self.forbid = sorted({self._index(i, "forbid") for i in forbid})
         for k in self.objective.weights:
@@ -528,6 +541,17 @@ class MipModel:
             row_lo.append(np.array([-np.inf if cr.min is None else float(cr.min)]))
             row_hi.append(np.array([np.inf if cr.max is None else float(cr.max)]))
             nrow += 1
+        #: the rows of each tie (see Tie), after the count rows
+        self.tie_rows: list[np.ndarray] = []
+        for t in self.ties:
+            t_rows, t_cols, t_vals, t_hi = self._tie_rows(t, nrow)
+            rows.append(t_rows)
+            cols.append(t_cols)
+            vals.append(t_vals)
+            row_lo.append(np.full(t_hi.size, -np.inf))
+            row_hi.append(t_hi)
+            self.tie_rows.append(nrow + np.arange(t_hi.size))
+            nrow += t_hi.size
         A = sp.coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                           shape=(nrow, R)).tocoo()
         #: member indices of each class of interchangeable replacements (see
@@ -615,6 +639,59 @@ class MipModel:
         if o.threads is not None:
             self._set("threads", int(o.threads))
         _sync_scheduler(self.h, o.threads)
+
+    def _tie_rows(self, t: Tie, first: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The rows of tie ``t`` (numbered from ``first``) as COO ``(rows, cols, vals)``
+        and their upper bounds (the lower ones are -inf); see :class:`Tie`. Dead and
+        forbidden replacements are 0 and take no part."""
+        lib = self.lib
+        R, L = lib.num_replacements, lib.num_blocks
+        of = np.asarray(t.group_of(R), dtype=np.int64)
+        live = ~dead_columns(lib)
+        live[self.forbid] = False
+        of[~live] = -1
+        start, end = lib.start, lib.end
+        covers = [(start <= b) & (end > b) & live for b in range(L)]
+        anchor = next((b for b in range(L) if covers[b].any() and np.all(of[covers[b]] >= 0)),
+                      None)
+        rr: list[np.ndarray] = []
+        cc: list[np.ndarray] = []
+        vv: list[np.ndarray] = []
+        his: list[float] = []
+        n = first
+        if anchor is not None:
+            at = covers[anchor]
+            for g in range(len(t.groups)):
+                mine = np.flatnonzero((of == g) & ~at)
+                base = np.flatnonzero((of == g) & at)
+                for b in np.unique(start[mine]):
+                    here = mine[start[mine] == b]
+                    rr.append(np.full(here.size + base.size, n))
+                    cc.append(np.concatenate([here, base]))
+                    vv.append(np.concatenate([np.ones(here.size), -np.ones(base.size)]))
+                    his.append(0.0)
+                    n += 1
+        else:
+            member = np.flatnonzero(of >= 0)
+            starts = np.unique(start[member])
+            big = float(starts.size)
+            for g in range(len(t.groups)):
+                for b in starts:
+                    here = member[(of[member] == g) & (start[member] == b)]
+                    if not here.size:
+                        continue
+                    other = member[(of[member] != g) & (start[member] != b)]
+                    rr.append(np.full(here.size + other.size, n))
+                    cc.append(np.concatenate([here, other]))
+                    vv.append(np.concatenate([np.full(here.size, big), np.ones(other.size)]))
+                    his.append(big)
+                    n += 1
+        if not rr:
+            z = np.zeros(0, dtype=np.int64)
+            return z, z, np.zeros(0), np.zeros(0)
+        return (np.concatenate(rr), np.concatenate(cc), np.concatenate(vv),
+                np.asarray(his, dtype=np.float64))
 
     def _add_lattice(self, A: Any, nrow: int, lo: np.ndarray, hi: np.ndarray,
                      budget_v: list[np.ndarray], row_lo: list[np.ndarray],
@@ -903,7 +980,7 @@ class MipModel:
         """The run :meth:`_run` would make on the column bounds ``lo`` / ``hi`` (budget
         and count rows ``lazy`` left out), solved exactly by :func:`nas.mip.dp.path_optimum`
         instead of HiGHS (``SolveOptions.dp``): same statuses, with the restricted optimum
-        as its own bound. None when the model is not one it takes (a diversity row, a count
+        as its own bound. None when the model is not one it takes (a diversity row, a tie, a count
         row in force, more than :data:`DP_ROWS` budgets in force, a budget with both bounds,
         more free replacements than :data:`DP_FREE` or open blocks than :data:`DP_OPEN`,
         bounds changed on a column past the replacements) or when its labels outgrow
@@ -911,7 +988,7 @@ class MipModel:
         from nas.mip.dp import Row, path_optimum
 
         lib, R = self.lib, self.lib.num_replacements
-        if self.diversity:
+        if self.diversity or self.ties:  # tie rows are no budget the labels carry
             return None
         out = set(int(r) for r in lazy)
         L = lib.num_blocks
@@ -1437,6 +1514,11 @@ class MipModel:
             n = int((lib.lengths[chosen][m]).sum()) if cr.unit == "blocks" else int(m.sum())
             if (cr.min is not None and n < cr.min) or (cr.max is not None and n > cr.max):
                 raise SolverError(f"solution breaks count rule {cr}: count {n}")
+        for t in self.ties:
+            groups = t.broken_by(chosen.tolist(), lib.num_replacements)
+            if len(groups) > 1:
+                shown = [t.values[g] if t.values else str(g) for g in groups]
+                raise SolverError(f"solution breaks {t}: it takes {', '.join(shown)}")
         cs = set(chosen.tolist())
         for prev, d in self.diversity:
             same = int(sum(lib.lengths[r] for r in prev if r in cs))

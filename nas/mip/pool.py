@@ -13,7 +13,7 @@ import numpy as np
 
 from hwprofiles.errors import InputError
 from nas.library import BlockLibrary
-from nas.mip.constraints import Budget, CountRule, Objective
+from nas.mip.constraints import Budget, CountRule, Objective, Tie
 from nas.mip.explain import explain_infeasible
 from nas.mip.model import MipModel, Result, SolveOptions
 
@@ -23,7 +23,7 @@ def explained(m: MipModel, res: Result, max_resolves: int = 64) -> Result:
     then up to ``max_resolves`` feasibility re-solves; see :func:`explain_infeasible`)."""
     if res.status == "infeasible":
         res.message = explain_infeasible(m.lib, m.budgets, counts=m.counts, pin=m.pin,
-                                         forbid=m.forbid, options=m.opts,
+                                         forbid=m.forbid, options=m.opts, ties=m.ties,
                                          max_resolves=max_resolves)
     return res
 
@@ -38,6 +38,7 @@ def solve(
     forbid: Sequence[int] = (),
     options: SolveOptions | None = None,
     warm_start: Sequence[int] | None = None,
+    ties: Sequence[Tie] = (),
 ) -> Result:
     """Best child of ``library`` under every budget; see the module doc for the model.
 
@@ -50,9 +51,12 @@ def solve(
     returned, ``feasible``, when the time limit stops the search
     before anything better is found. The answer is the same as without it (see
     :meth:`MipModel.solve`).
+
+    ``ties``: tied choices (:class:`~nas.mip.constraints.Tie`), e.g. an engine that reads
+    an axis once per model.
     """
     m = MipModel(library, objective, budgets, counts=counts, pin=pin, forbid=forbid,
-                 options=options)
+                 options=options, ties=ties)
     inc = None if warm_start is None else np.asarray(
         [m._index(i, "warm_start") for i in warm_start], dtype=np.int64)
     return explained(m, m.solve(incumbent=inc))
@@ -70,6 +74,7 @@ def diverse_pool(
     forbid: Sequence[int] = (),
     options: SolveOptions | None = None,
     progress: Callable[[int, Result], None] | None = None,
+    ties: Sequence[Tie] = (),
 ) -> list[Result]:
     """Up to ``n`` solutions, each the best child that differs from every earlier one in at
     least ``min_distance`` parent blocks (a block differs when the replacement covering it
@@ -85,7 +90,7 @@ def diverse_pool(
     if not 1 <= min_distance <= library.num_blocks:
         raise InputError(f"min_distance must be in [1, {library.num_blocks}], got {min_distance}")
     m = MipModel(library, objective, budgets, counts=counts, pin=pin, forbid=forbid,
-                 options=options)
+                 options=options, ties=ties)
     out: list[Result] = []
     for i in range(n):
         # the best child an earlier run found that differs enough from every solution so
@@ -150,6 +155,7 @@ def sweep(
     options: SolveOptions | None = None,
     progress: Callable[[int, Result], None] | None = None,
     workers: int = 1,
+    ties: Sequence[Tie] = (),
 ) -> Sweep:
     """Re-solve with ``total(key) <= v`` for each ``v`` in ``values`` (replacing any upper
     bound on ``key`` in ``budgets``), on one HiGHS model (only the row bound changes).
@@ -186,7 +192,8 @@ def sweep(
         bl.append(Budget(key, None, max(vals)))
         idx = len(bl) - 1
     lo = bl[idx].lo
-    m = MipModel(library, objective, bl, counts=counts, pin=pin, forbid=forbid, options=options)
+    m = MipModel(library, objective, bl, counts=counts, pin=pin, forbid=forbid, options=options,
+                 ties=ties)
     for v in vals:
         if lo is not None and v < lo:
             raise InputError(f"sweep value {v:g} is below the lower bound {lo:g} on {key!r}")
@@ -204,7 +211,7 @@ def sweep(
         plan.work(m, done_point)
     else:
         plan.work_threads([m] + [MipModel(library, m.objective, bl, counts=m.counts, pin=m.pin,
-                                          forbid=m.forbid, options=m.opts)
+                                          forbid=m.forbid, options=m.opts, ties=m.ties)
                                  for _ in range(n - 1)], done_point)
     done = [r for r in results if r is not None]
     pts = [(r.totals[key], r.objective) for r in done if r.ok and r.objective is not None]
