@@ -133,6 +133,9 @@ class NonBlockCosts:
     request_latency_s: float = 0.0
     """The engine's front-end seconds before a first token reaches the client: added to
     TTFT by :func:`summarize` (not in ``prefill_s``: no step waits for it)."""
+    host_ranks: int = 1
+    """Engine loops that share a cycle's per-request host work (the attention data-parallel
+    ranks, each admitting its own requests; 1 otherwise)."""
 
 
 def engine_figures(hw: HardwareProfile, engine: str | None = None,
@@ -267,13 +270,16 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     emb = shape.hidden * shape.vocab
     params_gpu = -(-emb // vs) * (we + (0.0 if shape.tied else wl))
     weight = params_gpu + (shape.hidden * wo if shape.final_norm else 0.0)
-    # the host admits and retires the B requests of a cycle one by one, in the engine loop
-    host = wc["B"][0] * ro
-    tpot = np.where(Osl > 1, tpot[0] + (host - ro) / np.maximum(Osl - 1.0, 1.0), tpot[0])
+    # the host admits and retires the B requests of a cycle one by one, in the engine loop;
+    # under attention data parallelism each of the dp ranks runs its own engine loop over
+    # its own B / dp requests (TensorRT-LLM's PyExecutor per rank, SGLang's DP schedulers)
+    host = wc["B"][0] / dp * ro
+    tpot = np.where(Osl > 1, tpot[0] + np.maximum(host - ro, 0.0) / np.maximum(Osl - 1.0, 1.0), tpot[0])
     lat = engine_latency(engine, engines) if request_overhead_s is None else 0.0
     return NonBlockCosts(prefill_s=ttft[0] + ro, decode_s=tpot, request_latency_s=lat, runtime_s=cycle[0] + host,
                          weight_bytes=float(weight), vocab_per_gpu=v, hidden=shape.hidden,
-                         request_overhead_s=ro, step_overhead_s=so, overlap=bool(overlap))
+                         request_overhead_s=ro, step_overhead_s=so, overlap=bool(overlap),
+                         host_ranks=dp)
 
 
 @dataclass
@@ -370,7 +376,7 @@ def concurrency_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts, con
 
 
 def _overlapped(wls: Sequence[Workload], ttft: np.ndarray, tpot: np.ndarray,
-                runtime: np.ndarray, so: float, ro: float
+                runtime: np.ndarray, so: float, ro: float, ranks: int = 1
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """TTFT, TPOT and cycle time with each step at ``max(g, so)`` instead of ``g + so``
     (module docstring, overlap scheduling): the additive sums are inverted to the mixed and
@@ -380,7 +386,7 @@ def _overlapped(wls: Sequence[Workload], ttft: np.ndarray, tpot: np.ndarray,
     oeff = 1.0 + (Osl - 1.0) / A
     n_t = np.maximum(NC - oeff, 0.0) + M  # steps in a TTFT
     n_d = decode_steps(wc)[0]  # decode steps in a cycle
-    host = B * ro
+    host = B / ranks * ro
     mix = (ttft - ro) / n_t
     cycle = runtime - host
     dec = np.where(Osl > 1, np.where(n_d > 0, (cycle - NC * mix) / np.maximum(n_d, 1e-12),
@@ -417,7 +423,7 @@ def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
     runtime = b.runtime_s.sum(axis=0) + nonblock.runtime_s
     if nonblock.overlap and nonblock.step_overhead_s > 0:
         t2, p2, r2 = _overlapped(wls, ttft, tpot, runtime, nonblock.step_overhead_s,
-                                 nonblock.request_overhead_s)
+                                 nonblock.request_overhead_s, nonblock.host_ranks)
         # a block the engine cannot overlap for (EngineProfile.no_overlap) keeps the sum
         on = np.ones(len(wls), bool) if b.no_overlap is None or not len(b) \
             else ~b.no_overlap.any(axis=0)

@@ -467,3 +467,19 @@ def test_sglang_runs_mamba_hybrids_without_its_overlap_scheduler():
         update={"kinds": ["mamba3"]})]})
     with pytest.raises(InputError, match="mamba3"):
         no_overlap_rows(small_mix, "sglang", wl, engines={"sglang": bad})
+
+
+def test_per_request_host_time_is_shared_by_the_attention_dp_ranks():
+    # each attention data-parallel rank runs its own engine loop over its own requests, so a
+    # cycle of B requests costs B / dp * r host seconds on the critical path, not B * r
+    wl = ["isl=128,osl=128,concurrency=64"]
+    r = 1e-3
+
+    def host(dp: bool) -> float:
+        kw = dict(tp=8, attention_dp=dp, step_overhead_s=0.0)
+        with_r = price_nonblock(NB, H100, FP8, wl, request_overhead_s=r, **kw)
+        without = price_nonblock(NB, H100, FP8, wl, request_overhead_s=0.0, **kw)
+        return float(with_r.runtime_s[0] - without.runtime_s[0])
+
+    assert host(False) == pytest.approx(64 * r)
+    assert host(True) == pytest.approx(64 / 8 * r)
