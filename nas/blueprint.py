@@ -185,6 +185,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
         # the parent block each child block stands in for (nas.build_spans inits from it)
         wide_extra = {"stand_in": stand_in(pa, kids, origin), "precision": recipes}
     pred_c = predict(child, problem, recipes)
+    engine_info = engines_section(problem, cons, child, recipes)
     predicted = {name: {"parent": pred_p[name], "child": pred_c[name]} for name in pred_p}
     budgets = []
     for (bi, key), row in zip(cons.origin, cons.budgets):
@@ -214,6 +215,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                  "source": quality_source,
                  "is_prior": "prior" in quality_source},
         budgets=budgets,
+        engines=engine_info,
         solver={"status": result.status, "objective": result.objective, "gap": result.gap,
                 "best_bound": result.best_bound, "nodes": result.nodes,
                 "seconds": result.seconds, "message": result.message,
@@ -224,6 +226,42 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                     "package": "puzzle-nas", "version": __version__,
                     "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")},
     )
+
+
+def engines_section(problem: Any, cons: Any, child: ModelArch,
+                    recipes: list[str] | None) -> dict[str, Any]:
+    """The blueprint's ``engines``: the ``targets`` (``deploy.engines``), per engine of
+    :data:`nas.engines.ENGINES` whether it ``loads`` the child and ``why`` not (one line),
+    the ``ties`` the search held and the ``notes`` on what the engines took out of the
+    space. A target engine that cannot load the child is a bug of the search (the space
+    was restricted to what it loads): :class:`nas.mip.SolverError`."""
+    from nas import engines as eng
+    from nas.mip import SolverError
+
+    deploy = getattr(problem.spec, "deploy", None)
+    targets = list(deploy.engines) if deploy is not None else []
+    pa = problem.parent
+    load: list[dict[str, Any]] = []
+    if eng.family_of(pa.model_type) is not None:
+        load = eng.report(pa, child, None, recipes is not None and len(set(recipes)) > 1)
+    for row in load:
+        if row["engine"] in targets and not row["loads"]:
+            raise SolverError(f"the child searched for {row['engine']} does not load in it: "
+                              f"{row['why']}")
+    return {"targets": targets, "load": load,
+            "ties": [str(t) for t in getattr(cons, "ties", [])],
+            "notes": list(getattr(cons, "engine_notes", []))}
+
+
+def engine_lines(bp: Blueprint) -> list[str]:
+    """One line per engine: ``vllm: loads`` or ``trtllm: does not load: <why>``."""
+    info = getattr(bp, "engines", None) or {}
+    out = []
+    for row in info.get("load", []):
+        tag = " (target)" if row["engine"] in info.get("targets", []) else ""
+        out.append(f"{row['engine']}{tag}: " + ("loads" if row["loads"]
+                                                 else f"does not load: {row['why']}"))
+    return out
 
 
 def budget_in_user_terms(bp: Blueprint, b: dict[str, Any]) -> tuple[str, str] | None:
@@ -317,6 +355,15 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None,
             continue
         lines.append(f"| {c['block']} | {c['parent']} | {mark}{c['child']}{mark} | "
                      f"{c['change']} | {c['quality']:.4g} |")
+    info = getattr(bp, "engines", None) or {}
+    if info.get("load"):
+        lines += ["", "## Engines", ""]
+        if info.get("targets"):
+            lines.append(f"Searched for: {', '.join(info['targets'])} (the space holds only "
+                         "what every one of them loads; docs/engines.md).")
+            lines += [f"- {n}" for n in info.get("notes", [])]
+            lines.append("")
+        lines += [f"- {line}" for line in engine_lines(bp)]
     if homogeneous is not None:
         lines += ["", "## Homogeneous baseline (same budgets)", "",
                   f"Quality {homogeneous.quality['value']:.6g} vs searched "

@@ -75,7 +75,7 @@ from costmodels.workload import Workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
 from nas import blueprint as bpm
-from nas import mip, space, spans
+from nas import engines, mip, space, spans
 from nas import quality as q
 from nas.arch import ModelArch, NoOp, blocks_table, mtp_table, serving_table
 from nas.blueprint import nonblock_shape
@@ -190,14 +190,41 @@ def _measured_rows(problem: Problem, flat: list[space.Alternative], table: Any,
                           ep=problem.ep, attention_dp=problem.attention_dp)
 
 
-def alternatives(problem: Problem) -> list[list[space.Alternative]]:
-    """Per parent block, its alternatives (parent block first); a spec value no block can
-    take is an InputError saying why (:func:`nas.space.check_all_used`)."""
+def deploy_engines(problem: Problem) -> list[str]:
+    """The engines the child must load (``deploy.engines``; empty: none required)."""
+    d = problem.spec.deploy
+    return list(d.engines) if d is not None else []
+
+
+def _space(problem: Problem) -> list[list[space.Alternative]]:
+    """The space ``search_space`` describes, before ``deploy.engines`` restricts it."""
     alts = space.alternatives(problem.parent, problem.spec.search_space)
     space.check_all_used(problem.parent, problem.spec.search_space, alts)
     # spans and a precision per block (nas.spans); nothing changes when the spec asks for
     # neither
     return spans.widen(problem.parent, problem.spec.search_space, problem.recipe, alts)
+
+
+def alternatives(problem: Problem) -> list[list[space.Alternative]]:
+    """Per parent block, its alternatives (parent block first); a spec value no block can
+    take is an InputError saying why (:func:`nas.space.check_all_used`). With
+    ``deploy.engines``, the alternatives that vary an axis some target engine does not
+    take are dropped (:func:`nas.engines.restrict`; :func:`deploy_notes` says which)."""
+    alts = _space(problem)
+    return engines.restrict(problem.parent, alts, deploy_engines(problem))[0]
+
+
+def deploy_notes(problem: Problem) -> list[str]:
+    """What ``deploy.engines`` took out of the space, one line per (engine, axis), and the
+    axes it ties (empty without ``deploy``)."""
+    eng = deploy_engines(problem)
+    if not eng:
+        return []
+    notes = engines.restrict(problem.parent, _space(problem), eng)[1]
+    for axis, who in engines.tied_axes(problem.parent, eng).items():
+        notes.append(f"{', '.join(who)} hold{'s' * (len(who) == 1)} {axis} global: one value "
+                     f"for every {engines.axis_kind(axis)} block (a tied choice)")
+    return notes
 
 
 @dataclass
@@ -362,6 +389,12 @@ class Constraints:
     # cost columns the rows bound beyond the library's own (memory_bytes@W#N: memory with N
     # sequences at W's context), each with its constant; see extend()
     columns: dict[str, tuple[np.ndarray, float]] = field(default_factory=dict)
+    # deploy.engines: the tied choices (one per axis a target engine holds global), the
+    # replacements no target engine loads (a span holding two values of a tied axis), and
+    # what the engines took out of the space (deploy_notes)
+    ties: list[mip.Tie] = field(default_factory=list)
+    forbid: list[int] = field(default_factory=list)
+    engine_notes: list[str] = field(default_factory=list)
 
     def extend(self, library: BlockLibrary) -> BlockLibrary:
         """``library`` with :attr:`columns` added: a new library (``library`` itself when it
@@ -518,6 +551,10 @@ def constraints(problem: Problem, library: BlockLibrary, priced: Priced | None =
     """Objective, budget rows and count rows of the spec (new data: ``library`` is not
     changed; rows on columns it lacks bring them in ``Constraints.columns``)."""
     cons = Constraints(objective_of(problem), [], [])
+    eng = deploy_engines(problem)
+    if eng:
+        cons.ties, cons.forbid = engines.ties(library, engines.tied_axes(problem.parent, eng))
+        cons.engine_notes = deploy_notes(problem)
     for i, b in enumerate(problem.spec.budgets):
         rows, counts, text = budget_rows(problem, library, b, i, priced, columns=cons.columns)
         cons.budgets += rows
@@ -558,7 +595,10 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
     keys = list(library.costs) + list(library.scores)
     tag_keys = sorted({c.tag for c in cons.counts})
     allv = {**library.costs, **library.scores}
-    gmats, glabels = [], []
+    gmats, glabels, gbad = [], [], []
+    gtie: list[list[np.ndarray]] = [[] for _ in cons.ties]
+    forbidden = set(cons.forbid)
+    tie_of = [t.group_of(library.num_replacements) for t in cons.ties]
     for gk, blocks in groups.items():
         labels = gk[1:]
         mat = np.zeros((len(labels), len(keys) + len(tag_keys)))
@@ -569,6 +609,12 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
                                         for t in tag_keys]
         gmats.append(mat)
         glabels.append(blocks)
+        # a label is out when any of its blocks' replacement is forbidden; its tie group
+        # is its first block's (the blocks of a group take one child alike)
+        gbad.append(np.array([any(by_block[b][li] in forbidden for b in blocks)
+                              for li in range(len(labels))]))
+        for t, of in enumerate(tie_of):
+            gtie[t].append(np.array([of[by_block[blocks[0]][li]] for li in range(len(labels))]))
     sizes = [m.shape[0] for m in gmats]
     total = math.prod(sizes)
     if total > max_combinations:
@@ -580,6 +626,13 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
     const = np.array([library.constants.get(k, 0.0) for k in keys] + [0.0] * len(tag_keys))
     totals = totals + const
     ok = np.ones(totals.shape[0], dtype=bool)
+    for bad, i in zip(gbad, idx):
+        ok &= ~bad[i]
+    for per_group in gtie:  # every group that takes a value of a tie takes the same one
+        v = np.stack([g[i] for g, i in zip(per_group, idx)])
+        top = v.max(axis=0)
+        low = np.where(v < 0, np.iinfo(np.int64).max, v).min(axis=0)
+        ok &= (top < 0) | (low == top)
     col = {k: j for j, k in enumerate(keys + tag_keys)}
     for b in cons.budgets:
         v = totals[:, col[b.key]]
@@ -638,12 +691,13 @@ def solve(problem: Problem, library: BlockLibrary, cons: Constraints,
 
         pool = mip.diverse_pool(library, cons.objective, cons.budgets, n=s.diverse,
                                 min_distance=s.min_distance, counts=cons.counts,
-                                options=options_of(problem), progress=progress)
+                                options=options_of(problem), progress=progress,
+                                ties=cons.ties, forbid=cons.forbid)
         if not pool and first:
             check_in_time(problem, first[0])
         return pool
     res = mip.solve(library, cons.objective, cons.budgets, counts=cons.counts,
-                    options=options_of(problem))
+                    options=options_of(problem), ties=cons.ties, forbid=cons.forbid)
     check_in_time(problem, res)
     return [res.raise_if_infeasible()]
 
@@ -675,8 +729,8 @@ def fixed_recipe_solve(problem: Problem, library: BlockLibrary, cons: Constraint
     baseline that searching precision per block is compared with (a subset of its space)."""
     library = cons.extend(library)
     return mip.solve(library, cons.objective, cons.budgets, counts=cons.counts,
-                     forbid=[int(i) for i in fixed_recipe_forbid(library)],
-                     options=options_of(problem))
+                     forbid=[int(i) for i in fixed_recipe_forbid(library)] + cons.forbid,
+                     options=options_of(problem), ties=cons.ties)
 
 
 def child_arch(problem: Problem, library: BlockLibrary, chosen: np.ndarray,
@@ -775,7 +829,8 @@ def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced
     points, results = [], []
     for v, row in zip(values, keyed):
         if homogeneous:
-            c2 = Constraints(cons.objective, others + [row], cons.counts)
+            c2 = Constraints(cons.objective, others + [row], cons.counts, ties=cons.ties,
+                             forbid=cons.forbid)
             res = homogeneous_solve(library, c2)
             if on_point is not None:
                 on_point()
@@ -786,7 +841,8 @@ def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced
         hi = [r.hi if r.hi is not None else r.lo for _, r, _ in results]
         sw_res = mip.sweep(library, cons.objective, others, key=key, values=hi,
                            counts=cons.counts, options=options_of(problem),
-                           forbid=[int(i) for i in forbid], workers=sw.workers,
+                           forbid=[int(i) for i in forbid] + cons.forbid, workers=sw.workers,
+                           ties=cons.ties,
                            progress=None if on_point is None else lambda i, r: on_point())
         results = [(v, r, res) for (v, r, _), res in zip(results, sw_res.results)]
     for v, _, res in results:

@@ -540,6 +540,31 @@ class CostsSpec(_Model):
         "neighbours, refused where none), memory stays analytic; one device (tp = 1)")
 
 
+class DeploySpec(_Model):
+    """Where the child will serve: the engines that must load it (``nas.engines``).
+
+    ``engines`` constrains the search space to what every one of them loads (the
+    intersection): an alternative that varies an axis an engine does not take is dropped
+    (the search report notes each kind dropped and why); an axis an engine reads once per
+    model (global) becomes a tied choice, one value for every block of that kind. Absent
+    (the default), the space is the one ``search_space`` describes and the report still
+    says, for every engine, whether it loads the child and why not: a spec without
+    ``deploy`` searches exactly what it did before this field existed (``docs/engines.md``
+    explains the choice)."""
+
+    engines: list[Literal["vllm", "trtllm", "sglang", "transformers"]] = Field(
+        min_length=1, max_length=4, description="engines the child must load: vllm, trtllm "
+        "(TensorRT-LLM), sglang, transformers (stock classes); the space is what all of them "
+        "take (docs/engines.md)")
+
+    @field_validator("engines")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"engines lists an engine twice: {v}")
+        return v
+
+
 class SearchSpec(_Model):
     """Everything ``puzzle-nas search`` needs."""
 
@@ -560,6 +585,9 @@ class SearchSpec(_Model):
     stages: list[StageSpec] = Field(default_factory=list, max_length=MAX_STAGES,
                                     description="iterative search (puzzle-nas iterate): "
                                     "budgets per stage, tightening step by step")
+    deploy: DeploySpec | None = Field(default=None, description="engines the child must "
+                                      "load (default: none required; the report says which "
+                                      "engines load the child)")
 
     @field_validator("runtime_reserve")
     @classmethod

@@ -3,15 +3,25 @@ per-engine capability table (nas.engines) and ``deploy.engines`` in a search."""
 
 from __future__ import annotations
 
+import itertools
+import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import LLAMA, SUPER
 from library_generators import typed_library
 
+from hwprofiles.errors import InputError
+from nas import engines, search
+from nas.arch import NoOp
+from nas.hf import SUPPORTED_TYPES, load_config
 from nas.library import BlockLibrary
 from nas.mip import Budget, MipModel, SolveOptions, SolverError, Tie, diverse_pool, solve, sweep
+from nas.spec import parse_spec
 
 
 def brute_force(lib: BlockLibrary, obj: str, budgets: list[Budget], ties: list[Tie]
@@ -189,3 +199,171 @@ def test_nas_mip_does_not_import_nas_spec():
     assert parse_value("2 GiB", "memory_bytes") == 2 * 2**30
     assert parse_value("10 ms", "runtime_s") == pytest.approx(0.01)
 
+
+
+# ---- the capability table -----------------------------------------------------------------
+EXAMPLES = Path(__file__).resolve().parents[1] / "nas" / "examples"
+
+
+def test_table_covers_every_family_and_cites_its_rows():
+    """Every HF type the project reads has a family and every engine an entry; every row
+    read in an engine's code names the file and a full commit, every other says so."""
+    for t in SUPPORTED_TYPES:
+        assert engines.family_of(t) is not None, t
+        for e in engines.ENGINES:
+            assert engines.entry(t, e).engine == e
+    rows = engines.table_rows()
+    assert rows
+    for r in rows:
+        assert r["axis"] in engines.AXES and r["take"] in ("per_layer", "global", "none")
+        if r["verified"]:
+            assert re.fullmatch(r".+/.+@[0-9a-f]{10}:.+\.py", r["source"]), r
+        else:
+            assert not r["source"] and r["note"], r
+    nh = engines.entry("nemotron_h", "vllm")
+    assert {a for a in engines.AXES if nh.row(a).take == "per_layer"} >= {
+        "moe.experts", "moe.expert_width", "moe.top_k"}
+    assert nh.row("mamba.state_size").take == nh.row("mamba.heads").take == "global"
+    assert nh.row("moe.noop").take == nh.row("mamba.noop").take == "none"
+    for key in engines.TABLE.values():
+        for row in key.rows.values():
+            if row.source is not None:
+                assert len(row.source.commit) == 40
+
+
+def test_loads_names_the_axis_that_stops_an_engine():
+    parent = load_config(SUPER)
+    for e in engines.ENGINES:  # the parent (a stock nemotron_h) loads everywhere
+        assert engines.loads(parent, parent, e) == (True, "")
+    moe = [i for i, b in enumerate(parent.blocks) if b.kind == "moe"]
+    mamba = [i for i, b in enumerate(parent.blocks) if b.kind == "mamba"]
+    blocks = list(parent.blocks)
+    blocks[moe[0]] = blocks[moe[0]].model_copy(update={"top_k": 4})
+    per_layer_moe = parent.replace_blocks(blocks)
+    assert engines.loads(parent, per_layer_moe, "vllm") == (True, "")
+    assert engines.loads(parent, per_layer_moe, "trtllm") == (True, "")
+    ok, why = engines.loads(parent, per_layer_moe, "sglang")
+    assert not ok and "moe.top_k" in why and "global" in why
+    blocks[mamba[0]] = blocks[mamba[0]].model_copy(update={"state_size": 64})
+    ok, why = engines.loads(parent, parent.replace_blocks(blocks), "vllm")
+    assert not ok and "mamba.state_size takes 2 values" in why
+    blocks = list(parent.blocks)
+    blocks[moe[1]] = NoOp()
+    ok, why = engines.loads(parent, parent.replace_blocks(blocks), "trtllm")
+    assert not ok and f"block {moe[1]} varies moe.noop" in why
+
+
+def test_deploy_engines_is_checked():
+    spec = json.loads((EXAMPLES / "nemotron3-super-h100.json").read_text())
+    spec["parent"] = str(SUPER)
+    for bad, msg in ((["vllm", "vllm"], "twice"), (["tgi"], "vllm"), ([], "at least 1")):
+        with pytest.raises(InputError, match=msg) as e:
+            parse_spec({**spec, "deploy": {"engines": bad}})
+        assert "deploy.engines" in str(e.value)
+
+
+def _super(deploy: list[str] | None, throughput: str = "180%"):
+    spec = json.loads((EXAMPLES / "nemotron3-super-h100.json").read_text())
+    spec["parent"] = str(SUPER)
+    spec["solver"].pop("sweep")
+    spec["search_space"]["compare_homogeneous"] = False
+    spec["search_space"]["mamba"]["noop"] = True
+    spec["search_space"]["moe"]["noop"] = True
+    spec["budgets"][1]["min"] = throughput
+    if deploy is not None:
+        spec["deploy"] = {"engines": deploy}
+    problem = search.resolve(parse_spec(spec), ".")
+    alts = search.alternatives(problem)
+    priced = search.price(problem, alts, progress=False)
+    q, _ = search.score(problem, alts)
+    lib = search.build_library(problem, alts, priced, q)
+    cons = search.constraints(problem, lib, priced)
+    res = search.solve(problem, lib, cons)[0]
+    return problem, alts, lib, cons, res, search.child_arch(problem, lib, res.chosen, alts)
+
+
+def test_super_child_for_vllm_varies_only_what_vllm_varies():
+    """Done-when of issue 29 B: on the Super example, the child found for
+    ``deploy.engines: ["vllm"]`` keeps one Mamba shape and one attention shape for every
+    block of the kind and no no-op; only MoE expert count / width / top-k vary per layer.
+    Without ``deploy`` the same spec's child is one vLLM cannot load, and the tied optimum
+    is the best of one solve per (state size, KV heads) value pair."""
+    problem, alts, lib, cons, res, child = _super(None)
+    assert not engines.loads(problem.parent, child, "vllm")[0]
+    free = res.objective
+    problem, alts, lib, cons, res, child = _super(["vllm"])
+    assert res.status == "optimal" and res.objective >= free - 1e-12
+    assert engines.loads(problem.parent, child, "vllm") == (True, "")
+    parent = problem.parent
+    for kind in ("mamba", "attention"):
+        assert len({b for b in child.blocks if b.kind == kind}) == 1, kind
+    assert not any(isinstance(b, NoOp) for b in child.blocks)
+    for p, c in zip(parent.blocks, child.blocks):
+        assert engines.block_axes(p, c) <= {"moe.experts", "moe.expert_width", "moe.top_k",
+                                            "moe.shared_width", "attention.kv_heads",
+                                            "mamba.state_size", "mamba.heads"}
+    moe = {b for b in child.blocks if b.kind == "moe"}
+    assert len(moe) > 1  # per layer, as vLLM takes it
+    notes = " | ".join(cons.engine_notes)
+    assert "vllm does not take moe.noop: dropped 40 alternatives" in notes
+    assert "vllm does not take mamba.noop: dropped 40 alternatives" in notes
+    assert {t.name.split(" ")[0] for t in cons.ties} == {"mamba.state_size",
+                                                        "attention.kv_heads"}
+    # exact: the best of one solve per pair of tied values (the others forbidden)
+    best = None
+    groups = [t.groups for t in cons.ties]
+    for pick in itertools.product(*[range(len(g)) for g in groups]):
+        forbid = [r for g, k in zip(groups, pick) for j, grp in enumerate(g) if j != k
+                  for r in grp]
+        r = solve(cons.extend(lib), cons.objective, cons.budgets, forbid=forbid,
+                  options=SolveOptions(mip_rel_gap=problem.spec.solver.gap))
+        if r.ok:
+            best = r.objective if best is None else min(best, r.objective)
+    gap = problem.spec.solver.gap
+    assert best is not None and abs(res.objective - best) <= 2 * gap * abs(best)
+
+
+def test_several_engines_intersect_and_the_report_says_who_loads(tmp_path):
+    """vllm + sglang: SGLang holds the MoE global, so the child's MoE blocks are one shape
+    too; the blueprint and the CLI summary name each engine and why not."""
+    problem, alts, lib, cons, res, child = _super(["vllm", "sglang"], "150%")
+    assert len({b for b in child.blocks if b.kind == "moe"}) == 1
+    assert all(engines.loads(problem.parent, child, e)[0] for e in ("vllm", "sglang"))
+    spec = json.loads((EXAMPLES / "nemotron3-super-h100.json").read_text())
+    spec["parent"] = str(SUPER)
+    spec["solver"].pop("sweep")
+    spec["search_space"]["compare_homogeneous"] = False
+    spec["deploy"] = {"engines": ["vllm"]}
+    f = tmp_path / "spec.json"
+    f.write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "nas", "search", str(f), "-o", str(out)],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "engine vllm (target): loads" in p.stdout
+    assert re.search(r"engine sglang: does not load: moe\.\w+ takes \d+ values", p.stdout)
+    bp = json.loads((out / "blueprint.json").read_text())
+    assert bp["engines"]["targets"] == ["vllm"]
+    assert {r["engine"]: r["loads"] for r in bp["engines"]["load"]}["vllm"] is True
+    assert "## Engines" in (out / "report.md").read_text()
+
+
+def test_llama_for_vllm_keeps_no_ops_and_drops_linear():
+    """DeciLM in vLLM: KV heads, FFN width and no-ops per layer, no linear blocks; with
+    TensorRT-LLM too (its stock Llama: one shape, no no-op) the space is the intersection."""
+    spec = {"name": "t", "parent": str(LLAMA), "hardware": "h100-sxm", "precision": "fp8",
+            "workloads": {"chat": {"isl": 128, "osl": 512, "batch": 64}},
+            "search_space": {"attention": {"kv_heads": [4, 2], "noop": True, "linear": True},
+                             "ffn": {"fractions": [0.5], "noop": True}},
+            "deploy": {"engines": ["vllm"]}}
+    problem = search.resolve(parse_spec(spec), ".")
+    alts = search.alternatives(problem)
+    kinds = {a.child.kind for row in alts for a in row}
+    assert "noop" in kinds and "linear" not in kinds
+    assert not engines.tied_axes(problem.parent, ["vllm"])
+    spec["deploy"] = {"engines": ["vllm", "trtllm"]}
+    problem = search.resolve(parse_spec(spec), ".")
+    alts = search.alternatives(problem)
+    assert {a.child.kind for row in alts for a in row} == {"attention", "ffn"}
+    assert set(engines.tied_axes(problem.parent, ["vllm", "trtllm"])) >= {
+        "attention.kv_heads", "ffn.width"}

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from hwprofiles.errors import InputError
-    from nas.blueprint import budget_in_user_terms
+    from nas.blueprint import budget_in_user_terms, engine_lines
     from nas.search import run as run_search
     from nas.spec import load_spec
 
@@ -124,6 +124,13 @@ def run(args: argparse.Namespace) -> int:
         terms = "" if user is None else f"child {user[0]}, bound {user[1]}; "
         print(f"budget {b['spec']}: {'BINDS' if b['binding'] else 'slack'} "
               f"({terms}{b['key']} = {b['child_value']:.6g}, bound {b['bound']:.6g})")
+    info = getattr(bp, "engines", None) or {}
+    if info.get("targets"):
+        print(f"searched for {', '.join(info['targets'])}:")
+        for n in info.get("notes", []):
+            print(f"  {n}")
+    for line in engine_lines(bp):
+        print(f"engine {line}")
     changed = sum(1 for c in bp.choices if c["change"] != "parent")
     print(f"{changed} of {len(bp.choices)} blocks changed; "
           f"{len(res.blueprints)} blueprint(s); total {res.timings['total_s']:.2f} s")
