@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hwprofiles.errors import InputError  # noqa: E402
-from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp  # noqa: E402
+from nas.arch import FFN, MLA, Attention, Linear, Mamba, ModelArch, MoE, NoOp  # noqa: E402
 from nas.build import build_model, load_pretrained, save_pretrained  # noqa: E402
-from nas.hf import DIALECTS, load_config  # noqa: E402
+from nas.hf import DIALECTS, from_hf, load_config  # noqa: E402
 from nas.hf.remote import AUTO_MAP, TRANSFORMERS_TYPES, remote_files  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -113,6 +113,69 @@ def test_child_loads_through_trust_remote_code_with_equal_logits(kind, tmp_path)
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert set(f.keys()) == names
+
+
+def _from_family_test(module: str, attr: str = "_hf_config") -> ModelArch:
+    """The tiny transformers config of a family test, with its first MLP slot a no-op."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    cfg = (transformers.GraniteMoeHybridConfig(**mod.TINY) if attr == "TINY"
+           else getattr(mod, attr)())
+    arch = from_hf(cfg.to_dict())
+    return arch.replace_blocks([NoOp() if i == 1 else b for i, b in enumerate(arch.blocks)])
+
+
+def _deepseek_child() -> ModelArch:
+    mla = MLA(num_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=8,
+              qk_rope_head_dim=8, v_head_dim=8)
+    moe = MoE(num_experts=8, top_k=2, expert_width=16, shared_width=16, router="sigmoid",
+              router_bias=True, routed_scaling=2.5, n_group=2, topk_group=1)
+    return ModelArch(hidden_size=H, vocab_size=128, model_type="deepseek_v3", norm_eps=1e-6,
+                     blocks=(mla, FFN(width=48), mla, moe, NoOp(),
+                             moe.model_copy(update={"num_experts": 4, "n_group": 1}), mla, moe))
+
+
+def _gpt_oss_child() -> ModelArch:
+    att = Attention(num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True, o_bias=True,
+                    sinks=True, sliding_window=8)
+    moe = MoE(num_experts=4, top_k=2, expert_width=16, router="softmax",
+              router_linear_bias=True, expert_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702)
+    yarn = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "original_max_position_embeddings": 4096, "truncate": False}
+    return ModelArch(hidden_size=H, vocab_size=128, model_type="gpt_oss", rope_theta=1.5e5,
+                     hf_extra_json=json.dumps({"rope_scaling": yarn}),
+                     blocks=(att, moe, att.model_copy(update={"sliding_window": None,
+                                                              "num_kv_heads": 1}),
+                             moe.model_copy(update={"num_experts": 3}), NoOp(), moe))
+
+
+FAMILIES = {
+    "deepseek_v3_puzzle": _deepseek_child, "gpt_oss_puzzle": _gpt_oss_child,
+    "qwen3_next": lambda: _from_family_test("test_family_qwen3_next"),
+    "falcon_h1": lambda: _from_family_test("test_family_falcon_h1"),
+    "jamba": lambda: _from_family_test("test_family_jamba"),
+    "granitemoehybrid": lambda: _from_family_test("test_family_hybrids", "TINY"),
+}
+
+
+@pytest.mark.parametrize("mt", sorted(FAMILIES))
+def test_a_heterogeneous_child_of_every_other_family_loads_with_equal_logits(mt, tmp_path):
+    arch = FAMILIES[mt]()
+    torch.manual_seed(0)
+    model = build_model(arch)
+    randomize(model, 0)
+    out = save_pretrained(model, tmp_path / "child")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == mt and cfg["auto_map"] == AUTO_MAP
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out, trust_remote_code=True, dtype=torch.float32, output_loading_info=True)
+    assert not any(info.values())  # no missing, unexpected or mismatched tensors
+    x = torch.randint(0, arch.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(x), hf(input_ids=x).logits
+    assert ours.abs().max() > 1.0
+    assert (ours - theirs).abs().max().item() <= 1e-4
 
 
 def test_written_code_needs_neither_nas_nor_pydantic(tmp_path):

@@ -45,7 +45,18 @@ class PuzzleNasConfig(PretrainedConfig):
         blocks = kwargs.get("block_configs")
         if self.model_type == "nemotron-nas" and isinstance(blocks, list):
             kwargs["block_configs"] = [_Attrs(b) if isinstance(b, dict) else b for b in blocks]
+        # the RoPE keys stay as written: the modeling file reads RoPE from puzzle_nas, and
+        # transformers' standardization would rewrite them (and needs keys some types lack)
+        rope = {k: kwargs.pop(k) for k in ("rope_scaling", "rope_parameters") if k in kwargs}
         super().__init__(**kwargs)
+        self.__dict__["_puzzle_nas_rope"] = rope
+
+    def to_dict(self):
+        out = super().to_dict()
+        out.pop("_puzzle_nas_rope", None)
+        out.pop("rope_parameters", None)  # transformers' standardized copy, not written
+        out.update(self.__dict__.get("_puzzle_nas_rope", {}))
+        return out
 
     def get_nemotron_h_config_for_layer(self, layer_idx):
         """The top-level config with ``block_configs[layer_idx]``'s keys laid over it."""

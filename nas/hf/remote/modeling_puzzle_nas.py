@@ -70,6 +70,13 @@ def _unstack(owner, attr, template, count):
     setattr(cls, attr, _stacked(head, tail))
 
 
+def _resolve(root, path):
+    """``root.get_submodule(path)``, also through plain (unregistered) attributes."""
+    for part in path.split("."):
+        root = getattr(root, part)
+    return root
+
+
 class PuzzleNasForCausalLM(PreTrainedModel):
     config_class = PuzzleNasConfig
     base_model_prefix = "puzzle_nas_no_base_model"
@@ -85,10 +92,28 @@ class PuzzleNasForCausalLM(PreTrainedModel):
         inner = CausalLM(ModelArch(spec["arch"]))
         for owner, attr, template, count in spec["stacked"]:
             _unstack(inner.get_submodule(owner), attr, template, count)
+        mapped = dict(spec["modules"])
+
+        def implied(src):  # where src would appear inside its nearest placed ancestor
+            a = src
+            while a:
+                if a in mapped:
+                    return mapped[a] + src[len(a):]
+                a = a.rpartition(".")[0]
+            return None
+
+        # a submodule the checkpoint names differently from its placed parent (Qwen's
+        # shared_expert for shared_experts) leaves the parent's registry, staying a plain
+        # attribute for the forward pass, so each tensor has one name
+        for src, dst in spec["modules"]:
+            par, _, name = src.rpartition(".")
+            if par and implied(par) is not None and f"{implied(par)}.{name}" != dst:
+                owner = inner.get_submodule(par)
+                owner.__dict__[name] = owner._modules.pop(name)
         # the modules under the checkpoint's names; shortest paths first, so a module
         # registered at a path adopts the ones registered below it
         for src, dst in sorted(spec["modules"], key=lambda m: (m[1].count("."), m[1])):
-            self._place(dst, inner.get_submodule(src))
+            self._place(dst, _resolve(inner, src))
         object.__setattr__(self, "_puzzle_nas_model", inner)  # not a second registration
         self.post_init()
 
@@ -100,6 +125,8 @@ class PuzzleNasForCausalLM(PreTrainedModel):
                 parent.add_module(part, nn.Module())
             parent = parent._modules[part]
         old = parent._modules.get(parts[-1])
+        if old is module:  # already there, inside its placed parent
+            return
         if old is not None:
             if type(old) is not nn.Module:
                 raise ValueError(f"two modules map to {path}")
