@@ -303,6 +303,67 @@ def lr_at(step: int, settings: DistillSettings) -> float:
 
 
 # ---- losses and evaluation --------------------------------------------------------------
+CHUNK_BYTES = 64 * 2**20
+"""Bytes of one float32 ``(rows, positions, vocab)`` logits tensor per chunk of positions:
+the loss and the evaluation make the vocabulary-wide tensors one chunk at a time."""
+
+
+def chunk_positions(rows: int, vocab: int, item: int = 4) -> int:
+    """Positions per chunk: ``rows x positions x vocab`` values of ``item`` bytes in
+    :data:`CHUNK_BYTES` (at least one)."""
+    return max(1, CHUNK_BYTES // (item * vocab * max(rows, 1)))
+
+
+def _chunk_sums(student: CausalLM, teacher: CausalLM, hs: torch.Tensor, ht: torch.Tensor,
+                y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums over a chunk of positions of KL(teacher || student) and of the student's
+    cross-entropy, from the final hidden states ``hs`` / ``ht`` (float32 log-softmax)."""
+    lq = F.log_softmax(student.logits(hs).float(), -1)
+    with torch.no_grad():
+        lp = F.log_softmax(teacher.logits(ht).float(), -1)
+    kl = (lp.exp() * (lp - lq)).sum()
+    ce = F.nll_loss(lq.reshape(-1, lq.shape[-1]), y.reshape(-1), reduction="sum")
+    return kl, ce
+
+
+def _unshard_roots(*models: torch.nn.Module) -> None:
+    """Gather the root unit (embedding, final norm, head) of FSDP2-sharded ``models``, whose
+    head the chunked loss and evaluation use outside the forward (a no-op for whole
+    models and for a root already gathered)."""
+    for m in models:
+        if hasattr(m, "unshard"):
+            m.unshard()  # type: ignore[operator]
+
+
+def _reshard_roots(*models: torch.nn.Module) -> None:
+    for m in models:
+        if hasattr(m, "reshard"):
+            m.reshard()  # type: ignore[operator]
+
+
+def kd_loss_hidden(student: CausalLM, teacher: CausalLM, hs: torch.Tensor, ht: torch.Tensor,
+                   tokens: torch.Tensor, lm_weight: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`kd_loss` of the logits of final hidden states ``hs`` (student, with grad) and
+    ``ht`` (teacher), made one chunk of positions at a time (:func:`chunk_positions`) under
+    activation checkpointing: the backward pass recomputes a chunk's logits instead of
+    keeping them, so the ``(rows, positions, vocab)`` tensors exist for one chunk only. The
+    same figures as :func:`kd_loss` up to float32 summation order."""
+    from torch.utils.checkpoint import checkpoint
+
+    b, L = tokens.shape
+    step = chunk_positions(b, student.arch.vocab_size)
+    kl = ce = hs.new_zeros((), dtype=torch.float32)
+    for a in range(0, L - 1, step):
+        e = min(a + step, L - 1)
+        k, c = checkpoint(_chunk_sums, student, teacher, hs[:, a:e], ht[:, a:e],
+                          tokens[:, a + 1:e + 1], use_reentrant=False)
+        kl, ce = kl + k, ce + c
+    n = b * (L - 1)
+    kl, ce = kl / n, ce / n
+    return kl + lm_weight * ce, kl, ce
+
+
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tokens: torch.Tensor,
             lm_weight: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, KL, CE): mean per position with a next token, nats."""
@@ -337,15 +398,21 @@ def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: in
         if not len(t):
             student(held[:1].to(dev)), teacher(held[:1].to(dev))
             continue
-        zs = student(t)[:, :-1].double()
-        zt = teacher(t)[:, :-1].double()
-        lq, lp = F.log_softmax(zs, -1), F.log_softmax(zt, -1)
-        y = t[:, 1:]
-        sums[0] += float((lp.exp() * (lp - lq)).sum())
-        sums[1] += float(-lq.gather(-1, y[..., None]).sum())
-        sums[2] += float((zs.argmax(-1) == y).sum())
-        sums[3] += float((zs.argmax(-1) == zt.argmax(-1)).sum())
-        sums[4] += y.numel()
+        hs, ht = student(t, hidden=True), teacher(t, hidden=True)
+        _unshard_roots(student, teacher)
+        step = chunk_positions(len(t), student.arch.vocab_size, 8)
+        for a in range(0, t.shape[1] - 1, step):  # float64 logits, a chunk at a time
+            e = min(a + step, t.shape[1] - 1)
+            zs = student.logits(hs[:, a:e]).double()
+            zt = teacher.logits(ht[:, a:e]).double()
+            lq, lp = F.log_softmax(zs, -1), F.log_softmax(zt, -1)
+            y = t[:, a + 1:e + 1]
+            sums[0] += float((lp.exp() * (lp - lq)).sum())
+            sums[1] += float(-lq.gather(-1, y[..., None]).sum())
+            sums[2] += float((zs.argmax(-1) == y).sum())
+            sums[3] += float((zs.argmax(-1) == zt.argmax(-1)).sum())
+            sums[4] += y.numel()
+        _reshard_roots(student, teacher)
     if world > 1:
         dist.all_reduce(sums)
     student.train(was)
@@ -991,12 +1058,15 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
             idx = step_rows(step, len(tr), run)[rank * local:(rank + 1) * local]
             t = tr[idx].to(device)
             with torch.no_grad():
-                zt = teacher(t)
-            loss, _, _ = kd_loss(model(t), zt, t, run.lm_weight)
+                ht = teacher(t, hidden=True)
+            hs = model(t, hidden=True)
+            _unshard_roots(student, teacher)  # the head, for the chunks and their recompute
+            loss, _, _ = kd_loss_hidden(student, teacher, hs, ht, t, run.lm_weight)
             for group in optim.param_groups:
                 group["lr"] = lr_at(step, run)
             optim.zero_grad(set_to_none=True)
             loss.backward()
+            _reshard_roots(teacher)  # the student's: FSDP2 after its backward
             if run.grad_clip:
                 torch.nn.utils.clip_grad_norm_(student.parameters(), run.grad_clip)
             optim.step()

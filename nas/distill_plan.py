@@ -39,10 +39,14 @@ a multiple of ``N``, at most ``N - 1`` rows per tensor more than ``P / N``):
     module's autograd graph: exact on 8 shapes);
 
   with activation checkpointing only each block's input is kept, plus one block's whole
-  set while it is recomputed. Plus the head: the logits of student and teacher and the
-  float32 tensors of the KL (``kd_loss``: the two log-softmaxes, the teacher's
-  probabilities and their product, and the logits' gradient), ``T * V * (e_s + e_t + 28)``
-  bytes for ``T`` tokens.
+  set while it is recomputed.
+* **logits**: the loss makes the logits one chunk of positions at a time under activation
+  checkpointing (:func:`nas.distill.kd_loss_hidden`), so per rank the final hidden states
+  of student and teacher (``T * h * (e_c + e_t)`` for ``T`` tokens) and, for one chunk of
+  ``T_c`` tokens (:data:`nas.distill.CHUNK_BYTES` of float32 logits), the logits of both
+  and the float32 tensors of the KL (the two log-softmaxes, the teacher's probabilities
+  and their product, the logits' gradient), ``T_c * V * (e_c + e_t + 28)`` bytes. The
+  evaluation makes its float64 logits a chunk at a time too, within the same bound.
 
 Time per phase (seconds) is a roofline lower bound from the hardware profile (dense GEMM
 FLOPs at the matmul peak and efficiency of the compute dtype; attention's quadratic term,
@@ -70,6 +74,7 @@ from nas.arch import ModelArch
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAMBA_CHUNK = 64  # the Mamba-2 module's chunk_size (nas.modules.mamba; checked in the tests)
 KL_FLOAT32_TENSORS = 7  # kd_loss' float32 tensors of the vocabulary's size per token
+CHUNK_BYTES = 64 * 2**20  # nas.distill.CHUNK_BYTES (torch-free copy, checked in the tests)
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,10 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
                               + (saved.max() if saved.size else 0.0))
     else:
         acts = local * e_c * saved.sum()
-    logits = local * child.vocab_size * (e_c + e_t + 4 * KL_FLOAT32_TENSORS)
+    rows = batch // world
+    chunk = rows * max(1, CHUNK_BYTES // (4 * child.vocab_size * max(rows, 1)))
+    logits = (local * child.hidden_size * (e_c + e_t)
+              + min(chunk, local) * child.vocab_size * (e_c + e_t + 4 * KL_FLOAT32_TENSORS))
 
     phases: dict[str, float] = {}
     if hw is not None:

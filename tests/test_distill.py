@@ -383,3 +383,27 @@ def test_the_plan_holds_what_each_sharded_rank_holds(work, two_ranks):
         held = max(r[col] for r in rec.held_elements) * 4
         assert planned == pytest.approx(held, rel=0.02), (col, planned, held)
     assert p.gradients == p.student_weights and p.optimizer == 2 * p.student_weights
+
+
+def test_the_chunked_loss_equals_the_whole_one(monkeypatch):
+    """The loss made a chunk of positions at a time (under activation checkpointing) gives
+    the whole-logits loss and its gradients, up to float32 summation order."""
+    import nas.distill as nd
+    from nas.build_random import build_model
+
+    student, teacher = build_model(PARENT, seed=0), build_model(PARENT, seed=1)
+    t = torch.randint(0, PARENT.vocab_size, (3, SEQ))
+    monkeypatch.setattr(nd, "CHUNK_BYTES", 3 * 7 * PARENT.vocab_size * 4)  # 7 positions
+    assert nd.chunk_positions(3, PARENT.vocab_size) == 7
+    with torch.no_grad():
+        zt, ht = teacher(t), teacher(t, hidden=True)
+    whole = nd.kd_loss(student(t), zt, t, 0.3)
+    whole[0].backward()
+    g_whole = {k: p.grad.clone() for k, p in student.named_parameters()}
+    student.zero_grad()
+    chunked = nd.kd_loss_hidden(student, teacher, student(t, hidden=True), ht, t, 0.3)
+    chunked[0].backward()
+    for a, b in zip(whole, chunked):
+        assert float(b.detach()) == pytest.approx(float(a.detach()), rel=1e-6)
+    for k, p in student.named_parameters():
+        assert torch.allclose(p.grad, g_whole[k], rtol=1e-4, atol=1e-7), k

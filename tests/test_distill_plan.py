@@ -34,6 +34,14 @@ def test_the_plan_imports_no_torch():
     assert p.returncode == 0, p.stderr
 
 
+def test_the_plans_chunk_is_the_losss():
+    pytest.importorskip("torch")
+    import nas.distill
+    import nas.distill_plan
+
+    assert nas.distill_plan.CHUNK_BYTES == nas.distill.CHUNK_BYTES
+
+
 def test_saved_values_per_token_match_autograd_per_block_kind():
     """The rule's values per token are what autograd saves for each block's backward pass
     (parameters excluded), within 10 %, on every kind it names."""

@@ -178,9 +178,14 @@ class CausalLM(nn.Module):
         d = self.scalars.logits_divisor
         return z / d if d != 1.0 else z
 
-    def forward(self, tokens: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
-        """Next-token logits ``(b, l, vocab)``; with a cache, continues from its state."""
-        return self.logits(self.hidden(tokens, cache))
+    def forward(self, tokens: torch.Tensor, cache: Cache | None = None,
+                hidden: bool = False) -> torch.Tensor:
+        """Next-token logits ``(b, l, vocab)``; with a cache, continues from its state.
+        ``hidden``: the final hidden states instead (:meth:`hidden`), for a caller that
+        computes the logits a chunk of positions at a time (through the forward, so that
+        wrappers such as FSDP2 and DDP see the call)."""
+        h = self.hidden(tokens, cache)
+        return h if hidden else self.logits(h)
 
     @torch.no_grad()
     def generate(self, tokens: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
