@@ -316,6 +316,25 @@ class HardwareProfile(BaseModel):
         walk(self, "")
         return out
 
+    def on_bound_figures(self) -> list[tuple[str, str]]:
+        """``(field path, note)`` of every figure that carries an ``on_bound`` note (a fitted
+        figure on a bound of its fit, and why)."""
+        out: list[tuple[str, str]] = []
+
+        def walk(obj: object, path: str) -> None:
+            if isinstance(obj, (Figure, EfficiencyCurve)):
+                if obj.on_bound is not None:
+                    out.append((path, obj.on_bound))
+            elif isinstance(obj, dict):
+                for k, v in obj.items():
+                    walk(v, f"{path}.{k}" if path else str(k))
+            elif isinstance(obj, BaseModel):
+                for k in type(obj).model_fields:
+                    walk(getattr(obj, k), f"{path}.{k}" if path else k)
+
+        walk(self, "")
+        return out
+
     def assumed_figures(self) -> list[str]:
         """Field paths of the figures whose source says they are assumed."""
         return [path for path, src in self.sourced_figures() if is_assumed(src)]

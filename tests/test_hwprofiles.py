@@ -349,3 +349,15 @@ def test_a_refit_drops_the_on_bound_note():
     assert refit.moe_imbalance.value == 1.2 and refit.moe_imbalance.on_bound is None
     with pytest.raises(ValidationError, match="on_bound"):
         Figure(value=1.0, source="fitted", on_bound="because")  # floor: / open: + a reason
+
+
+def test_hw_show_lists_the_figures_on_a_bound_with_their_reason(capsys):
+    from nas.cli import main
+
+    assert main(["hw", "show", "b200"]) == 0
+    out = capsys.readouterr().out
+    bound = hwprofiles.get("b200").on_bound_figures()
+    assert f"fitted figures on a bound of the fit: {len(bound)}" in out and bound
+    for path, note in bound:
+        assert f"{path}: {note}" in out
+    assert ("moe_imbalance", "floor: 1.00 is perfect balance; routing cannot do better") in bound

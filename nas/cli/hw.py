@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
         assumed = p.assumed_figures()
         print(f"  assumed figures: {len(assumed)} of {len(p.sourced_figures())}"
               + (f" ({', '.join(assumed)})" if assumed else ""))
+        bound = p.on_bound_figures()
+        print(f"  fitted figures on a bound of the fit: {len(bound)}")
+        for path, note in bound:
+            print(f"    {path}: {note}")
         return 0
     if cmd in (None, "list"):
         names = hwprofiles.available()
