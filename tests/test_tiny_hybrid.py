@@ -10,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -100,3 +101,40 @@ def test_a_rerun_reuses_every_stage(smoke):
         for k in range(2)]
     assert not any("scoring" in m or "blocks changed" in m for m in logs), logs
     assert [st.model_dump() for st in rec.stages] == before["stages"]
+
+
+def test_the_parent_rate_is_the_sweeps_choice_and_the_run_after_it_is_the_plain_run(smoke):
+    """The parent's peak rate comes from the held-out sweep (one trial per rate of the grid,
+    the lowest validation loss wins), and the parent is then exactly a plain run at that
+    rate from the same init: the sweep leaves nothing behind in the weights."""
+    run, d, _, res = smoke
+    from nas.build import build_model, load_pretrained
+    from nas.hf import from_hf
+
+    cfg = run.SMOKE
+    pt = res["parent_training"]
+    assert [t["lr"] for t in pt["lr_sweep"]] == list(cfg.parent_lr_sweep)
+    assert all(t["steps"] == cfg.parent_steps // 4 for t in pt["lr_sweep"])
+    assert pt["lr"] == min(pt["lr_sweep"], key=lambda t: (t["val_loss"], t["lr"]))["lr"]
+    assert len(pt["losses"]) == cfg.parent_steps and pt["val_tokens"] == cfg.parent_val_tokens
+    data = next((d / "cache").glob("data-*"))
+    train = torch.as_tensor(np.load(data / "train.npy").astype(np.int64))
+    spec = json.loads((EXAMPLE / cfg.spec).read_text())
+    model = build_model(from_hf(spec["parent"], source="spec"), seed=0)
+    losses = run._train_lm(model, train, cfg.parent_steps, cfg.parent_batch, cfg.seq_len,
+                           pt["lr"])
+    assert losses == pt["losses"]
+    parent = load_pretrained(d / "out" / "parent")
+    got, want = model.state_dict(), parent.state_dict()
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in got)
+    md = (d / "results" / "results.md").read_text()
+    assert f"at peak lr {pt['lr']:g} chosen by a sweep" in md
+
+
+def test_a_spec_variant_writes_its_own_folder_and_results():
+    run = _script()
+    ns = run.argparse.Namespace
+    assert run._variant(ns(spec=None)) == ""
+    assert run._variant(ns(spec="spec-dense.json")) == "-dense"
+    assert run._variant(ns(spec="/somewhere/other.json")) == "-other"

@@ -61,7 +61,8 @@ class Config:
     seq_len: int
     parent_steps: int
     parent_batch: int
-    parent_lr: float
+    parent_lr_sweep: tuple[float, ...]  # peak rates tried for the parent (train_parent)
+    parent_val_tokens: int     # held-out tokens (the end of held.npy) the parent sweep reads
     score_max_tokens: int      # scoring: held-out tokens (end of the training split)
     score_calib_tokens: int
     bld_steps: int
@@ -78,13 +79,15 @@ class Config:
 
 FULL = Config(spec="spec.json", max_train_tokens=1_500_000, max_held_tokens=100_000,
               bpe_chars=4_000_000, seq_len=128, parent_steps=260, parent_batch=8,
-              parent_lr=3e-3, score_max_tokens=2048, score_calib_tokens=4096, bld_steps=30,
+              parent_lr_sweep=(3e-4, 1e-3, 3e-3), parent_val_tokens=8192,
+              score_max_tokens=2048, score_calib_tokens=4096, bld_steps=30,
               bld_lr=1e-3, kd_tokens=24_576, kd_batch=8, kd_lr=1e-3,
               kd_lr_sweep=(3e-4, 1e-3, 3e-3), kd_eval_every=8,
               eval_tokens=4096, n_random=5, seeds=(0, 1, 2))
 SMOKE = Config(spec="spec-smoke.json", max_train_tokens=120_000, max_held_tokens=8_000,
                bpe_chars=400_000, seq_len=64, parent_steps=20, parent_batch=8,
-               parent_lr=5e-3, score_max_tokens=512, score_calib_tokens=1024, bld_steps=4,
+               parent_lr_sweep=(2e-3, 5e-3), parent_val_tokens=1024,
+               score_max_tokens=512, score_calib_tokens=1024, bld_steps=4,
                bld_lr=1e-3, kd_tokens=2048, kd_batch=4, kd_lr=1e-3,
                kd_lr_sweep=(1e-3, 3e-3), kd_eval_every=8,
                eval_tokens=1024, n_random=2, seeds=(0, 1))
@@ -210,9 +213,70 @@ def prepare_data(cfg: Config, vocab: int, cache: Path) -> dict[str, Path]:
 
 
 # ---- 2. parent --------------------------------------------------------------------------
+def _train_lm(model: Any, train: Any, steps: int, batch: int, seq_len: int, peak_lr: float,
+              bar: Any = None) -> list[float]:
+    """Train ``model`` in place on random windows of ``train`` (the row order seeded 0):
+    AdamW, a linear warm-up over the first 5 % of ``steps``, cosine to 10 % of
+    ``peak_lr``, gradients clipped to norm 1. Returns the training losses (a NaN ends it)."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, weight_decay=0.01,
+                            betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(0)
+    warm = max(1, steps // 20)
+    losses: list[float] = []
+    for step in range(steps):
+        lr = peak_lr * min(1.0, (step + 1) / warm) * (
+            0.1 + 0.45 * (1 + np.cos(np.pi * step / steps)))
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        ix = torch.randint(0, len(train) - seq_len - 1, (batch,), generator=g)
+        x = torch.stack([train[i:i + seq_len] for i in ix.tolist()])
+        logits = model(x)[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if bar is not None:
+            bar.update(1, f"loss {np.mean(losses[-20:]):.3f}")
+        if not np.isfinite(losses[-1]):
+            break
+    return losses
+
+
+def _val_loss(model: Any, val: Any, seq_len: int) -> float:
+    """Mean next-token loss of ``model`` on ``val`` cut into rows of ``seq_len``."""
+    import torch
+
+    rows = val[: len(val) // seq_len * seq_len].reshape(-1, seq_len)
+    model.eval()
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for k in range(0, len(rows), 8):
+            x = rows[k:k + 8]
+            logits = model(x)[:, :-1]
+            tot += float(torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum"))
+            n += x[:, 1:].numel()
+    model.train()
+    return tot / n
+
+
 def train_parent(cfg: Config, spec: dict[str, Any], data: dict[str, Path], cache: Path
                  ) -> tuple[Path, dict[str, Any]]:
-    """The parent checkpoint (trained once per key, then read from the cache)."""
+    """The parent checkpoint (trained once per key, then read from the cache).
+
+    The peak learning rate is chosen by the rule every distillation of the experiment
+    follows (``nas.distill``'s sweep): each rate of ``cfg.parent_lr_sweep`` trains a fresh
+    model (same init, same rows) for a quarter of the steps, with the schedule compressed to
+    that length; the one with the lowest loss on the parent's validation tokens (the last
+    ``cfg.parent_val_tokens`` of the held-out files, after every position the evaluation and
+    the task set read) trains the full run from the same init. So both parents, hybrid and
+    dense, go through one procedure and no rate is picked per model by hand.
+    """
     import torch
 
     from nas.build import build_model, save_pretrained
@@ -220,42 +284,47 @@ def train_parent(cfg: Config, spec: dict[str, Any], data: dict[str, Path], cache
     from nas.progress import Progress
 
     arch = from_hf(spec["parent"], source="spec parent")
-    key = _digest(["parent v1", spec["parent"], data["train.npy"].parent.name, cfg.seq_len,
-                   cfg.parent_steps, cfg.parent_batch, cfg.parent_lr, torch.__version__])
+    key = _digest(["parent v2", spec["parent"], data["train.npy"].parent.name, cfg.seq_len,
+                   cfg.parent_steps, cfg.parent_batch, list(cfg.parent_lr_sweep),
+                   cfg.parent_val_tokens, torch.__version__])
     folder = cache / f"parent-{key}"
     info_path = folder / "training.json"
     if (folder / "model" / "config.json").is_file() and info_path.is_file():
         return folder / "model", json.loads(info_path.read_text())
     t0 = time.perf_counter()
     train = torch.as_tensor(np.load(data["train.npy"]).astype(np.int64))
-    model = build_model(arch, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.parent_lr, weight_decay=0.01,
-                            betas=(0.9, 0.95))
-    g = torch.Generator().manual_seed(0)
-    warm = max(1, cfg.parent_steps // 20)
-    losses = []
+    held = np.load(data["held.npy"]).astype(np.int64)
+    if len(held) < max(cfg.eval_tokens, TASK_TOKENS) + cfg.parent_val_tokens:
+        log(f"parent validation: only {len(held):,} held-out tokens, so its last "
+            f"{cfg.parent_val_tokens:,} overlap the evaluation's (smoke sizes)")
+    val = torch.as_tensor(held[-cfg.parent_val_tokens:])
     L = cfg.seq_len
+    trial_steps = max(1, cfg.parent_steps // 4)
+    sweep = []
+    for cand in cfg.parent_lr_sweep:
+        model = build_model(arch, seed=0)
+        with Progress(trial_steps, f"parent lr {cand:g}", True) as bar:
+            tl = _train_lm(model, train, trial_steps, cfg.parent_batch, L, cand, bar)
+        v = _val_loss(model, val, L) if np.isfinite(tl[-1]) else float("inf")
+        sweep.append({"lr": cand, "steps": trial_steps, "val_loss": v,
+                      "last_loss_20": float(np.mean(tl[-20:]))})
+        log(f"parent lr sweep: {cand:g} -> validation loss {v:.4f} after {trial_steps} steps")
+    ok = [t for t in sweep if np.isfinite(t["val_loss"])]
+    if not ok:
+        raise RuntimeError(f"every parent learning rate diverged: {cfg.parent_lr_sweep}")
+    lr = min(ok, key=lambda t: (t["val_loss"], t["lr"]))["lr"]
+    model = build_model(arch, seed=0)
     with Progress(cfg.parent_steps, "parent", True) as bar:
-        for step in range(cfg.parent_steps):
-            lr = cfg.parent_lr * min(1.0, (step + 1) / warm) * (
-                0.1 + 0.45 * (1 + np.cos(np.pi * step / cfg.parent_steps)))
-            for grp in opt.param_groups:
-                grp["lr"] = lr
-            ix = torch.randint(0, len(train) - L - 1, (cfg.parent_batch,), generator=g)
-            x = torch.stack([train[i:i + L] for i in ix.tolist()])
-            logits = model(x)[:, :-1]
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                     x[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            losses.append(loss.item())
-            bar.update(1, f"loss {np.mean(losses[-20:]):.3f}")
+        losses = _train_lm(model, train, cfg.parent_steps, cfg.parent_batch, L, lr, bar)
+    if not np.isfinite(losses[-1]):
+        raise RuntimeError(f"parent training diverged at step {len(losses)} (lr {lr:g})")
+    val_loss = _val_loss(model, val, L)
     model.eval()
     info = {"steps": cfg.parent_steps, "tokens": cfg.parent_steps * cfg.parent_batch * L,
+            "lr": lr, "lr_sweep": sweep, "val_tokens": int(len(val)), "val_loss": val_loss,
             "first_loss": losses[0], "last_loss_20": float(np.mean(losses[-20:])),
-            "seconds": time.perf_counter() - t0, "parameters": model.num_stored()}
+            "losses": losses, "seconds": time.perf_counter() - t0,
+            "parameters": model.num_stored()}
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -415,6 +484,17 @@ def summarize(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _parent_lr_text(res: dict[str, Any]) -> str:
+    """How the parent's peak learning rate was chosen (runs from before the sweep: '')."""
+    pt = res["parent_training"]
+    if "lr_sweep" not in pt:
+        return ""
+    trials = ", ".join(f"{t['lr']:g}: {t['val_loss']:.3f}" for t in pt["lr_sweep"])
+    return (f", at peak lr {pt['lr']:g} chosen by a sweep of {pt['lr_sweep'][0]['steps']}-step "
+            f"trials (validation loss on the last {pt['val_tokens']:,} held-out tokens: "
+            f"{trials}; the trained parent {pt['val_loss']:.3f})")
+
+
 def write_markdown(path: Path, res: dict[str, Any], cfg: Config) -> None:
     summ = summarize(res)
     par = res["parent_eval"]
@@ -436,7 +516,7 @@ def write_markdown(path: Path, res: dict[str, Any], cfg: Config) -> None:
         f"trained {res['parent_training']['tokens']:,} tokens from scratch on the CPython "
         "3.11.7 stdlib sources (`corpus.jsonl.xz`) "
         f"({res['split']['train_files']} training files, {res['split']['held_files']} "
-        f"held-out files, BPE vocabulary {res['split']['vocab']}).",
+        f"held-out files, BPE vocabulary {res['split']['vocab']}){_parent_lr_text(res)}.",
         f"Budget ({res['budget_text']}); every child is built from the BLD blocks "
         f"({cfg.bld_steps} BLD steps per alternative) and distilled from the parent for "
         f"{res['kd_tokens']:,} tokens (logit KL; peak lr chosen per distillation from "
@@ -569,10 +649,20 @@ def check(res: dict[str, Any], out: Path) -> dict[str, bool]:
     return checks
 
 
+def _variant(args: argparse.Namespace) -> str:
+    """The suffix of a ``--spec spec-NAME.json`` run's work folder and results files
+    (``-dense``: ``out/tiny-hybrid-dense``, ``results-dense.md``); '' for the default spec."""
+    if not args.spec:
+        return ""
+    stem = Path(args.spec).stem
+    return stem[len("spec"):] if stem.startswith("spec-") else f"-{stem}"
+
+
 def report_only(args: argparse.Namespace) -> int:
     """Rewrite ``results.md`` / ``results.png`` from a finished run's ``results.json``."""
     cfg = SMOKE if args.smoke else FULL
-    out = Path(args.output or ("out/tiny-hybrid-smoke" if args.smoke else "out/tiny-hybrid"))
+    out = Path(args.output or (f"out/tiny-hybrid{_variant(args)}-smoke" if args.smoke
+                               else f"out/tiny-hybrid{_variant(args)}"))
     results = Path(args.results) if args.results else (out if args.smoke else HERE)
     res = json.loads((out / "results.json").read_text())
     if "parent_tasks" not in res:  # a run from before the task set: evaluate its children
@@ -585,8 +675,8 @@ def report_only(args: argparse.Namespace) -> int:
         if it.is_file():
             fig["init"] = json.loads(it.read_text())["stages"][-1]["kd_curve"][0]
     res["verdict"] = verdict(res)
-    write_markdown(results / "results.md", res, cfg)
-    plot(results / "results.png", res)
+    write_markdown(results / f"results{_variant(args)}.md", res, cfg)
+    plot(results / f"results{_variant(args)}.png", res)
     return 0
 
 
@@ -594,11 +684,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes (a few minutes)")
     p.add_argument("-o", "--output", default=None,
-                   help="work folder (default out/tiny-hybrid or out/tiny-hybrid-smoke)")
+                   help="work folder (default out/tiny-hybrid or out/tiny-hybrid-smoke; "
+                   "out/tiny-hybrid-NAME with --spec spec-NAME.json)")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "puzzle-nas" / "tiny-hybrid"),
                    help="where the data and the trained parent are cached")
     p.add_argument("--results", default=None, help="folder for results.md / results.png "
-                   "(default: this example's folder for the full run, -o for --smoke)")
+                   "(default: this example's folder for the full run, -o for --smoke; "
+                   "results-NAME.md / .png with --spec spec-NAME.json)")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
     p.add_argument("--report-only", action="store_true", help="rewrite results.md / .png "
                    "from -o's results.json (no computation)")
@@ -629,7 +721,8 @@ def main(argv: list[str] | None = None) -> int:
         from dataclasses import replace
 
         cfg = replace(cfg, spec=args.spec)
-    out = Path(args.output or ("out/tiny-hybrid-smoke" if args.smoke else "out/tiny-hybrid"))
+    out = Path(args.output or (f"out/tiny-hybrid{_variant(args)}-smoke" if args.smoke
+                               else f"out/tiny-hybrid{_variant(args)}"))
     results = Path(args.results) if args.results else (out if args.smoke else HERE)
     cache = Path(args.cache)
     out.mkdir(parents=True, exist_ok=True)
@@ -767,8 +860,8 @@ def main(argv: list[str] | None = None) -> int:
     res["checks"] = check(res, out)
     (out / "results.json").write_text(json.dumps(res, indent=1) + "\n")
     results.mkdir(parents=True, exist_ok=True)
-    write_markdown(results / "results.md", res, cfg)
-    plot(results / "results.png", res)
+    write_markdown(results / f"results{_variant(args)}.md", res, cfg)
+    plot(results / f"results{_variant(args)}.png", res)
     bad = [k for k, v in res["checks"].items() if not v]
     log(f"done in {res['wall_seconds'] / 60:.1f} min; results in {results}")
     for line in res["verdict"]:
