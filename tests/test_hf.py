@@ -10,7 +10,7 @@ import pytest
 from conftest import CONFIGS, LLAMA, NANO, REPO, SUPER
 
 from hwprofiles.errors import InputError
-from nas.arch import FFN, Attention, Linear, NoOp
+from nas.arch import FFN, Attention, Linear, ModelArch, NoOp
 from nas.hf import SUPPORTED_TYPES, ExportError, from_hf, load_config, to_hf
 
 MISTRAL_7B = {
@@ -391,3 +391,125 @@ def test_nemotron_h_numerics_we_do_not_compute_are_errors(update, field):
     with pytest.raises(InputError) as exc:
         from_hf({**json.loads(NANO.read_text()), **update}, source="cfg.json")
     assert field in str(exc.value), str(exc.value)
+
+
+# ---------------------------------------------------------------------------------------
+# the engines' schemas (docs/build.md, "Engine schemas")
+# ---------------------------------------------------------------------------------------
+def vllm_ffn_width(ffn_mult: float, hidden: int) -> int:
+    """vLLM's DeciLM rounding, restated from vllm/model_executor/models/nemotron_nas.py
+    (commit 00bd1493b3e8, _ffn_mult_to_intermediate_size / _find_multiple): the integer part
+    of 2 * ffn_mult * hidden / 3, then up to the next multiple of 256."""
+    n = int(2 * ffn_mult * hidden / 3)
+    return n if n % 256 == 0 else n + 256 - n % 256
+
+
+def vllm_decilm_widths(cfg: dict) -> list[int | None]:
+    """The FFN width vLLM builds per layer: ffn_mult when the block has one, else
+    intermediate_size (its ``hasattr(block_config.ffn, "ffn_mult")`` branch); None for a
+    no-op FFN."""
+    out = []
+    for bc in cfg["block_configs"]:
+        f = bc["ffn"]
+        if f.get("no_op"):
+            out.append(None)
+        elif f.get("ffn_mult") is not None:
+            out.append(vllm_ffn_width(f["ffn_mult"], cfg["hidden_size"]))
+        else:
+            out.append(f["intermediate_size"])
+    return out
+
+
+@pytest.mark.parametrize("hidden", [1024, 4096, 5120, 8192])
+def test_decilm_ffn_mult_is_exact_under_vllms_rounding(hidden):
+    att = Attention(num_heads=16, num_kv_heads=16, head_dim=hidden // 16)
+    widths = list(range(256, 6 * hidden + 1, 256))
+    blocks = []
+    for w in widths:
+        blocks += [att, FFN(width=w)]
+    arch = ModelArch(hidden_size=hidden, vocab_size=1000, blocks=tuple(blocks),
+                     model_type="llama").replace_blocks([*blocks[:-2], NoOp(), blocks[-1]])
+    cfg = to_hf(arch, "nemotron-nas")
+    assert all("intermediate_size" not in bc["ffn"] for bc in cfg["block_configs"])
+    assert vllm_decilm_widths(cfg)[:-1] == widths[:-1]  # every multiple of 256, exactly
+    assert from_hf(json.loads(json.dumps(cfg))).blocks == arch.blocks
+
+
+def test_decilm_width_ffn_mult_cannot_express_is_intermediate_size_alone():
+    parent = load_config(LLAMA)
+    blocks = list(parent.blocks)
+    blocks[1] = FFN(width=5000)  # not a multiple of 256
+    blocks[3] = FFN(width=14336)
+    child = parent.replace_blocks(blocks)
+    cfg = to_hf(child)
+    f0, f1 = cfg["block_configs"][0]["ffn"], cfg["block_configs"][1]["ffn"]
+    assert f0["ffn_mult"] is None and f0["intermediate_size"] == 5000
+    assert f1 == {"no_op": False, "replace_with_linear": False, "ffn_mult": 5.25}  # NVIDIA's
+    assert vllm_decilm_widths(cfg)[:2] == [5000, 14336]
+    assert from_hf(json.loads(json.dumps(cfg))).blocks == child.blocks
+    # files written before (an approximate ffn_mult beside intermediate_size) still read
+    old = json.loads(json.dumps(cfg))
+    old["block_configs"][0]["ffn"]["ffn_mult"] = 1.831055
+    assert from_hf(old).blocks == child.blocks
+
+
+# NVIDIA's nemotron_h_puzzle per-block config classes, as read (AttentionConfig, MoeConfig,
+# MambaConfig, MlpConfig of configuration_nemotron_h_puzzle.py; SGLang's
+# python/sglang/srt/configs/nemotron_h.py at 03c77dc33d0a reads block["n_routed_experts"])
+NVIDIA_PUZZLE_FIELDS = {
+    "attention": {"sliding_window"},
+    "moe": {"n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "moe_shared_expert_intermediate_size", "moe_latent_size", "routed_scaling_factor",
+            "n_group", "topk_group", "norm_topk_prob"},
+    "mamba": {"ssm_state_size"},
+    "mlp": {"intermediate_size"},
+}
+NVIDIA_PUZZLE_REQUIRED = {
+    "moe": {"n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+            "moe_shared_expert_intermediate_size"},
+    "mlp": {"intermediate_size"},
+}
+
+
+def test_nemotron_h_puzzle_moe_child_is_in_nvidias_schema():
+    from nas.hf.nemotron_h import PUZZLE_BLOCK_KEYS, PUZZLE_BLOCK_REQUIRED, puzzle_schema_problems
+
+    assert {k: set(v) for k, v in PUZZLE_BLOCK_KEYS.items()} == NVIDIA_PUZZLE_FIELDS
+    assert {k: set(v) for k, v in PUZZLE_BLOCK_REQUIRED.items()} == NVIDIA_PUZZLE_REQUIRED
+    parent = load_config(SUPER)
+    blocks = list(parent.blocks)
+    moes = [i for i, b in enumerate(blocks) if b.kind == "moe"]
+    blocks[moes[0]] = blocks[moes[0]].model_copy(update={"num_experts": 256, "top_k": 16})
+    blocks[moes[1]] = blocks[moes[1]].model_copy(update={"expert_width": 1536})
+    child = parent.replace_blocks(blocks)  # only what NVIDIA's Puzzle-75B child varies
+    cfg = to_hf(child)
+    assert cfg["model_type"] == "nemotron_h_puzzle"
+    for e in cfg["block_configs"]:
+        bt = e["block_type"]
+        assert set(e) - {"block_type"} <= NVIDIA_PUZZLE_FIELDS[bt], e
+        assert NVIDIA_PUZZLE_REQUIRED.get(bt, set()) <= set(e), e
+    assert cfg["block_configs"][moes[0]]["n_routed_experts"] == 256
+    assert cfg["block_configs"][moes[2]]["n_routed_experts"] == 512  # even the unchanged
+    assert puzzle_schema_problems(cfg) == []
+    assert cfg["hybrid_override_pattern"] == to_hf(parent)["hybrid_override_pattern"]
+    assert from_hf(json.loads(json.dumps(cfg))).blocks == child.blocks
+
+
+def test_nemotron_h_puzzle_problems_name_what_nvidias_class_refuses():
+    from nas.hf.nemotron_h import puzzle_schema_problems
+
+    parent = load_config(SUPER)
+    blocks = list(parent.blocks)
+    att = next(i for i, b in enumerate(blocks) if b.kind == "attention")
+    mamba = next(i for i, b in enumerate(blocks) if b.kind == "mamba")
+    blocks[att] = blocks[att].model_copy(update={"num_kv_heads": 1})
+    blocks[mamba] = blocks[mamba].model_copy(update={"num_heads": 64})
+    blocks[mamba + 1] = NoOp()
+    cfg = to_hf(parent.replace_blocks(blocks))
+    problems = puzzle_schema_problems(cfg)
+    assert any(f"block_configs[{att}] (attention)" in p and "num_key_value_heads" in p
+               for p in problems)
+    assert any(f"block_configs[{mamba}] (mamba)" in p and "mamba_num_heads" in p
+               for p in problems)
+    assert any(f"block_configs[{mamba + 1}]: block_type 'noop'" in p for p in problems)
+    assert len(problems) == 3

@@ -279,3 +279,36 @@ def test_the_stock_type_list_is_what_transformers_ships():
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     assert set(TRANSFORMERS_TYPES) == {mt for mt in DIALECTS if mt in CONFIG_MAPPING_NAMES}
+
+
+def test_the_config_class_answers_as_the_engines_read_it(tmp_path):
+    """Through trust_remote_code an engine gets this checkpoint's config class: it must
+    answer the way vLLM reads NVIDIA's (vllm/model_executor/models/nemotron_nas.py at
+    00bd1493b3e8: ``block_config.attention.no_op``, ``n_heads_in_group``, ``ffn_mult`` when
+    ``hasattr(block_config.ffn, "ffn_mult")`` else ``ffn.intermediate_size``;
+    nemotron_h.py at 00b08dc44519: ``config.get_nemotron_h_config_for_layer(i)``)."""
+    from test_hf import vllm_ffn_width
+
+    _, out = _saved("llama", tmp_path)
+    cfg = transformers.AutoConfig.from_pretrained(out, trust_remote_code=True)
+    arch = llama_child()
+    for i, bc in enumerate(cfg.block_configs):
+        att, ffn = arch.blocks[2 * i], arch.blocks[2 * i + 1]
+        if bc.attention.no_op:
+            assert att.kind == "noop"
+        elif not bc.attention.replace_with_linear:
+            assert cfg.num_attention_heads // bc.attention.n_heads_in_group == att.num_kv_heads
+        if not bc.ffn.no_op and not bc.ffn.replace_with_linear:
+            width = vllm_ffn_width(bc.ffn.ffn_mult, cfg.hidden_size) \
+                if hasattr(bc.ffn, "ffn_mult") else bc.ffn.intermediate_size
+            assert width == ffn.width
+    # and as transformers writes it back (None values dropped), this library reads it
+    assert from_hf(json.loads(cfg.to_json_string())).blocks == arch.blocks
+    _, out = _saved("nemotron_h", tmp_path)
+    cfg = transformers.AutoConfig.from_pretrained(out, trust_remote_code=True)
+    arch = nemotron_h_child()
+    for i, b in enumerate(arch.blocks):
+        if b.kind == "moe":
+            layer = cfg.get_nemotron_h_config_for_layer(i)
+            assert (layer.n_routed_experts, layer.moe_intermediate_size,
+                    layer.num_experts_per_tok) == (b.num_experts, b.expert_width, b.top_k)
