@@ -19,6 +19,11 @@ transformers' per-type defaults. A numerics-changing field this library does not
 routing, biased MoE projections, ...) is an :class:`InputError` naming it, never a silent
 default. Exports use the 4.x spelling, which transformers 5.x reads too.
 
+``auto_map`` is read and dropped (it names modeling files of the folder a config came
+from, which another checkpoint does not hold); the ``puzzle_nas`` key that
+:mod:`nas.hf.remote` writes beside its own ``auto_map`` must describe the config's blocks
+and is dropped too.
+
 Exported types: the plain type a model came from when it still fits it; otherwise that
 dialect's fallbacks (``nemotron_h`` -> ``nemotron_h_puzzle``), then ``nemotron-nas`` when the
 blocks alternate (attention | linear | no-op) and (gated FFN | linear | no-op) as DeciLM

@@ -17,8 +17,9 @@ Defaults are transformers' ``JambaConfig`` ones where a key is absent. Without e
 the numerics, kept verbatim for the export: ``use_mamba_kernels``,
 ``use_mambapy``, ``use_associative_scan`` (the same scan by other kernels),
 ``num_logits_to_keep``, router / aux-loss settings; Jamba-v0.1's remote-code keys
-(``auto_map``, ``n_ctx``, ``calc_logits_for_entire_prompt``, ``mamba_inner_layernorms:
-true``). Refused with the field named: ``mamba_inner_layernorms`` other than true (no
+(``n_ctx``, ``calc_logits_for_entire_prompt``, ``mamba_inner_layernorms: true``; its
+``auto_map`` is read and dropped, as for every type: it names modeling files a child's
+folder does not hold). Refused with the field named: ``mamba_inner_layernorms`` other than true (no
 dt / B / C norms: not what transformers computes),
 ``hidden_act`` other than ``silu`` (the Mamba conv and the experts' SwiGLU), a
 ``sliding_window`` (transformers 5.x Jamba attention is full attention), and a
