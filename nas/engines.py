@@ -38,7 +38,7 @@ Take = Literal["per_layer", "global", "none"]
 # field axes: axis -> (block kind, how to read the value from a block of that kind)
 _FIELD_AXES: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "attention.kv_heads": ("attention", lambda b: b.num_kv_heads),
-    "attention.sliding_window": ("attention", lambda b: b.sliding_window),
+    "attention.sliding_window": ("attention", lambda b: b.sliding_window or 0),  # 0: full
     "ffn.width": ("ffn", lambda b: b.width),
     "moe.experts": ("moe", lambda b: b.num_experts),
     "moe.expert_width": ("moe", lambda b: b.expert_width),
@@ -128,6 +128,13 @@ class Row:
     source: Source | None
     verified: bool
     note: str = ""
+    multiple: int | None = None
+    """A value of the axis the engine can express must be a multiple of this (DeciLM's
+    ``ffn_mult`` widths: multiples of 256); None: any value."""
+
+    def allows(self, value: Any) -> bool:
+        """Whether the engine can express ``value`` of the axis (beyond ``take``)."""
+        return self.multiple is None or (isinstance(value, int) and value % self.multiple == 0)
 
 
 @dataclass(frozen=True)
@@ -159,12 +166,17 @@ _VLLM_DECI = Source("vllm-project/vllm", "vllm/model_executor/models/nemotron_na
                     "00bd1493b3e82d6c13c68ee8a0e1c5a96707e190")
 _TRT_NH = Source("NVIDIA/TensorRT-LLM", "tensorrt_llm/_torch/models/modeling_nemotron_h.py",
                  "00620eb025e7c24895986e1042380bd1be4426d9")
+_VLLM_OSS = Source("vllm-project/vllm", "vllm/model_executor/models/gpt_oss.py",
+                   "0025d69bcf08bb1b135103167f0bbc82b9af6e69")
+_TRT_DECI = Source("NVIDIA/TensorRT-LLM",
+                   "tensorrt_llm/_torch/models/modeling_nemotron_nas.py",
+                   "0193dbd4189221d0fd5e9f20cdb384d3da8dbc24")
 _SGL_NH = Source("sgl-project/sglang", "python/sglang/srt/models/nemotron_h.py",
                  "02c60328e56db1c91b639859469b61c103ca2e7f")
 
 
-def _r(take: Take, src: Source | None, note: str = "") -> Row:
-    return Row(take, src, src is not None, note)
+def _r(take: Take, src: Source | None, note: str = "", multiple: int | None = None) -> Row:
+    return Row(take, src, src is not None, note, multiple)
 
 
 _PATTERN = ("layer types come only from hybrid_override_pattern, one of M * - E per layer: a "
@@ -234,19 +246,49 @@ _NH_TRT = {
                     "quant_config_dict per layer prefix (NemotronHLayer, NemotronHMOE)"),
 }
 _NH_SGL = {
-    "moe.experts": _r("global", _SGL_NH, "NemotronHMoE reads config.n_routed_experts (no "
-                      "per-layer config)"),
-    "moe.expert_width": _r("global", _SGL_NH, "config.moe_intermediate_size"),
-    "moe.top_k": _r("global", _SGL_NH, "config.num_experts_per_tok"),
-    "moe.shared_width": _r("global", _SGL_NH, "config.moe_shared_expert_intermediate_size"),
+    "moe.experts": _r("per_layer", _SGL_NH, "NemotronHMoEDecoderLayer builds NemotronHMoE "
+                      "from config.get_nemotron_h_config_for_layer(layer): n_routed_experts "
+                      "per layer"),
+    "moe.expert_width": _r("per_layer", _SGL_NH, "moe_intermediate_size from the layer's "
+                           "config"),
+    "moe.top_k": _r("per_layer", _SGL_NH, "num_experts_per_tok from the layer's config"),
+    "moe.shared_width": _r("per_layer", _SGL_NH, "moe_shared_expert_intermediate_size from "
+                           "the layer's config"),
     "moe.noop": _r("none", _SGL_NH, _PATTERN),
+    "mamba.state_size": _r("global", _SGL_NH, "NemotronHMambaDecoderLayer: MambaMixer2 "
+                           "from the model config's mamba2_cache_params"),
+    "mamba.heads": _r("global", _SGL_NH, "the model config's mamba2_cache_params"),
     "mamba.noop": _r("none", _SGL_NH, _PATTERN),
+    "attention.kv_heads": _r("global", _SGL_NH, "NemotronHAttention reads "
+                             "num_key_value_heads from the layer's config; KV pools of "
+                             "differing head counts beside the Mamba pool not verified, "
+                             "held global as for vLLM"),
+    "attention.sliding_window": _r("per_layer", _SGL_NH, "sliding_window_size from the "
+                                   "layer's config"),
     "attention.noop": _r("none", _SGL_NH, _PATTERN),
     "attention.linear": _r("none", _SGL_NH, _PATTERN),
-    "ffn.width": _r("per_layer", _SGL_NH, "intermediate_size as a list indexed by MLP layer"),
+    "ffn.width": _r("global", _SGL_NH, "NemotronHMLPDecoderLayer reads the model config's "
+                    "intermediate_size (a list indexed by MLP layer), not the layer's; held "
+                    "global since vLLM and TensorRT-LLM index such a list differently"),
     "ffn.noop": _r("none", _SGL_NH, _PATTERN),
     "ffn.linear": _r("none", _SGL_NH, _PATTERN),
-    "spans": _r("per_layer", _SGL_NH, "layers from hybrid_override_pattern"),
+    "spans": _r("per_layer", _SGL_NH, "layers from hybrid_override_pattern, any pattern of "
+                "M * - E"),
+}
+_DECI_TRT = {
+    "attention.kv_heads": _r("per_layer", _TRT_DECI, "num_key_value_heads per layer from "
+                             "block_configs[layer].attention.n_heads_in_group"),
+    "attention.noop": _r("per_layer", _TRT_DECI, "block_configs[layer].attention.no_op"),
+    "attention.linear": _r("per_layer", _TRT_DECI, "replace_with_linear: LinearAttention, "
+                           "one hidden x hidden linear"),
+    "attention.sliding_window": _r("none", _TRT_DECI, "no window read"),
+    "ffn.width": _r("per_layer", _TRT_DECI, "always from block_configs[layer].ffn.ffn_mult "
+                    "(2 * ffn_mult * hidden / 3 rounded up to 256): widths that are "
+                    "multiples of 256", 256),
+    "ffn.noop": _r("per_layer", _TRT_DECI, "block_configs[layer].ffn.no_op"),
+    "ffn.linear": _r("per_layer", _TRT_DECI, "replace_with_linear: LinearMLP"),
+    "spans": _r("none", _TRT_DECI, "a DeciLM layer is one attention and one FFN slot"),
+    "precision": _r("none", None, "not read"),
 }
 _DECI_VLLM = {
     "attention.kv_heads": _r("per_layer", _VLLM_DECI, "num_attention_heads // "
@@ -257,7 +299,9 @@ _DECI_VLLM = {
     "attention.sliding_window": _r("none", _VLLM_DECI, "no window in block_configs is read"),
     "ffn.width": _r("per_layer", _VLLM_DECI, "block_configs[layer].ffn.ffn_mult "
                     "(intermediate = 2 * ffn_mult * hidden / 3 rounded up to 256), or its "
-                    "intermediate_size when ffn_mult is absent"),
+                    "intermediate_size when the block has no ffn_mult (the checkpoint's own "
+                    "config class, --trust-remote-code); held to multiples of 256, which "
+                    "load either way", 256),
     "ffn.noop": _r("per_layer", _VLLM_DECI, "block_configs[layer].ffn.no_op"),
     "ffn.linear": _r("none", _VLLM_DECI, "replace_with_linear is not read"),
     "spans": _r("none", _VLLM_DECI, "a DeciLM layer is one attention and one FFN slot"),
@@ -265,6 +309,23 @@ _DECI_VLLM = {
 }
 
 _HOMOGENEOUS = "a stock config class holds one value per field for the model"
+
+_OSS_VLLM = {
+    "attention.kv_heads": _r("global", _VLLM_OSS, "OAIAttention: config.num_key_value_heads"),
+    "attention.sliding_window": _r("none", _VLLM_OSS, "config.sliding_window on every other "
+                                   "layer (layer_idx % 2 == 0), full attention on the rest: "
+                                   "the parent's pattern, fixed by layer index"),
+    "moe.experts": _r("global", _VLLM_OSS, "MLPBlock: config.num_local_experts"),
+    "moe.expert_width": _r("global", _VLLM_OSS, "config.intermediate_size"),
+    "moe.top_k": _r("global", _VLLM_OSS, "config.num_experts_per_tok"),
+    "attention.noop": _r("none", _VLLM_OSS, "every layer builds attention and MoE"),
+    "moe.noop": _r("none", _VLLM_OSS, "every layer builds attention and MoE"),
+}
+_OSS_OTHER = {
+    "attention.sliding_window": Row("none", None, False, "the parent alternates sliding and "
+                                    "full attention by layer; how this engine places them is "
+                                    "not read, so the parent's pattern only"),
+}
 
 
 def _family(family: str, engine: str, serves: bool, types: Sequence[str],
@@ -295,14 +356,17 @@ def _add(ef: EngineFamily) -> None:
 
 _add(_family("nemotron_h", "vllm", True, ("nemotron_h", "nemotron_h_puzzle"), _NH_VLLM))
 _add(_family("nemotron_h", "trtllm", True, ("nemotron_h", "nemotron_h_puzzle"), _NH_TRT))
-_add(_family("nemotron_h", "sglang", True, ("nemotron_h",), _NH_SGL,
-             "nemotron_h_puzzle's block_configs are not read: every MoE shape global"))
+_add(_family("nemotron_h", "sglang", True, ("nemotron_h", "nemotron_h_puzzle"), _NH_SGL,
+             "per-layer configs through get_nemotron_h_config_for_layer"))
 _add(_family("nemotron_h", "transformers", True, ("nemotron_h",), {},
              "stock NemotronH classes (unverified: " + _HOMOGENEOUS + ")"))
 _add(_family("llama", "vllm", True, ("llama", "mistral", "qwen2", "qwen3", "nemotron-nas"),
              _DECI_VLLM, "a heterogeneous child is written as DeciLM (nemotron-nas), "
              "which DeciLMForCausalLM loads"))
-for _eng in ("trtllm", "sglang", "transformers"):
+_add(_family("llama", "trtllm", True, ("llama", "mistral", "qwen2", "qwen3", "nemotron-nas"),
+             _DECI_TRT, "a heterogeneous child is written as DeciLM (nemotron-nas), which "
+             "NemotronNASForCausalLM (registered for DeciLMForCausalLM) loads"))
+for _eng in ("sglang", "transformers"):
     _add(_family("llama", _eng, True, ("llama", "mistral", "qwen2", "qwen3"), {},
                  "the stock Llama-like classes (unverified: " + _HOMOGENEOUS + "); DeciLM "
                  "(nemotron-nas) in this engine not read"))
@@ -310,7 +374,10 @@ for _fam in ("moe", "deepseek_v3", "gpt_oss", "qwen3_next", "granitemoehybrid", 
              "falcon_h1"):
     plain = tuple(t for t in FAMILIES[_fam] if not t.endswith("_puzzle"))
     for _eng in ENGINES:
-        _add(_family(_fam, _eng, True, plain, {},
+        rows = {}
+        if _fam == "gpt_oss":
+            rows = _OSS_VLLM if _eng == "vllm" else _OSS_OTHER
+        _add(_family(_fam, _eng, True, plain, rows,
                      "the stock class of the family (unverified: " + _HOMOGENEOUS + "; "
                      "the *_puzzle types of this project are read by no engine)"))
 
@@ -324,10 +391,23 @@ def family_of(model_type: str) -> str | None:
 
 
 def serving(model_type: str) -> list[str]:
-    """The engines that serve ``model_type``'s family (every engine of the table that has
-    a class for it), in :data:`ENGINES` order."""
+    """The engines that have a class for ``model_type`` (and so serve its family), in
+    :data:`ENGINES` order."""
     fam = family_of(model_type)
-    return [e for e in ENGINES if fam is not None and TABLE[(fam, e)].serves]
+    return [e for e in ENGINES if fam is not None and TABLE[(fam, e)].serves
+            and model_type in TABLE[(fam, e)].types]
+
+
+def _target(model_type: str, engine: str) -> EngineFamily:
+    """:func:`entry` for a deploy target: an InputError when the engine has no class for
+    the parent's own type (it could load no child of it)."""
+    ef = entry(model_type, engine)
+    if not ef.serves or model_type not in ef.types:
+        raise InputError(f"{engine} has no class for the parent's type {model_type!r} (it "
+                         f"reads {', '.join(ef.types) or 'none of this family'}); engines "
+                         f"that do: {', '.join(serving(model_type)) or 'none'}",
+                         field="deploy.engines")
+    return ef
 
 
 def entry(model_type: str, engine: str) -> EngineFamily:
@@ -356,6 +436,12 @@ def alternative_axes(parent: ModelArch, alt: Any) -> set[str]:
     return out
 
 
+def _values_of(block: BlockConfig) -> list[tuple[str, Any]]:
+    """``(axis, value)`` of every field axis of ``block``'s kind."""
+    return [(axis, get(block)) for axis, (kind, get) in _FIELD_AXES.items()
+            if block.kind == kind and get(block) is not None]  # type: ignore[attr-defined]
+
+
 def _field_values(blocks: Sequence[BlockConfig]) -> dict[str, set[Any]]:
     """Per field axis, the values ``blocks`` of its kind hold."""
     out: dict[str, set[Any]] = {}
@@ -376,7 +462,7 @@ def restrict(parent: ModelArch, alts: list[list[Any]], engines: Sequence[str]
     stays."""
     if not engines:
         return alts, []
-    efs = [entry(parent.model_type, e) for e in engines]
+    efs = [_target(parent.model_type, e) for e in engines]
     dropped: dict[tuple[str, str], int] = {}
     out = []
     for row in alts:
@@ -392,13 +478,15 @@ def restrict(parent: ModelArch, alts: list[list[Any]], engines: Sequence[str]
                         axes.add(f"{parent.blocks[a.block].kind}.{c.kind}")
             bad = [(ef.engine, ax) for ef in efs for ax in sorted(axes)
                    if ef.row(ax).take == "none"]
+            bad += [(ef.engine, f"{ax}={v}") for ef in efs for c in a.blocks
+                    for ax, v in _values_of(c) if not ef.row(ax).allows(v)]
             if bad:
                 dropped[bad[0]] = dropped.get(bad[0], 0) + 1
                 continue
             kept.append(a)
         out.append(kept)
     notes = [f"{eng} does not take {ax}: dropped {n} alternative{'s' * (n != 1)} "
-             f"({entry(parent.model_type, eng).row(ax).note or 'not in its code'})"
+             f"({entry(parent.model_type, eng).row(ax.split('=')[0]).note or 'not in its code'})"
              for (eng, ax), n in sorted(dropped.items())]
     return out, notes
 
@@ -410,7 +498,7 @@ def tied_axes(parent: ModelArch, engines: Sequence[str]) -> dict[str, list[str]]
     out: dict[str, list[str]] = {}
     vals = _field_values(parent.blocks)
     for e in engines:
-        ef = entry(parent.model_type, e)
+        ef = _target(parent.model_type, e)
         for axis in _FIELD_AXES:
             if ef.row(axis).take != "global" or axis not in vals:
                 continue
@@ -458,8 +546,8 @@ def loads(parent: ModelArch, child: ModelArch, engine: str) -> tuple[bool, str]:
     against the table: every field axis the engine holds global takes one value over the
     child's blocks of that kind, and no block varies an axis the engine does not take."""
     ef = entry(parent.model_type, engine)
-    if not ef.serves:
-        return False, f"{engine} has no class for the {ef.family} family"
+    if not ef.serves or parent.model_type not in ef.types:
+        return False, f"{engine} has no class for the parent's type {parent.model_type!r}"
     pb, cb = parent.blocks, child.blocks
     if len(pb) != len(cb):
         take = ef.row("spans")
@@ -473,6 +561,10 @@ def loads(parent: ModelArch, child: ModelArch, engine: str) -> tuple[bool, str]:
                 if row.take == "none":
                     return False, f"block {i} varies {ax} ({c.describe()}): {engine} does " \
                                   f"not take it ({row.note or 'not in its code'})"
+                v = axis_value(ax, c) if ax in _FIELD_AXES else None
+                if v is not None and not row.allows(v):
+                    return False, f"block {i} has {ax} = {v}: {engine} takes only multiples " \
+                                  f"of {row.multiple} ({row.note})"
     vals = _field_values(cb)
     for ax, vs in sorted(vals.items()):
         row = ef.row(ax)
@@ -511,3 +603,13 @@ def table_rows() -> list[dict[str, Any]]:
                         "verified": r.verified, "source": str(r.source) if r.source else "",
                         "note": r.note})
     return out
+
+
+def markdown_table() -> str:
+    """The table as the markdown ``docs/engines.md`` prints (one row per listed axis)."""
+    lines = ["| family | engine | axis | takes | read at | why |", "|---|---|---|---|---|---|"]
+    for r in table_rows():
+        src = f"`{r['source']}`" if r["source"] else "unverified"
+        lines.append(f"| {r['family']} | {r['engine']} | `{r['axis']}` | {r['take']} | {src} "
+                     f"| {r['note']} |")
+    return "\n".join(lines) + "\n"

@@ -231,6 +231,18 @@ def test_table_covers_every_family_and_cites_its_rows():
                 assert len(row.source.commit) == 40
 
 
+def test_docs_print_the_table_and_every_shipped_parent_loads_as_it_is():
+    """docs/engines.md holds the table exactly as nas.engines has it; every shipped parent
+    config loads in every engine of its family as it is (no global axis it varies)."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "engines.md").read_text()
+    assert engines.markdown_table() in doc
+    for cfg in sorted((EXAMPLES / "configs").glob("*.json")):
+        parent = load_config(cfg)
+        for e in engines.serving(parent.model_type):
+            engines.tied_axes(parent, [e])  # raises when the parent breaks a global axis
+            assert engines.loads(parent, parent, e) == (True, ""), (cfg.name, e)
+
+
 def test_loads_names_the_axis_that_stops_an_engine():
     parent = load_config(SUPER)
     for e in engines.ENGINES:  # the parent (a stock nemotron_h) loads everywhere
@@ -242,7 +254,8 @@ def test_loads_names_the_axis_that_stops_an_engine():
     per_layer_moe = parent.replace_blocks(blocks)
     assert engines.loads(parent, per_layer_moe, "vllm") == (True, "")
     assert engines.loads(parent, per_layer_moe, "trtllm") == (True, "")
-    ok, why = engines.loads(parent, per_layer_moe, "sglang")
+    assert engines.loads(parent, per_layer_moe, "sglang") == (True, "")
+    ok, why = engines.loads(parent, per_layer_moe, "transformers")
     assert not ok and "moe.top_k" in why and "global" in why
     blocks[mamba[0]] = blocks[mamba[0]].model_copy(update={"state_size": 64})
     ok, why = engines.loads(parent, parent.replace_blocks(blocks), "vllm")
@@ -260,6 +273,11 @@ def test_deploy_engines_is_checked():
         with pytest.raises(InputError, match=msg) as e:
             parse_spec({**spec, "deploy": {"engines": bad}})
         assert "deploy.engines" in str(e.value)
+    # an engine with no class for the parent's own type: one line naming the field
+    puzzle = load_config(SUPER).model_copy(update={"model_type": "nemotron_h_puzzle"})
+    assert "transformers" not in engines.serving("nemotron_h_puzzle")
+    with pytest.raises(InputError, match="transformers has no class for the parent's type"):
+        engines.tied_axes(puzzle, ["transformers"])
 
 
 def _super(deploy: list[str] | None, throughput: str = "180%"):
@@ -324,11 +342,12 @@ def test_super_child_for_vllm_varies_only_what_vllm_varies():
 
 
 def test_several_engines_intersect_and_the_report_says_who_loads(tmp_path):
-    """vllm + sglang: SGLang holds the MoE global, so the child's MoE blocks are one shape
-    too; the blueprint and the CLI summary name each engine and why not."""
-    problem, alts, lib, cons, res, child = _super(["vllm", "sglang"], "150%")
+    """vllm + transformers: stock transformers holds the MoE global (unverified, read
+    conservatively), so the child's MoE blocks are one shape too; the blueprint and the CLI
+    summary name each engine and why not."""
+    problem, alts, lib, cons, res, child = _super(["vllm", "transformers"], "150%")
     assert len({b for b in child.blocks if b.kind == "moe"}) == 1
-    assert all(engines.loads(problem.parent, child, e)[0] for e in ("vllm", "sglang"))
+    assert all(engines.loads(problem.parent, child, e)[0] for e in ("vllm", "transformers"))
     spec = json.loads((EXAMPLES / "nemotron3-super-h100.json").read_text())
     spec["parent"] = str(SUPER)
     spec["solver"].pop("sweep")
@@ -341,7 +360,8 @@ def test_several_engines_intersect_and_the_report_says_who_loads(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "engine vllm (target): loads" in p.stdout
-    assert re.search(r"engine sglang: does not load: moe\.\w+ takes \d+ values", p.stdout)
+    assert re.search(r"engine transformers: does not load: moe\.\w+ takes \d+ values",
+                     p.stdout)
     bp = json.loads((out / "blueprint.json").read_text())
     assert bp["engines"]["targets"] == ["vllm"]
     assert {r["engine"]: r["loads"] for r in bp["engines"]["load"]}["vllm"] is True
@@ -349,21 +369,28 @@ def test_several_engines_intersect_and_the_report_says_who_loads(tmp_path):
 
 
 def test_llama_for_vllm_keeps_no_ops_and_drops_linear():
-    """DeciLM in vLLM: KV heads, FFN width and no-ops per layer, no linear blocks; with
-    TensorRT-LLM too (its stock Llama: one shape, no no-op) the space is the intersection."""
+    """DeciLM in vLLM: KV heads, FFN width (multiples of 256, as ffn_mult writes them) and
+    no-ops per layer, no linear blocks; TensorRT-LLM's DeciLM takes linear blocks too, so
+    vllm + trtllm is vLLM's space; with SGLang (its stock Llama: one shape, no no-op) the
+    space is the intersection."""
     spec = {"name": "t", "parent": str(LLAMA), "hardware": "h100-sxm", "precision": "fp8",
             "workloads": {"chat": {"isl": 128, "osl": 512, "batch": 64}},
             "search_space": {"attention": {"kv_heads": [4, 2], "noop": True, "linear": True},
-                             "ffn": {"fractions": [0.5], "noop": True}},
+                             "ffn": {"fractions": [0.5], "widths": [7000], "noop": True}},
             "deploy": {"engines": ["vllm"]}}
-    problem = search.resolve(parse_spec(spec), ".")
-    alts = search.alternatives(problem)
-    kinds = {a.child.kind for row in alts for a in row}
-    assert "noop" in kinds and "linear" not in kinds
-    assert not engines.tied_axes(problem.parent, ["vllm"])
-    spec["deploy"] = {"engines": ["vllm", "trtllm"]}
+    for eng in (["vllm"], ["vllm", "trtllm"]):
+        spec["deploy"] = {"engines": eng}
+        problem = search.resolve(parse_spec(spec), ".")
+        alts = search.alternatives(problem)
+        kinds = {a.child.kind for row in alts for a in row}
+        assert "noop" in kinds and "linear" not in kinds
+        widths = {a.child.width for row in alts for a in row if a.child.kind == "ffn"}
+        assert widths == {14336, 7168}  # 7000 is no ffn_mult width
+        assert not engines.tied_axes(problem.parent, eng)
+        assert any("ffn.width=7000" in n for n in search.deploy_notes(problem))
+    spec["deploy"] = {"engines": ["vllm", "sglang"]}
     problem = search.resolve(parse_spec(spec), ".")
     alts = search.alternatives(problem)
     assert {a.child.kind for row in alts for a in row} == {"attention", "ffn"}
-    assert set(engines.tied_axes(problem.parent, ["vllm", "trtllm"])) >= {
+    assert set(engines.tied_axes(problem.parent, ["vllm", "sglang"])) >= {
         "attention.kv_heads", "ffn.width"}
