@@ -20,7 +20,17 @@ from nas import engines, search
 from nas.arch import NoOp
 from nas.hf import SUPPORTED_TYPES, load_config
 from nas.library import BlockLibrary
-from nas.mip import Budget, MipModel, SolveOptions, SolverError, Tie, diverse_pool, solve, sweep
+from nas.mip import (
+    Budget,
+    MipModel,
+    Objective,
+    SolveOptions,
+    SolverError,
+    Tie,
+    diverse_pool,
+    solve,
+    sweep,
+)
 from nas.spec import parse_spec
 
 
@@ -394,3 +404,38 @@ def test_llama_for_vllm_keeps_no_ops_and_drops_linear():
     assert {a.child.kind for row in alts for a in row} == {"attention", "ffn"}
     assert set(engines.tied_axes(problem.parent, ["vllm", "sglang"])) >= {
         "attention.kv_heads", "ffn.width"}
+
+
+def test_homogeneous_baseline_keeps_the_ties():
+    """The homogeneous enumeration (one choice per group of alike blocks) keeps a tie that
+    spans two groups: A and B blocks take the same variant index (or a no-op); the best
+    of the 36 group pairs by hand equals it."""
+    lib = typed_library(8, seed=0, groups=1, spans=False)
+    lib = BlockLibrary(lib.num_blocks, lib.start, lib.end, lib.costs, lib.scores,
+                       labels=lib.labels, tags=lib.tags, constants=lib.constants,
+                       block_names=[f"{b}:{'AB'[b % 2]}" for b in range(lib.num_blocks)])
+    groups: dict[str, list[int]] = {}
+    for r, lab in enumerate(lib.labels):
+        var = lab.split(" ")[1]
+        if var != "no_op":
+            groups.setdefault(var, []).append(r)
+    names = sorted(groups)
+    tie = Tie("variant", tuple(tuple(groups[n]) for n in names), tuple(names))
+    tot = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(lib.num_blocks)])
+    budget = Budget("mem", None, 0.6 * tot["mem"])
+    cons = search.Constraints(Objective({"kl": 1.0}), [budget], [], ties=[tie])
+    res = search.homogeneous_solve(lib, cons)
+    best = None
+    for a, b in itertools.product(range(6), range(6)):  # variant of the A and the B blocks
+        if a < 5 and b < 5 and a != b:
+            continue
+        chosen = [int(np.flatnonzero(lib.start == blk)[a if blk % 2 == 0 else b])
+                  for blk in range(lib.num_blocks)]
+        t = lib.totals(chosen)
+        if t["mem"] <= budget.hi and (best is None or t["kl"] < best):
+            best = t["kl"]
+    assert res.status == "optimal" and res.objective == pytest.approx(best, rel=1e-12)
+    assert len(tie.broken_by(res.chosen.tolist(), lib.num_replacements)) <= 1
+    free = search.homogeneous_solve(lib, search.Constraints(Objective({"kl": 1.0}), [budget],
+                                                             []))
+    assert free.objective < res.objective  # the tie binds here
