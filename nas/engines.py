@@ -171,6 +171,8 @@ _VLLM_OSS = Source("vllm-project/vllm", "vllm/model_executor/models/gpt_oss.py",
 _TRT_DECI = Source("NVIDIA/TensorRT-LLM",
                    "tensorrt_llm/_torch/models/modeling_nemotron_nas.py",
                    "0193dbd4189221d0fd5e9f20cdb384d3da8dbc24")
+_VLLM_Q3N = Source("vllm-project/vllm", "vllm/model_executor/models/qwen3_next.py",
+                   "002d6073aa034d4f5545d45021b0e56d1f3c3593")
 _SGL_NH = Source("sgl-project/sglang", "python/sglang/srt/models/nemotron_h.py",
                  "02c60328e56db1c91b639859469b61c103ca2e7f")
 
@@ -321,6 +323,26 @@ _OSS_VLLM = {
     "attention.noop": _r("none", _VLLM_OSS, "every layer builds attention and MoE"),
     "moe.noop": _r("none", _VLLM_OSS, "every layer builds attention and MoE"),
 }
+_Q3N_VLLM = {
+    "deltanet.swap": _r("per_layer", _VLLM_Q3N, "Qwen3NextDecoderLayer takes its "
+                        "layer_type from config.layer_types[layer]: linear_attention or "
+                        "full_attention per layer (the export writes layer_types)"),
+    "deltanet.v_heads": _r("global", _VLLM_Q3N, "QwenGatedDeltaNetAttention(config): "
+                           "linear_num_value_heads from the model config"),
+    "deltanet.k_heads": _r("global", _VLLM_Q3N, "linear_num_key_heads from the model "
+                           "config"),
+    "deltanet.noop": _r("none", _VLLM_Q3N, "every layer is linear_attention or "
+                        "full_attention (any other raises)"),
+    "attention.kv_heads": _r("global", _VLLM_Q3N, "Qwen3NextAttention: "
+                             "config.num_key_value_heads"),
+    "attention.noop": _r("none", _VLLM_Q3N, "every layer builds its token mixer"),
+    "moe.experts": _r("global", _VLLM_Q3N, "Qwen3NextSparseMoeBlock: config.num_experts"),
+    "moe.expert_width": _r("global", _VLLM_Q3N, "config.moe_intermediate_size"),
+    "moe.top_k": _r("global", _VLLM_Q3N, "config.num_experts_per_tok"),
+    "moe.shared_width": _r("global", _VLLM_Q3N, "config.shared_expert_intermediate_size"),
+    "moe.noop": _r("none", _VLLM_Q3N, "every layer builds an MLP (MoE, or dense in "
+                   "mlp_only_layers)"),
+}
 _OSS_OTHER = {
     "attention.sliding_window": Row("none", None, False, "the parent alternates sliding and "
                                     "full attention by layer; how this engine places them is "
@@ -339,7 +361,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "nemotron_h": ("nemotron_h", "nemotron_h_puzzle"),
     "deepseek_v3": ("deepseek_v3", "kimi_k2", "deepseek_v3_puzzle"),
     "gpt_oss": ("gpt_oss", "gpt_oss_puzzle"),
-    "qwen3_next": ("qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"),
+    "qwen3_next": ("qwen3_next",),
+    "qwen3_5": ("qwen3_5_moe_text", "qwen3_5_moe"),
     "granitemoehybrid": ("granitemoehybrid",),
     "jamba": ("jamba",),
     "falcon_h1": ("falcon_h1",),
@@ -370,13 +393,15 @@ for _eng in ("sglang", "transformers"):
     _add(_family("llama", _eng, True, ("llama", "mistral", "qwen2", "qwen3"), {},
                  "the stock Llama-like classes (unverified: " + _HOMOGENEOUS + "); DeciLM "
                  "(nemotron-nas) in this engine not read"))
-for _fam in ("moe", "deepseek_v3", "gpt_oss", "qwen3_next", "granitemoehybrid", "jamba",
-             "falcon_h1"):
+for _fam in ("moe", "deepseek_v3", "gpt_oss", "qwen3_next", "qwen3_5", "granitemoehybrid",
+             "jamba", "falcon_h1"):
     plain = tuple(t for t in FAMILIES[_fam] if not t.endswith("_puzzle"))
     for _eng in ENGINES:
         rows = {}
         if _fam == "gpt_oss":
             rows = _OSS_VLLM if _eng == "vllm" else _OSS_OTHER
+        elif _fam == "qwen3_next" and _eng == "vllm":
+            rows = _Q3N_VLLM
         _add(_family(_fam, _eng, True, plain, rows,
                      "the stock class of the family (unverified: " + _HOMOGENEOUS + "; "
                      "the *_puzzle types of this project are read by no engine)"))

@@ -18,7 +18,8 @@ from library_generators import typed_library
 from hwprofiles.errors import InputError
 from nas import engines, search
 from nas.arch import NoOp
-from nas.hf import SUPPORTED_TYPES, load_config
+from nas.hf import SUPPORTED_TYPES, load_config, to_hf
+from nas.hf.nemotron_h import puzzle_schema_problems
 from nas.library import BlockLibrary
 from nas.mip import (
     Budget,
@@ -318,10 +319,13 @@ def test_super_child_for_vllm_varies_only_what_vllm_varies():
     is the best of one solve per (state size, KV heads) value pair."""
     problem, alts, lib, cons, res, child = _super(None)
     assert not engines.loads(problem.parent, child, "vllm")[0]
+    assert puzzle_schema_problems(to_hf(child))  # the export says so too (a no-op block)
     free = res.objective
     problem, alts, lib, cons, res, child = _super(["vllm"])
     assert res.status == "optimal" and res.objective >= free - 1e-12
     assert engines.loads(problem.parent, child, "vllm") == (True, "")
+    cfg = to_hf(child)  # written in NVIDIA's nemotron_h_puzzle schema, as vLLM reads it
+    assert cfg["model_type"] == "nemotron_h_puzzle" and puzzle_schema_problems(cfg) == []
     parent = problem.parent
     for kind in ("mamba", "attention"):
         assert len({b for b in child.blocks if b.kind == kind}) == 1, kind
@@ -439,3 +443,27 @@ def test_homogeneous_baseline_keeps_the_ties():
     free = search.homogeneous_solve(lib, search.Constraints(Objective({"kl": 1.0}), [budget],
                                                              []))
     assert free.objective < res.objective  # the tie binds here
+
+
+def test_qwen3_next_for_vllm_swaps_layers_and_ties_every_shape():
+    """vLLM's Qwen3-Next reads a layer type per layer (layer_types) and every shape once:
+    the child for vllm may swap attention <-> DeltaNet per layer, and takes one DeltaNet,
+    one attention and one MoE shape."""
+    spec = json.loads((EXAMPLES / "qwen3-next-80b-h100.json").read_text())
+    spec["parent"] = str(EXAMPLES / spec["parent"])
+    spec["solver"].pop("sweep")
+    spec["search_space"]["compare_homogeneous"] = False
+    spec["deploy"] = {"engines": ["vllm"]}
+    problem = search.resolve(parse_spec(spec), ".")
+    alts = search.alternatives(problem)
+    assert any(a.label.startswith("swap:") for row in alts for a in row)
+    priced = search.price(problem, alts, progress=False)
+    q, _ = search.score(problem, alts)
+    lib = search.build_library(problem, alts, priced, q)
+    cons = search.constraints(problem, lib, priced)
+    assert {t.name.split(" ")[0] for t in cons.ties} >= {"moe.experts", "moe.top_k"}
+    res = search.solve(problem, lib, cons)[0]
+    child = search.child_arch(problem, lib, res.chosen, alts)
+    assert engines.loads(problem.parent, child, "vllm") == (True, "")
+    for kind in ("deltanet", "attention", "moe"):
+        assert len({b for b in child.blocks if b.kind == kind}) <= 1, kind
