@@ -173,6 +173,9 @@ _TRT_DECI = Source("NVIDIA/TensorRT-LLM",
                    "0193dbd4189221d0fd5e9f20cdb384d3da8dbc24")
 _VLLM_Q3N = Source("vllm-project/vllm", "vllm/model_executor/models/qwen3_next.py",
                    "002d6073aa034d4f5545d45021b0e56d1f3c3593")
+_HF_NH = Source("huggingface/transformers",
+                "src/transformers/models/nemotron_h/modeling_nemotron_h.py",
+                "008d9e9577b0eb0149aa6bb0c44da582b10e0b6e")
 _SGL_NH = Source("sgl-project/sglang", "python/sglang/srt/models/nemotron_h.py",
                  "02c60328e56db1c91b639859469b61c103ca2e7f")
 
@@ -381,8 +384,15 @@ _add(_family("nemotron_h", "vllm", True, ("nemotron_h", "nemotron_h_puzzle"), _N
 _add(_family("nemotron_h", "trtllm", True, ("nemotron_h", "nemotron_h_puzzle"), _NH_TRT))
 _add(_family("nemotron_h", "sglang", True, ("nemotron_h", "nemotron_h_puzzle"), _NH_SGL,
              "per-layer configs through get_nemotron_h_config_for_layer"))
-_add(_family("nemotron_h", "transformers", True, ("nemotron_h",), {},
-             "stock NemotronH classes (unverified: " + _HOMOGENEOUS + ")"))
+_NH_HF = {
+    "moe.experts": _r("global", _HF_NH, "NemotronHExperts(config): config.n_routed_experts"),
+    "moe.expert_width": _r("global", _HF_NH, "NemotronHExperts: config.moe_intermediate_size"),
+    "ffn.width": _r("global", _HF_NH, "NemotronHMLP: intermediate_size or "
+                    "config.intermediate_size"),
+}
+_add(_family("nemotron_h", "transformers", True, ("nemotron_h",), _NH_HF,
+             "the stock NemotronH classes (no nemotron_h_puzzle class; a heterogeneous "
+             "child loads through trust_remote_code, which this table does not cover)"))
 _add(_family("llama", "vllm", True, ("llama", "mistral", "qwen2", "qwen3", "nemotron-nas"),
              _DECI_VLLM, "a heterogeneous child is written as DeciLM (nemotron-nas), "
              "which DeciLMForCausalLM loads"))
