@@ -23,7 +23,7 @@ step's ``batch_size`` rows (the *global* batch) are split evenly over the ranks,
 gradient average over the ranks equals the one-process gradient of the mean loss. By
 default teacher and student are both **sharded** over the ranks with FSDP2
 (:func:`torch.distributed.fsdp.fully_shard` on a 1-D DeviceMesh, every block a unit, the
-embedding, final norm and head the root's): :func:`load_sharded` builds each model on the
+embedding too unless tied to the head, the final norm and the head the root's): :func:`load_sharded` builds each model on the
 meta device and each rank keeps only its dim-0 slice of every tensor, read one block at a
 time from the safetensors, so no rank ever holds a whole model; the AdamW state is sharded
 with the student. Checkpoints are sharded too (:mod:`torch.distributed.checkpoint`: every
@@ -627,8 +627,8 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
                  train: bool, mp_dtype: torch.dtype | None = None,
                  checkpointing: bool = False) -> tuple[CausalLM, str, torch.dtype]:
     """The checkpoint ``path`` as an FSDP2 model sharded over ``mesh`` (every block a unit,
-    the embedding, final norm and head the root's), its :func:`weights_digest` and the
-    checkpoint's stored dtype.
+    the embedding one too unless the head is tied to it; the final norm and the head the
+    root's), its :func:`weights_digest` and the checkpoint's stored dtype.
 
     The model is built on the meta device, sharded, and given storage for this rank's
     shards only (``to_empty``); then the checkpoint is read one submodule at a time (the
@@ -665,6 +665,9 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
         if checkpointing:
             _checkpointed(blk)
         fully_shard(blk, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+    if model.lm_head is not None:  # untied: the embedding is a unit of its own, gathered
+        # only for its forward and backward instead of through the whole step
+        fully_shard(model.embed, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     model.to_empty(device=device)
     sd = model.state_dict(keep_vars=True)

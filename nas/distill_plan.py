@@ -13,10 +13,11 @@ a multiple of ``N``, at most ``N - 1`` rows per tensor more than ``P / N``):
 * **kept copies**: one more copy of the student's (shards of) weights: the best
   evaluation's (``keep_best``, the default) or, during a learning-rate sweep, the student
   as given that each trial is put back to (the two are never held at once);
-* **gathered**: what FSDP2 unshards at a time: the root unit (embedding, final norm, head)
-  of each model, kept through the step, and the two largest blocks (the one computing and
-  the one prefetched), student parameters and their unsharded gradients in the compute
-  dtype, teacher parameters in its dtype;
+* **gathered**: what FSDP2 unshards at a time: the root unit (final norm and head; with a
+  tied head the embedding too) of each model, kept through the step, and the two largest
+  other units (blocks, and the embedding of an untied model: the one computing and the one
+  prefetched), student parameters and their unsharded gradients in the compute dtype,
+  teacher parameters in its dtype;
 * **activations**: for the rank's rows (the global batch over ``N``) of ``seq_len``
   tokens, what autograd keeps for the backward pass per block and token, read off the
   modules (:mod:`nas.modules`; checked against ``torch.autograd.graph.saved_tensors_hooks``
@@ -100,6 +101,8 @@ class DistillPlan:
     """(teacher held in, student master, compute)."""
     hardware: str | None
     capacity: float | None
+    hints: tuple[str, ...] = ()
+    """Settings of the run that would lower the memory (for the refusal)."""
 
     @property
     def total(self) -> float:
@@ -118,10 +121,11 @@ class DistillPlan:
     def refusal(self) -> str:
         gib = 2**30
         parts = ", ".join(f"{k} {v / gib:.2f}" for k, v in self.figures().items())
+        hints = ["add ranks", "lower --batch or --seq-len"] + list(self.hints) + \
+            ["or use a device with more memory"]
         return (f"the plan does not fit: every rank needs {self.total / gib:.2f} GiB ({parts}) "
-                f"of {self.capacity / gib:.2f} GiB per rank; add ranks, lower --batch or "  # type: ignore[operator]
-                "--seq-len, use --activation-checkpointing or --mixed-precision, or a device "
-                "with more memory")
+                f"of {self.capacity / gib:.2f} GiB per rank; "  # type: ignore[operator]
+                + ", ".join(hints))
 
     def lines(self) -> list[str]:
         gib = 2**30
@@ -140,6 +144,16 @@ class DistillPlan:
             out.append(f"time on {self.hardware} (roofline lower bound per rank; FSDP2 "
                        f"overlaps communication with compute): {ph}")
         return out
+
+
+def _root_and_embed(arch: ModelArch) -> tuple[float, float]:
+    """Parameters of the FSDP2 root unit (final norm and head; with a tied head also the
+    embedding) and of the embedding's own unit (0 when tied)."""
+    nonblock = float(sum(arch.nonblock_role_params().values()))
+    if arch.tie_embeddings:
+        return nonblock, 0.0
+    embed = float(arch.hidden_size * arch.vocab_size)
+    return nonblock - embed, embed
 
 
 def _widest(arch: ModelArch) -> np.ndarray:
@@ -196,8 +210,8 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     e_c = DTYPE_BYTES[mixed_precision or student_dtype]
     p_s = float(child.block_params().sum() + sum(child.nonblock_role_params().values()))
     p_t = float(teacher.block_params().sum() + sum(teacher.nonblock_role_params().values()))
-    root_s = float(sum(child.nonblock_role_params().values()))
-    root_t = float(sum(teacher.nonblock_role_params().values()))
+    root_s, embed_s = _root_and_embed(child)
+    root_t, embed_t = _root_and_embed(teacher)
     steps = math.ceil(tokens / (batch * seq_len))
     local = batch // world * seq_len  # tokens per rank and step
 
@@ -206,8 +220,8 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     copies = float(keep_best or lr_sweep > 0) * p_s * e_m * share
     gathered = 0.0
     if layout == "sharded":
-        top_s = np.sort(child.block_params().astype(float))[-2:].sum()
-        top_t = np.sort(teacher.block_params().astype(float))[-2:].sum()
+        top_s = np.sort(np.append(child.block_params().astype(float), embed_s))[-2:].sum()
+        top_t = np.sort(np.append(teacher.block_params().astype(float), embed_t))[-2:].sum()
         gathered = (root_s + top_s) * e_c * 2 + (root_t + top_t) * e_t
     saved = saved_values_per_token(child)
     if checkpointing:
@@ -220,6 +234,15 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     logits = (local * child.hidden_size * (e_c + e_t)
               + min(chunk, local) * child.vocab_size * (e_c + e_t + 4 * KL_FLOAT32_TENSORS))
 
+    hints = []
+    if not checkpointing:
+        hints.append("use --activation-checkpointing")
+    if keep_best or lr_sweep:
+        hints.append("--keep-last without --lr-sweep (no kept copy)")
+    if mixed_precision:
+        hints.append("drop --mixed-precision (its master weights are float32)")
+    elif student_dtype == "float32":
+        hints.append("--dtype bfloat16")
     phases: dict[str, float] = {}
     if hw is not None:
         phases = _phases(child, teacher, hw, world, layout, local, steps, eval_every,
@@ -230,7 +253,7 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
                        (mixed_precision or teacher_dtype,
                         "float32" if mixed_precision else student_dtype,
                         mixed_precision or student_dtype),
-                       None if hw is None else hw.name, capacity)
+                       None if hw is None else hw.name, capacity, tuple(hints))
 
 
 def _phases(child: ModelArch, teacher: ModelArch, hw: HardwareProfile, world: int,
