@@ -26,7 +26,8 @@ the stages.
 under torchrun on ``device`` (``puzzle-nas score`` / ``distill --nproc N``: the stage's
 parent sharded as pipeline stages, teacher and student sharded with FSDP2; ``replicas``: a
 whole copy per rank for both); the search runs in this process, and so does the build,
-which reads the stage's parent whole (:func:`nas.scoring.bld.assemble_child`). A stage
+which reads the stage's parent one block at a time (:func:`nas.scoring.bld.assemble_child`:
+the child plus one parent block in memory). A stage
 done on one rank count is reused on another (the rank count is not part of its key).
 """
 
@@ -265,7 +266,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
 
     import torch
 
-    from nas.build import load_pretrained, save_pretrained
+    from nas.build import save_pretrained
     from nas.distill import distill
     from nas.hf import from_hf
     from nas.scoring import prepare
@@ -342,7 +343,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         # 3. build from the BLD blocks
         child_arch = from_hf(bp.child, source=str(sdir / "search" / "blueprint.json"))
         dtype = None if score_settings.dtype is None else getattr(torch, score_settings.dtype)
-        child = assemble_child(child_arch, load_pretrained(current, dtype=dtype), scores)
+        child = assemble_child(child_arch, current, scores, dtype)  # one block at a time
         save_pretrained(child, sdir / "child")
         # 4. distill
         dist_dir = sdir / "distill"

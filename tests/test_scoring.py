@@ -277,6 +277,40 @@ def test_build_assembles_the_child_from_trained_blocks(work, bld_scored, tmp_pat
     assert not (tmp_path / "child2").exists()
 
 
+def test_a_child_assembled_from_the_parent_folder_equals_one_from_the_loaded_parent(
+        work, bld_scored, tmp_path):
+    """``assemble_child`` given the parent's folder reads it one block at a time; the child
+    equals the one assembled from the whole loaded parent bit for bit, with the scoring
+    run's recorded digest and without it (then the folder is hashed block by block)."""
+    import shutil
+
+    from nas.scoring.bld import assemble_child
+    from nas.scoring.digest import PARENT_RECORD
+
+    blocks = list(PARENT.blocks)
+    blocks[1] = FFN(width=128)
+    blocks[5] = PARENT.blocks[5].model_copy(update={"top_k": 1})
+    arch = PARENT.replace_blocks(blocks)
+    whole = assemble_child(arch, load_pretrained(work / "parent"), work / "bld").state_dict()
+    assert (work / "bld" / PARENT_RECORD).is_file()
+    bare = tmp_path / "bld"
+    shutil.copytree(work / "bld", bare)
+    (bare / PARENT_RECORD).unlink()
+    for score_dir in (work / "bld", bare):
+        got = assemble_child(arch, work / "parent", score_dir).state_dict()
+        assert got.keys() == whole.keys()
+        assert all(torch.equal(got[k], whole[k]) for k in got), score_dir
+    other = tmp_path / "other"
+    shutil.copytree(work / "parent", other)
+    m = load_pretrained(other)
+    with torch.no_grad():
+        m.blocks[0].norm.weight.add_(1.0)
+    shutil.rmtree(other)
+    save_pretrained(m, other)
+    with pytest.raises(InputError, match="trained on another parent"):
+        assemble_child(arch, other, bare)
+
+
 # ---- resumable, distributed --------------------------------------------------------------
 def _score_cmd(work: Path, out: Path, settings: dict, *extra: str) -> list[str]:
     return [sys.executable, "-m", "nas", "score", str(work / "spec.json"), "--parent",

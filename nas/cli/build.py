@@ -158,7 +158,6 @@ def _run(args: argparse.Namespace) -> int:
         check_memory,
         estimate_build_memory,
         init_from_parent,
-        load_pretrained,
         save_pretrained,
     )
     from nas.hf import from_hf
@@ -183,8 +182,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.blocks:
         from nas.scoring.bld import assemble_child
 
-        model = assemble_child(arch, load_pretrained(
-            args.parent, dtype=getattr(torch, args.dtype) if args.dtype else None), args.blocks)
+        # the parent is read one block at a time: the memory is the child plus one block
+        model = assemble_child(arch, args.parent, args.blocks,
+                               getattr(torch, args.dtype) if args.dtype else None)
         report = model.init_report  # type: ignore[assignment]
     elif args.parent:
         # the parent is streamed from its safetensors one block at a time; the child is

@@ -132,40 +132,115 @@ def read_index(score_dir: str | Path) -> BldIndex:
         raise InputError(msg, path=str(path), field=loc) from None
 
 
+class _Parent:
+    """Where :func:`assemble_child` reads the parent's tensors from: a loaded model, or a
+    checkpoint folder read one submodule at a time (:class:`CheckpointReader`)."""
+
+    def __init__(self, parent: CausalLM | str | Path, score_dir: Path,
+                 dtype: torch.dtype | None):
+        self.model = parent if isinstance(parent, CausalLM) else None
+        self.reader = None
+        if self.model is None:
+            from nas.build_checkpoint import CheckpointReader
+
+            self.reader = CheckpointReader(parent)
+            self.folder = Path(parent)
+            self.dtype = dtype or self.reader.stored_dtype()
+            self.dname = "stored" if dtype is None else str(dtype)[6:]
+            self.arch = self.reader.arch
+            self.device = torch.device("cpu")
+        else:
+            self.arch = parent.arch
+            self.dtype = parent.embed.weight.dtype
+            self.device = parent.embed.weight.device
+        self.score_dir = score_dir
+
+    def digest(self) -> str:
+        """The parent's :func:`weights_digest`: of the model, or the one the scoring run in
+        ``score_dir`` recorded for these files (:func:`nas.scoring.digest.recorded_digest`),
+        or hashed one submodule at a time."""
+        if self.model is not None:
+            return weights_digest(self.model)
+        from nas.scoring.digest import combine_lines, recorded_digest, tensor_line
+
+        rec = recorded_digest(self.score_dir, self.folder, self.dname)
+        if rec is not None:
+            return rec
+        order = list(self.reader.model.state_dict(keep_vars=True))  # type: ignore[union-attr]
+        lines: dict[str, str] = {}
+        for unit in self.units():
+            sub = self.open(unit)
+            for k, t in sub.state_dict().items():
+                lines[f"{unit}.{k}"] = tensor_line(f"{unit}.{k}", t)
+            self.done(unit)
+        return combine_lines([lines[k] for k in order])
+
+    def units(self) -> list[str]:
+        m = self.reader.model if self.model is None else self.model  # type: ignore[union-attr]
+        out = ["embed"] + [f"blocks.{i}" for i, b in enumerate(m.blocks) if b.mixer is not None]
+        return out + [n for n in ("norm", "lm_head") if getattr(m, n) is not None]
+
+    def open(self, name: str) -> torch.nn.Module:
+        if self.model is not None:
+            return self.model.get_submodule(name)
+        return self.reader.materialize(name, self.dtype)  # type: ignore[union-attr]
+
+    def done(self, name: str) -> None:
+        if self.reader is not None:
+            self.reader.release(name)
+
+
 @torch.no_grad()
-def assemble_child(child_arch: ModelArch, parent: CausalLM, score_dir: str | Path
-                   ) -> CausalLM:
+def assemble_child(child_arch: ModelArch, parent: CausalLM | str | Path, score_dir: str | Path,
+                   dtype: torch.dtype | None = None) -> CausalLM:
     """The child of ``child_arch`` built from ``parent``: blocks equal to the parent's are
     copied, every other block is loaded from the BLD-trained blocks in ``score_dir``.
-    ``child.init_report`` says where each block came from."""
+    ``child.init_report`` says where each block came from.
+
+    ``parent`` is a loaded model or a checkpoint folder; a folder is read one submodule at a
+    time in ``dtype`` (default its stored dtype), so the memory is the child plus one
+    parent block, and its digest (checked against the one the blocks were trained on) is
+    the scoring run's record when the files are unchanged, else hashed one submodule at a
+    time."""
     from safetensors import safe_open
 
     from nas.build import build_model
 
-    pa = parent.arch
+    src = _Parent(parent, Path(score_dir), dtype)
+    pa = src.arch
     if (child_arch.hidden_size, child_arch.vocab_size, child_arch.num_blocks) != \
             (pa.hidden_size, pa.vocab_size, pa.num_blocks):
         raise InputError("the child's hidden size, vocabulary and block count must equal the "
                          "parent's")
     index = read_index(score_dir)
     folder = Path(score_dir) / "blocks"
-    if index.parent_weights != weights_digest(parent):
+    if index.parent_weights != src.digest():
         raise InputError("these blocks were trained on another parent (weights hash "
                          "differs)", path=str(folder / "index.json"))
     by_child = {(m.block, json.dumps(m.child, sort_keys=True)): f
                 for m, f in zip(index.blocks, index.files)}
-    dev, dt = parent.embed.weight.device, parent.embed.weight.dtype
+    dev, dt = src.device, src.dtype
     child = build_model(child_arch, dtype=dt).to(dev)
-    child.embed.weight.copy_(parent.embed.weight)
-    if child.lm_head is not None:
-        child.lm_head.weight.copy_(parent.head_weight())
-    if child.norm is not None and parent.norm is not None:
-        child.norm.weight.copy_(parent.norm.weight)
+    with torch.no_grad():
+        emb = src.open("embed")
+        child.embed.weight.copy_(emb.weight)
+        if child.lm_head is not None and pa.tie_embeddings:
+            child.lm_head.weight.copy_(emb.weight)
+        src.done("embed")
+        if child.lm_head is not None and not pa.tie_embeddings:
+            child.lm_head.weight.copy_(src.open("lm_head").weight)
+            src.done("lm_head")
+        if child.norm is not None and pa.final_norm:
+            child.norm.weight.copy_(src.open("norm").weight)
+            src.done("norm")
+    meta = src.model if src.model is not None else src.reader.model  # type: ignore[union-attr]
     report = []
     for i, (pc, cc) in enumerate(zip(pa.blocks, child_arch.blocks)):
         cb = child.blocks[i]
         if pc == cc:
-            cb.load_state_dict(parent.blocks[i].state_dict())
+            if cb.mixer is not None:
+                cb.load_state_dict(src.open(f"blocks.{i}").state_dict())
+                src.done(f"blocks.{i}")
             report.append(f"block {i} {cc.describe()}: copied")
             continue
         if cb.mixer is None:
@@ -186,8 +261,8 @@ def assemble_child(child_arch: ModelArch, parent: CausalLM, score_dir: str | Pat
         except RuntimeError as exc:
             raise InputError(f"does not fit block {i}: {str(exc).splitlines()[0]}",
                              path=str(f)) from None
-        if isinstance(parent.blocks[i].mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
-            cb.mixer.chunk_size = parent.blocks[i].mixer.chunk_size
+        if isinstance(meta.blocks[i].mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
+            cb.mixer.chunk_size = meta.blocks[i].mixer.chunk_size
         report.append(f"block {i} {pc.describe()} -> {cc.describe()}: BLD-trained ({name})")
     child.init_report = report  # type: ignore[assignment]
     return child
