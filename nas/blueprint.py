@@ -6,7 +6,10 @@
 architecture through ``costmodels``, not read back from the library sums), ``params``,
 ``quality`` (value and source), ``budgets`` (each with the child's value and whether it
 binds), ``solver`` (``status``, ``gap``, ``seconds``, ``objective``, ``best_bound``,
-``nodes``) and ``provenance`` (spec hash, profile, recipe, package version, time).
+``nodes``), ``provenance`` (spec hash, profile, recipe, package version, time) and
+``engines`` (the spec's ``deploy.engines``, whether each serving engine loads the child and
+why not, the tied choices and what the engines took out of the space; see
+:func:`engines_section` and ``docs/engines.md``).
 """
 
 from __future__ import annotations
