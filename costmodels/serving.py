@@ -306,7 +306,8 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
     nkw = dict(tp=tp, attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)),
                engine=engine, engines=engines)
     so, ro, overlap = engine_figures(hw, engine, dict(engines) if engines else None)
-    off = no_overlap_rows(table, engine, [wl])  # a block kind the engine cannot overlap for
+    off = no_overlap_rows(table, engine, [wl], dict(engines) if engines else None)  # a kind
+    # the engine cannot overlap for (EngineProfile.no_overlap) turns the overlap off
     overlap = overlap and not (off is not None and bool(off.any()))
     front = engine_latency(engine, engines)
     cap = int(wl.sequences)

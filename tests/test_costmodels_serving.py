@@ -483,3 +483,28 @@ def test_per_request_host_time_is_shared_by_the_attention_dp_ranks():
 
     assert host(False) == pytest.approx(64 * r)
     assert host(True) == pytest.approx(64 / 8 * r)
+
+
+def test_arrivals_honour_the_engines_no_overlap_rules():
+    # staggered arrivals (sglang.bench_serving) price a Mamba hybrid's steps as GPU + host
+    # under SGLang's rule, and as max(GPU, host) with the rule taken out of its profile
+    from costmodels.serving import arrival_figures
+    from hwprofiles.engines import get_engine
+    from hwprofiles.schema import Figure
+
+    sg = get_engine("sglang")
+    table = BlockTable.from_rows([dict(ATT, hidden=512, n_heads=4, n_kv_heads=1),
+                                  dict(MAMBA, hidden=512, m_heads=8, groups=1)])
+    nb = NonBlockShape(hidden=512, vocab=1000)
+    wl = "isl=128,osl=64,concurrency=4,arrival=staggered"
+
+    def tpot(prof):
+        return arrival_figures(table, nb, H100, FP8, wl, engine="sglang",
+                               engines={"sglang": prof}).tpot_s
+
+    so = sg.step_overhead_s.value
+    gpu = tpot(sg.model_copy(update={"step_overhead_s": Figure(value=0.0, source="test")}))
+    ruled, free = tpot(sg), tpot(sg.model_copy(update={"no_overlap": []}))
+    assert 0 < gpu < so
+    assert ruled == pytest.approx(gpu + so, rel=1e-3)  # the host step is not hidden
+    assert free == pytest.approx(max(gpu, so), rel=1e-3)
