@@ -299,13 +299,13 @@ class HardwareProfile(BaseModel):
         """Large-GEMM achieved fraction of peak for compute dtype ``dtype``."""
         return self.efficiency.matmul[dtype].peak_fraction
 
-    def sourced_figures(self) -> list[tuple[str, str]]:
-        """``(field path, source)`` of every :class:`Figure` and :class:`EfficiencyCurve`."""
-        out: list[tuple[str, str]] = []
+    def _figures(self) -> list[tuple[str, Figure | EfficiencyCurve]]:
+        """``(field path, figure)`` of every :class:`Figure` and :class:`EfficiencyCurve`."""
+        out: list[tuple[str, Figure | EfficiencyCurve]] = []
 
         def walk(obj: object, path: str) -> None:
             if isinstance(obj, (Figure, EfficiencyCurve)):
-                out.append((path, obj.source))
+                out.append((path, obj))
             elif isinstance(obj, dict):
                 for k, v in obj.items():
                     walk(v, f"{path}.{k}" if path else str(k))
@@ -315,25 +315,15 @@ class HardwareProfile(BaseModel):
 
         walk(self, "")
         return out
+
+    def sourced_figures(self) -> list[tuple[str, str]]:
+        """``(field path, source)`` of every :class:`Figure` and :class:`EfficiencyCurve`."""
+        return [(path, f.source) for path, f in self._figures()]
 
     def on_bound_figures(self) -> list[tuple[str, str]]:
         """``(field path, note)`` of every figure that carries an ``on_bound`` note (a fitted
         figure on a bound of its fit, and why)."""
-        out: list[tuple[str, str]] = []
-
-        def walk(obj: object, path: str) -> None:
-            if isinstance(obj, (Figure, EfficiencyCurve)):
-                if obj.on_bound is not None:
-                    out.append((path, obj.on_bound))
-            elif isinstance(obj, dict):
-                for k, v in obj.items():
-                    walk(v, f"{path}.{k}" if path else str(k))
-            elif isinstance(obj, BaseModel):
-                for k in type(obj).model_fields:
-                    walk(getattr(obj, k), f"{path}.{k}" if path else k)
-
-        walk(self, "")
-        return out
+        return [(path, f.on_bound) for path, f in self._figures() if f.on_bound is not None]
 
     def assumed_figures(self) -> list[str]:
         """Field paths of the figures whose source says they are assumed."""
