@@ -30,7 +30,10 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 
 # modules (dotted prefixes) that may import torch at module level
 TORCH_OK = ("nas.modules", "nas.build", "nas.scoring", "nas.distill", "nas.iterate",
-            "hwprofiles.probe")
+            "hwprofiles.probe",
+            # the modeling file written into a child's folder for trust_remote_code: a
+            # template that transformers loads there, never imported by this package
+            "nas.hf.remote.modeling_puzzle_nas")
 
 
 @dataclass(frozen=True)

@@ -337,6 +337,19 @@ def main(argv: list[str] | None = None) -> int:
         loc, msg = first_error(exc)
         print(f"puzzle-nas distill: error: {loc}: {msg}", file=sys.stderr)
         return 2
+    finally:
+        _leave_group()
+
+
+def _leave_group() -> None:
+    """Destroy this rank's process group before the interpreter exits: left to the exit,
+    gloo's threads can be torn down while joinable, and the rank aborts ("terminate called
+    without an active exception", SIGABRT) after its work is done (seen once in 2 ranks
+    with --replicas)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
