@@ -337,20 +337,27 @@ def main(argv: list[str] | None = None) -> int:
         loc, msg = first_error(exc)
         print(f"puzzle-nas distill: error: {loc}: {msg}", file=sys.stderr)
         return 2
-    finally:
-        _leave_group()
 
 
-def _leave_group() -> None:
-    """Destroy this rank's process group before the interpreter exits: left to the exit,
-    gloo's threads can be torn down while joinable, and the rank aborts ("terminate called
-    without an active exception", SIGABRT) after its work is done (seen once in 2 ranks
-    with --replicas)."""
+def _exit_rank(rc: int) -> None:
+    """End a torchrun rank once every rank is done (a barrier), without the interpreter's
+    teardown: left to it, gloo's threads can be destroyed while joinable and a rank whose
+    work is complete aborts ("terminate called without an active exception", SIGABRT;
+    seen twice in 8 full suites, in a 2-rank run with --replicas and one with activation
+    checkpointing). Every output is written (atomically) before this point."""
+    import os
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if rc == 0 and dist.is_available() and dist.is_initialized():  # (a failed rank
+        try:  # leaves at once: torchrun stops the others)
+            dist.barrier()
+        except RuntimeError:
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_rank(main())
