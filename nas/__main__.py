@@ -1,5 +1,5 @@
 import sys
 
-from nas.cli import main
+from nas.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

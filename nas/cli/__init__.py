@@ -165,3 +165,27 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def entry() -> int:
+    """``puzzle-nas`` and ``python -m nas``: :func:`main`, then SIGINT ignored for the
+    interpreter's teardown.
+
+    Once :func:`main` has returned, the command's outputs are in place and its outcome is
+    printed. A Ctrl-C landing in the teardown that follows (joining threads, finalizing
+    modules) would otherwise end the process by SIGINT with no word (exit -2, about 1 in 10
+    Ctrl-Cs pressed as a short search finishes), as if it had been cut short. A
+    KeyboardInterrupt raised between the return and the swap (a few bytecodes) is that same
+    late Ctrl-C: the one line, exit 130. SIGTERM keeps its default action, so a teardown
+    that hangs can still be stopped."""
+    try:
+        rc = main()
+    except KeyboardInterrupt:
+        print("puzzle-nas: interrupted (SIGINT) as it ended; nothing half-written was left "
+              "behind", file=sys.stderr)
+        rc = EXIT_SIGINT
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+    return rc
