@@ -586,7 +586,7 @@ def _read_rows(reader: Any, key: str, dtype: torch.dtype, rank: int, world: int
     ``torch.chunk`` and FSDP2 cut it), read from the safetensors file alone, checked
     (shape, floating point, finite) and cast to ``dtype``. Stacked experts: experts
     ``a..b-1``, each stored tensor read whole."""
-    from nas.build_checkpoint import _non_finite
+    from nas.build.checkpoint import _non_finite
 
     shape = reader._shapes[key]
     c = -(-shape[0] // world)
@@ -647,7 +647,7 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    from nas.build_checkpoint import CheckpointReader
+    from nas.build.checkpoint import CheckpointReader
     from nas.scoring.digest import combine_lines, tensor_line
 
     reader = CheckpointReader(path)
@@ -783,8 +783,8 @@ _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"
 
 def _st_header(header: dict[str, Any], digests: dict[str, str]) -> bytes:
     """A safetensors header (length, JSON padded to 8 bytes) with this project's per-tensor
-    digests in its metadata (:data:`nas.build_checkpoint.DIGESTS_KEY`)."""
-    from nas.build_checkpoint import DIGESTS_KEY
+    digests in its metadata (:data:`nas.build.checkpoint.DIGESTS_KEY`)."""
+    from nas.build.checkpoint import DIGESTS_KEY
 
     meta = {"format": "pt", DIGESTS_KEY: json.dumps(digests)}
     raw = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
@@ -806,7 +806,7 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
 
     from torch.distributed.tensor import DTensor
 
-    from nas.build_checkpoint import (
+    from nas.build.checkpoint import (
         MAX_SHARD_BYTES,
         WEIGHTS,
         _export_config,

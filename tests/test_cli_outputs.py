@@ -175,7 +175,7 @@ def test_build_replaces_an_existing_checkpoint_whole(tmp_path, tiny, capsys):
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_build_interrupted_at_the_swap_keeps_the_old_checkpoint(tmp_path, tiny, capsys,
                                                                 monkeypatch, sig, code):
-    import nas.build_checkpoint as bc
+    import nas.build.checkpoint as bc
 
     pdir, cfg, calib = tiny
     out = tmp_path / "out"

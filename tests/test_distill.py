@@ -389,7 +389,7 @@ def test_the_chunked_loss_equals_the_whole_one(monkeypatch):
     """The loss made a chunk of positions at a time (under activation checkpointing) gives
     the whole-logits loss and its gradients, up to float32 summation order."""
     import nas.distill as nd
-    from nas.build_random import build_model
+    from nas.build.random import build_model
 
     student, teacher = build_model(PARENT, seed=0), build_model(PARENT, seed=1)
     t = torch.randint(0, PARENT.vocab_size, (3, SEQ))

@@ -311,7 +311,7 @@ def test_mla_svd_full_rank_is_exact_and_truncation_is_worse(tiny_parent):
     """At r = R the SVD re-factoring reproduces the block (V is a rotation); at r < R it
     beats keeping the first r latent channels."""
     pytest.importorskip("torch")
-    from nas.build_inherit_mla import svd_bottleneck
+    from nas.build.inherit.mla import svd_bottleneck
 
     parent, calib, held = tiny_parent
     p = parent.blocks[2].mixer

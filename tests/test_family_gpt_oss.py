@@ -282,7 +282,7 @@ def test_shipped_example_search_runs(tmp_path):
 # ---- MXFP4-packed checkpoints (as the Hub publishes gpt-oss) --------------------------------
 def test_unpack_mxfp4_closed_form():
     torch = pytest.importorskip("torch")
-    from nas.build_mxfp4 import unpack_mxfp4
+    from nas.build.formats.mxfp4 import unpack_mxfp4
 
     blocks = torch.zeros(1, 2, 1, 16, dtype=torch.uint8)
     blocks[0, 0, 0, 0] = 0x71  # low nibble 1 (0.5) first, then 7 (6.0)

@@ -68,7 +68,7 @@ def test_wrapper_checkpoint_reads_the_language_model(wrapper, tmp_path):
     from test_hf_parity import _prompt
 
     from nas.build import load_pretrained, save_pretrained
-    from nas.build_checkpoint import CheckpointReader
+    from nas.build.checkpoint import CheckpointReader
 
     theirs, path = wrapper
     reader = CheckpointReader(path)
@@ -133,7 +133,7 @@ def test_score_from_a_wrapper_parent(wrapper, tmp_path, capsys):
 
     import numpy as np
 
-    from nas.build_checkpoint import CheckpointReader
+    from nas.build.checkpoint import CheckpointReader
     from nas.cli import main
 
     _, path = wrapper

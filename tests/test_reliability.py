@@ -214,7 +214,7 @@ def test_sigkilled_build_leftovers_are_removed_by_the_next_run(tmp_path, tiny_bu
     but not the temp entries of a live process nor names it did not make."""
     _, cfg = tiny_build
     out = tmp_path / "child"
-    code = ("import os, signal, sys\nimport nas.build_checkpoint as bc\n"
+    code = ("import os, signal, sys\nimport nas.build.checkpoint as bc\n"
             "bc.swap_in_dir = lambda staged, path: os.kill(os.getpid(), signal.SIGKILL)\n"
             "from nas.cli import main\n"
             f"sys.exit(main(['build', {str(cfg)!r}, '-o', {str(out)!r}]))")

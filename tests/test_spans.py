@@ -322,7 +322,7 @@ def test_init_from_parent_for_a_shorter_child():
     layout with no-ops computes, and the stored parameters are the architecture's."""
     torch = pytest.importorskip("torch")
     from nas.build import build_model
-    from nas.build_spans import expanded, init_from_parent_spans
+    from nas.build.spans import expanded, init_from_parent_spans
 
     small = ModelArch_small()
     parent = build_model(small, seed=0)

@@ -25,7 +25,7 @@ from hwprofiles.errors import InputError, read_json
 from nas.tokens import add_token_flags
 
 DTYPES = ("float32", "bfloat16", "float16")
-# what a checkpoint folder holds (nas.build_checkpoint.CHECKPOINT_FILES, repeated here
+# what a checkpoint folder holds (nas.build.checkpoint.CHECKPOINT_FILES, repeated here
 # because that module imports torch)
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json",
                     "model-*-of-*.safetensors")
@@ -77,7 +77,7 @@ def read_child_config(path: str | Path) -> tuple[dict[str, Any], str]:
 
 def read_stand_in(path: str | Path, num_blocks: int) -> list[int] | None:
     """A blueprint's ``stand_in`` (the parent block each child block is initialized from,
-    written when the search space had spans; see :mod:`nas.build_spans`), or ``None``."""
+    written when the search space had spans; see :mod:`nas.build.spans`), or ``None``."""
     path = Path(path)
     if path.is_dir():
         return None
@@ -189,18 +189,18 @@ def _run(args: argparse.Namespace) -> int:
     elif args.parent:
         # the parent is streamed from its safetensors one block at a time; the child is
         # materialized block by block in the target dtype
-        from nas.build_checkpoint import CheckpointReader
+        from nas.build.checkpoint import CheckpointReader
 
         reader = CheckpointReader(args.parent)
         left_out = reader.left_out_note
         tokens = read_calibration(args.calib, args.calib_len, args.tokenizer, args.bin_dtype)
         dtype = getattr(torch, args.dtype) if args.dtype else reader.stored_dtype()
-        from nas.build_inherit import MAX_TOKENS
+        from nas.build.inherit import MAX_TOKENS
 
         if stand_in is not None:
             # a child with spans: laid out at the parent's depth (no-ops in the removed
-            # places), initialized there, the no-ops dropped (nas.build_spans)
-            from nas.build_spans import expanded, init_from_parent_spans
+            # places), initialized there, the no-ops dropped (nas.build.spans)
+            from nas.build.spans import expanded, init_from_parent_spans
 
             wide = expanded(arch, reader.arch, stand_in)
         else:

@@ -141,7 +141,7 @@ class _Parent:
         self.model = parent if isinstance(parent, CausalLM) else None
         self.reader = None
         if self.model is None:
-            from nas.build_checkpoint import CheckpointReader
+            from nas.build.checkpoint import CheckpointReader
 
             self.reader = CheckpointReader(parent)
             self.folder = Path(parent)

@@ -3,7 +3,7 @@
 For every (block ``i``, alternative ``j``) of ``search.alternatives(problem)``:
 
 1. the alternative is built as a :class:`~nas.modules.model.Block` and initialized from
-   parent block ``i`` by the rules of :func:`nas.build_inherit.inherit_block` (what
+   parent block ``i`` by the rules of :func:`nas.build.inherit.inherit_block` (what
    :func:`nas.build.init_from_parent` does per block), fed the parent's own activations at
    block ``i`` on the calibration rows (seeded random init where no rule applies);
 2. optionally trained by blockwise local distillation (:mod:`nas.scoring.bld`);
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from nas.arch import BlockConfig, ModelArch
-from nas.build_inherit import MAX_TOKENS, inherit_block
+from nas.build.inherit import MAX_TOKENS, inherit_block
 from nas.modules.layers import default_out_std
 from nas.modules.mamba import MambaMixer
 from nas.modules.model import Block, CausalLM
@@ -118,7 +118,7 @@ def init_block(parent: CausalLM, i: int, child: BlockConfig, x: torch.Tensor,
         cb.load_state_dict(pb.state_dict())
         what = "copied"
     elif {pc.kind, child.kind} == {"attention", "deltanet"}:  # type: ignore[attr-defined]
-        from nas.build_inherit import swap_init, swap_source
+        from nas.build.inherit import swap_init, swap_source
 
         j = swap_source(pa, i, child)
         what = (f"random (no parent {child.kind} block of this config)"  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-import nas.build_inherit
+import nas.build.inherit
 import nas.modules
 
 
@@ -39,7 +39,7 @@ def code_digest() -> str:
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).parent
     files = sorted(Path(nas.modules.__file__).parent.glob("*.py")) + [
-        Path(nas.build_inherit.__file__), here / "core.py", here / "bld.py",
+        *sorted(Path(nas.build.inherit.__file__).parent.glob("*.py")), here / "core.py", here / "bld.py",
         here / "pipeline.py"]
     for f in files:
         h.update(f.name.encode())

@@ -5,7 +5,7 @@ Each child block stands in for one parent block (:func:`nas.spans.stand_in`: the
 its kind in its span). The child is laid out at the parent's depth with those blocks in
 their parent's places and no-ops elsewhere, initialized by
 :func:`nas.build.init_from_parent` (each block fed the parent's own stream entering its
-place, the rules of ``nas.build_inherit``), and the no-ops are dropped: the child's blocks,
+place, the rules of ``nas.build.inherit``), and the no-ops are dropped: the child's blocks,
 embeddings, final norm and head are exactly those tensors. Parameter counts are the
 child architecture's (the no-ops have none).
 """
@@ -50,7 +50,7 @@ def init_from_parent_spans(child: ModelArch, positions: Sequence[int],
     says what happened to each block."""
     pa = parent_model.arch if isinstance(parent_model, CausalLM) else None
     if pa is None:
-        from nas.build_checkpoint import CheckpointReader
+        from nas.build.checkpoint import CheckpointReader
 
         pa = CheckpointReader(parent_model).arch
     wide = init_from_parent(expanded(child, pa, positions), parent_model, calibration_tokens,

@@ -1,4 +1,4 @@
-"""Inheritance rules of the issue-18 part A kinds (used by :mod:`nas.build_inherit`):
+"""Inheritance rules for MLA blocks (DeepSeek-V3, Kimi; used by :mod:`nas.build.inherit`):
 
 * MLA, fewer query heads: heads ranked by their channel contribution on the calibration data
   (``mean |o_h| * ||W_o[:, h]||`` summed over the head's ``v_head_dim`` channels); the kept
@@ -11,8 +11,6 @@
   over ``r`` channels where the parent normalized over ``R``). At ``r = R`` this reproduces
   the parent block exactly (``V`` is a rotation); the RoPE rows of ``kv_a_proj_with_mqa`` are
   copied.
-* gpt-oss MoE biases: the router bias follows the kept experts; each kept expert's gate / up
-  biases follow its kept channels and its down bias is copied.
 """
 
 from __future__ import annotations
@@ -97,20 +95,3 @@ def inherit_mla(p: MLAMixer, c: MLAMixer, pc: MLA, cc: MLA, xin: torch.Tensor) -
     else:
         _copy(c.q_proj.weight, q_up)
     return "; ".join(notes) or "copied (MLA flags changed)"
-
-
-def copy_router_bias(p: torch.nn.Module, c: torch.nn.Module, keep: torch.Tensor) -> None:
-    """gpt-oss: the router bias of the kept experts."""
-    _copy(c.gate.bias[: len(keep)], p.gate.bias[keep])  # type: ignore[union-attr, index]
-
-
-def copy_expert_biases(p: torch.nn.Module, c: torch.nn.Module, j: int, e: int,
-                       ch: torch.Tensor) -> None:
-    """gpt-oss: child expert ``j`` takes parent expert ``e``'s biases on channels ``ch``
-    (gate / up interleaved in ``gate_up_proj_bias``); channels past ``len(ch)`` get 0."""
-    pb, cb = p.experts.gate_up_proj_bias, c.experts.gate_up_proj_bias  # type: ignore[union-attr]
-    k = len(ch)
-    for par in (0, 1):
-        _copy(cb[j, par::2][:k], pb[e, par::2][ch])
-        cb[j, par::2][k:] = 0
-    _copy(c.experts.down_proj_bias[j], p.experts.down_proj_bias[e])  # type: ignore[union-attr]
