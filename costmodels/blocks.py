@@ -349,7 +349,8 @@ accepted snapshot in place on the next step (``T`` writes, one read:
 https://github.com/vllm-project/vllm/pull/49847), i.e. 2 transfers fewer per step."""
 
 
-def _verify_state_bytes(bs: np.ndarray, st_io: np.ndarray, q1: np.ndarray) -> np.ndarray:
+def _verify_state_bytes(bs: np.ndarray | float, st_io: np.ndarray | float, q1: np.ndarray
+                        ) -> np.ndarray:
     """Bytes of a recurrent state update over ``q1 = 1 + d`` tokens per sequence (``bs``:
     one plain decode step's bytes, two of them ``st_io`` state transfers): the token inputs
     and outputs ``q1`` times; the state read once; written ``q1`` times, one snapshot per

@@ -44,7 +44,8 @@ class Roof:
         """Seconds per byte streamed (default curve: ``efficiency.memory``)."""
         return self._inv(self.bw, curve or self.hw.efficiency.memory, nbytes)
 
-    def time(self, flops: np.ndarray, nbytes: np.ndarray, inv_c: np.ndarray | float,
-             inv_m: np.ndarray | float, kernels: float) -> np.ndarray:
+    def time(self, flops: np.ndarray | float, nbytes: np.ndarray | float,
+             inv_c: np.ndarray | float, inv_m: np.ndarray | float,
+             kernels: np.ndarray | float) -> np.ndarray:
         """``max(flops * inv_c, nbytes * inv_m) + kernels * overhead``."""
         return np.maximum(flops * inv_c, nbytes * inv_m) + kernels * self.overhead

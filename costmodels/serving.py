@@ -20,6 +20,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -171,10 +172,13 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
     per step / per request): see :func:`costmodels.model.price_nonblock` (a named engine
     that overlaps scheduling hides its step overhead, as for any other workload).
     """
-    kw = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft, engine=engine)
-    nkw = dict(tp=tp, step_overhead_s=step_overhead_s, request_overhead_s=request_overhead_s,
-               attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)),
-               engine=engine, engines=engines)
+    kw: dict[str, Any] = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft,
+                              engine=engine)
+    nkw: dict[str, Any] = dict(tp=tp, step_overhead_s=step_overhead_s,
+                               request_overhead_s=request_overhead_s,
+                               attention_dp=attention_dp,
+                               draft=draft is not None and bool(np.any(draft)),
+                               engine=engine, engines=engines)
     wl = parse_workload(workload)
     if wl.batch is not None:
         wl = Workload.model_validate({**wl.model_dump(), "batch": None, "concurrency": 1})
@@ -351,7 +355,8 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
         rate = b / lat
         ttft, tpot, lat, u = figures(b, rate * (b - 1.0) / b)
     else:
-        rate = float(wl.rate)  # type: ignore[arg-type]
+        assert wl.rate is not None  # Workload: arrival=poisson comes with a rate
+        rate = float(wl.rate)
         b = 1.0
         for _ in range(iterations):
             lat = figures(b, rate)[2]
@@ -386,5 +391,6 @@ def _with_first_wave(ttft: float, table: BlockTable, nonblock: NonBlockShape,
     step = t_all / n_c
     step = max(step, so) if overlap else step + so
     wave = front + step * (n_c + 1.0) / 2.0 + ro * (B + 1.0) / 2.0
-    f = B / float(wl.requests)  # type: ignore[arg-type]
+    assert wl.requests is not None  # arrival_figures calls this only with requests
+    f = B / float(wl.requests)
     return f * wave + (1.0 - f) * ttft

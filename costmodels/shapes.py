@@ -278,7 +278,7 @@ def mla_role_params(t: BlockTable) -> tuple[np.ndarray, np.ndarray]:
 
 def params(t: BlockTable, active: bool = False) -> np.ndarray:
     """Total (or active) parameters per row."""
-    return sum(role_params(t, active).values())  # type: ignore[return-value]
+    return sum(role_params(t, active).values())  # type: ignore[return-value]  # sum(): ndarray | int
 
 
 def weight_bytes(t: BlockTable, recipe: PrecisionRecipe, active: bool = False) -> np.ndarray:

@@ -117,7 +117,8 @@ class Workload(BaseModel):
         in concurrency mode."""
         if self.batch is not None:
             return int(self.batch)
-        return int(min(self.concurrency, self.max_num_seqs))  # type: ignore[type-var]
+        assert self.concurrency is not None  # _one_of: exactly one of batch and concurrency
+        return int(min(self.concurrency, self.max_num_seqs))
 
     @property
     def prefill_sequences(self) -> int:

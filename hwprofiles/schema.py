@@ -382,9 +382,9 @@ class HardwareProfile(BaseModel):
                          "not a device figure: each engine's profile in hwprofiles/data/engines "
                          "(trtllm by default), shared by every device (puzzle-nas calibrate "
                          "--engines fits them)"))
-        f = self.moe_imbalance
-        rows.append(("MoE routing imbalance (EP)", "not given (1)" if f is None
-                     else f"{f.value:.2f}", "" if f is None else f.source))
+        mi = self.moe_imbalance
+        rows.append(("MoE routing imbalance (EP)", "not given (1)" if mi is None
+                     else f"{mi.value:.2f}", "" if mi is None else mi.source))
         return rows
 
 
