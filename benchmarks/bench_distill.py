@@ -3,7 +3,7 @@ and 4 ranks (issue 28: at most 0.6x and 0.35x of one rank).
 
 One rank holds the whole teacher and student with the student's gradients and AdamW state
 (four copies of the student); ``--nproc N`` shards all of it over the ranks with FSDP2
-(:mod:`nas.distill`), so a rank's share of the weights falls as 1/N over the runtime's own
+(:mod:`nas.train.distill`), so a rank's share of the weights falls as 1/N over the runtime's own
 floor (torch, gloo and the interpreter: about 0.35 GB per process) plus about one block
 held whole for the moment (the block being read at the start, the block being computed in
 a step).

@@ -67,6 +67,7 @@ from nas.mip import (
     MipModel,
     Objective,
     SolveOptions,
+    SolverTuning,
     diverse_pool,
     solve,
     sweep,
@@ -113,7 +114,8 @@ def ours(**kw: object) -> Callable[[Instance, float], tuple[float, float, str]]:
     def run(inst: Instance, gap: float) -> tuple[float, float, str]:
         lib, obj, budgets = inst
         t = time.perf_counter()
-        res = solve(lib, obj, budgets, options=SolveOptions(mip_rel_gap=gap, threads=1, **kw))
+        res = solve(lib, obj, budgets, options=SolveOptions(mip_rel_gap=gap, threads=1),
+                    tuning=SolverTuning(**kw))  # type: ignore[arg-type]
         return time.perf_counter() - t, float(res.objective), res.status
     return run
 
@@ -269,20 +271,21 @@ def test_pareto_sweep_20(benchmark, capsys):
     others = [b for b in budgets if b.key != key]
     values = list(np.linspace(0.35, 1.0, 20) * tot)
     opts = SolveOptions(mip_rel_gap=GAP, threads=1)
-    prev = SolveOptions(mip_rel_gap=GAP, threads=1, **PREVIOUS)
+    prev = SolverTuning(**PREVIOUS)  # type: ignore[arg-type]
     before = load()
 
-    def run(workers: int, o: SolveOptions = opts):
-        return timed(lambda: sweep(lib, obj, others, key=key, values=values, options=o,
-                                   workers=workers))
+    def run(workers: int, t: SolverTuning | None = None):
+        return timed(lambda: sweep(lib, obj, others, key=key, values=values, options=opts,
+                                   workers=workers, tuning=t))
 
-    def cold_sweep(o: SolveOptions):
+    def cold_sweep(t: SolverTuning | None):
         return timed(lambda: [
-            solve(lib, obj, [*others, Budget(key, None, v)], options=o) for v in values])
+            solve(lib, obj, [*others, Budget(key, None, v)], options=opts, tuning=t)
+            for v in values])
 
     (sw, t_sweep, c_sweep) = benchmark.pedantic(run, args=(1,), rounds=1, iterations=1)
     sw2, t_par, c_par = run(2)
-    cold, t_cold, c_cold = cold_sweep(opts)
+    cold, t_cold, c_cold = cold_sweep(None)
     swp, t_swp, c_swp = run(1, prev)
     coldp, t_coldp, c_coldp = cold_sweep(prev)
     assert len(sw.results) == len(sw2.results) == len(swp.results) == 20 and sw.frontier
@@ -335,9 +338,10 @@ def test_sweep_rules_over_seeds(benchmark, capsys):
             values = list(np.linspace(0.35, 1.0, 20) * tot)
             sweeps = []
             for w, kw in ways.items():
-                o = SolveOptions(mip_rel_gap=GAP, threads=1, **kw)
+                o = SolveOptions(mip_rel_gap=GAP, threads=1)
                 sw, _, c = timed(functools.partial(sweep, lib, obj, others, key=key,
-                                                   values=values, options=o))
+                                                   values=values, options=o,
+                                                   tuning=SolverTuning(**kw)))
                 cpu[w].append(c)
                 sweeps.append(sw)
             for rs in zip(*(sw.results for sw in sweeps)):
@@ -411,7 +415,7 @@ def example_library() -> tuple[BlockLibrary, Objective, list[Budget], list]:
     from nas import search
     from nas.spec import parse_spec
 
-    path = Path(search.__file__).parent / "examples" / "nemotron3-super-h100.json"
+    path = Path(search.__file__).parent.parent / "examples" / "nemotron3-super-h100.json"
     problem = search.resolve(parse_spec(json.loads(path.read_text())), path.parent)
     alts = search.alternatives(problem)
     priced = search.price(problem, alts, False)
@@ -433,9 +437,10 @@ def test_example_library_sweep_20(benchmark, capsys):
     before = load()
 
     def run(aggregate: bool, workers: int = 1):
-        o = SolveOptions(mip_rel_gap=GAP, threads=1, aggregate=aggregate)
+        o = SolveOptions(mip_rel_gap=GAP, threads=1)
         return timed(lambda: sweep(lib, obj, budgets[1:], key=key, values=values,
-                                   counts=counts, options=o, workers=workers))
+                                   counts=counts, options=o, workers=workers,
+                                   tuning=SolverTuning(aggregate=aggregate)))
 
     (on, t_on, c_on) = benchmark.pedantic(run, args=(True,), rounds=1, iterations=1)
     off, t_off, c_off = run(False)
@@ -548,13 +553,15 @@ def test_nvlabs_single_solves(benchmark, capsys):
         "nvlabs mip_nas (CBC)": lambda c: mod.mip_nas(raw, NVLABS_OBJECTIVE, c, False)[1],
         "nvlabs mip_nas (CBC) gap 0": lambda c: gap0(raw, NVLABS_OBJECTIVE, c, False)[1],
     }
-    for name, kw in (("nas.mip gap 1e-4", {"mip_rel_gap": GAP}),
-                     ("nas.mip gap 0", {"mip_rel_gap": 0.0}),
-                     ("nas.mip gap 0 dp=off", {"mip_rel_gap": 0.0, "dp": False}),
-                     ("nas.mip 1e-4 lattice=off", {"mip_rel_gap": GAP, "lattice": False})):
+    for name, gap, kw in (("nas.mip gap 1e-4", GAP, {}),
+                          ("nas.mip gap 0", 0.0, {}),
+                          ("nas.mip gap 0 dp=off", 0.0, {"dp": False}),
+                          ("nas.mip 1e-4 lattice=off", GAP, {"lattice": False})):
         ways[name] = functools.partial(
-            lambda c, kw: float(solve(lib, NVLABS_OBJECTIVE, nvlabs_budgets(c),
-                                      options=SolveOptions(threads=1, **kw)).objective), kw=kw)
+            lambda c, gap, kw: float(solve(lib, NVLABS_OBJECTIVE, nvlabs_budgets(c),
+                                           options=SolveOptions(threads=1, mip_rel_gap=gap),
+                                           tuning=SolverTuning(**kw)).objective),
+            gap=gap, kw=kw)
     times: dict[tuple[str, str], list[float]] = {}
     objs: dict[tuple[str, str], float] = {}
 

@@ -29,7 +29,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 # modules (dotted prefixes) that may import torch at module level
-TORCH_OK = ("nas.modules", "nas.build", "nas.scoring", "nas.distill", "nas.iterate",
+TORCH_OK = ("nas.modules", "nas.build", "nas.scoring", "nas.train.distill", "nas.train.iterate",
             "hwprofiles.probe",
             # the modeling file written into a child's folder for trust_remote_code: a
             # template that transformers loads there, never imported by this package

@@ -86,12 +86,12 @@ if not SPEC.exists():
 @pytest.mark.parametrize("where", ["/proc/puzzle-nas-test", "/sys/puzzle-nas-test", "FILE",
                                    "FOREIGN"])
 def test_search_checks_output_before_work(tmp_path, capsys, monkeypatch, where):
-    import nas.search
+    import nas.search.runner
 
     def no_work(*a, **k):
         raise AssertionError("the search ran before the output folder was checked")
 
-    monkeypatch.setattr(nas.search, "resolve", no_work)
+    monkeypatch.setattr(nas.search.runner, "resolve", no_work)
     (tmp_path / "file").write_text("x")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "thesis.tex").write_text("mine")
@@ -103,7 +103,7 @@ def test_search_checks_output_before_work(tmp_path, capsys, monkeypatch, where):
 
 
 def test_search_save_replaces_an_earlier_run_whole(tmp_path):
-    from nas.blueprint import Blueprint, save_outputs
+    from nas.search.blueprint import Blueprint, save_outputs
 
     out = tmp_path / "run"
     bp = Blueprint(name="x", child={}, choices=[], predicted={}, params={}, quality={},
@@ -306,7 +306,7 @@ def test_entry_ignores_a_late_ctrl_c_and_reports_one_that_escaped_main(monkeypat
 
 
 def test_report_marks_memory_that_does_not_fit():
-    from nas.blueprint import Blueprint, report_markdown
+    from nas.search.blueprint import Blueprint, report_markdown
 
     row = {"ttft_s": 0.1, "tpot_s": 0.01, "throughput_tok_s": 1e3, "per_user_tok_s": 50.0,
            "memory_bytes": 90e9, "fits": False, "max_concurrency": 0, "context": 4096}
@@ -323,7 +323,7 @@ def test_report_marks_memory_that_does_not_fit():
 
 
 def test_budgets_in_the_users_terms():
-    from nas.blueprint import Blueprint, budget_in_user_terms
+    from nas.search.blueprint import Blueprint, budget_in_user_terms
 
     bp = Blueprint(name="x", child={}, choices=[], params={}, quality={}, solver={},
                    provenance={}, budgets=[],

@@ -1,4 +1,4 @@
-"""Knowledge distillation (``nas.distill``, ``puzzle-nas distill``): the held-out KL falls,
+"""Knowledge distillation (``nas.train.distill``, ``puzzle-nas distill``): the held-out KL falls,
 outputs are a loadable checkpoint and a record, a SIGKILLed run resumes to the weights of an
 uninterrupted one, 2 and 4 gloo ranks (teacher and student sharded with FSDP2, each rank
 holding 1/N) equal 1 rank at the same global batch, a killed sharded run resumes bit for
@@ -23,7 +23,7 @@ from tiny_parent import PARENT, SEQ  # noqa: E402
 
 from nas.arch import NoOp  # noqa: E402
 from nas.build import init_from_parent, load_pretrained, save_pretrained  # noqa: E402
-from nas.distill import (  # noqa: E402
+from nas.train.distill import (  # noqa: E402
     KILL_ENV,
     DistillSettings,
     distill,
@@ -370,8 +370,8 @@ def test_bad_input_is_one_line(work, tmp_path):
 def test_the_plan_holds_what_each_sharded_rank_holds(work, two_ranks):
     """``distill --plan``'s weights per rank are the shards a 2-rank run held: P / N each
     (float32 here), up to FSDP2's dim-0 padding and the buffers every rank keeps."""
-    from nas.distill_plan import distill_plan
     from nas.hf import load_config
+    from nas.train.plan import distill_plan
 
     rec = load_record(two_ranks)
     p = distill_plan(load_config(work / "child"), load_config(work / "parent"), world=2,
@@ -388,7 +388,7 @@ def test_the_plan_holds_what_each_sharded_rank_holds(work, two_ranks):
 def test_the_chunked_loss_equals_the_whole_one(monkeypatch):
     """The loss made a chunk of positions at a time (under activation checkpointing) gives
     the whole-logits loss and its gradients, up to float32 summation order."""
-    import nas.distill as nd
+    import nas.train.distill as nd
     from nas.build.random import build_model
 
     student, teacher = build_model(PARENT, seed=0), build_model(PARENT, seed=1)

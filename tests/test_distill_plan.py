@@ -1,4 +1,4 @@
-"""``puzzle-nas distill --plan`` (``nas.distill_plan``): the activation rule per block kind
+"""``puzzle-nas distill --plan`` (``nas.train.plan``): the activation rule per block kind
 against what autograd really keeps, the plan's CLI (printed, refused in one line, nothing
 written), and a real run refused before anything loads when its plan does not fit."""
 
@@ -28,7 +28,7 @@ ARCH = ModelArch(hidden_size=128, vocab_size=512, blocks=(
 
 
 def test_the_plan_imports_no_torch():
-    code = ("import sys, nas.distill_plan, nas.cli.distill; "
+    code = ("import sys, nas.train.plan, nas.cli.distill; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
@@ -36,18 +36,18 @@ def test_the_plan_imports_no_torch():
 
 def test_the_plans_chunk_is_the_losss():
     pytest.importorskip("torch")
-    import nas.distill
-    import nas.distill_plan
+    import nas.train.distill
+    import nas.train.plan
 
-    assert nas.distill_plan.CHUNK_BYTES == nas.distill.CHUNK_BYTES
+    assert nas.train.plan.CHUNK_BYTES == nas.train.distill.CHUNK_BYTES
 
 
 def test_saved_values_per_token_match_autograd_per_block_kind():
     """The rule's values per token are what autograd saves for each block's backward pass
     (parameters excluded), within 10 %, on every kind it names."""
     torch = pytest.importorskip("torch")
-    from nas.distill_plan import MAMBA_CHUNK, saved_values_per_token
     from nas.modules.model import CausalLM
+    from nas.train.plan import MAMBA_CHUNK, saved_values_per_token
 
     torch.manual_seed(0)
     model = CausalLM(ARCH)
@@ -114,7 +114,7 @@ def test_plan_prints_and_refuses_in_one_line(configs, tmp_path):
 
 
 def test_more_ranks_hold_less_and_checkpointing_keeps_less():
-    from nas.distill_plan import distill_plan
+    from nas.train.plan import distill_plan
 
     kw = dict(batch=8, seq_len=256, tokens=65536, eval_every=50, eval_tokens=4096,
               teacher_dtype="bfloat16", student_dtype="bfloat16", mixed_precision=None,

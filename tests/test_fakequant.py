@@ -20,7 +20,7 @@ from nas.scoring.fakequant import (  # noqa: E402
     relative_rms_error,
     round_e2m1,
 )
-from nas.spans import NSR  # noqa: E402
+from nas.space.spans import NSR  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -90,7 +90,7 @@ def test_mxfp4_power_of_two_scale_by_hand():
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "fp32"])
 def test_prior_error_table_matches_the_formats(fmt):
-    """nas.spans.NSR (the structural prior's precision damage) is what the formats do to
+    """nas.space.spans.NSR (the structural prior's precision damage) is what the formats do to
     Gaussian weights, within 5 %."""
     g = torch.Generator().manual_seed(1)
     w = torch.randn(512, 2048, generator=g)

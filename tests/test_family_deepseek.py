@@ -428,7 +428,7 @@ def test_quantization_config_names_mla_and_gpt_oss_modules():
     """A per-block precision child's ModelOpt quantization_config lists the MLA projections
     (and its KV-cache format) and gpt-oss's stacked experts under their checkpoint names,
     and reads back per block."""
-    from nas.quant_config import block_formats, quantization_config
+    from nas.search.quant_config import block_formats, quantization_config
 
     a = _v3()
     rec = ["fp8" if b.kind == "mla" else "nvfp4" if b.kind == "moe" else "bf16"

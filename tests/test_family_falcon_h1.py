@@ -434,7 +434,7 @@ def test_quantization_config_names_the_checkpoint_modules(tiny_parent):
     matches a saved tensor, the KV-cache format covers the attention branches, and it reads
     back per block."""
     from nas.build import build_model, hf_layout
-    from nas.quant_config import block_formats, expand, quantization_config
+    from nas.search.quant_config import block_formats, expand, quantization_config
 
     parent = tiny_parent[0]
     b = list(parent.arch.blocks)

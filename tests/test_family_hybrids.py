@@ -342,8 +342,8 @@ def test_granite_fused_tensors_are_quantized_by_role():
     from costmodels.dtypes import DType, PrecisionRecipe, TensorRole
     from nas.arch import FFN, Attention
     from nas.build import build_model, hf_layout
-    from nas.quant_config import block_formats, expand, quantization_config
     from nas.scoring.fakequant import quantize_block
+    from nas.search.quant_config import block_formats, expand, quantization_config
 
     arch = from_hf({**TINY, "model_type": "granitemoehybrid"}).model_copy(update={"blocks": (
         Mamba(num_heads=4, head_dim=16, state_size=8, n_groups=2),

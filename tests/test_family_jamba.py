@@ -407,7 +407,7 @@ def test_quantization_config_names_jamba_modules(tmp_path):
     (Mamba-1's four projections under ``mamba.``, the MLP under ``feed_forward.``), every
     pattern matches a saved tensor, and it reads back per block."""
     from nas.build import build_model, hf_layout
-    from nas.quant_config import block_formats, expand, quantization_config
+    from nas.search.quant_config import block_formats, expand, quantization_config
 
     arch = load_config(MINI).model_copy(update={"hidden_size": 32, "vocab_size": 64, "blocks": (
         Mamba1(inner_size=48, state_size=4, dt_rank=3),

@@ -1,4 +1,4 @@
-"""Iterative search pieces (``nas.iterate``) that need no training: stage specs, relative
+"""Iterative search pieces (``nas.train.iterate``) that need no training: stage specs, relative
 budgets carried to later stages as the original parent's absolute figures, search-space
 values a later stage's parent cannot take, and bad input. The whole loop (score, search,
 build, distill per stage, resumed) runs in ``tests/test_tiny_hybrid.py``."""
@@ -16,8 +16,8 @@ pytest.importorskip("torch")
 
 from hwprofiles.errors import InputError  # noqa: E402
 from nas import search  # noqa: E402
-from nas.iterate import absolute_budgets, prune_space  # noqa: E402
 from nas.spec import load_spec, parse_spec  # noqa: E402
+from nas.train.iterate import absolute_budgets, prune_space  # noqa: E402
 
 pytestmark = pytest.mark.torch
 SPEC = Path(__file__).resolve().parents[1] / "nas" / "examples" / "tiny-hybrid" / "spec.json"
@@ -100,9 +100,9 @@ def test_stage_command_lines_carry_every_setting():
 
     from nas.cli import distill as cli_distill
     from nas.cli import score as cli_score
-    from nas.distill import DistillSettings
-    from nas.iterate import distill_argv, score_argv
     from nas.scoring.job import Settings
+    from nas.train.distill import DistillSettings
+    from nas.train.iterate import distill_argv, score_argv
 
     ds = DistillSettings(tokens=1000, seq_len=32, batch_size=4, lr=1.5e-4, min_lr_fraction=0.2,
                          warmup_steps=3, weight_decay=0.01, grad_clip=0.5, lm_weight=0.25,

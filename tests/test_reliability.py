@@ -496,8 +496,8 @@ def test_price_model_takes_names_and_one_workload():
     import nas
     from costmodels.dtypes import get_recipe
     from costmodels.model import price_model
-    from nas.blueprint import nonblock_shape
     from nas.hf import load_config
+    from nas.search.blueprint import nonblock_shape
 
     parent = load_config(REPO / "nas" / "examples" / "configs" / "llama-3.1-8b.json")
     nb, wl = nonblock_shape(parent), "isl=1024,osl=128,concurrency=4"
@@ -542,7 +542,7 @@ def test_inspect_labels_compare_total_and_active(capsys):
 def test_pareto_marks_the_chosen_child_and_which_way_is_better():
     import matplotlib.pyplot as plt
 
-    from nas.blueprint import pareto_figure
+    from nas.search.blueprint import pareto_figure
 
     pts = [(500.0, 5.0), (700.0, 12.0), (900.0, 30.0)]
     for higher, word in ((True, "higher"), (False, "lower")):

@@ -16,9 +16,9 @@ from conftest import LLAMA, SUPER
 from costmodels.memory import DEFAULT_RESERVE_BYTES
 from hwprofiles.errors import InputError
 from nas import search
-from nas.blueprint import predict
 from nas.hf import from_hf, to_hf
 from nas.mip import InfeasibleError
+from nas.search.blueprint import predict
 from nas.spec import parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "nas" / "examples"

@@ -94,7 +94,7 @@ def test_search_prices_a_child_as_cost_mtp_does(solved, capsys, tmp_path):
         assert t["memory_bytes@server"] - ws_lib == pytest.approx(
             w["memory_bytes"] - w["workspace_bytes"], rel=1e-9)
         # and the blueprint's predicted figures are the same model
-        pred = search.bpm.predict(arch, problem)["server"]
+        pred = search.blueprint.predict(arch, problem)["server"]
         assert pred["tpot_s"] == pytest.approx(w["tpot_s"], rel=1e-12)
         assert pred["memory_bytes"] == pytest.approx(w["memory_bytes"], rel=1e-12)
     # without --acceptance the CLI prices a different (slower per token) model: 1.50x slower
@@ -234,7 +234,7 @@ def test_cli_search_acceptance_override(tmp_path, capsys):
     assert a["predicted"] == b["predicted"] and a["child"] == b["child"]
     assert a["provenance"]["spec_hash"] == b["provenance"]["spec_hash"]
     problem = search.resolve(parse_spec(super_spec()), ".")  # acceptance 3.45
-    slow = search.bpm.predict(problem.parent, problem)["server"]["tpot_s"]
+    slow = search.blueprint.predict(problem.parent, problem)["server"]["tpot_s"]
     assert a["predicted"]["server"]["parent"]["tpot_s"] < slow / 1.2
     # --acceptance on a workload that drafts nothing needs --draft-tokens
     f.write_text(json.dumps({**s, "workloads": {"server": w}}))

@@ -14,7 +14,7 @@ from costmodels.dtypes import DType
 from hwprofiles.errors import InputError
 from nas import search
 from nas.arch import FFN, Attention, NoOp
-from nas.blueprint import predict
+from nas.search.blueprint import predict
 from nas.spec import parse_spec
 
 H = 4096  # Llama-3.1-8B hidden size

@@ -6,8 +6,8 @@ from conftest import SUPER
 
 from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp
 from nas.hf import load_config
-from nas.quality import structural_prior
 from nas.space import alternatives
+from nas.space.quality import structural_prior
 from nas.spec import SearchSpace
 
 ATT = Attention(num_heads=8, num_kv_heads=4, head_dim=16)

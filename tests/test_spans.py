@@ -1,4 +1,4 @@
-"""Multi-block (span) replacements: spec, pricing, the child, export and build (nas.spans)."""
+"""Multi-block (span) replacements: spec, pricing, the child, export and build (nas.space.spans)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pytest
 from costmodels.blocks import price_blocks
 from costmodels.dtypes import get_recipe
 from hwprofiles.errors import InputError
-from nas import search, spans
+from nas import search
 from nas.arch import Mamba, MoE, NoOp, blocks_table
-from nas.blueprint import predict
 from nas.hf import from_hf, to_hf
-from nas.quant_config import block_formats, quantization_config
+from nas.search.blueprint import predict
+from nas.search.quant_config import block_formats, quantization_config
+from nas.space import spans
 from nas.spec import parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "nas" / "examples"
@@ -384,7 +385,7 @@ def test_spans_under_tensor_parallelism_sum_their_blocks(adp):
 def test_spans_leave_the_single_block_prior_unchanged():
     """Spans alone add edges; every one-block alternative keeps its structural prior, so
     a narrow and a wide search compare on one scale."""
-    from nas import quality
+    from nas.space import quality
 
     problem = search.resolve(parse_spec(super_spec([SUPER_SPANS[0]])), EXAMPLES)
     alts = search.alternatives(problem)

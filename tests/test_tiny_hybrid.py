@@ -78,9 +78,9 @@ def test_every_stage_completes_and_the_artifacts_agree(smoke):
 
 def test_a_rerun_reuses_every_stage(smoke):
     run, d, _, res = smoke
-    from nas.distill import DistillSettings
-    from nas.iterate import run_iterate
     from nas.scoring import Settings
+    from nas.train.distill import DistillSettings
+    from nas.train.iterate import run_iterate
 
     cfg = run.SMOKE
     data = next((d / "cache").glob("data-*"))

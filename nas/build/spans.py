@@ -1,7 +1,7 @@
-"""Init from parent for a child with spans (``nas.spans``): a shorter child built from its
+"""Init from parent for a child with spans (``nas.space.spans``): a shorter child built from its
 parent with the builder's own rules.
 
-Each child block stands in for one parent block (:func:`nas.spans.stand_in`: the first of
+Each child block stands in for one parent block (:func:`nas.space.spans.stand_in`: the first of
 its kind in its span). The child is laid out at the parent's depth with those blocks in
 their parent's places and no-ops elsewhere, initialized by
 :func:`nas.build.init_from_parent` (each block fed the parent's own stream entering its

@@ -105,11 +105,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def settings_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The :class:`nas.distill.DistillSettings` of the flags (pydantic errors name the
+    """The :class:`nas.train.distill.DistillSettings` of the flags (pydantic errors name the
     flag)."""
     from pydantic import ValidationError
 
-    from nas.distill import DistillSettings
+    from nas.train.distill import DistillSettings
 
     kw = dict(tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch, lr=args.lr,
               min_lr_fraction=args.min_lr_fraction, warmup_steps=args.warmup_steps,
@@ -135,11 +135,11 @@ def _config_dtype(cfg: dict) -> str:  # type: ignore[type-arg]
 
 
 def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None):  # type: ignore[no-untyped-def]
-    """The run's :class:`nas.distill_plan.DistillPlan` from the two configs alone."""
+    """The run's :class:`nas.train.plan.DistillPlan` from the two configs alone."""
     import hwprofiles
     from nas.cli.build import read_child_config
-    from nas.distill_plan import distill_plan
     from nas.hf import from_hf
+    from nas.train.plan import distill_plan
 
     s = settings_of(args)
     models = []
@@ -214,7 +214,7 @@ def _check(args: argparse.Namespace) -> None:
 def _check_resume(args: argparse.Namespace, nproc: int) -> None:
     """A checkpoint of this run in the other layout (whole vs sharded) is refused in one line
     before anything loads; a sharded one resumes on any number of ranks."""
-    from nas.distill import layout_of, resume_conflict
+    from nas.train.distill import layout_of, resume_conflict
 
     s = settings_of(args)
     why = resume_conflict(args.output, s, layout_of(nproc, s, args.replicas))
@@ -229,8 +229,8 @@ def run_local(args: argparse.Namespace) -> int:
 
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
         _check_resume(args, 1)
-    from nas.distill import distill
     from nas.scoring.data import load_tokens
+    from nas.train.distill import distill
 
     if args.device == "cuda":
         import torch

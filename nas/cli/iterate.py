@@ -3,7 +3,7 @@
 For each of the spec's ``stages``: score the stage's parent (replace-1-block KL with BLD),
 search under the stage's budgets, build the child from the BLD-trained blocks, distill it
 from the teacher (the parent by default); the distilled child is the next stage's parent.
-Resumable stage by stage (:mod:`nas.iterate`). Scoring flags are ``puzzle-nas score``'s,
+Resumable stage by stage (:mod:`nas.train.iterate`). Scoring flags are ``puzzle-nas score``'s,
 distillation flags ``puzzle-nas distill``'s with a ``--kd-`` prefix. ``--nproc N`` runs each
 stage's scoring and distillation as N ranks under torchrun on ``--device`` (the parent
 sharded over the ranks as pipeline stages, teacher and student sharded with FSDP2;
@@ -80,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise InputError("iterate needs torch: pip install 'puzzle-nas[torch]'") from None
     from nas.cli.distill import lr_warning
-    from nas.distill import DistillSettings
-    from nas.iterate import run_iterate
     from nas.scoring.job import Settings
+    from nas.train.distill import DistillSettings
+    from nas.train.iterate import run_iterate
 
     if (warn := lr_warning(args.kd_lr, "--kd-lr")) is not None:
         print(f"puzzle-nas iterate: {warn}", file=sys.stderr)

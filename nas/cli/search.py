@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from hwprofiles.errors import InputError
-    from nas.blueprint import budget_in_user_terms, engine_lines
     from nas.search import run as run_search
+    from nas.search.blueprint import budget_in_user_terms, engine_lines
     from nas.spec import load_spec
 
     path = Path(args.spec) if args.spec else DEFAULT_SPEC

@@ -73,7 +73,7 @@ def make_items(parent: ModelArch, alts: list[list[Alternative]], parent_hash: st
                ) -> list[Item]:
     """Every non-parent alternative, in block order, with its content key.
 
-    ``base_recipe`` (precision searched per block, ``nas.spans``): every alternative's
+    ``base_recipe`` (precision searched per block, ``nas.space.spans``): every alternative's
     weights are fake-quantized with its recipe (this one when it has none), and the parent
     block in this recipe is scored too (it is no longer the unquantized parent)."""
     code = code_digest()

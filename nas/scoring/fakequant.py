@@ -1,6 +1,6 @@
 """Fake quantization: a weight tensor rounded through a storage format and back (torch).
 
-Scoring a precision alternative (``nas.spans``) quantizes that block's weights with the
+Scoring a precision alternative (``nas.space.spans``) quantizes that block's weights with the
 real formats and measures the replaced model like any other alternative:
 
 * **FP8 E4M3, per-tensor scale** (``fp8``): ``s = amax(|w|) / 448`` (448 = E4M3's largest

@@ -57,7 +57,7 @@ class Job:
     settings: Settings
     spec_path: Path
     base_recipe: str | None = None
-    """The spec's recipe when precision is searched per block (``nas.spans``): every
+    """The spec's recipe when precision is searched per block (``nas.space.spans``): every
     alternative is scored with its weights fake-quantized; None: nothing is quantized."""
 
 
@@ -87,7 +87,7 @@ def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
     base_recipe = None
     if spec.search_space.precision.searched() or spec.search_space.spans:
         from costmodels.dtypes import RECIPES, get_recipe
-        from nas import spans
+        from nas.space import spans
 
         if not isinstance(spec.precision, str):
             raise InputError("scoring a wider search space needs a named precision recipe "

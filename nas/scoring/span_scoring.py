@@ -1,4 +1,4 @@
-"""Replace-1-span scoring: a span of parent blocks replaced by its child blocks (nas.spans).
+"""Replace-1-span scoring: a span of parent blocks replaced by its child blocks (nas.space.spans).
 
 Works as replace-1-block (:mod:`nas.scoring.core`): the span's child blocks are initialized
 from the parent, optionally trained by blockwise local distillation, and the held-out rows

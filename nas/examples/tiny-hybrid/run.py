@@ -15,12 +15,12 @@ One command (``docs/results.md``, "Proof on a trained model")::
    default ``~/.cache/puzzle-nas/tiny-hybrid``) by a key of its inputs.
 3. **Scores.** Replace-1-block KL of every alternative after BLD (``nas.scoring``).
 4. **Children at the same budget** (``spec.json``'s ``budgets``), each built from the BLD
-   blocks and distilled from the parent with the same settings (``nas.distill``):
+   blocks and distilled from the parent with the same settings (``nas.train.distill``):
    (a) searched with the measured scores; (b) searched with the structural prior; (c) the
    best homogeneous child (measured scores, every block of a kind the same choice);
    (d) random children meeting the budget (the MIP minimizing i.i.d. uniform random scores,
    the parent block scoring 0), the median of ``n_random`` per seed; (e) iterative: the
-   spec's ``stages`` (``nas.iterate``), the distillation tokens split evenly over the stages
+   spec's ``stages`` (``nas.train.iterate``), the distillation tokens split evenly over the stages
    so that (e) trains on as many tokens as the one-shot methods.
 5. **Evaluation** on the held-out files: LM loss, KL to the parent, next-token accuracy;
    the distillation seeds (and the random draws of (d)) are ``seeds``.
@@ -70,7 +70,7 @@ class Config:
     kd_tokens: int
     kd_batch: int
     kd_lr: float
-    kd_lr_sweep: tuple[float, ...]  # peak rates tried per distillation (nas.distill)
+    kd_lr_sweep: tuple[float, ...]  # peak rates tried per distillation (nas.train.distill)
     kd_eval_every: int
     eval_tokens: int
     n_random: int
@@ -270,7 +270,7 @@ def train_parent(cfg: Config, spec: dict[str, Any], data: dict[str, Path], cache
     """The parent checkpoint (trained once per key, then read from the cache).
 
     The peak learning rate is chosen by the rule every distillation of the experiment
-    follows (``nas.distill``'s sweep): each rate of ``cfg.parent_lr_sweep`` trains a fresh
+    follows (``nas.train.distill``'s sweep): each rate of ``cfg.parent_lr_sweep`` trains a fresh
     model (same init, same rows) for a quarter of the steps, with the schedule compressed to
     that length; the one with the lowest loss on the parent's validation tokens (the last
     ``cfg.parent_val_tokens`` of the held-out files, after every position the evaluation and
@@ -351,10 +351,10 @@ def search_build_distill(spec_path: Path, folder: Path, parent: Path, scores: Pa
     ``scores``, distill it from ``parent``; returns the figures of the child."""
     from nas import search
     from nas.build import load_pretrained, save_pretrained
-    from nas.distill import distill
     from nas.hf import from_hf
     from nas.scoring.bld import assemble_child
     from nas.spec import load_spec
+    from nas.train.distill import distill
 
     spec, base, digest = load_spec(spec_path)
     res = search.run(spec, base, folder / "search", digest, progress=False)
@@ -710,11 +710,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from nas import search
-    from nas.distill import DistillSettings
-    from nas.iterate import absolute_budgets, run_iterate
     from nas.scoring import Settings, prepare
     from nas.scoring import run as run_scoring
     from nas.spec import load_spec, parse_spec
+    from nas.train.distill import DistillSettings
+    from nas.train.iterate import absolute_budgets, run_iterate
 
     cfg = SMOKE if args.smoke else FULL
     if args.spec:
@@ -814,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
                           progress=False, log=log)
         last = rec.stages[-1]
         from nas.build import load_pretrained
-        from nas.distill import load_record
+        from nas.train.distill import load_record
 
         bp = json.loads(Path(last.blueprint).read_text())
         drec = load_record(Path(last.distilled).parent)

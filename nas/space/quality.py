@@ -53,12 +53,12 @@ import numpy as np
 
 from hwprofiles.errors import InputError, read_text
 from nas.arch import FFN, MLA, Attention, BlockConfig, DeltaNet, Linear, Mamba, MoE, NoOp, Parallel
-from nas.space import Alternative
+from nas.space.alternatives import Alternative
 
 PRIOR_LABEL = "structural prior (not measured)"
 
 
-def _damage(parent: BlockConfig, child: BlockConfig) -> float:
+def block_damage(parent: BlockConfig, child: BlockConfig) -> float:
     if child == parent:
         return 0.0
     if isinstance(child, NoOp):
@@ -111,9 +111,9 @@ def _parallel_damage(parent: Parallel, child: Parallel) -> float:
     wm = pm.num_heads * pm.head_dim if pm is not None else 0
     kept = 0.0
     if pa is not None and child.attention is not None:
-        kept += wa / (wa + wm) * (1.0 - _damage(pa, child.attention))
+        kept += wa / (wa + wm) * (1.0 - block_damage(pa, child.attention))
     if pm is not None and child.mamba is not None:
-        kept += wm / (wa + wm) * (1.0 - _damage(pm, child.mamba))
+        kept += wm / (wa + wm) * (1.0 - block_damage(pm, child.mamba))
     return 1.0 - kept
 
 
@@ -124,7 +124,7 @@ def structural_prior(parents: list[BlockConfig], alts: list[list[Alternative]]) 
     out = []
     for i, block_alts in enumerate(alts):
         imp = 1.5 if (i < edge or i >= n - edge) else 1.0
-        out += [imp * _damage(parents[i], a.child) for a in block_alts]
+        out += [imp * block_damage(parents[i], a.child) for a in block_alts]
     return np.asarray(out, dtype=np.float64)
 
 

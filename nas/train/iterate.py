@@ -11,7 +11,7 @@ distilled child):
    last stage's budget is the one-shot budget;
 3. **build** the child from ``P_k`` and the BLD-trained blocks
    (:func:`nas.scoring.bld.assemble_child`);
-4. **distill** it from the teacher (``P_0`` by default) (:func:`nas.distill.distill`).
+4. **distill** it from the teacher (``P_0`` by default) (:func:`nas.train.distill.distill`).
 
 Every stage writes ``stage-<k>/``: ``spec.json`` (the stage's search spec: parent
 ``P_k`` inline, absolute budgets, ``quality.scores`` pointing at ``scores/scores.csv``),
@@ -95,7 +95,7 @@ def absolute_budgets(problem: search.Problem, budgets: list[BudgetSpec]) -> list
     ``parent_totals`` of the parent's own alternatives, throughput from its runtime)."""
     alts = search.alternatives(problem)
     priced = search.price(problem, alts, False)
-    from nas.quality import structural_prior
+    from nas.space.quality import structural_prior
 
     # any score works here: only the parent's cost totals are read
     quality = structural_prior(list(problem.parent.blocks), alts)
@@ -150,7 +150,7 @@ def prune_space(parent_cfg: dict[str, Any], space_data: dict[str, Any]
     alts = space.alternatives(arch, ss)
     out = json.loads(json.dumps(space_data))
     dropped = []
-    for axis_name, fname, cls, attr, _ in space._VALUE_AXES:
+    for axis_name, fname, cls, attr, _ in space.VALUE_AXES:
         values = getattr(getattr(ss, axis_name), fname)
         used = {getattr(a.child, attr) for row in alts for a in row if isinstance(a.child, cls)}
         keep = [v for v in values if v in used]
@@ -210,7 +210,7 @@ def distill_argv(child: Path, teacher: Path, data: str | Path, out: Path, settin
                  bin_dtype: str | None, device: str, replicas: bool,
                  checkpointing: bool) -> list[str]:
     """The rank command line of ``torchrun -m nas.cli.distill`` for one stage's
-    distillation (every field of :class:`nas.distill.DistillSettings` as its flag)."""
+    distillation (every field of :class:`nas.train.distill.DistillSettings` as its flag)."""
     s = settings
     argv = [str(child), "--teacher", str(teacher), "--data", str(data), "-o", str(out)]
     argv += _flag("batch", s.batch_size)
@@ -267,12 +267,12 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
     import torch
 
     from nas.build import save_pretrained
-    from nas.distill import distill
     from nas.hf import from_hf
     from nas.scoring import prepare
     from nas.scoring import run as run_scoring
     from nas.scoring.bld import assemble_child
     from nas.scoring.data import load_tokens
+    from nas.train.distill import distill
 
     t0 = time.perf_counter()
     log = log if log is not None else (lambda s: print(s, file=sys.stderr))
@@ -348,7 +348,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         # 4. distill
         dist_dir = sdir / "distill"
         if nproc > 1:
-            from nas.distill import layout_of, load_record, resume_conflict
+            from nas.train.distill import layout_of, load_record, resume_conflict
 
             why = resume_conflict(dist_dir, distill_settings,
                                   layout_of(nproc, distill_settings, replicas))

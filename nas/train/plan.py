@@ -1,7 +1,7 @@
 """``puzzle-nas distill --plan``: memory per rank and time per phase of a distillation, from
 the child's and the teacher's configs alone (no torch, no weights, no data).
 
-Memory per rank (bytes), for the layout :func:`nas.distill.distill` runs (``P_s``, ``P_t``:
+Memory per rank (bytes), for the layout :func:`nas.train.distill.distill` runs (``P_s``, ``P_t``:
 the student's and the teacher's parameters; ``N`` ranks; FSDP2 pads each tensor's dim 0 to
 a multiple of ``N``, at most ``N - 1`` rows per tensor more than ``P / N``):
 
@@ -42,9 +42,9 @@ a multiple of ``N``, at most ``N - 1`` rows per tensor more than ``P / N``):
   with activation checkpointing only each block's input is kept, plus one block's whole
   set while it is recomputed.
 * **logits**: the loss makes the logits one chunk of positions at a time under activation
-  checkpointing (:func:`nas.distill.kd_loss_hidden`), so per rank the final hidden states
+  checkpointing (:func:`nas.train.distill.kd_loss_hidden`), so per rank the final hidden states
   of student and teacher (``T * h * (e_c + e_t)`` for ``T`` tokens) and, for one chunk of
-  ``T_c`` tokens (:data:`nas.distill.CHUNK_BYTES` of float32 logits), the logits of both
+  ``T_c`` tokens (:data:`nas.train.distill.CHUNK_BYTES` of float32 logits), the logits of both
   and the float32 tensors of the KL (the two log-softmaxes, the teacher's probabilities
   and their product, the logits' gradient), ``T_c * V * (e_c + e_t + 28)`` bytes. The
   evaluation makes its float64 logits a chunk at a time too, within the same bound.
@@ -75,7 +75,7 @@ from nas.arch import ModelArch
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAMBA_CHUNK = 64  # the Mamba-2 module's chunk_size (nas.modules.mamba; checked in the tests)
 KL_FLOAT32_TENSORS = 7  # kd_loss' float32 tensors of the vocabulary's size per token
-CHUNK_BYTES = 64 * 2**20  # nas.distill.CHUNK_BYTES (torch-free copy, checked in the tests)
+CHUNK_BYTES = 64 * 2**20  # nas.train.distill.CHUNK_BYTES (torch-free copy, checked in the tests)
 
 
 @dataclass(frozen=True)

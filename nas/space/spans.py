@@ -40,7 +40,8 @@ from costmodels.workload import Workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
 from nas.arch import BLOCK_TYPES, BlockConfig, ModelArch, NoOp, blocks_table
-from nas.space import Alternative
+from nas.space.alternatives import Alternative
+from nas.space.quality import block_damage
 from nas.spec import SearchSpace, SpanBlock, SpanRule
 
 PAIRED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe",
@@ -422,13 +423,11 @@ def span_damage(parents: Sequence[BlockConfig], children: Sequence[BlockConfig])
 
 def prior(parent: ModelArch, alts: list[list[Alternative]], base: PrecisionRecipe,
           precision: bool) -> np.ndarray:
-    """The structural prior (``nas.quality``) extended to the wide space, flattened: a span
+    """The structural prior (``nas.space.quality``) extended to the wide space, flattened: a span
     scores :func:`span_damage` times the mean importance of its blocks; with ``precision``
     every non-removed alternative's damage ``d`` becomes ``1 - (1 - d) * (1 - q)`` with
     ``q`` = :func:`precision_damage` of its recipe (the spec's own recipe included, so one
     recipe for all and searched precision are scored alike)."""
-    from nas.quality import _damage
-
     n = parent.num_blocks
     edge = max(1, int(np.ceil(0.1 * n)))
     imp = np.array([1.5 if (i < edge or i >= n - edge) else 1.0 for i in range(n)])
@@ -439,7 +438,7 @@ def prior(parent: ModelArch, alts: list[list[Alternative]], base: PrecisionRecip
                 d = span_damage(parent.blocks[a.block:a.stop], a.blocks)
                 out.append(float(imp[a.block:a.stop].mean()) * d)
                 continue
-            d = _damage(parent.blocks[a.block], a.child)
+            d = block_damage(parent.blocks[a.block], a.child)
             if precision and not isinstance(a.child, NoOp):
                 q = precision_damage(a.child, recipe_of(a, base))
                 d = 1.0 - (1.0 - d) * (1.0 - q)

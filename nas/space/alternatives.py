@@ -38,7 +38,7 @@ class Alternative:
     label: str
     is_parent: bool
     end: int | None = None
-    """One past the last parent block covered (``block + 1`` when None); see nas.spans."""
+    """One past the last parent block covered (``block + 1`` when None); see nas.space.spans."""
     children: tuple[BlockConfig, ...] | None = None
     """The child blocks replacing the span (``(child,)`` when None; ``()``: removed)."""
     recipe: str | None = None
@@ -280,7 +280,7 @@ def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative
 
 
 # (axis, spec field, block kind, block field, why a value can be unusable)
-_VALUE_AXES = (
+VALUE_AXES = (
     ("mla", "heads", MLA, "num_heads", "must be <= an MLA block's num_heads ({})"),
     ("mla", "kv_lora_ranks", MLA, "kv_lora_rank",
      "must be <= an MLA block's kv_lora_rank ({})"),
@@ -317,7 +317,7 @@ def check_all_used(parent: ModelArch, space: SearchSpace,
     search calls this; :func:`alternatives` itself skips a value where it does not apply,
     as one value may fit some blocks of a heterogeneous parent and not others)."""
     problems = []
-    for axis_name, fname, cls, attr, why in _VALUE_AXES:
+    for axis_name, fname, cls, attr, why in VALUE_AXES:
         axis = getattr(space, axis_name)
         values = getattr(axis, fname)
         if not values:

@@ -5,7 +5,7 @@ and a ``quantized_layers`` map from module name to its format (``{"quant_algo": 
 "group_size": 16}``, ``{"quant_algo": "FP8"}``); modules it does not list stay in the
 checkpoint dtype, and ``kv_cache_quant_algo`` names the KV-cache format (vLLM reads this
 layout as ``ModelOptMixedPrecisionConfig``). :func:`quantization_config` writes that layout
-for a child whose blocks each have a recipe (``nas.spans``):
+for a child whose blocks each have a recipe (``nas.space.spans``):
 
 * module names follow the checkpoint layout of ``nas.build.checkpoint`` for the export type
   (``backbone.layers.{i}.mixer.in_proj`` for ``nemotron_h*``;

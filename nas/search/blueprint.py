@@ -68,13 +68,13 @@ def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
     """Serving figures of ``arch`` for every workload of ``problem`` (a ``nas.search.Problem``):
     TTFT, TPOT, latency, throughput per GPU and node, per-user tok/s, memory, and the largest
     concurrency that fits at the workload's context (isl + osl). ``recipes``: a precision
-    recipe name per block (``nas.spans``; default: the problem's one recipe)."""
+    recipe name per block (``nas.space.spans``; default: the problem's one recipe)."""
     wls = list(problem.workloads.values())
     adp = bool(getattr(problem, "attention_dp", False))
     eng = getattr(problem, "engine", None)
     if recipes is not None:  # a precision per block: each row under its own recipe
         from costmodels.dtypes import get_recipe
-        from nas.spans import price_mixed
+        from nas.space.spans import price_mixed
 
         blocks = price_mixed(arch.table, [get_recipe(r) for r in recipes], problem.hw, wls,
                              tp=problem.tp, ep=problem.ep, attention_dp=adp, engine=eng)
@@ -165,7 +165,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                         "child": a.child.describe(), "change": a.label,
                         "kind": a.child.kind,
                         "quality": float(library.scores["quality"][r])})
-        if wide:  # spans merged and the precision per block (nas.spans)
+        if wide:  # spans merged and the precision per block (nas.space.spans)
             stop = a.block + 1 if a.end is None else a.end
             choices[-1].update(
                 end=stop, parent=" + ".join(b.describe() for b in pa.blocks[a.block:stop]),
@@ -177,8 +177,8 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
     wide_extra: dict[str, Any] = {}
     child_hf = to_hf(child)
     if wide:
-        from nas.quant_config import quantization_config
-        from nas.spans import child_blocks, stand_in
+        from nas.search.quant_config import quantization_config
+        from nas.space.spans import child_blocks, stand_in
 
         kids, recipes, origin = child_blocks(pa, [flat[int(r)] for r in result.chosen],
                                              problem.recipe)
