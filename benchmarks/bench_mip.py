@@ -115,7 +115,7 @@ def ours(**kw: object) -> Callable[[Instance, float], tuple[float, float, str]]:
         lib, obj, budgets = inst
         t = time.perf_counter()
         res = solve(lib, obj, budgets, options=SolveOptions(mip_rel_gap=gap, threads=1),
-                    tuning=SolverTuning(**kw))  # type: ignore[arg-type]
+                    tuning=SolverTuning(**kw))
         return time.perf_counter() - t, float(res.objective), res.status
     return run
 
@@ -271,7 +271,7 @@ def test_pareto_sweep_20(benchmark, capsys):
     others = [b for b in budgets if b.key != key]
     values = list(np.linspace(0.35, 1.0, 20) * tot)
     opts = SolveOptions(mip_rel_gap=GAP, threads=1)
-    prev = SolverTuning(**PREVIOUS)  # type: ignore[arg-type]
+    prev = SolverTuning(**PREVIOUS)
     before = load()
 
     def run(workers: int, t: SolverTuning | None = None):

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from nas.library import BlockLibrary
-from nas.mip import Budget, MipModel, SolveOptions
+from nas.mip import Budget, MipModel, SolveOptions, SolverTuning
 
 
 def plain_model(lib: BlockLibrary, objective: str, budgets: list[Budget]
@@ -155,7 +155,8 @@ def cbc_fixed(lib: BlockLibrary, objective: str, budgets: list[Budget], gap: flo
     t = time.perf_counter()
     # the plain model's columns (no class counts), which the CBC model below has too
     m = MipModel(lib, objective, budgets,
-                 options=SolveOptions(mip_rel_gap=gap, threads=1, aggregate=False))
+                 options=SolveOptions(mip_rel_gap=gap, threads=1),
+                 tuning=SolverTuning(aggregate=False))
     status, lb0, d = m.lp_bound()
     assert status == "optimal", status
     c, A, lo, hi = plain_model(lib, objective, budgets)

@@ -25,13 +25,14 @@ from nas.mip import (
     Result,
     SolveOptions,
     SolverError,
+    SolverTuning,
     diverse_pool,
     explain_infeasible,
     pareto_front,
     solve,
     sweep,
 )
-from nas.mip import model as mip_model
+from nas.mip import steps as mip_steps
 
 EXACT = SolveOptions(mip_rel_gap=0.0, mip_abs_gap=0.0)
 
@@ -145,7 +146,7 @@ def every_row_lazy(on: bool) -> contextlib.AbstractContextManager:
     """With ``on``, every budget and count row is left out of the HiGHS runs (LAZY_SLACK
     -inf): binding rows too, so children break them and the put-back loop must still give
     the exact answer."""
-    return mock.patch.object(mip_model, "LAZY_SLACK", -math.inf) if on else \
+    return mock.patch.object(mip_steps, "LAZY_SLACK", -math.inf) if on else \
         contextlib.nullcontext()
 
 
@@ -154,9 +155,9 @@ def every_row_lazy(on: bool) -> contextlib.AbstractContextManager:
 def test_optimum_equals_brute_force(prob, fixing, all_lazy):
     lib, obj, budgets = prob
     best = brute(lib, obj, budgets)
-    opts = SolveOptions(mip_rel_gap=0.0, mip_abs_gap=0.0, fixing=fixing)
+    opts = SolveOptions(mip_rel_gap=0.0, mip_abs_gap=0.0)
     with every_row_lazy(all_lazy):
-        res = solve(lib, obj, budgets, options=opts)
+        res = solve(lib, obj, budgets, options=opts, tuning=SolverTuning(fixing=fixing))
     if best is None:
         assert res.status == "infeasible"
         assert res.message
@@ -486,7 +487,8 @@ def test_time_limit_before_any_child_is_an_error(fixing):
     # HiGHS to find any child: the status says so, with no objective or bound
     lib, budgets = _super88()
     res = solve(lib, "kl_div", budgets,
-                options=SolveOptions(time_limit=1e-6, mip_rel_gap=0, fixing=fixing))
+                options=SolveOptions(time_limit=1e-6, mip_rel_gap=0),
+                tuning=SolverTuning(fixing=fixing))
     assert res.status == "error"
     assert "time limit" in res.message.lower() and "before finding any feasible child" \
         in res.message
@@ -512,7 +514,8 @@ def test_time_limit_keeps_the_warm_start_as_feasible(fixing):
     # the smallest child (a shortest path) meets every budget; it is the only child known
     loose = solve(lib, "params", [])
     res = solve(lib, "kl_div", budgets, warm_start=loose.chosen,
-                options=SolveOptions(time_limit=1e-6, mip_rel_gap=0, fixing=fixing))
+                options=SolveOptions(time_limit=1e-6, mip_rel_gap=0),
+                tuning=SolverTuning(fixing=fixing))
     assert res.status == "feasible"
     assert res.chosen.tolist() == loose.chosen.tolist()
     assert res.objective == pytest.approx(loose.totals["kl_div"], rel=1e-12)
@@ -529,10 +532,11 @@ def test_warm_start_gives_the_same_optimum(prob, data):
     lib, obj, budgets = prob
     start = data.draw(st.sampled_from(all_covers(lib)))
     # the start is a cutoff only, or also sets the first fixing threshold (the old default)
-    opts = SolveOptions(mip_rel_gap=0.0, incumbent_threshold=data.draw(st.booleans()),
+    opts = SolveOptions(mip_rel_gap=0.0)
+    tune = SolverTuning(incumbent_threshold=data.draw(st.booleans()),
                         stop=data.draw(st.booleans()))
     best = brute(lib, obj, budgets)
-    res = solve(lib, obj, budgets, options=opts, warm_start=list(start))
+    res = solve(lib, obj, budgets, options=opts, warm_start=list(start), tuning=tune)
     if best is None:
         assert res.status == "infeasible"
     else:
@@ -573,8 +577,10 @@ def test_fixing_matches_plain_highs_on_synthetic():
     lib = synthetic_library(30, seed=5)
     base = lib.totals([int(np.flatnonzero(lib.start == b)[0]) for b in range(30)])
     budgets = [f"{k}<={0.65 * base[k]}" for k in lib.costs]
-    a = solve(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=1e-6, fixing=True))
-    b = solve(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=1e-6, fixing=False))
+    a = solve(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=1e-6),
+              tuning=SolverTuning(fixing=True))
+    b = solve(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=1e-6),
+              tuning=SolverTuning(fixing=False))
     assert b.gap is not None and b.gap <= 1e-6
     assert a.status == b.status == "optimal"
     assert a.objective == pytest.approx(b.objective, rel=2e-6)
@@ -610,8 +616,9 @@ def test_sweep_points_equal_brute_force(prob, raw, incumbent_threshold):
     lib, obj, budgets = prob
     key = budgets[0].key
     others = budgets[1:]
-    opts = SolveOptions(mip_rel_gap=0.0, incumbent_threshold=incumbent_threshold)
-    sw = sweep(lib, obj, others, key=key, values=[float(v) for v in raw], options=opts)
+    opts = SolveOptions(mip_rel_gap=0.0)
+    sw = sweep(lib, obj, others, key=key, values=[float(v) for v in raw], options=opts,
+               tuning=SolverTuning(incumbent_threshold=incumbent_threshold))
     for v, res in zip(raw, sw.results):
         best = brute(lib, obj, [*others, Budget(key, None, float(v))])
         if best is None:
@@ -633,7 +640,7 @@ def test_cut_options_reach_highs_and_keep_the_answer():
     for node_cuts, pool, subs in ((False, (100, 5), False), (True, None, True),
                                   (False, None, True), (True, (7, 0), False)):
         m = MipModel(lib, "kl_div", budgets,
-                     options=SolveOptions(node_cuts=node_cuts, cut_pool=pool, sub_mips=subs))
+                     tuning=SolverTuning(node_cuts=node_cuts, cut_pool=pool, sub_mips=subs))
         assert m.h.getOptionValue("mip_allow_cut_separation_at_nodes")[1] is node_cuts
         assert m.h.getOptionValue("mip_heuristic_run_rins")[1] is subs
         assert m.h.getOptionValue("mip_heuristic_run_rens")[1] is subs
@@ -648,4 +655,4 @@ def test_cut_options_reach_highs_and_keep_the_answer():
         assert r.best_bound <= ref.objective + 1e-12 and ref.best_bound <= r.objective + 1e-12
     for bad in ((0, 5), (100, 2000), (100,), 100, (1.5, 5)):
         with pytest.raises(InputError, match="cut_pool"):
-            SolveOptions(cut_pool=bad)
+            SolverTuning(cut_pool=bad)

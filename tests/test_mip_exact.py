@@ -16,8 +16,19 @@ from library_generators import nvlabs_shaped_library, synthetic_library, typed_l
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from nas.library import BlockLibrary
-from nas.mip import GAP_FLOOR, Budget, CountRule, MipModel, SolveOptions, diverse_pool, solve, sweep
+from nas.mip import (
+    GAP_FLOOR,
+    Budget,
+    CountRule,
+    MipModel,
+    SolveOptions,
+    SolverTuning,
+    diverse_pool,
+    solve,
+    sweep,
+)
 from nas.mip import model as mip_model
+from nas.mip import steps as mip_steps
 
 OBJ = "metrics.kl_div"
 
@@ -61,7 +72,8 @@ def exact(lib: BlockLibrary, budgets: list[Budget], obj: str = OBJ,
 
 def check(lib: BlockLibrary, budgets: list[Budget], gap: float, fixing: bool = True) -> None:
     ref = exact(lib, budgets)
-    res = solve(lib, OBJ, budgets, options=SolveOptions(mip_rel_gap=gap, fixing=fixing))
+    res = solve(lib, OBJ, budgets, options=SolveOptions(mip_rel_gap=gap),
+                tuning=SolverTuning(fixing=fixing))
     if ref is None:
         assert res.status == "infeasible"
         return
@@ -132,7 +144,8 @@ def test_time_limited_result_is_not_called_optimal():
     lib = nvlabs_shaped_library(320, seed=3)
     tot = parent_totals(lib)
     res = solve(lib, OBJ, [Budget("stats.memory_mib", None, 0.5 * tot["stats.memory_mib"])],
-                options=SolveOptions(mip_rel_gap=0.0, time_limit=0.05, fixing=False))
+                options=SolveOptions(mip_rel_gap=0.0, time_limit=0.05),
+                tuning=SolverTuning(fixing=False))
     if res.status == "optimal":  # only with a bound that proves it
         assert res.gap is not None and res.gap <= GAP_FLOOR
     else:
@@ -154,7 +167,8 @@ def test_stopped_restricted_runs_keep_the_exact_optimum(seed, gap):
     budgets = [Budget("memory_bytes@long-1m", None, 0.4 * tot["memory_bytes@long-1m"]),
                Budget("runtime_s@rag-32k", None, 0.6 * tot["runtime_s@rag-32k"])]
     # HiGHS' runs, not the exact path DP that solves these small restricted models
-    m = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=gap, dp=False))
+    m = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=gap),
+                 tuning=SolverTuning(dp=False))
     res = m.solve()
     assert "stopped" in m.runs and m.runs[-1] != "stopped", m.runs
     ref = exact(lib, budgets, "kl_div")
@@ -164,13 +178,15 @@ def test_stopped_restricted_runs_keep_the_exact_optimum(seed, gap):
     assert best - 1e-9 * abs(best) <= res.objective <= best + max(gap, GAP_FLOOR) * abs(best)
     # with the rule off every run ends on its own; same optimum within the gap
     off = MipModel(lib, "kl_div", budgets,
-                   options=SolveOptions(mip_rel_gap=gap, stop=False, dp=False))
+                   options=SolveOptions(mip_rel_gap=gap),
+                   tuning=SolverTuning(stop=False, dp=False))
     res_off = off.solve()
     assert "stopped" not in off.runs and res_off.status == "optimal"
     assert abs(res_off.objective - res.objective) <= max(gap, GAP_FLOOR) * abs(best)
     # stopping at the root too (stop_after_root off): same optimum within the gap
     root = solve(lib, "kl_div", budgets,
-                 options=SolveOptions(mip_rel_gap=gap, stop_after_root=False, dp=False))
+                 options=SolveOptions(mip_rel_gap=gap),
+                 tuning=SolverTuning(stop_after_root=False, dp=False))
     assert root.status == "optimal"
     assert abs(root.objective - res.objective) <= max(gap, GAP_FLOOR) * abs(best)
 
@@ -194,7 +210,8 @@ def test_lazy_rows_give_the_exact_optimum(gap):
     best = ref[0]
     assert best - 1e-9 * abs(best) <= res.objective <= best + max(gap, GAP_FLOOR) * abs(best)
     assert all(res.totals[b.key] <= b.hi * (1 + 1e-12) for b in budgets)
-    off = solve(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=gap, lazy_rows=False))
+    off = solve(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=gap),
+                tuning=SolverTuning(lazy_rows=False))
     assert abs(off.objective - res.objective) <= max(gap, GAP_FLOOR) * abs(best)
 
 
@@ -208,7 +225,7 @@ def test_broken_lazy_rows_are_put_back(seed):
     budgets = [Budget("memory_bytes@long-1m", None, 0.4 * tot["memory_bytes@long-1m"]),
                Budget("runtime_s@rag-32k", None, 0.6 * tot["runtime_s@rag-32k"])]
     m = MipModel(lib, "kl_div", budgets, options=SolveOptions(mip_rel_gap=0.0))
-    with mock.patch.object(mip_model, "LAZY_SLACK", -math.inf):
+    with mock.patch.object(mip_steps, "LAZY_SLACK", -math.inf):
         res = m.solve()
     assert "lazy row broken" in m.runs, m.runs
     ref = exact(lib, budgets, "kl_div")
@@ -279,7 +296,8 @@ def test_classes_with_pins_forbids_counts_and_floors(seed):
                                                            None)]
     counts = [CountRule("no_op", None, 6), CountRule("kept", 9, None, "blocks")]
     got = [solve(lib, "kl", budgets, counts=counts, pin=pin, forbid=forbid,
-                 options=SolveOptions(mip_rel_gap=0.0, aggregate=agg)) for agg in (True, False)]
+                 options=SolveOptions(mip_rel_gap=0.0), tuning=SolverTuning(aggregate=agg))
+           for agg in (True, False)]
     assert got[0].status == got[1].status == "optimal"
     assert abs(got[0].objective - got[1].objective) <= GAP_FLOOR * max(abs(got[1].objective), 1)
     assert pin[0] in got[0].chosen and not set(forbid) & set(got[0].chosen.tolist())
@@ -293,7 +311,8 @@ def test_pool_and_sweep_with_classes():
     tot = typed_totals(lib)
     budgets = [Budget("mem", None, 0.55 * tot["mem"])]
     pools = [diverse_pool(lib, "kl", budgets, n=5, min_distance=2,
-                          options=SolveOptions(mip_rel_gap=0.0, aggregate=agg))
+                          options=SolveOptions(mip_rel_gap=0.0),
+                          tuning=SolverTuning(aggregate=agg))
              for agg in (True, False)]
     assert len(pools[0]) == len(pools[1]) == 5
     assert abs(pools[0][0].objective - pools[1][0].objective) <= 1e-9 * abs(pools[1][0].objective)
@@ -302,7 +321,8 @@ def test_pool_and_sweep_with_classes():
             assert sum(a != b for a, b in zip(r.choices, e.choices)) >= 2
     values = list(np.linspace(0.3, 0.9, 5) * tot["time"])
     sws = [sweep(lib, "kl", budgets, key="time", values=values,
-                 options=SolveOptions(mip_rel_gap=0.0, aggregate=agg)) for agg in (True, False)]
+                 options=SolveOptions(mip_rel_gap=0.0), tuning=SolverTuning(aggregate=agg))
+           for agg in (True, False)]
     for a, b in zip(*(s.results for s in sws)):
         assert a.status == b.status
         if b.ok:
@@ -346,17 +366,18 @@ def test_fractional_members_are_made_whole():
 def test_pool_at_nvlabs_diversity_is_the_exact_greedy_sequence(seed, lattice, dp):
     """A pool of 6 at NVlabs' diversity (a quarter of the layers: 20 of 80 in its notebook)
     on an NVlabs-shaped library with NVlabs' measured sizes (its memory row has a lattice
-    form: SolveOptions.lattice on and off) and a binding memory budget, the first child by
+    form: SolverTuning.lattice on and off) and a binding memory budget, the first child by
     the exact path DP or by HiGHS: each child is scipy.milp's optimum given the children
     before it (gap 0), and differs enough from every one of them."""
     lib = nvlabs_shaped_library(24, seed=seed, measured_sizes=True)
     tot = parent_totals(lib)
     budgets = [Budget("stats.memory_mib", None, 0.72 * tot["stats.memory_mib"]),
                Budget("stats.runtime_ms", None, 0.8 * tot["stats.runtime_ms"])]
-    opts = SolveOptions(mip_rel_gap=0.0, lattice=lattice, dp=dp)
-    assert bool(MipModel(lib, OBJ, budgets, options=opts).lattice_row) == lattice
+    opts = SolveOptions(mip_rel_gap=0.0)
+    tune = SolverTuning(lattice=lattice, dp=dp)
+    assert bool(MipModel(lib, OBJ, budgets, options=opts, tuning=tune).lattice_row) == lattice
     d = 6
-    pool = diverse_pool(lib, OBJ, budgets, n=6, min_distance=d, options=opts)
+    pool = diverse_pool(lib, OBJ, budgets, n=6, min_distance=d, options=opts, tuning=tune)
     assert len(pool) == 6
     for k, res in enumerate(pool):
         ref = exact(lib, budgets, diversity=[(r.chosen, d) for r in pool[:k]])
@@ -417,7 +438,8 @@ def test_path_dp_is_the_exact_optimum(seed, blocks, mem, second, spans):
     allowed = np.ones(lib.num_replacements, dtype=bool)
     found = path_optimum(lib.start, lib.end, lib.num_blocks, c, rows, allowed, None,
                          max_labels=10**6, max_work=10**8)
-    on, off = (solve(lib, "kl", budgets, options=SolveOptions(mip_rel_gap=0.0, dp=dp))
+    on, off = (solve(lib, "kl", budgets, options=SolveOptions(mip_rel_gap=0.0),
+                      tuning=SolverTuning(dp=dp))
                for dp in (True, False))
     if ref is None:
         assert found is not None and found[0] == "infeasible"

@@ -23,14 +23,14 @@ A budget whose coefficients are exact binary fractions that move in a coarse com
 (``v[r] = q * (d * w[r] + residue)`` with at most a few residues; measured sizes in MiB)
 is also written over integer columns, ``q * (d * W + sum_k residue_k * N_k)`` with ``W =
 sum w[r] x[r]`` and ``N_k`` the number of chosen replacements with residue ``k``
-(``SolveOptions.lattice``, :func:`nas.mip.model.lattice_split`): the same feasible set, but
+(``SolverTuning.lattice``, :func:`nas.mip.rows.lattice_split`): the same feasible set, but
 HiGHS' rounding cuts then see that no child can spend the last fraction of a step, which
 the LP relaxation does (NVlabs' Llama-3.3-70B library: a 12 MiB step; its pools' hardest
 solves went from 10^5 nodes to a few thousand).
 
 A restricted model (after the reduced-cost fixing below) with one or two budget rows in
 force and no count, tie or diversity row is solved exactly by dynamic programming over the
-replacement graph (``SolveOptions.dp``, :mod:`nas.mip.dp`: a resource-constrained shortest
+replacement graph (``SolverTuning.dp``, :mod:`nas.mip.dp`: a resource-constrained shortest
 path with Pareto labels, each budget compared to its bound with only a 1e-12 rounding
 allowance) instead of by HiGHS, which falls back in when the labels grow past a limit. Its
 answer is the restricted optimum itself, so the guarantees below hold unchanged.
@@ -92,11 +92,13 @@ from nas.mip.constraints import (
     parse_value,
 )
 from nas.mip.explain import explain_infeasible
-from nas.mip.model import GAP_FLOOR, MipModel, Result, SolveOptions, Status
+from nas.mip.model import MipModel
+from nas.mip.options import GAP_FLOOR, SolveOptions, SolverTuning, Status
 from nas.mip.pool import Sweep, diverse_pool, pareto_front, solve, sweep
+from nas.mip.result import Result
 
 __all__ = [
     "GAP_FLOOR", "Budget", "CountRule", "InfeasibleError", "MipModel", "Objective", "Result",
-    "SolveOptions", "SolverError", "Status", "Sweep", "Tie", "diverse_pool",
+    "SolveOptions", "SolverError", "SolverTuning", "Status", "Sweep", "Tie", "diverse_pool",
     "explain_infeasible", "key_unit", "pareto_front", "parse_value", "solve", "sweep",
 ]

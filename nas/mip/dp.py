@@ -80,19 +80,19 @@ def _pareto(cost: np.ndarray, obj: np.ndarray) -> np.ndarray:
     xs_all, ys_all = cost[order, 0].tolist(), cost[order, 1].tolist()
     xs: list[float] = []
     ys: list[float] = []
-    keep: list[int] = []
+    kept: list[int] = []
     for i in range(n):
         x, y = xs_all[i], ys_all[i]
         p = bisect.bisect_right(xs, x)
         if p and ys[p - 1] <= y:
             continue
-        keep.append(i)
+        kept.append(i)
         q = e = bisect.bisect_left(xs, x)
         while e < len(xs) and ys[e] >= y:  # the staircase points it beats or ties
             e += 1
         xs[q:e] = [x]
         ys[q:e] = [y]
-    return order[np.array(keep, dtype=np.int64)]
+    return order[np.array(kept, dtype=np.int64)]
 
 
 def path_optimum(start: np.ndarray, end: np.ndarray, L: int, c: np.ndarray,
@@ -135,12 +135,13 @@ def path_optimum(start: np.ndarray, end: np.ndarray, L: int, c: np.ndarray,
         parts = [(r, int(start[r])) for r in by_end[b] if lab_obj[int(start[r])] is not None]
         if not parts:
             continue
-        made = sum(lab_obj[s].size for _, s in parts)  # type: ignore[union-attr]
+        sizes: list[int] = [lab_obj[s].size for _, s in parts]  # type: ignore[union-attr]
+        made = sum(sizes)
         work += made * (1 if k == 1 else TWO_ROWS_WORK)
         if work > max_work:
             return None
-        cost = np.concatenate([lab_cost[s] + V[r] for r, s in parts])  # type: ignore[operator]
-        obj = np.concatenate([lab_obj[s] + c[r] for r, s in parts])  # type: ignore[operator]
+        cost = np.concatenate([lab_cost[s] + V[r] for r, s in parts])
+        obj = np.concatenate([lab_obj[s] + c[r] for r, s in parts])
         pred = np.concatenate([np.arange(lab_obj[s].size) for r, s in parts])  # type: ignore[union-attr]
         edge = np.concatenate([np.full(lab_obj[s].size, r) for r, s in parts])  # type: ignore[union-attr]
         ok = np.all(cost + np.array([rm[b] for rm in rem]) <= his + slack, axis=1) \

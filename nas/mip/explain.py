@@ -8,7 +8,9 @@ import numpy as np
 
 from nas.library import BlockLibrary
 from nas.mip.constraints import Budget, CountRule, Objective, Tie
-from nas.mip.model import MipModel, SolveOptions, allowed_mask
+from nas.mip.model import MipModel
+from nas.mip.options import SolveOptions
+from nas.mip.rows import allowed_mask
 
 
 def _extreme_path(lib: BlockLibrary, allowed: np.ndarray, v: np.ndarray, largest: bool
@@ -21,6 +23,49 @@ def _extreme_path(lib: BlockLibrary, allowed: np.ndarray, v: np.ndarray, largest
 
 def _fmt(v: float) -> str:
     return f"{v:.6g}"
+
+
+def _pins_explained(lib: BlockLibrary, pin: list[int], forbid: list[int]) -> str:
+    """Why pins and forbids alone leave no child ("" when they do not)."""
+    clash = sorted(set(pin) & set(forbid))
+    if clash:
+        return f"replacement {clash[0]} ({lib.labels[clash[0]]!r}) is both pinned and forbidden"
+    for a in pin:
+        for b in pin:
+            if a < b and lib.start[a] < lib.end[b] and lib.end[a] > lib.start[b]:
+                return (f"pinned replacements {a} ({lib.labels[a]!r}) and {b} "
+                        f"({lib.labels[b]!r}) overlap")
+    allowed = allowed_mask(lib, pin, forbid)
+    if _extreme_path(lib, allowed, np.zeros(lib.num_replacements), False) is None:
+        reach, _ = lib.reach(allowed)
+        b = int(np.flatnonzero(~reach)[0])
+        return (f"pins and forbids leave no replacement path over the parent's blocks: nothing "
+                f"allowed covers {lib.block_name(b - 1)} after the blocks before it")
+    return ""
+
+
+def _budgets_alone(lib: BlockLibrary, bl: list[Budget], pin: list[int], forbid: list[int]
+                   ) -> str:
+    """The budgets that no child meets even alone, with the best total a child reaches
+    (shortest paths; "" when each can be met alone)."""
+    allowed = allowed_mask(lib, pin, forbid)
+    alone: list[str] = []
+    for b in bl:
+        v, const = lib.values(b.key), lib.constant(b.key)
+        tol = 1e-9 * max(1.0, float(np.abs(v).max()) * lib.num_blocks, abs(const))
+        if b.hi is not None:
+            least = _extreme_path(lib, allowed, v, False)
+            assert least is not None
+            least += const
+            if least > b.hi + tol:
+                alone.append(f"{b.key} can go no lower than {_fmt(least)} (budget <= {_fmt(b.hi)})")
+        if b.lo is not None:
+            most = _extreme_path(lib, allowed, v, True)
+            assert most is not None
+            most += const
+            if most < b.lo - tol:
+                alone.append(f"{b.key} can go no higher than {_fmt(most)} (budget >= {_fmt(b.lo)})")
+    return "infeasible: " + "; ".join(alone) if alone else ""
 
 
 def explain_infeasible(
@@ -50,38 +95,9 @@ def explain_infeasible(
     cl = [c if isinstance(c, CountRule) else CountRule.parse(c) for c in counts]
     pin = [int(i) for i in pin]
     forbid = [int(i) for i in forbid]
-    clash = sorted(set(pin) & set(forbid))
-    if clash:
-        return f"replacement {clash[0]} ({lib.labels[clash[0]]!r}) is both pinned and forbidden"
-    for a in pin:
-        for b in pin:
-            if a < b and lib.start[a] < lib.end[b] and lib.end[a] > lib.start[b]:
-                return (f"pinned replacements {a} ({lib.labels[a]!r}) and {b} "
-                        f"({lib.labels[b]!r}) overlap")
-    allowed = allowed_mask(lib, pin, forbid)
-    if _extreme_path(lib, allowed, np.zeros(lib.num_replacements), False) is None:
-        reach, _ = lib.reach(allowed)
-        b = int(np.flatnonzero(~reach)[0])
-        return (f"pins and forbids leave no replacement path over the parent's blocks: nothing "
-                f"allowed covers {lib.block_name(b - 1)} after the blocks before it")
-    alone: list[str] = []
-    for b in bl:
-        v, const = lib.values(b.key), lib.constant(b.key)
-        tol = 1e-9 * max(1.0, float(np.abs(v).max()) * lib.num_blocks, abs(const))
-        if b.hi is not None:
-            least = _extreme_path(lib, allowed, v, False)
-            assert least is not None
-            least += const
-            if least > b.hi + tol:
-                alone.append(f"{b.key} can go no lower than {_fmt(least)} (budget <= {_fmt(b.hi)})")
-        if b.lo is not None:
-            most = _extreme_path(lib, allowed, v, True)
-            assert most is not None
-            most += const
-            if most < b.lo - tol:
-                alone.append(f"{b.key} can go no higher than {_fmt(most)} (budget >= {_fmt(b.lo)})")
-    if alone:
-        return "infeasible: " + "; ".join(alone)
+    why = _pins_explained(lib, pin, forbid) or _budgets_alone(lib, bl, pin, forbid)
+    if why:
+        return why
 
     # deletion filter over the constraints (budgets and count rules)
     items: list[Budget | CountRule] = [*bl, *cl]

@@ -15,7 +15,9 @@ from hwprofiles.errors import InputError
 from nas.library import BlockLibrary
 from nas.mip.constraints import Budget, CountRule, Objective, Tie
 from nas.mip.explain import explain_infeasible
-from nas.mip.model import MipModel, Result, SolveOptions
+from nas.mip.model import MipModel
+from nas.mip.options import SolveOptions, SolverTuning
+from nas.mip.result import Result
 
 
 def explained(m: MipModel, res: Result, max_resolves: int = 64) -> Result:
@@ -39,6 +41,7 @@ def solve(
     options: SolveOptions | None = None,
     warm_start: Sequence[int] | None = None,
     ties: Sequence[Tie] = (),
+    tuning: SolverTuning | None = None,
 ) -> Result:
     """Best child of ``library`` under every budget; see the module doc for the model.
 
@@ -56,7 +59,7 @@ def solve(
     an axis once per model.
     """
     m = MipModel(library, objective, budgets, counts=counts, pin=pin, forbid=forbid,
-                 options=options, ties=ties)
+                 options=options, ties=ties, tuning=tuning)
     inc = None if warm_start is None else np.asarray(
         [m._index(i, "warm_start") for i in warm_start], dtype=np.int64)
     return explained(m, m.solve(incumbent=inc))
@@ -75,6 +78,7 @@ def diverse_pool(
     options: SolveOptions | None = None,
     progress: Callable[[int, Result], None] | None = None,
     ties: Sequence[Tie] = (),
+    tuning: SolverTuning | None = None,
 ) -> list[Result]:
     """Up to ``n`` solutions, each the best child that differs from every earlier one in at
     least ``min_distance`` parent blocks (a block differs when the replacement covering it
@@ -90,7 +94,7 @@ def diverse_pool(
     if not 1 <= min_distance <= library.num_blocks:
         raise InputError(f"min_distance must be in [1, {library.num_blocks}], got {min_distance}")
     m = MipModel(library, objective, budgets, counts=counts, pin=pin, forbid=forbid,
-                 options=options, ties=ties)
+                 options=options, ties=ties, tuning=tuning)
     out: list[Result] = []
     for i in range(n):
         # the best child an earlier run found that differs enough from every solution so
@@ -156,6 +160,7 @@ def sweep(
     progress: Callable[[int, Result], None] | None = None,
     workers: int = 1,
     ties: Sequence[Tie] = (),
+    tuning: SolverTuning | None = None,
 ) -> Sweep:
     """Re-solve with ``total(key) <= v`` for each ``v`` in ``values`` (replacing any upper
     bound on ``key`` in ``budgets``), on one HiGHS model (only the row bound changes).
@@ -193,7 +198,7 @@ def sweep(
         idx = len(bl) - 1
     lo = bl[idx].lo
     m = MipModel(library, objective, bl, counts=counts, pin=pin, forbid=forbid, options=options,
-                 ties=ties)
+                 ties=ties, tuning=tuning)
     for v in vals:
         if lo is not None and v < lo:
             raise InputError(f"sweep value {v:g} is below the lower bound {lo:g} on {key!r}")
@@ -211,12 +216,13 @@ def sweep(
         plan.work(m, done_point)
     else:
         plan.work_threads([m] + [MipModel(library, m.objective, bl, counts=m.counts, pin=m.pin,
-                                          forbid=m.forbid, options=m.opts, ties=m.ties)
+                                          forbid=m.forbid, options=m.opts, ties=m.ties,
+                                          tuning=m.tuning)
                                  for _ in range(n - 1)], done_point)
     done = [r for r in results if r is not None]
     pts = [(r.totals[key], r.objective) for r in done if r.ok and r.objective is not None]
     ok_idx = [i for i, r in enumerate(done) if r.ok and r.objective is not None]
-    front = [ok_idx[j] for j in pareto_front(pts, m.objective.sense)]  # type: ignore[arg-type]
+    front = [ok_idx[j] for j in pareto_front(pts, m.objective.sense)]
     return Sweep(key, vals, done, front)
 
 
