@@ -13,7 +13,7 @@ import json
 import math
 from collections import Counter
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
@@ -98,6 +98,9 @@ class BlockConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    if TYPE_CHECKING:  # each kind's own Literal field; declared here for the type checker only,
+        kind: str      # so that pydantic's field order and the discriminated union stay as they are
+
     @model_validator(mode="after")
     def _caps(self) -> BlockConfig:
         check_caps(self)
@@ -105,7 +108,7 @@ class BlockConfig(BaseModel):
 
     def describe(self) -> str:
         """A short human-readable label, e.g. ``attention q32/kv8 d128``."""
-        return self.kind  # type: ignore[attr-defined]
+        return self.kind
 
 
 class Attention(BlockConfig):
@@ -281,7 +284,7 @@ class MoE(BlockConfig):
                              "SwiGLU)")
         if self.swiglu_limit is not None and (not self.gated or not (
                 math.isfinite(self.swiglu_limit) and self.swiglu_limit > 0
-                and math.isfinite(self.swiglu_alpha or 0.0))):  # type: ignore[arg-type]
+                and math.isfinite(self.swiglu_alpha or 0.0))):
             raise ValueError("the clamped SwiGLU needs gated experts, a finite swiglu_limit > 0 "
                              "and a finite swiglu_alpha")
         return self
@@ -399,7 +402,7 @@ _KIND_CODE = {"attention": Kind.ATTENTION, "mamba": Kind.MAMBA, "moe": Kind.MOE,
 
 def block_row(block: BlockConfig, hidden: int) -> dict[str, int]:
     """The :class:`costmodels.shapes.BlockTable` columns of one block."""
-    row: dict[str, int] = {"kind": int(_KIND_CODE[block.kind]), "hidden": hidden}  # type: ignore[attr-defined]
+    row: dict[str, int] = {"kind": int(_KIND_CODE[block.kind]), "hidden": hidden}
     if isinstance(block, Attention):
         row.update(n_heads=block.num_heads, n_kv_heads=block.num_kv_heads,
                    head_dim=block.head_dim, window=block.sliding_window or 0,

@@ -85,12 +85,12 @@ def axis_value(axis: str, block: BlockConfig) -> Any:
 
 def block_axes(parent: BlockConfig, child: BlockConfig) -> set[str]:
     """The axes a single-block alternative ``child`` of parent block ``parent`` varies."""
-    pk = parent.kind  # type: ignore[attr-defined]
+    pk = parent.kind
     if isinstance(child, NoOp):
         return {f"{pk}.noop"}
     if isinstance(child, Linear):
         return {f"{pk}.linear"}
-    ck = child.kind  # type: ignore[attr-defined]
+    ck = child.kind
     if ck != pk:
         return {"deltanet.swap"}
     out = set()
@@ -474,7 +474,7 @@ def alternative_axes(parent: ModelArch, alt: Any) -> set[str]:
 def _values_of(block: BlockConfig) -> list[tuple[str, Any]]:
     """``(axis, value)`` of every field axis of ``block``'s kind."""
     return [(axis, get(block)) for axis, (kind, get) in _FIELD_AXES.items()
-            if block.kind == kind and get(block) is not None]  # type: ignore[attr-defined]
+            if block.kind == kind and get(block) is not None]
 
 
 def _field_values(blocks: Sequence[BlockConfig]) -> dict[str, set[Any]]:
@@ -482,7 +482,7 @@ def _field_values(blocks: Sequence[BlockConfig]) -> dict[str, set[Any]]:
     out: dict[str, set[Any]] = {}
     for b in blocks:
         for axis, (kind, get) in _FIELD_AXES.items():
-            if b.kind == kind and get(b) is not None:  # type: ignore[attr-defined]
+            if b.kind == kind and get(b) is not None:
                 out.setdefault(axis, set()).add(get(b))
     return out
 
@@ -561,7 +561,7 @@ def ties(library: Any, axes: dict[str, list[str]]) -> tuple[list[Any], list[int]
         kind, get = _FIELD_AXES[axis]
         groups: dict[Any, list[int]] = {}
         for r, kids in enumerate(blocks_of):
-            vs = {get(b) for b in kids if b.kind == kind and get(b) is not None}  # type: ignore[attr-defined]
+            vs = {get(b) for b in kids if b.kind == kind and get(b) is not None}
             if len(vs) > 1:
                 forbid.add(r)
             elif vs:

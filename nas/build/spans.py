@@ -61,7 +61,7 @@ def init_from_parent_spans(child: ModelArch, positions: Sequence[int],
     out.norm = wide.norm
     out.lm_head = wide.lm_head
     out.blocks = torch.nn.ModuleList([wide.blocks[j] for j in positions])
-    rep = wide.init_report  # type: ignore[attr-defined]
+    rep = wide.init_report
     out.init_report = [f"child block {k} <- {rep[j]}"  # type: ignore[assignment]
                        for k, j in enumerate(positions)]
     return out

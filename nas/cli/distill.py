@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def settings_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def settings_of(args: argparse.Namespace):
     """The :class:`nas.train.distill.DistillSettings` of the flags (pydantic errors name the
     flag)."""
     from pydantic import ValidationError
@@ -128,13 +128,13 @@ def settings_of(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise InputError(f"{flags.get(name, '--' + name.replace('_', '-'))}: {msg}") from None
 
 
-def _config_dtype(cfg: dict) -> str:  # type: ignore[type-arg]
+def _config_dtype(cfg: dict) -> str:
     """A config's non-quantized dtype as the loader reads it (float32 when unstated)."""
     d = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
     return d if d in ("bfloat16", "float16") else "float32"
 
 
-def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None):  # type: ignore[no-untyped-def]
+def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None):
     """The run's :class:`nas.train.plan.DistillPlan` from the two configs alone."""
     import hwprofiles
     from nas.cli.build import read_child_config

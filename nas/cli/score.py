@@ -75,7 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _settings(args: argparse.Namespace):
     from pydantic import ValidationError
 
     from nas.scoring.job import Settings
@@ -91,7 +91,7 @@ def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise InputError(f"{name}: {msg}") from None
 
 
-def _plan(args: argparse.Namespace, nproc: int):  # type: ignore[no-untyped-def]
+def _plan(args: argparse.Namespace, nproc: int):
     """The run's :class:`nas.scoring.plan.Plan` from configs alone (no weights, no data)."""
     import hwprofiles
     from nas import space
@@ -148,7 +148,7 @@ def _available_memory() -> float | None:
     return None
 
 
-def _check_fits(args: argparse.Namespace, job) -> None:  # type: ignore[no-untyped-def]
+def _check_fits(args: argparse.Namespace, job) -> None:
     """Refuse, before anything is loaded, a run whose plan does not fit: per rank, the
     ``--device-memory`` given, or on the CPU the machine's available memory shared by the
     ranks."""
@@ -163,7 +163,7 @@ def _check_fits(args: argparse.Namespace, job) -> None:  # type: ignore[no-untyp
         _print_plan(args, args.nproc, quiet=True)
 
 
-def _job(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _job(args: argparse.Namespace):
     from nas.scoring.job import prepare
 
     for flag in ("parent", "data", "output"):
@@ -177,7 +177,7 @@ def _job(args: argparse.Namespace):  # type: ignore[no-untyped-def]
                    args.bin_dtype)
 
 
-def run_local(args: argparse.Namespace, job=None) -> int:  # type: ignore[no-untyped-def]
+def run_local(args: argparse.Namespace, job=None) -> int:
     """Score in this process (one rank when launched by torchrun)."""
     from nas.scoring.runner import run as run_scoring
 
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _forward(args: argparse.Namespace) -> list[str]:
     """The rank command line for ``args`` (everything but ``--nproc``)."""
-    out = [args.spec, "--parent", args.parent, "--data", args.data, "-o", args.output]  # type: ignore[list-item]
+    out = [args.spec, "--parent", args.parent, "--data", args.data, "-o", args.output]
     for name in ("tokenizer", "bin_dtype", "dtype", "hardware", "device_memory"):
         if getattr(args, name):
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]

@@ -359,7 +359,7 @@ def _refuse_mamba1(arch: ModelArch, mt: str) -> None:
     if mt in MAMBA1_TYPES:
         return
     for i, b in enumerate((*arch.blocks, *arch.mtp_blocks)):
-        if b.kind == "mamba1":  # type: ignore[attr-defined]
+        if b.kind == "mamba1":
             raise ExportError(f"{mt} has no Mamba-1 blocks (block {i}; jamba has)")
 
 

@@ -91,13 +91,13 @@ def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
     if not all(isinstance(a, Attention) for a in atts):
         raise ExportError(f"{mt} needs an attention block at every even position")
     a0: Attention = atts[0]  # type: ignore[assignment]
-    if any(a.model_copy(update={"sliding_window": None}) !=  # type: ignore[union-attr]
+    if any(a.model_copy(update={"sliding_window": None}) !=
            a0.model_copy(update={"sliding_window": None}) for a in atts):
         raise ExportError(f"{mt} needs the same attention shape in every layer")
     if (not a0.sinks or not a0.rope or a0.qk_norm or a0.qkv_bias != a0.o_bias
             or a0.output_gate or a0.rope_dim is not None):
         raise ExportError(f"{mt} attention has sinks, RoPE, one bias flag and no q/k norm")
-    windows = [a.sliding_window for a in atts]  # type: ignore[union-attr]
+    windows = [a.sliding_window for a in atts]
     w = {x for x in windows if x}
     if len(w) > 1:
         raise ExportError(f"{mt} needs one sliding window length")

@@ -140,7 +140,7 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
         if isinstance(m, Attention) and (m.sliding_window or m.qk_norm or m.output_gate
                                          or m.rope_dim or m.qkv_bias != m.o_bias):
             raise ExportError(f"block {i}: {mt} attention is plain grouped-query attention")
-        if not isinstance(m, Attention | Mamba) and m.kind not in ("noop", "linear"):  # type: ignore[attr-defined]
+        if not isinstance(m, Attention | Mamba) and m.kind not in ("noop", "linear"):
             raise ExportError(f"block {i}: {mt} has a Mamba or attention mixer at every even "
                               "position")
     for i, m in zip(range(1, len(b), 2), mlps):
@@ -151,7 +151,7 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
                               "shared MLP")
         if isinstance(m, FFN) and (not m.gated or m.bias):
             raise ExportError(f"block {i}: {mt} dense MLPs are SwiGLU without bias")
-        if not isinstance(m, MoE | FFN) and m.kind not in ("noop", "linear"):  # type: ignore[attr-defined]
+        if not isinstance(m, MoE | FFN) and m.kind not in ("noop", "linear"):
             raise ExportError(f"block {i}: {mt} has a MoE or MLP block at every odd position")
     atts = [m for m in mixers if isinstance(m, Attention)]
     mambas = [m for m in mixers if isinstance(m, Mamba)]

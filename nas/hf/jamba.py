@@ -142,7 +142,7 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
                                          or m.output_gate or m.qkv_bias or m.o_bias):
             raise ExportError(f"block {i}: {mt} attention is plain grouped-query attention "
                               "without positional encoding, window, norms, gate or biases")
-        if not isinstance(m, Attention | Mamba1) and m.kind not in ("noop", "linear"):  # type: ignore[attr-defined]
+        if not isinstance(m, Attention | Mamba1) and m.kind not in ("noop", "linear"):
             raise ExportError(f"block {i}: {mt} has a Mamba-1 or attention mixer at every even "
                               "position")
     for i, m in zip(range(1, len(b), 2), mlps):
@@ -154,7 +154,7 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
                               "unnormalized top-k and no shared expert")
         if isinstance(m, FFN) and not (m.gated and not m.bias and m.activation == "silu"):
             raise ExportError(f"block {i}: {mt} dense MLPs are SwiGLU without bias")
-        if not isinstance(m, MoE | FFN) and m.kind not in ("noop", "linear"):  # type: ignore[attr-defined]
+        if not isinstance(m, MoE | FFN) and m.kind not in ("noop", "linear"):
             raise ExportError(f"block {i}: {mt} has a MoE or MLP block at every odd position")
     atts = [m for m in mixers if isinstance(m, Attention)]
     mambas = [m for m in mixers if isinstance(m, Mamba1)]

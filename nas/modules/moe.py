@@ -175,7 +175,7 @@ class _GroupedMM(torch.autograd.Function):
         return torch._grouped_mm(x, w, offs=offs)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, g: torch.Tensor):
         x, w, offs = ctx.saved_tensors
         g = g.contiguous()
         gx = torch._grouped_mm(g, w.transpose(1, 2), offs=offs) \

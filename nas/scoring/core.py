@@ -117,18 +117,18 @@ def init_block(parent: CausalLM, i: int, child: BlockConfig, x: torch.Tensor,
     if pc == child:
         cb.load_state_dict(pb.state_dict())
         what = "copied"
-    elif {pc.kind, child.kind} == {"attention", "deltanet"}:  # type: ignore[attr-defined]
+    elif {pc.kind, child.kind} == {"attention", "deltanet"}:
         from nas.build.inherit import swap_init, swap_source
 
         j = swap_source(pa, i, child)
-        what = (f"random (no parent {child.kind} block of this config)"  # type: ignore[attr-defined]
+        what = (f"random (no parent {child.kind} block of this config)"
                 if j is None else swap_init(cb, pb, (block_of or parent.blocks.__getitem__)(j),
                                             j, x))
     elif cb.mixer is None or pb.mixer is None:
         what = inherit_block(pc, pb.mixer, child, cb.mixer, x)
     else:
         cb.norm.weight.copy_(pb.norm.weight)  # type: ignore[union-attr]
-        what = inherit_block(pc, pb.mixer, child, cb.mixer, pb.norm(x))  # type: ignore[misc]
+        what = inherit_block(pc, pb.mixer, child, cb.mixer, pb.norm(x))
     if isinstance(pb.mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
         cb.mixer.chunk_size = pb.mixer.chunk_size
     cb.eval()

@@ -81,7 +81,7 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
     col = {k: j for j, k in enumerate(keys + tag_keys)}
     for b in cons.budgets:
         v = totals[:, col[b.key]]
-        tol = 1e-9 * max(1.0, abs(b.hi if b.hi is not None else b.lo))  # type: ignore[arg-type]
+        tol = 1e-9 * max(1.0, abs(b.hi if b.hi is not None else b.lo))
         if b.hi is not None:
             ok &= v <= b.hi + tol
         if b.lo is not None:

@@ -63,7 +63,7 @@ def _modules(b: BlockConfig, model_type: str, i: int) -> list[tuple[str, TensorR
     if model_type == "jamba":  # mamba / self_attn, then feed_forward (nas.build.checkpoint)
         pre = f"model.layers.{i // 2}." + ("feed_forward." if i % 2 else "mamba."
                                           if b.kind == "mamba1" else "self_attn.")
-        if b.kind == "mamba1":  # type: ignore[attr-defined]
+        if b.kind == "mamba1":
             return [(pre + n, TensorRole.MAMBA) for n in ("in_proj", "x_proj", "dt_proj",
                                                           "out_proj")]
     if model_type == "falcon_h1":  # self_attn. + mamba. side by side, then feed_forward.

@@ -68,8 +68,8 @@ def _label(parent: BlockConfig, child: BlockConfig) -> str:
         return "parent"
     if isinstance(child, NoOp | Linear):
         return child.kind
-    if child.kind != parent.kind:  # type: ignore[attr-defined]
-        return f"swap:{child.kind}"  # type: ignore[attr-defined]
+    if child.kind != parent.kind:
+        return f"swap:{child.kind}"
     if isinstance(child, Parallel) and isinstance(parent, Parallel):
         return _parallel_label(parent, child)
     diffs = []
@@ -335,7 +335,7 @@ def check_all_used(parent: ModelArch, space: SearchSpace,
                 continue
             if cls is Mamba and attr == "num_heads":
                 shown = ", ".join(sorted({f"{b.num_heads} heads in {b.n_groups} groups"
-                                          for b in in_range}))  # type: ignore[attr-defined]
+                                          for b in in_range}))
             else:
                 ref = "num_heads" if cls is Attention else attr
                 shown = ", ".join(str(x) for x in sorted({getattr(b, ref) for b in in_range}))

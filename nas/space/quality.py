@@ -95,7 +95,7 @@ def block_damage(parent: BlockConfig, child: BlockConfig) -> float:
     if isinstance(child, Mamba) and isinstance(parent, Mamba):
         kept = (child.state_size / parent.state_size) ** 0.3 * child.num_heads / parent.num_heads
         return min(1.0 - kept, 0.95)
-    if child.kind == "mamba1" and parent.kind == "mamba1":  # type: ignore[attr-defined]
+    if child.kind == "mamba1" and parent.kind == "mamba1":
         kept = ((child.state_size / parent.state_size) ** 0.3  # type: ignore[attr-defined]
                 * child.inner_size / parent.inner_size)  # type: ignore[attr-defined]
         return min(1.0 - kept, 0.95)

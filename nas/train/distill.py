@@ -558,7 +558,7 @@ def _checkpointed(blk: torch.nn.Module) -> None:
             return inner(x, cache, offset)
         return checkpoint(inner, x, None, offset, use_reentrant=False)
 
-    blk.forward = forward  # type: ignore[method-assign]
+    blk.forward = forward
 
 
 def _held(model: torch.nn.Module) -> int:

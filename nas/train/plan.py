@@ -179,15 +179,15 @@ def saved_values_per_token(arch: ModelArch) -> np.ndarray:
             continue
         v = 3 * h + 2 * wide[i]
         if b.kind == "attention":  # q, k, v saved once (for the attention kernel), then
-            v = 3 * h + wide[i] + b.num_heads * b.head_dim  # type: ignore[attr-defined]
+            v = 3 * h + wide[i] + b.num_heads * b.head_dim
         elif b.kind == "moe":
-            mats = 2 + int(b.gated)  # type: ignore[attr-defined]
-            v = (3 * h + b.top_k * (2 * h + (2 * mats - 1) * b.expert_width)  # type: ignore[attr-defined]
-                 + 2 * (mats - 1) * b.shared_width + 2 * b.num_experts)  # type: ignore[attr-defined]
+            mats = 2 + int(b.gated)
+            v = (3 * h + b.top_k * (2 * h + (2 * mats - 1) * b.expert_width)
+                 + 2 * (mats - 1) * b.shared_width + 2 * b.num_experts)
         elif b.kind == "mamba":
-            c, di = MAMBA_CHUNK, b.num_heads * b.head_dim  # type: ignore[attr-defined]
-            g, n = b.n_groups, b.state_size  # type: ignore[attr-defined]
-            v += (2 * b.num_heads * c + 9 * di + 6 * g * n + g * c  # type: ignore[attr-defined]
+            c, di = MAMBA_CHUNK, b.num_heads * b.head_dim
+            g, n = b.n_groups, b.state_size
+            v += (2 * b.num_heads * c + 9 * di + 6 * g * n + g * c
                   + 2 * di * n / c)
         out[i] = v
     return out

@@ -116,9 +116,9 @@ def inherit_block(pc: BlockConfig, p: torch.nn.Module | None, cc: BlockConfig, c
             return _attention_to_linear(p, c, pc, xin)  # type: ignore[arg-type]
         if isinstance(pc, FFN):
             return _ffn_to_linear(p, c, xin)  # type: ignore[arg-type]
-        return _lstsq_linear(p, c, xin, pc.kind)  # type: ignore[arg-type, attr-defined]
+        return _lstsq_linear(p, c, xin, pc.kind)
     if type(pc) is not type(cc):
-        return f"random (no rule for {pc.kind} -> {cc.kind})"  # type: ignore[attr-defined]
+        return f"random (no rule for {pc.kind} -> {cc.kind})"
     if isinstance(cc, Attention):
         return _attention(p, c, pc, cc)  # type: ignore[arg-type]
     if isinstance(cc, FFN):
@@ -129,7 +129,7 @@ def inherit_block(pc: BlockConfig, p: torch.nn.Module | None, cc: BlockConfig, c
         return _mamba(p, c, pc, cc, xin)  # type: ignore[arg-type]
     if isinstance(cc, DeltaNet):
         return _deltanet(p, c, pc, cc, xin)  # type: ignore[arg-type]
-    if cc.kind == "mamba1":  # type: ignore[attr-defined]
+    if cc.kind == "mamba1":
         from nas.build.inherit.mamba1 import inherit_mamba1
 
         return inherit_mamba1(p, c, pc, cc, xin)  # type: ignore[arg-type]
@@ -137,7 +137,7 @@ def inherit_block(pc: BlockConfig, p: torch.nn.Module | None, cc: BlockConfig, c
         return inherit_mla(p, c, pc, cc, xin)  # type: ignore[arg-type]
     if isinstance(cc, Parallel):
         return _parallel(p, c, pc, cc, xin)  # type: ignore[arg-type]
-    return f"random (no rule for {cc.kind})"  # type: ignore[attr-defined]
+    return f"random (no rule for {cc.kind})"
 
 
 def _tokens(calibration_tokens: torch.Tensor | list, vocab: int) -> torch.Tensor:
@@ -242,10 +242,10 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
                 if pc == cc:
                     _copy_all(cb, pb)
                     what = "copied"
-                elif {pc.kind, cc.kind} == {"attention", "deltanet"}:  # type: ignore[attr-defined]
+                elif {pc.kind, cc.kind} == {"attention", "deltanet"}:
                     j = swap_source(pa, i, cc)
                     if j is None:
-                        what = f"random (no parent {cc.kind} block of this config)"  # type: ignore[attr-defined]
+                        what = f"random (no parent {cc.kind} block of this config)"
                     else:
                         what = swap_init(cb, pb, part(f"blocks.{j}"), j, x)
                         if j != i:

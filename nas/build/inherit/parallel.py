@@ -37,5 +37,5 @@ def _parallel(p: ParallelMixer, c: ParallelMixer, pc: Parallel, cc: Parallel,
             notes.append(f"{name} copied")
         else:
             args = (pm, cm, pb, cb) if name == "attention" else (pm, cm, pb, cb, xin)
-            notes.append(f"{name}: " + rule(*args))  # type: ignore[operator]
+            notes.append(f"{name}: " + rule(*args))
     return "; ".join(notes)

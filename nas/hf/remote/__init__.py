@@ -101,7 +101,7 @@ def _defaults(cls: type[Any]) -> dict[str, Any]:
         if f.default is not PydanticUndefined:
             out[name] = f.default
         elif f.default_factory is not None:  # pragma: no cover (no such field today)
-            out[name] = f.default_factory()  # type: ignore[call-arg]
+            out[name] = f.default_factory()
     return out
 
 
