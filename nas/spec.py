@@ -181,12 +181,14 @@ class HardwareSpec(_Model):
         return self
 
 
-class _Axis(_Model):
+class AxisSpace(_Model):
+    """The fields every search-space axis has: where its alternatives apply."""
+
     blocks: list[tuple[int, int]] | None = Field(
         default=None, description="restrict these alternatives to block ranges [start, end)")
 
 
-class AttentionSpace(_Axis):
+class AttentionSpace(AxisSpace):
     kv_heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
     sliding_window: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)]] = Field(
         default_factory=list)
@@ -194,7 +196,7 @@ class AttentionSpace(_Axis):
     linear: bool = False
 
 
-class FFNSpace(_Axis):
+class FFNSpace(AxisSpace):
     widths: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
     fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
     round_to: int = Field(default=64, ge=1, le=MAX_DIM,
@@ -203,7 +205,7 @@ class FFNSpace(_Axis):
     linear: bool = False
 
 
-class MoESpace(_Axis):
+class MoESpace(AxisSpace):
     experts: list[Annotated[int, Field(ge=1, le=MAX_EXPERTS)]] = Field(default_factory=list)
     expert_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
     expert_widths: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(
@@ -216,13 +218,13 @@ class MoESpace(_Axis):
     noop: bool = False
 
 
-class MambaSpace(_Axis):
+class MambaSpace(AxisSpace):
     state_sizes: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
     heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
     noop: bool = False
 
 
-class Mamba1Space(_Axis):
+class Mamba1Space(AxisSpace):
     """Mamba-1 (Jamba) axes, each value at most the parent's: ``inner_sizes`` /
     ``inner_fractions`` (channels kept: in_proj, conv, x_proj, dt_proj, A, D and out_proj
     shrink with them, and the state, ``inner_size x state_size`` per sequence), fractions
@@ -237,7 +239,7 @@ class Mamba1Space(_Axis):
     noop: bool = False
 
 
-class DeltaNetSpace(_Axis):
+class DeltaNetSpace(AxisSpace):
     """Gated DeltaNet (Qwen3-Next) axes: fewer value heads and / or query-key heads (every
     pair with ``v_heads`` a multiple of ``k_heads``, both at most the parent's, and at most
     the parent's value heads per key head, so that the child inherits whole groups), no-op,
@@ -252,7 +254,7 @@ class DeltaNetSpace(_Axis):
     swap: bool = False
 
 
-class MLASpace(_Axis):
+class MLASpace(AxisSpace):
     """Multi-head latent attention (DeepSeek-V3) axes, each value at most the parent's:
     query ``heads`` (the output projection shrinks with them; the latent KV cache does not),
     ``kv_lora_ranks`` (the cached latent: KV bytes per token are ``kv_lora_rank +
@@ -265,7 +267,7 @@ class MLASpace(_Axis):
     noop: bool = False
 
 
-class ParallelSpace(_Axis):
+class ParallelSpace(AxisSpace):
     """Falcon-H1 parallel attention + Mamba blocks (``nas.arch.Parallel``): the attention
     branch's ``kv_heads`` (each dividing its query heads), the Mamba branch's
     ``mamba_heads`` (at most the parent's, a multiple of its ``n_groups``) and

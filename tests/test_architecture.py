@@ -3,6 +3,11 @@
 - ``costmodels`` never imports ``nas``; ``hwprofiles`` never imports ``costmodels`` or ``nas``
   (anywhere in a file: a late import inside a function is still an arrow the wrong way);
 - torch is imported at module level only in the torch-side modules (:data:`TORCH_OK`);
+- the library never imports the command line: nothing outside ``nas.cli`` (and the
+  ``python -m nas`` entry, ``nas.__main__``) imports ``nas.cli``, late imports included;
+- no private name (``_x``, a function, a table or a module) is imported across packages: a
+  package is ``costmodels``, ``hwprofiles`` or a second-level name under ``nas``
+  (``nas.search``, ``nas.build``, ``nas.spec``, ...). Inside one package, modules share freely;
 - importing the search, or starting the CLI, loads no torch.
 
 The imports are read with :mod:`ast` (no module is executed); the last rule runs a fresh
@@ -144,6 +149,57 @@ def test_torch_only_at_module_level_on_the_torch_side():
     assert torch_violations(repo_files()) == []
 
 
+def cli_violations(files: list[Path]) -> list[str]:
+    bad: dict[tuple[Path, int], str] = {}
+    for path in files:
+        mod = module_name(path)
+        if mod in ("nas.cli", "nas.__main__") or mod.startswith("nas.cli."):
+            continue
+        for imp in _imports(path):
+            if imp.module == "nas.cli" or imp.module.startswith("nas.cli."):
+                bad.setdefault((path, imp.line), f"{path.relative_to(REPO)}:{imp.line}: "
+                               f"{mod} imports the command line ({imp.module})")
+    return list(bad.values())
+
+
+def package_of(module: str) -> str:
+    """The package whose privates a module may share: ``costmodels`` / ``hwprofiles``, or the
+    first two dotted names under ``nas``."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "nas" else parts[0]
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def private_violations(files: list[Path]) -> list[str]:
+    bad: dict[tuple[Path, int], str] = {}
+    for path in files:
+        mod = module_name(path)
+        for imp in _imports(path):
+            parts = imp.module.split(".")
+            if parts[0] not in PACKAGES:
+                continue
+            cut = next((i for i, p in enumerate(parts) if _private(p)), None)
+            if cut is None:
+                continue
+            owner = ".".join(parts[:cut])
+            if package_of(owner) != package_of(mod):
+                bad.setdefault((path, imp.line), f"{path.relative_to(REPO)}:"
+                               f"{imp.line}: {mod} imports {imp.module}, private to "
+                               f"{package_of(owner)}")
+    return list(bad.values())
+
+
+def test_the_library_never_imports_the_command_line():
+    assert cli_violations(repo_files()) == []
+
+
+def test_no_private_name_is_imported_across_packages():
+    assert private_violations(repo_files()) == []
+
+
 # Cycles between this repository's modules, counting imports inside functions too (a late
 # import hides a cycle, it does not break it). A module importing its own package is not
 # counted. The one left is in nas/scoring, outside the change that broke the others.
@@ -240,3 +296,24 @@ def test_checks_flag_violations(tmp_path, monkeypatch):
     (tmp_path / "nas" / "modules" / "__init__.py").write_text("from nas.modules import m\n")
     (tmp_path / "nas" / "modules" / "m.py").write_text("import nas.modules\n")
     assert import_cycles(repo_files()) == {frozenset({"nas.blueprint", "nas.search"})}
+    (tmp_path / "nas" / "train").mkdir()
+    (tmp_path / "nas" / "cli").mkdir()
+    for rel, text in {
+        "nas/train/run.py": "def f():\n    from nas.cli import run_ranks\n",
+        "nas/cli/__init__.py": "from nas.cli.score import main\nfrom nas.search import _x\n",
+        "nas/cli/score.py": "from nas.cli import entry\n",
+        "nas/__main__.py": "from nas.cli import entry\n",
+        "nas/mip/rows.py": "from nas.spec import _UNITS, UNITS\nfrom nas.mip._impl import a\n",
+        "nas/mip/steps.py": "from nas.mip.rows import _row\nfrom . import _local\n",
+        "costmodels/a.py": "from costmodels.b import _c\nfrom hwprofiles._io import read\n",
+    }.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    files = repo_files()
+    assert cli_violations(files) == [
+        "nas/train/run.py:2: nas.train.run imports the command line (nas.cli)"]
+    assert private_violations(files) == [
+        "costmodels/a.py:2: costmodels.a imports hwprofiles._io, private to hwprofiles",
+        "nas/cli/__init__.py:2: nas.cli imports nas.search._x, private to nas.search",
+        "nas/mip/rows.py:1: nas.mip.rows imports nas.spec._UNITS, private to nas.spec",
+    ]

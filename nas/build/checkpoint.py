@@ -251,8 +251,8 @@ def _digest(t: torch.Tensor) -> str:
     return hashlib.sha256(memoryview(data)).hexdigest()
 
 
-def _export_config(model: CausalLM, model_type: str | None,
-                   remote_code: bool | None = None) -> dict[str, Any]:
+def export_config(model: CausalLM, model_type: str | None,
+                  remote_code: bool | None = None) -> dict[str, Any]:
     """The ``config.json`` of ``model`` saved as ``model_type`` (None: the type
     :func:`nas.hf.to_hf` picks). ``remote_code`` None adds ``auto_map`` and the
     ``puzzle_nas`` key (:mod:`nas.hf.remote`) when no stock transformers class holds the
@@ -335,7 +335,7 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
     from safetensors.torch import save_file
 
     path = Path(path)
-    cfg = _export_config(model, model_type, remote_code)
+    cfg = export_config(model, model_type, remote_code)
     mt = cfg["model_type"]
     check_output_dir(path, is_checkpoint_file, "output folder")
     shards = _shard_plan(model, mt, max_shard_bytes)
@@ -558,7 +558,7 @@ class CheckpointReader:
                 raise InputError(f"tensor {name} is stored as {str(t.dtype)[6:]}, expected "
                                  "floating-point weights (bf16, fp16, fp32, fp8)",
                                  path=str(file))
-            bad = _non_finite(t)
+            bad = count_non_finite(t)
             if bad:
                 raise InputError(f"tensor {name} holds {bad:,} NaN or infinite values (of "
                                  f"{t.numel():,}); a child would inherit them: repair or "
@@ -593,7 +593,7 @@ class CheckpointReader:
         self.model.get_submodule(name).to("meta")
 
 
-def _non_finite(t: torch.Tensor, chunk: int = 1 << 20) -> int:
+def count_non_finite(t: torch.Tensor, chunk: int = 1 << 20) -> int:
     """How many NaN / infinite values ``t`` holds, in chunks of 1 Mi elements: a mask of a
     whole tensor (6 MiB for one FFN matrix of the peak-memory test) is more than the
     builder's promise of the child plus about one block leaves room for."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from hwprofiles.errors import InputError
 from nas.build.checkpoint import (
-    _export_config,
+    export_config,
     hf_layout,
     load_pretrained,
 )
@@ -38,7 +38,7 @@ def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool =
     except ImportError:
         raise InputError("to_transformers needs the transformers package "
                          "(pip install transformers)") from None
-    cfg = _export_config(model, model_type)
+    cfg = export_config(model, model_type)
     mt = cfg["model_type"]
     if "puzzle_layers" in cfg:  # nas.hf.qwen3_next's extension for heterogeneous children
         raise InputError(f"this {mt} child has per-layer shapes (the puzzle_layers "
@@ -46,7 +46,8 @@ def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool =
                          "save_pretrained and load it here")
     try:
         hcfg = transformers.AutoConfig.for_model(**cfg)
-        cls = transformers.AutoModelForCausalLM._model_mapping[type(hcfg)]
+        # a model class: the private mapping is annotated with the tokenizer mapping's pairs
+        cls: Any = transformers.AutoModelForCausalLM._model_mapping[type(hcfg)]
     except (ValueError, KeyError):
         raise InputError(f"transformers {transformers.__version__} has no {mt} model; save "
                          "the checkpoint and load it with a stack that has one (docs/build.md)"

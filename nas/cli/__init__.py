@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import signal
-import subprocess
 import sys
 from types import FrameType
 
@@ -42,17 +40,6 @@ class Terminated(BaseException):
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
-
-
-def run_ranks(module: str, nproc: int, argv: list[str]) -> int:
-    """Run ``python -m module *argv`` as ``nproc`` ranks on this node under torchrun
-    (``--standalone``; ``OMP_NUM_THREADS=1`` unless it is set); returns torchrun's exit
-    status."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", module, *argv]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return subprocess.call(cmd, env=env)
 
 
 def build_parser() -> argparse.ArgumentParser:

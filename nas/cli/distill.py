@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
-from nas.cli import run_ranks
+from nas.launch import run_ranks
 from nas.tokens import add_dtype_flag, add_token_flags, lr_list
 
 OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png")

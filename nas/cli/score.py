@@ -4,19 +4,20 @@ Replace-1-block scoring of every alternative the spec's search space generates (
 extra). Writes ``scores.csv`` (point the spec's ``"quality": {"scores": ...}`` at it),
 ``scores.png``, ``scores.json`` and the resumable store; prints the most and least
 sensitive blocks. ``--nproc N`` runs ``torchrun --standalone --nproc-per-node N -m
-nas.scoring`` with the same arguments, the parent sharded over the ranks as pipeline
+nas.cli.score`` with the same arguments, the parent sharded over the ranks as pipeline
 stages (:mod:`nas.scoring.pipeline`; ``--replicas``: a whole parent per rank); multi-node runs call torchrun themselves with
-their own rendezvous flags and ``-m nas.scoring``.
+their own rendezvous flags and ``-m nas.cli.score``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
-from nas.cli import run_ranks
+from nas.launch import run_ranks
 from nas.tokens import add_dtype_flag, add_token_flags
 
 
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--naive runs every alternative through the whole parent on "
                              "one rank: with --nproc N > 1 add --replicas")
         stage_bounds(job.parent_arch, args.nproc, job.alts)  # the ranks can split the blocks
-    return run_ranks("nas.scoring", args.nproc, _forward(args))
+    return run_ranks("nas.cli.score", args.nproc, _forward(args))
 
 
 def _forward(args: argparse.Namespace) -> list[str]:
@@ -241,3 +242,21 @@ def _forward(args: argparse.Namespace) -> list[str]:
     if args.json:
         out.append("--json")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``torchrun --nproc-per-node N -m nas.cli.score SPEC --parent DIR --data TOKENS -o DIR
+    ...``: the arguments of ``puzzle-nas score`` without ``--nproc``, one rank."""
+    p = argparse.ArgumentParser(prog="python -m nas.cli.score",
+                                description="replace-1-block scoring, one rank of torchrun")
+    add_arguments(p, launcher=False)
+    args = p.parse_args(argv)
+    try:
+        return run_local(args)
+    except InputError as exc:
+        print(f"puzzle-nas score: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,7 @@ From Python::
     job = prepare("spec.json", "parent/", "tokens.npy", Settings(seq_len=256))
     record = run(job, "scores/")            # scores/scores.csv, scores.png, scores.json
 
-The command line is ``puzzle-nas score`` (``--nproc N`` runs ``torchrun -m nas.scoring``).
+The command line is ``puzzle-nas score`` (``--nproc N`` runs ``torchrun -m nas.cli.score``).
 """
 
 from importlib import import_module

@@ -26,7 +26,7 @@ from nas.arch import (
     NoOp,
     Parallel,
 )
-from nas.spec import SearchSpace, _Axis
+from nas.spec import AxisSpace, SearchSpace
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Alternative:
         return (self.child,) if self.children is None else self.children
 
 
-def _in_ranges(axis: _Axis, i: int) -> bool:
+def _in_ranges(axis: AxisSpace, i: int) -> bool:
     return axis.blocks is None or any(a <= i < b for a, b in axis.blocks)
 
 

@@ -586,7 +586,7 @@ def _read_rows(reader: Any, key: str, dtype: torch.dtype, rank: int, world: int
     ``torch.chunk`` and FSDP2 cut it), read from the safetensors file alone, checked
     (shape, floating point, finite) and cast to ``dtype``. Stacked experts: experts
     ``a..b-1``, each stored tensor read whole."""
-    from nas.build.checkpoint import _non_finite
+    from nas.build.checkpoint import count_non_finite
 
     shape = reader._shapes[key]
     c = -(-shape[0] // world)
@@ -612,7 +612,7 @@ def _read_rows(reader: Any, key: str, dtype: torch.dtype, rank: int, world: int
         if not t.is_floating_point():
             raise InputError(f"tensor {name} is stored as {str(t.dtype)[6:]}, expected "
                              "floating-point weights (bf16, fp16, fp32, fp8)", path=str(file))
-        bad = _non_finite(t)
+        bad = count_non_finite(t)
         if bad:
             raise InputError(f"tensor {name} holds {bad:,} NaN or infinite values in rows "
                              f"{a}-{b}; a child would inherit them: repair or re-export the "
@@ -809,7 +809,7 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
     from nas.build.checkpoint import (
         MAX_SHARD_BYTES,
         WEIGHTS,
-        _export_config,
+        export_config,
         finish_checkpoint,
         hf_layout,
         is_checkpoint_file,
@@ -820,7 +820,7 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
     limit = max_shard_bytes or MAX_SHARD_BYTES
     sd = model.state_dict(keep_vars=True)
     buffers = {k for k, _ in model.named_buffers()}
-    cfg = _export_config(model, None)
+    cfg = export_config(model, None)
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     rows = hf_layout(model, cfg["model_type"])
 

@@ -195,7 +195,7 @@ def _flag(name: str, v: Any) -> list[str]:
 def score_argv(spec: Path, parent: Path, data: str | Path, out: Path, settings: Any,
                tokenizer: str | Path | None, bin_dtype: str | None, device: str,
                replicas: bool) -> list[str]:
-    """The rank command line of ``torchrun -m nas.scoring`` for one stage's scoring."""
+    """The rank command line of ``torchrun -m nas.cli.score`` for one stage's scoring."""
     argv = [str(spec), "--parent", str(parent), "--data", str(data), "-o", str(out)]
     for name in ("seq_len", "batch_size", "max_tokens", "calib_tokens", "bld_steps", "bld_lr",
                  "bld_batch", "seed", "dtype"):
@@ -232,7 +232,7 @@ def distill_argv(child: Path, teacher: Path, data: str | Path, out: Path, settin
 def _ranks(k: int, what: str, module: str, nproc: int, argv: list[str]) -> None:
     """Run one stage's step as ``nproc`` ranks under torchrun; a failure is one line (the
     ranks printed why above it)."""
-    from nas.cli import run_ranks
+    from nas.launch import run_ranks
 
     rc = run_ranks(module, nproc, argv)
     if rc != 0:
@@ -328,7 +328,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
             job = prepare(sdir / "spec.json", current, data, score_settings, tokenizer,
                           bin_dtype)
             if nproc > 1:
-                _ranks(k, "scoring", "nas.scoring", nproc, score_argv(
+                _ranks(k, "scoring", "nas.cli.score", nproc, score_argv(
                     sdir / "spec.json", current, data, scores, score_settings, tokenizer,
                     bin_dtype, device, replicas))
             else:
