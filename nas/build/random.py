@@ -8,6 +8,7 @@ Importing this module needs torch (an optional extra of puzzle-nas).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar, cast
 
 import torch
 from torch import nn
@@ -21,8 +22,10 @@ __all__ = ["INIT_STD", "Materializer", "build_model"]
 
 INIT_STD = 0.02  # CausalLM.reset_parameters' default
 
+_M = TypeVar("_M", bound=nn.Module)
 
-def _real(factory: Callable[[], nn.Module]) -> nn.Module:
+
+def _real(factory: Callable[[], _M]) -> _M:
     """Construct a module on the CPU without touching the caller's RNG stream (whatever
     default init the constructor draws is overwritten by the caller)."""
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):
@@ -61,7 +64,7 @@ class Materializer:
         real instead.
         """
         arch = self.model.arch
-        meta = self.model.blocks[i]
+        meta = cast(Block, self.model.blocks[i])  # CausalLM's blocks are Blocks
         if any(getattr(m, "_non_persistent_buffers_set", None) for m in meta.modules()):
             blk = _real(lambda: Block(arch.blocks[i], arch))
         else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -48,8 +48,9 @@ def init_from_parent_spans(child: ModelArch, positions: Sequence[int],
     """A :class:`CausalLM` of ``child`` (fewer blocks than the parent) whose block ``k`` is
     initialized from parent block ``positions[k]`` (see the module doc); ``init_report``
     says what happened to each block."""
-    pa = parent_model.arch if isinstance(parent_model, CausalLM) else None
-    if pa is None:
+    if isinstance(parent_model, CausalLM):
+        pa = parent_model.arch
+    else:
         from nas.build.checkpoint import CheckpointReader
 
         pa = CheckpointReader(parent_model).arch
@@ -61,7 +62,7 @@ def init_from_parent_spans(child: ModelArch, positions: Sequence[int],
     out.norm = wide.norm
     out.lm_head = wide.lm_head
     out.blocks = torch.nn.ModuleList([wide.blocks[j] for j in positions])
-    rep = wide.init_report
+    rep = cast(list[str], wide.init_report)  # init_from_parent sets it
     out.init_report = [f"child block {k} <- {rep[j]}"  # type: ignore[assignment]
                        for k, j in enumerate(positions)]
     return out

@@ -135,6 +135,7 @@ class GptOssMoEMixer(MoEMixer):
         lim, alpha = self.cfg.swiglu_limit, self.cfg.swiglu_alpha
         if lim is None:
             return self.act(gate) * up
+        assert alpha is not None  # MoE validates: swiglu_limit and swiglu_alpha go together
         gate = gate.clamp(max=lim)
         up = up.clamp(min=-lim, max=lim)
         return (up + 1) * (gate * torch.sigmoid(gate * alpha))

@@ -18,7 +18,7 @@ decoding one token uses :func:`ssd_step`, updating the carried SSM state in plac
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -143,8 +143,26 @@ def ssd_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     return y, new
 
 
+class _ConvConfig(Protocol):
+    @property
+    def conv_kernel(self) -> int: ...
+
+
+class _MambaFamily(Protocol):
+    """What :func:`init_projections_conv_dt` reads of a Mamba-1 or Mamba-2 mixer."""
+
+    @property
+    def cfg(self) -> _ConvConfig: ...
+    @property
+    def in_proj(self) -> nn.Linear: ...
+    @property
+    def out_proj(self) -> nn.Linear: ...
+    @property
+    def conv1d(self) -> nn.Conv1d: ...
+
+
 @torch.no_grad()
-def init_projections_conv_dt(mixer: nn.Module, n: int, dt_min: float, dt_max: float
+def init_projections_conv_dt(mixer: _MambaFamily, n: int, dt_min: float, dt_max: float
                              ) -> torch.Tensor:
     """The Mamba family's shared init (Mamba-1 and Mamba-2 mixers): zero ``in_proj`` /
     ``out_proj`` biases, PyTorch's default init of the depthwise ``conv1d`` (bias uniform
@@ -189,7 +207,8 @@ class MambaMixer(nn.Module):
 
     # ---- pieces -------------------------------------------------------------------------
     def _split(self, proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return torch.split(proj, [self.inner, self.conv_dim, self.H], dim=-1)  # type: ignore
+        z, xbc, dt = torch.split(proj, [self.inner, self.conv_dim, self.H], dim=-1)
+        return z, xbc, dt
 
     def _ssm_args(self, xbc: torch.Tensor, dt_raw: torch.Tensor, clamp: bool = True
                   ) -> tuple[torch.Tensor, ...]:

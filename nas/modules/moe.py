@@ -155,6 +155,8 @@ class MoEMixer(nn.Module):
 class _Router(nn.Module):
     """Router weight ``(E, h)`` and optional selection-only correction bias ``(E)``."""
 
+    e_score_correction_bias: torch.Tensor  # the buffer, registered only when ``bias``
+
     def __init__(self, hidden: int, experts: int, bias: bool):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(experts, hidden))
@@ -200,7 +202,8 @@ def _grouped_supported(device: torch.device, dtype: torch.dtype) -> bool:
                 with torch.enable_grad():
                     _GroupedMM.apply(x, w, offs).sum().backward()
                 want = torch.tensor([2.0, 3.0], dtype=dtype, device=device)[:, None, None]
-                ok = bool((x.grad == 16).all()) and bool((w.grad == want).all())  # type: ignore
+                assert x.grad is not None and w.grad is not None  # leaves: backward set them
+                ok = bool((x.grad == 16).all()) and bool((w.grad == want).all())
             except (RuntimeError, NotImplementedError):
                 ok = False
         _GROUPED_OK[key] = ok

@@ -140,7 +140,7 @@ class _Parent:
                  dtype: torch.dtype | None):
         self.model = parent if isinstance(parent, CausalLM) else None
         self.reader = None
-        if self.model is None:
+        if not isinstance(parent, CausalLM):
             from nas.build.checkpoint import CheckpointReader
 
             self.reader = CheckpointReader(parent)
@@ -190,6 +190,13 @@ class _Parent:
             self.reader.release(name)
 
 
+def _weight(m: torch.nn.Module) -> torch.Tensor:
+    """``m.weight`` (an embedding's, a norm's or the LM head's: a parameter)."""
+    w = m.weight
+    assert isinstance(w, torch.Tensor)
+    return w
+
+
 @torch.no_grad()
 def assemble_child(child_arch: ModelArch, parent: CausalLM | str | Path, score_dir: str | Path,
                    dtype: torch.dtype | None = None) -> CausalLM:
@@ -223,15 +230,15 @@ def assemble_child(child_arch: ModelArch, parent: CausalLM | str | Path, score_d
     child = build_model(child_arch, dtype=dt).to(dev)
     with torch.no_grad():
         emb = src.open("embed")
-        child.embed.weight.copy_(emb.weight)
+        child.embed.weight.copy_(_weight(emb))
         if child.lm_head is not None and pa.tie_embeddings:
-            child.lm_head.weight.copy_(emb.weight)
+            child.lm_head.weight.copy_(_weight(emb))
         src.done("embed")
         if child.lm_head is not None and not pa.tie_embeddings:
-            child.lm_head.weight.copy_(src.open("lm_head").weight)
+            child.lm_head.weight.copy_(_weight(src.open("lm_head")))
             src.done("lm_head")
         if child.norm is not None and pa.final_norm:
-            child.norm.weight.copy_(src.open("norm").weight)
+            child.norm.weight.copy_(_weight(src.open("norm")))
             src.done("norm")
     meta = src.model if src.model is not None else src.reader.model  # type: ignore[union-attr]
     report = []
@@ -261,8 +268,9 @@ def assemble_child(child_arch: ModelArch, parent: CausalLM | str | Path, score_d
         except RuntimeError as exc:
             raise InputError(f"does not fit block {i}: {str(exc).splitlines()[0]}",
                              path=str(f)) from None
-        if isinstance(meta.blocks[i].mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
-            cb.mixer.chunk_size = meta.blocks[i].mixer.chunk_size
+        pm = meta.blocks[i].mixer
+        if isinstance(pm, MambaMixer) and isinstance(cb.mixer, MambaMixer):
+            cb.mixer.chunk_size = pm.chunk_size
         report.append(f"block {i} {pc.describe()} -> {cc.describe()}: BLD-trained ({name})")
     child.init_report = report  # type: ignore[assignment]
     return child

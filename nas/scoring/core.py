@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -107,7 +107,7 @@ def init_block(parent: CausalLM, i: int, child: BlockConfig, x: torch.Tensor,
     initializes from another block (default ``parent.blocks[j]``; a pipeline stage that
     does not hold block ``j`` reads it from the checkpoint)."""
     pa = parent.arch
-    pc, pb = pa.blocks[i], parent.blocks[i]
+    pc, pb = pa.blocks[i], cast(Block, parent.blocks[i])  # CausalLM's blocks are Blocks
     w = x  # the block's device and compute dtype (a pipeline stage's embedding is on meta)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -127,7 +127,8 @@ def init_block(parent: CausalLM, i: int, child: BlockConfig, x: torch.Tensor,
     elif cb.mixer is None or pb.mixer is None:
         what = inherit_block(pc, pb.mixer, child, cb.mixer, x)
     else:
-        cb.norm.weight.copy_(pb.norm.weight)  # type: ignore[union-attr]
+        assert cb.norm is not None and pb.norm is not None  # a Block with a mixer has a norm
+        cb.norm.weight.copy_(pb.norm.weight)
         what = inherit_block(pc, pb.mixer, child, cb.mixer, pb.norm(x))
     if isinstance(pb.mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
         cb.mixer.chunk_size = pb.mixer.chunk_size
@@ -320,7 +321,7 @@ class Scorer:
         t0 = time.perf_counter()
         block, what, info = self.build(item)
         init = info.pop("init_block", None)
-        out = self.evaluate(item, block)
+        out: dict[str, Any] = self.evaluate(item, block)  # and the strings below
         if init is not None:
             before = self.evaluate(item, init)
             out["kl_before_bld"] = before["kl_div"]

@@ -15,7 +15,7 @@ def tensor_line(name: str, t: torch.Tensor) -> str:
     """One tensor's line of :func:`weights_digest`: name, dtype, shape and the SHA-256 of
     its bytes."""
     t = t.detach().cpu().contiguous()
-    d = hashlib.sha256(memoryview(t.reshape(-1).view(torch.uint8).numpy())).hexdigest()
+    d = hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().data).hexdigest()
     return f"{name}|{t.dtype}|{tuple(t.shape)}|{d}"
 
 

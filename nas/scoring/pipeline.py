@@ -244,6 +244,7 @@ class PipelineScorer(Scorer):
         st = self.stage
         o = self.owner(item)
         pend = None
+        blocks: list[torch.nn.Module | None]
         if st.rank == o:
             t0 = time.perf_counter()
             block, what, info = self.build(item)

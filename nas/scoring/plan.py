@@ -135,7 +135,7 @@ def plan(arch: ModelArch, alts: list[list[Alternative]], settings: Settings, wor
         own = [it for it in items if a <= it.block < b]
         weights = (mem[a:b].sum() + (nonblock if r == 0 else 0.0)) * e
         if world == 1:
-            cache = (held + calib) * h * e * (L + 1)
+            cache: float = (held + calib) * h * e * (L + 1)
         else:
             cache = held * h * e * (b - a) + calib * h * e * (b - a + 1) + \
                 (held * h * e if r == 0 else 0.0)

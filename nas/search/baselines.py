@@ -6,6 +6,7 @@ all blocks, nothing searched).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
@@ -40,7 +41,9 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
     keys = list(library.costs) + list(library.scores)
     tag_keys = sorted({c.tag for c in cons.counts})
     allv = {**library.costs, **library.scores}
-    gmats, glabels, gbad = [], [], []
+    gmats: list[np.ndarray] = []
+    glabels: list[list[int]] = []
+    gbad: list[np.ndarray] = []
     gtie: list[list[np.ndarray]] = [[] for _ in cons.ties]
     forbidden = set(cons.forbid)
     tie_of = [t.group_of(library.num_replacements) for t in cons.ties]
@@ -67,7 +70,8 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
                          f"{max_combinations:,}); narrow the search space")
     grids = np.meshgrid(*[np.arange(s) for s in sizes], indexing="ij")
     idx = [g.reshape(-1) for g in grids]
-    totals = sum(m[i] for m, i in zip(gmats, idx))
+    # an array: every library has a block, so there is a group
+    totals = cast(np.ndarray, sum(m[i] for m, i in zip(gmats, idx)))
     const = np.array([library.constants.get(k, 0.0) for k in keys] + [0.0] * len(tag_keys))
     totals = totals + const
     ok = np.ones(totals.shape[0], dtype=bool)
@@ -79,20 +83,22 @@ def homogeneous_solve(library: BlockLibrary, cons: Constraints,
         low = np.where(v < 0, np.iinfo(np.int64).max, v).min(axis=0)
         ok &= (top < 0) | (low == top)
     col = {k: j for j, k in enumerate(keys + tag_keys)}
-    for b in cons.budgets:
-        v = totals[:, col[b.key]]
-        tol = 1e-9 * max(1.0, abs(b.hi if b.hi is not None else b.lo))
-        if b.hi is not None:
-            ok &= v <= b.hi + tol
-        if b.lo is not None:
-            ok &= v >= b.lo - tol
+    for bud in cons.budgets:
+        v = totals[:, col[bud.key]]
+        bound = cast(float, bud.hi if bud.hi is not None else bud.lo)  # a row bounds a side
+        tol = 1e-9 * max(1.0, abs(bound))
+        if bud.hi is not None:
+            ok &= v <= bud.hi + tol
+        if bud.lo is not None:
+            ok &= v >= bud.lo - tol
     for c in cons.counts:
         v = totals[:, col[c.tag]]
         if c.min is not None:
             ok &= v >= c.min
         if c.max is not None:
             ok &= v <= c.max
-    obj = sum(w * totals[:, col[k]] for k, w in cons.objective.weights.items())
+    # an array: an objective weighs at least one key
+    obj = cast(np.ndarray, sum(w * totals[:, col[k]] for k, w in cons.objective.weights.items()))
     if cons.objective.sense == "max":
         obj = -obj
     secs = time.perf_counter() - t0

@@ -174,7 +174,9 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
     pp, cp = pa.param_counts(), child.param_counts()
     pred_p = parent_predicted if parent_predicted is not None else predict(pa, problem)
     recipes = None
-    wide_extra: dict[str, Any] = {}
+    # the fields Blueprint does not declare (extra="allow"): stand_in and precision when
+    # wide, then engines; passed as one mapping, in this order, so that the dump keeps it
+    extra: dict[str, Any] = {}
     child_hf = to_hf(child)
     if wide:
         from nas.search.quant_config import quantization_config
@@ -186,9 +188,9 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
         if qc is not None:
             child_hf["quantization_config"] = qc
         # the parent block each child block stands in for (nas.build.spans inits from it)
-        wide_extra = {"stand_in": stand_in(pa, kids, origin), "precision": recipes}
+        extra = {"stand_in": stand_in(pa, kids, origin), "precision": recipes}
     pred_c = predict(child, problem, recipes)
-    engine_info = engines_section(problem, cons, child, recipes)
+    extra["engines"] = engines_section(problem, cons, child, recipes)
     predicted = {name: {"parent": pred_p[name], "child": pred_c[name]} for name in pred_p}
     budgets = []
     for (bi, key), row in zip(cons.origin, cons.budgets):
@@ -209,7 +211,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
     return Blueprint(
         name=problem.spec.name,
         child=child_hf,
-        **wide_extra,
+        **extra,
         choices=choices,
         predicted=predicted,
         params={"parent_total": pp.total, "parent_active": pp.active,
@@ -218,7 +220,6 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
                  "source": quality_source,
                  "is_prior": "prior" in quality_source},
         budgets=budgets,
-        engines=engine_info,
         solver={"status": result.status, "objective": result.objective, "gap": result.gap,
                 "best_bound": result.best_bound, "nodes": result.nodes,
                 "seconds": result.seconds, "message": result.message,

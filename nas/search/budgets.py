@@ -138,10 +138,10 @@ def budget_rows(problem: Problem, library: BlockLibrary, b: BudgetSpec, index: i
         if m == "max_concurrency":
             if side != "min":
                 raise InputError("max_concurrency takes a min", field=f"{where}.max")
+            assert wname is not None  # BudgetSpec: a workload metric names its workload
             n = int(math.ceil(val * (parent_max_concurrency(problem, library, priced, wname)
                                      if rel else 1.0)))
-            key = _concurrency_key(problem, library, priced, wname, n,  # type: ignore[arg-type]
-                                   columns)
+            key = _concurrency_key(problem, library, priced, wname, n, columns)
             out.append(mip.Budget(key, None, problem.device_bytes))
             text.append(f"max_concurrency@{wname} >= {n}")
             continue

@@ -210,12 +210,13 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
     wl = list(problem.workloads.values())
     wide = spans.is_wide(alts)
     with Progress(len(flat), "pricing", progress) as bar:
-        table = None if wide else blocks_table([a.child for a in flat], h)
+        table: shapes.BlockTable | None = None
         if wide:  # a span is the sum of its child blocks, each under its own recipe
             rows, wide_params, wide_active = spans.price_alternatives(
                 flat, h, problem.hw, problem.recipe, wl, tp=problem.tp, ep=problem.ep,
                 attention_dp=problem.attention_dp, engine=problem.engine)
         else:
+            table = blocks_table([a.child for a in flat], h)
             rows = price_blocks(table, problem.hw, problem.recipe, wl, tp=problem.tp,
                                 ep=problem.ep, attention_dp=problem.attention_dp,
                                 engine=problem.engine)

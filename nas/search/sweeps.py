@@ -5,9 +5,10 @@ against per-user speed (:func:`solve_slo`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -87,7 +88,7 @@ def _chosen_point(problem: Problem, sweep: dict[str, Any], res: mip.Result
 
 def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced: Priced,
               homogeneous: bool = False, on_point: Any = None,
-              forbid: np.ndarray | list[int] = ()) -> dict[str, Any]:
+              forbid: np.ndarray | Sequence[int] = ()) -> dict[str, Any]:
     """Re-solve over the spec's sweep grid; returns points (metric value, quality).
     ``on_point()`` is called as each point is solved (a progress bar); ``forbid``:
     replacements no point may take (e.g. :func:`fixed_recipe_forbid`)."""
@@ -104,7 +105,8 @@ def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced
         rows, _, _ = budget_rows(problem, library, b, sw.budget, priced, override=v)
         keyed.append(rows[0])
     key = keyed[0].key
-    points, results = [], []
+    points: list[dict[str, Any]] = []
+    results = []
     for v, row in zip(values, keyed):
         if homogeneous:
             c2 = Constraints(cons.objective, others + [row], cons.counts, ties=cons.ties,
@@ -116,7 +118,8 @@ def run_sweep(problem: Problem, library: BlockLibrary, cons: Constraints, priced
             res = None
         results.append((v, row, res))
     if not homogeneous:
-        hi = [r.hi if r.hi is not None else r.lo for _, r, _ in results]
+        # budget_rows gives each swept row its bound, on one side
+        hi = cast(list[float], [r.hi if r.hi is not None else r.lo for _, r, _ in results])
         sw_res = mip.sweep(library, cons.objective, others, key=key, values=hi,
                            counts=cons.counts, options=options_of(problem),
                            forbid=[int(i) for i in forbid] + cons.forbid, workers=sw.workers,

@@ -10,6 +10,7 @@ from nas.arch import (
     Attention,
 )
 from nas.build.inherit.common import _copy, _flat, _lsq_scale
+from nas.modules.gpt_oss import SinkAttentionMixer
 from nas.modules.layers import AttentionMixer, LinearMixer
 
 
@@ -28,6 +29,7 @@ def _attention(p: AttentionMixer, c: AttentionMixer, pc: Attention, cc: Attentio
         _copy(c.q_norm.weight, p.q_norm.weight)
         _copy(c.k_norm.weight, p.k_norm.weight)
     if pc.sinks and cc.sinks:  # gpt-oss: one sink logit per query head
+        assert isinstance(p, SinkAttentionMixer) and isinstance(c, SinkAttentionMixer)
         _copy(c.sinks, p.sinks)
     # pooling matrix: child kv head j = mean over its query heads q of parent kv head(q)
     kp, kc = pc.num_kv_heads, cc.num_kv_heads

@@ -13,6 +13,7 @@ from nas.arch import (
 )
 from nas.build.inherit.common import _copy, _flat, _top
 from nas.build.inherit.ffn import _ffn
+from nas.modules.gpt_oss import GptOssMoEMixer
 from nas.modules.moe import MoEMixer
 
 
@@ -85,16 +86,20 @@ def _moe(p: MoEMixer, c: MoEMixer, pc: MoE, cc: MoE, xin: torch.Tensor) -> str:
 
 def copy_router_bias(p: torch.nn.Module, c: torch.nn.Module, keep: torch.Tensor) -> None:
     """gpt-oss: the router bias of the kept experts."""
-    _copy(c.gate.bias[: len(keep)], p.gate.bias[keep])  # type: ignore[union-attr, index]
+    assert isinstance(p, GptOssMoEMixer) and isinstance(c, GptOssMoEMixer)  # is_gpt_oss_moe
+    pbias, cbias = p.router.bias, c.router.bias  # the ``gate`` view
+    assert pbias is not None and cbias is not None  # router_linear_bias on both sides
+    _copy(cbias[: len(keep)], pbias[keep])
 
 
 def copy_expert_biases(p: torch.nn.Module, c: torch.nn.Module, j: int, e: int,
                        ch: torch.Tensor) -> None:
     """gpt-oss: child expert ``j`` takes parent expert ``e``'s biases on channels ``ch``
     (gate / up interleaved in ``gate_up_proj_bias``); channels past ``len(ch)`` get 0."""
-    pb, cb = p.experts.gate_up_proj_bias, c.experts.gate_up_proj_bias  # type: ignore[union-attr]
+    assert isinstance(p, GptOssMoEMixer) and isinstance(c, GptOssMoEMixer)  # is_gpt_oss_moe
+    pb, cb = p.experts.gate_up_proj_bias, c.experts.gate_up_proj_bias
     k = len(ch)
     for par in (0, 1):
         _copy(cb[j, par::2][:k], pb[e, par::2][ch])
         cb[j, par::2][k:] = 0
-    _copy(c.experts.down_proj_bias[j], p.experts.down_proj_bias[e])  # type: ignore[union-attr]
+    _copy(c.experts.down_proj_bias[j], p.experts.down_proj_bias[e])

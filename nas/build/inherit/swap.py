@@ -13,14 +13,24 @@ from nas.arch import (
 from nas.build.inherit.common import _copy_all, _flat, _lsq_scale
 
 
+def _branch(b: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``mixer(norm(x))`` of block ``b`` (attention or DeltaNet: it has both)."""
+    mixer, norm = b.mixer, b.norm
+    assert isinstance(mixer, torch.nn.Module) and isinstance(norm, torch.nn.Module)
+    return mixer(norm(x))
+
+
 def _swap_scale(pb: torch.nn.Module, cb: torch.nn.Module, x: torch.Tensor) -> float:
     """Scale the copied block's output projection by the least-squares scalar ``s`` that best
     maps its output onto the replaced parent block's on the calibration activations ``x``
     (so the swapped block is never worse than a no-op there: ``s = 0`` is one choice)."""
-    y = pb.mixer(pb.norm(x))
-    yc = cb.mixer(cb.norm(x))
+    y = _branch(pb, x)
+    yc = _branch(cb, x)
     s = _lsq_scale(_flat(y), _flat(yc))
-    out = cb.mixer.o_proj if hasattr(cb.mixer, "o_proj") else cb.mixer.out_proj
+    mixer = cb.mixer
+    assert isinstance(mixer, torch.nn.Module)
+    out = mixer.o_proj if hasattr(mixer, "o_proj") else mixer.out_proj
+    assert isinstance(out, torch.nn.Linear)  # attention's o_proj, DeltaNet's out_proj
     out.weight.mul_(s)
     if out.bias is not None:
         out.bias.mul_(s)
