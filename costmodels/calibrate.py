@@ -23,9 +23,8 @@ The serving engines' host overheads belong to the engines, not to a device:
 :func:`fit_engines` fits each engine's per-step (0-10 ms) and per-request (0-10 ms)
 seconds (``hwprofiles.engines``: one profile per engine) to that engine's measurements on
 **every** device at once, each device at its own profile (``puzzle-nas calibrate
---engines``). A device fit (:func:`fit`) holds them fixed and writes its profile in that
-layout: the older per-device ``step_overhead_s`` / ``request_overhead_s`` / ``engines``
-figures are dropped from a refitted profile.
+--engines``). A device fit (:func:`fit`) holds them fixed; a device profile has no
+host-overhead figures of its own (``hwprofiles.schema.HardwareProfile`` refuses them).
 
 The objective is the sum of squared log errors (``log(predicted / measured)``: a relative
 error, symmetric in over- and under-prediction), minimized by ``scipy.optimize
@@ -447,14 +446,6 @@ def _label(ms: Sequence[Measurement]) -> str:
     return "; ".join(sorted({m.source.split(",")[0].split(" (")[0] for m in ms}))
 
 
-def without_device_overheads(hw: HardwareProfile) -> HardwareProfile:
-    """``hw`` in the engine-profile layout: its own (older, per-device) ``step_overhead_s``,
-    ``request_overhead_s`` and ``engines`` figures dropped; the engines' profiles price them."""
-    data = hw.model_dump(mode="json")
-    data.update(step_overhead_s=None, request_overhead_s=None, engines={})
-    return HardwareProfile.model_validate(data)
-
-
 def _check_engines(ms: Sequence[Measurement], engines: Engines) -> None:
     for m in ms:
         if m.engine and find_engine(m.engine, engines) is None:
@@ -468,8 +459,7 @@ def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
     """Fit ``hw``'s figures to the measurements taken on it (``m.gpu`` names ``hw`` or one
     of its aliases), each row priced with its engine's profile (``engines`` first, then the
     shipped ones; held fixed); ``only``: the labels of :func:`parameters` to fit (default
-    all that the measurements constrain). The fitted profile drops any per-device engine
-    figures (:func:`without_device_overheads`). Raises :class:`InputError` when there are
+    all that the measurements constrain). Raises :class:`InputError` when there are
     no rows for ``hw`` or a row's engine has no profile."""
     names = {hw.name, *hw.aliases}
     ms = [m for m in measurements if m.gpu in names]
@@ -477,7 +467,6 @@ def fit(measurements: Iterable[Measurement], hw: HardwareProfile,
         raise InputError(f"no measurements for device {hw.name!r}", field="gpu")
     _check_engines(ms, engines)
     label = sources or _label(ms)
-    hw = without_device_overheads(hw)
     # published figures stay out unless ``only`` names them (an explicit request to fit one)
     return fit_residuals(hw, parameters(hw, published=only is not None),
                          lambda p: _residuals(ms, shapes, p, engines),

@@ -7,8 +7,7 @@ one engine step of composition ``x`` (``costmodels.blocks`` per block + the non-
 here, each op ``max(FLOPs / (peak * eff), bytes / (bw * eff)) + kernels * overhead``), plus
 the engine's per-step overhead ``s_o``; ``r_o`` is its per-request overhead. Both belong to
 the serving engine, not the device (``hwprofiles.engines``: one profile per engine, shared
-by every GPU; a device profile's own ``step_overhead_s`` / ``request_overhead_s`` /
-``engines`` figures are the older per-device layout, still read when no engine is named).
+by every GPU).
 
 **Continuous batching with chunked prefill** (``concurrency=B``, the default; vLLM,
 TensorRT-LLM and SGLang schedule this way). A step carries the decode token of every
@@ -144,32 +143,18 @@ def engine_figures(hw: HardwareProfile, engine: str | None = None,
     """``(step_overhead_s, request_overhead_s, overlap)`` of the serving engine ``engine``.
 
     An engine profile (``engines`` first, then the shipped ones: ``hwprofiles.engines``)
-    gives them; they belong to the engine, not the device. A device profile in the older
-    layout (its own ``engines[engine]`` or top-level figures) is read only where no engine
-    profile has that name, or no engine is named (then the top-level figures when the
-    profile has them, else :data:`hwprofiles.engines.DEFAULT_ENGINE`'s). An engine named
-    by neither raises :class:`InputError`."""
-    prof = find_engine(engine, dict(engines) if engines else None)
-    if prof is None and engine and engine not in hw.engines:  # a misspelt name is not 'none'
-        raise InputError(f"unknown serving engine {engine!r}; expected one of "
-                         f"{', '.join(available_engines())}", field="engine")
-    legacy = hw.engines.get(engine) if engine else None
-    has_legacy = legacy is not None or (not engine and (
-        hw.step_overhead_s is not None or hw.request_overhead_s is not None))
-    if prof is None and not has_legacy and not engine:
-        prof = find_engine(DEFAULT_ENGINE, dict(engines) if engines else None)
-    if prof is not None:
-        return (float(prof.step_overhead_s.value), float(prof.request_overhead_s.value),
-                prof.overlaps(split_version(engine)[1] if engine else None))
-
-    def pick(key: str) -> float:
-        for src in (legacy, hw):
-            f = getattr(src, key, None) if src is not None else None
-            if f is not None:
-                return float(f.value)
-        return 0.0
-
-    return pick("step_overhead_s"), pick("request_overhead_s"), False
+    gives them; they belong to the engine, not the device (``hw`` is read for nothing
+    here). No engine named: :data:`hwprofiles.engines.DEFAULT_ENGINE`'s profile. An engine
+    no profile names raises :class:`InputError`."""
+    given = dict(engines) if engines else None
+    prof = find_engine(engine or DEFAULT_ENGINE, given)
+    if prof is None:
+        if engine:  # a misspelt name is not 'none'
+            raise InputError(f"unknown serving engine {engine!r}; expected one of "
+                             f"{', '.join(available_engines())}", field="engine")
+        return 0.0, 0.0, False
+    return (float(prof.step_overhead_s.value), float(prof.request_overhead_s.value),
+            prof.overlaps(split_version(engine)[1] if engine else None))
 
 
 def engine_limits(hw: HardwareProfile, engine: str | None = None,

@@ -28,6 +28,7 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from hwprofiles.units import gb_gib
 
@@ -196,19 +197,37 @@ class Interconnect(BaseModel):
     """Seconds: fixed cost of one collective (all-reduce) regardless of size."""
 
 
-class EngineFigures(BaseModel):
-    """A serving engine's host overheads written into a device profile: the older
-    per-device layout, read only for an engine no engine profile (:class:`EngineProfile`,
-    ``hwprofiles.engines``) names (``costmodels.model.engine_figures``)."""
+DEVICE_ENGINE_FIELDS = ("step_overhead_s", "request_overhead_s", "engines")
+"""Keys of the older per-device layout of serving-engine host overheads, which a device
+profile no longer takes: they belong to an engine profile (:class:`EngineProfile`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    step_overhead_s: Figure | None = None
-    request_overhead_s: Figure | None = None
+def _refuse_device_engine_fields(data: object) -> object:
+    """A device profile's ``data`` without the older layout's keys when they are empty
+    (``null`` / ``{}``: what a profile written before the change holds); a set one raises
+    an error naming the field and where host overheads belong now."""
+    if not isinstance(data, dict):
+        return data
+    present = [k for k in DEVICE_ENGINE_FIELDS if k in data]
+    if not present:
+        return data
+    for k in present:
+        if data[k] not in (None, {}):
+            raise PydanticCustomError(
+                "device_engine_overheads",
+                "{field} is no longer a device-profile field: serving-engine host overheads "
+                "now belong to an engine profile (hwprofiles/data/engines/*.json, class "
+                "EngineProfile, shared by every device); move the figures there and remove "
+                "{field} from the device profile",
+                {"field": k})
+    return {k: v for k, v in data.items() if k not in DEVICE_ENGINE_FIELDS}
 
 
 class HardwareProfile(BaseModel):
-    """What one accelerator can do. Units: bytes, bytes/s, FLOP/s (dense), seconds."""
+    """What one accelerator can do. Units: bytes, bytes/s, FLOP/s (dense), seconds.
+
+    Serving-engine host overheads are not a device's (an :class:`EngineProfile` holds
+    them): the older per-device keys (:data:`DEVICE_ENGINE_FIELDS`) are refused by name."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -231,22 +250,14 @@ class HardwareProfile(BaseModel):
     """Last-level on-chip cache, bytes (informational)."""
     interconnect: Interconnect
     gpus_per_node: Figure
-    step_overhead_s: Figure | None = None
-    """Older per-device layout (the shipped profiles have none: host overheads belong to
-    the serving engine, :class:`EngineProfile`): serving-engine seconds per engine step
-    (scheduling, sampling, graph launch), used only when no engine is named
-    (``costmodels.model.engine_figures``; absent with ``request_overhead_s`` too: the
-    default engine profile's)."""
-    request_overhead_s: Figure | None = None
-    """Older per-device layout, as ``step_overhead_s``: serving-engine host seconds per
-    request (admission, tokenization, scheduling, retirement), added to TTFT and B of them
-    to every cycle of B requests (``costmodels.model``)."""
-    engines: dict[str, EngineFigures] = Field(default_factory=dict)
-    """Older per-device layout: per serving engine its step / request overheads on this
-    device, read only for an engine no engine profile names."""
     moe_imbalance: Figure | None = None
     """MoE routing imbalance under expert parallelism: routed tokens on the busiest of the
     ``ep`` GPUs over the mean (>= 1); the busiest GPU sets the step. Absent: 1."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_device_engine_fields(cls, data: object) -> object:
+        return _refuse_device_engine_fields(data)
 
     @field_validator("peak_flops")
     @classmethod
@@ -363,25 +374,10 @@ class HardwareProfile(BaseModel):
                      ic.latency.source))
         rows.append(("GPUs per node", f"{int(self.gpus_per_node.value)}",
                      self.gpus_per_node.source))
-        legacy = False
-        for key, label in (("step_overhead_s", "engine step overhead"),
-                           ("request_overhead_s", "engine request overhead")):
-            f = getattr(self, key)
-            if f is not None:  # the older per-device layout
-                legacy = True
-                rows.append((label, f"{f.value * 1e3:.2f} ms", f.source))
-        for name, ef in self.engines.items():
-            for key, label in (("step_overhead_s", "step"), ("request_overhead_s", "request")):
-                f = getattr(ef, key)
-                if f is not None:
-                    legacy = True
-                    rows.append((f"engine {name}: {label} overhead", f"{f.value * 1e3:.2f} ms",
-                                 f.source))
-        if not legacy:
-            rows.append(("serving-engine overheads", "per engine",
-                         "not a device figure: each engine's profile in hwprofiles/data/engines "
-                         "(trtllm by default), shared by every device (puzzle-nas calibrate "
-                         "--engines fits them)"))
+        rows.append(("serving-engine overheads", "per engine",
+                     "not a device figure: each engine's profile in hwprofiles/data/engines "
+                     "(trtllm by default), shared by every device (puzzle-nas calibrate "
+                     "--engines fits them)"))
         mi = self.moe_imbalance
         rows.append(("MoE routing imbalance (EP)", "not given (1)" if mi is None
                      else f"{mi.value:.2f}", "" if mi is None else mi.source))

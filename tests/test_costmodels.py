@@ -25,12 +25,11 @@ from hwprofiles.schema import HardwareProfile
 
 
 def _roofline_only(hw: HardwareProfile) -> HardwareProfile:
-    """The shipped profile's peaks and efficiencies with FACTS.md's ~3 us per kernel and no
-    per-device engine figures; the regime tests below price with no host overheads
-    (:data:`NO_HOST`): they are about the roofline."""
+    """The shipped profile's peaks and efficiencies with FACTS.md's ~3 us per kernel; the
+    regime tests below price with no host overheads (:data:`NO_HOST`): they are about the
+    roofline."""
     data = json.loads(hw.model_dump_json())
     data["kernel_overhead_s"] = {"value": 3e-6, "source": "FACTS.md s4, for these tests"}
-    data.update(step_overhead_s=None, request_overhead_s=None, engines={})
     return HardwareProfile.model_validate(data)
 
 
@@ -421,30 +420,65 @@ def test_overlap_never_slower_than_additive_nor_faster_than_the_gpu(wl):
         assert np.all(g <= o + 1e-12) and np.all(o <= a + 1e-12), k
 
 
-def test_engine_profiles_take_precedence_over_a_device_profiles_own_figures():
+def test_engine_figures_come_from_the_engine_profiles():
     from costmodels.model import engine_figures
-    from hwprofiles.engines import available_engines, get_engine
+    from hwprofiles.engines import DEFAULT_ENGINE, available_engines, get_engine
 
     assert {"trtllm", "vllm", "sglang"} <= set(available_engines())
     assert get_engine("trtllm-0.17").name == get_engine("nim-trtllm").name  # aliases
-    data = json.loads(hwprofiles.get("h100-sxm").model_dump_json())
-    data["step_overhead_s"] = {"value": 7e-3, "source": "older per-device layout"}
-    data["request_overhead_s"] = {"value": 1e-3, "source": "older per-device layout"}
-    data["engines"] = {"sglang": {"step_overhead_s": {"value": 9e-3, "source": "old"}},
-                       "myengine": {"request_overhead_s": {"value": 4e-3, "source": "old"}}}
-    old = HardwareProfile.model_validate(data)  # an older profile file still loads
     sg = get_engine("sglang")
-    # a named engine with a profile: the engine's figures, on any device
-    assert engine_figures(old, "sglang") == (sg.step_overhead_s.value,
-                                             sg.request_overhead_s.value, sg.overlap)
-    assert engine_figures(hwprofiles.get("b200"), "SGLang")[:2] == engine_figures(old,
+    # a named engine: its profile's figures, the same on every device
+    assert engine_figures(H100, "sglang") == (sg.step_overhead_s.value,
+                                              sg.request_overhead_s.value, sg.overlap)
+    assert engine_figures(hwprofiles.get("b200"), "SGLang")[:2] == engine_figures(H100,
                                                                                "sglang")[:2]
-    # an engine only the older layout knows, or none named: the device's own figures
-    assert engine_figures(old, "myengine") == (7e-3, 4e-3, False)
-    assert engine_figures(old, None) == (7e-3, 1e-3, False)
+    # none named: the default engine's profile
+    d = get_engine(DEFAULT_ENGINE)
+    assert engine_figures(H100, None) == (d.step_overhead_s.value, d.request_overhead_s.value,
+                                          d.overlaps(None))
     # engines passed in win over the shipped ones
     mine = _engine("sglang", 1e-3, 5e-3, False)
-    assert engine_figures(old, "sglang", {"sglang": mine}) == (1e-3, 5e-3, False)
-    for hw in (H100, old):  # a device's own figures do not stand in for a misspelt engine
-        with pytest.raises(InputError, match="unknown serving engine"):
-            engine_figures(hw, "no-such-engine")
+    assert engine_figures(H100, "sglang", {"sglang": mine}) == (1e-3, 5e-3, False)
+    own = _engine("myengine", 2e-3, 4e-3, True)
+    assert engine_figures(H100, "myengine", {"myengine": own}) == (2e-3, 4e-3, True)
+    with pytest.raises(InputError, match="unknown serving engine 'no-such-engine'"):
+        engine_figures(H100, "no-such-engine")
+
+
+OLD_LAYOUT = {  # the older per-device layout of host overheads, one key at a time
+    "step_overhead_s": {"value": 7e-3, "source": "older per-device layout"},
+    "request_overhead_s": {"value": 1e-3, "source": "older per-device layout"},
+    "engines": {"sglang": {"step_overhead_s": {"value": 9e-3, "source": "old"}}},
+}
+
+
+@pytest.mark.parametrize("key", sorted(OLD_LAYOUT))
+def test_a_device_profile_with_its_own_host_overheads_is_refused(tmp_path, capsys, key):
+    from pydantic import ValidationError
+
+    from nas.cli import main
+
+    data = json.loads(hwprofiles.get("h100-sxm").model_dump_json())
+    data[key] = OLD_LAYOUT[key]
+    with pytest.raises(ValidationError, match=f"{key} is no longer a device-profile field"):
+        HardwareProfile.model_validate(data)
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps(data))
+    with pytest.raises(InputError) as exc:  # the public loader: one line, the file named
+        hwprofiles.load(f)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(f) in msg and key in msg
+    assert "engine profile" in msg and "hwprofiles/data/engines" in msg
+    assert "EngineProfile" in msg and "Extra inputs" not in msg
+    assert main(["hw", "show", str(f)]) == 2  # the CLI: the same line, exit 2
+    err = capsys.readouterr().err
+    assert key in err and "engine profile" in err and "Traceback" not in err
+
+
+def test_an_empty_old_layout_key_still_loads(tmp_path):
+    # what a profile written before the layout went holds (null / {}): nothing to move
+    data = json.loads(hwprofiles.get("h100-sxm").model_dump_json())
+    data.update(step_overhead_s=None, request_overhead_s=None, engines={})
+    f = tmp_path / "older.json"
+    f.write_text(json.dumps(data))
+    assert hwprofiles.load(f) == hwprofiles.get("h100-sxm")

@@ -105,11 +105,11 @@ def test_assumed_is_read_from_the_source_word():
     data = json.loads(hwprofiles.get("h100").model_dump_json())
     data["memory_bandwidth"]["source"] = "Assumed: like the H200"
     data["efficiency"]["link"]["source"] = "published, nothing presumed"
-    data["engines"]["vllm"] = {"step_overhead_s": {"value": 1e-3, "source": "assumed 1 ms"}}
+    data["interconnect"]["latency"]["source"] = "assumed 5 us"
     p = HardwareProfile.model_validate(data)
     before = set(hwprofiles.get("h100").assumed_figures())
     assert set(p.assumed_figures()) - before == {"memory_bandwidth",
-                                                 "engines.vllm.step_overhead_s"}
+                                                 "interconnect.latency"}
     assert "efficiency.link" not in p.assumed_figures()
 
 
