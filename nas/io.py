@@ -308,14 +308,14 @@ def _signals_held() -> Iterator[None]:
         yield
         return
     got: list[int] = []
-    saved = {}
+    saved: dict[int, Any] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         saved[sig] = signal.signal(sig, lambda signum, frame: got.append(signum))
     try:
         yield
     finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+        for num, handler in saved.items():
+            signal.signal(num, handler)
         deliver_signals(got, saved)
 
 
@@ -383,7 +383,7 @@ def names_matching(patterns: Iterable[str]) -> Callable[[str], bool]:
     return lambda name: any(fnmatch.fnmatchcase(name, p) for p in pats)
 
 
-def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
+def atomic_write(path: str | Path, writer: Callable[[Path], object]) -> Path:
     """Call ``writer(tmp_path)`` and rename the result onto ``path``; on any error no file is left.
 
     ``path``'s parent folder is created if missing.

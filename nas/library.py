@@ -45,7 +45,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hwprofiles.errors import InputError, first_error, read_json, require_file
 from nas.io import atomic_write, atomic_write_json
 
-FORMAT = "puzzle-nas/block-library"
+FORMAT: Final = "puzzle-nas/block-library"
 VERSION = 1
 #: Most parent blocks a library may span: models are capped at 4,096 blocks
 #: (``nas.arch.MAX_BLOCKS``); 2**20 leaves room for stacked and synthetic libraries while
@@ -388,7 +388,8 @@ class BlockLibrary:
 
             def write(p: Path) -> None:
                 with open(p, "wb") as f:
-                    np.savez_compressed(f, **arrays)
+                    # the stub's **kwds may name allow_pickle (a bool); these keys never do
+                    np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
 
             return atomic_write(path, write)
         return atomic_write_json(path, self.to_dict())

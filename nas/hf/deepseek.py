@@ -80,7 +80,7 @@ def read_block_configs(r: Reader, key: str = "block_configs") -> list[BlockConfi
     confs = r.raw(key)
     if not isinstance(confs, list) or not confs:
         raise r.err(key, "expected a non-empty list of block objects")
-    out = []
+    out: list[BlockConfig] = []
     for i, c in enumerate(confs):
         try:
             out.append(_BLOCK.validate_python(c))

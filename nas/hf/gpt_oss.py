@@ -87,10 +87,10 @@ def _read(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dic
 
 def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
     pairs = layer_pairs(arch, mt)
-    atts = [a for a, _ in pairs]
-    if not all(isinstance(a, Attention) for a in atts):
+    atts = [a for a, _ in pairs if isinstance(a, Attention)]
+    if len(atts) != len(pairs):
         raise ExportError(f"{mt} needs an attention block at every even position")
-    a0: Attention = atts[0]  # type: ignore[assignment]
+    a0 = atts[0]
     if any(a.model_copy(update={"sliding_window": None}) !=
            a0.model_copy(update={"sliding_window": None}) for a in atts):
         raise ExportError(f"{mt} needs the same attention shape in every layer")
@@ -102,9 +102,9 @@ def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
     if len(w) > 1:
         raise ExportError(f"{mt} needs one sliding window length")
     moes = {m for _, m in pairs}
-    if len(moes) != 1 or not isinstance(next(iter(moes)), MoE):
+    m0 = next(iter(moes), None)
+    if len(moes) != 1 or not isinstance(m0, MoE):
         raise ExportError(f"{mt} needs the same MoE block in every layer")
-    m0: MoE = next(iter(moes))  # type: ignore[assignment]
     if (not m0.router_linear_bias or not m0.expert_bias or m0.swiglu_limit is None
             or m0.router != "softmax" or not m0.norm_topk or m0.router_bias or m0.latent_size
             or m0.shared_width or m0.routed_scaling != 1.0 or m0.n_group != 1):

@@ -182,14 +182,14 @@ def _write(arch: ModelArch, mt: str) -> dict[str, Any]:
                    mamba_proj_bias=m0.proj_bias,
                    mamba_expand=m0.num_heads * m0.head_dim // arch.hidden_size)
     if moes:
-        m0 = moes[0]
-        out.update(num_local_experts=m0.num_experts, num_experts_per_tok=m0.top_k,
-                   intermediate_size=m0.expert_width, shared_intermediate_size=m0.shared_width,
-                   hidden_act=m0.activation)
+        e0 = moes[0]
+        out.update(num_local_experts=e0.num_experts, num_experts_per_tok=e0.top_k,
+                   intermediate_size=e0.expert_width, shared_intermediate_size=e0.shared_width,
+                   hidden_act=e0.activation)
     elif ffns:
         out.update(num_local_experts=0, shared_intermediate_size=ffns[0].width,
                    hidden_act=ffns[0].activation)
-    return write_puzzle_layers(out, mixers, mlps, stock)
+    return write_puzzle_layers(out, list(mixers), list(mlps), stock)
 
 
 register(Dialect(model_type=GRANITE, architecture="GraniteMoeHybridForCausalLM", read=_read,

@@ -244,8 +244,8 @@ def price_mixed(table: BlockTable, recipes: Sequence[PrecisionRecipe],
               "kv_bytes_per_token", "window", "state_bytes_per_sequence",
               "workspace_bytes_per_token"):
         arr = np.zeros((n, *getattr(first, f).shape[1:]))
-        for idx, c in parts:
-            arr[idx] = getattr(c, f)
+        for ix, c in parts:
+            arr[ix] = getattr(c, f)
         out[f] = arr
     return BlockCosts(workloads=first.workloads, tp=first.tp, ep=first.ep, **out)
 

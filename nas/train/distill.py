@@ -877,8 +877,8 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
                     if fh is not None:
                         v = last[1] if j is None else last[1][j].contiguous()
                         data = v.reshape(-1).view(torch.uint8).numpy()
-                        digests[name] = _hl.sha256(memoryview(data)).hexdigest()
-                        fh.write(memoryview(data))
+                        digests[name] = _hl.sha256(data.data).hexdigest()
+                        fh.write(data.data)
                 if fh is not None:
                     fh.seek(0)
                     fh.write(_st_header(header, digests))  # same length: the digests' hex is fixed-size
@@ -906,7 +906,8 @@ LAYOUTS = {"full": "written whole by one process (1 rank, or --replicas)",
            "sharded": "sharded over the ranks (FSDP2, torch.distributed.checkpoint)"}
 
 
-def layout_of(world: int, settings: DistillSettings, replicas: bool = False) -> str:
+def layout_of(world: int, settings: DistillSettings, replicas: bool = False
+              ) -> Literal["full", "sharded"]:
     """The checkpoint layout a run writes: ``sharded`` (FSDP2) with more than one rank unless
     ``replicas``, and always with mixed precision; else ``full``."""
     return "sharded" if (world > 1 and not replicas) or settings.mixed_precision else "full"
