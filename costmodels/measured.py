@@ -1,7 +1,7 @@
 """Measured block costs: the ``BLOCKS.json`` format, lookup with interpolation, pricing a
 block table from measurements, and calibrating the analytic model to them.
 
-``puzzle-nas profile --blocks SPEC -o BLOCKS.json`` (``nas.modules.timing``) times every
+``puzzle-nas profile --blocks SPEC -o BLOCKS.json`` (``nas.profile.blocks``) times every
 distinct block shape of a spec's search space as the real torch block on one device: one
 prefill pass of ``batch`` prompts of ``tokens`` tokens, and one decode step of ``batch``
 sequences whose KV cache / SSM state holds ``context`` tokens. This module reads that file

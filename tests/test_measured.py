@@ -44,7 +44,7 @@ def timed(tmp_path_factory) -> BlockMeasurements:
     pytest.importorskip("torch")
     from test_profile_blocks import tiny_blocks
 
-    from nas.modules.timing import BlockTimer, profile_blocks
+    from nas.profile.blocks import BlockTimer, profile_blocks
 
     blocks, arch, _ = tiny_blocks()
     plan = plan_points(WLS)

@@ -55,7 +55,7 @@ def tiny_blocks(spec: dict | None = None):
 
 
 def run_profile(out: Path, progress=None) -> BlockMeasurements:
-    from nas.modules.timing import BlockTimer, profile_blocks
+    from nas.profile.blocks import BlockTimer, profile_blocks
 
     blocks, arch, plan = tiny_blocks()
     timer = BlockTimer("cpu", "bf16", warmup=0, repeats=2, min_time_s=0.0)
@@ -135,7 +135,7 @@ def test_resumed_profile_equals_uninterrupted(tmp_path):
 
 
 def test_resume_refuses_another_runs_file(tmp_path):
-    from nas.modules.timing import BlockTimer, profile_blocks
+    from nas.profile.blocks import BlockTimer, profile_blocks
 
     out = tmp_path / "b.json"
     run_profile(out)
@@ -201,7 +201,7 @@ def test_decode_steps_keep_the_filled_cache():
     before it (it would, by one token per step, if a KV cache were left to grow)."""
     from costmodels.measured import Point
     from nas.arch import MLA, Attention, DeltaNet, Mamba, ModelArch
-    from nas.modules.timing import BlockTimer
+    from nas.profile.blocks import BlockTimer
 
     blocks = [Attention(num_heads=4, num_kv_heads=2, head_dim=16),
               MLA(num_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,

@@ -207,7 +207,7 @@ def run_blocks(args: argparse.Namespace) -> int:
     blocks = [a.child for blk in alts for a in blk]
     plan = plan_points(list(problem.workloads.values()), batches)
     try:
-        from nas.modules.timing import BlockTimer, distinct_blocks, profile_blocks
+        from nas.profile.blocks import BlockTimer, distinct_blocks, profile_blocks
     except ImportError:
         raise InputError("block timing needs torch: pip install 'puzzle-nas[torch]'") from None
     device = args.device
