@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hwprofiles.schema import HardwareProfile
-from nas.arch import ModelArch
+from nas.arch import Attention, Mamba, ModelArch, MoE
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MAMBA_CHUNK = 64  # the Mamba-2 module's chunk_size (nas.modules.mamba; checked in the tests)
@@ -178,13 +178,17 @@ def saved_values_per_token(arch: ModelArch) -> np.ndarray:
         if b.kind == "noop":
             continue
         v = 3 * h + 2 * wide[i]
+        # (each assert: a built-in kind's name picks its config class)
         if b.kind == "attention":  # q, k, v saved once (for the attention kernel), then
+            assert isinstance(b, Attention)
             v = 3 * h + wide[i] + b.num_heads * b.head_dim
         elif b.kind == "moe":
+            assert isinstance(b, MoE)
             mats = 2 + int(b.gated)
             v = (3 * h + b.top_k * (2 * h + (2 * mats - 1) * b.expert_width)
                  + 2 * (mats - 1) * b.shared_width + 2 * b.num_experts)
         elif b.kind == "mamba":
+            assert isinstance(b, Mamba)
             c, di = MAMBA_CHUNK, b.num_heads * b.head_dim
             g, n = b.n_groups, b.state_size
             v += (2 * b.num_heads * c + 9 * di + 6 * g * n + g * c
