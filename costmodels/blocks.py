@@ -26,6 +26,7 @@ import numpy as np
 
 from costmodels import ops
 from costmodels.dtypes import PrecisionRecipe, TensorRole
+from costmodels.kinds import registered as registered_kinds
 from costmodels.parallel import allreduce_bytes, check_parallel, linear_cols, shard_table
 from costmodels.roofline import Roof
 from costmodels.shapes import (
@@ -58,8 +59,6 @@ K_SSD_DECODE = 1  # one selective-state-update kernel per decode step
 K_GDN_PREFILL = 6  # FLA chunk_gated_delta_rule: chunk-local cumsum of g, beta K K^T, triangular
 #                    solve, recompute w and u, chunked state recurrence, chunk output
 K_GDN_DECODE = 1  # one fused recurrent gated-delta-rule kernel per decode step
-K_M1_XDT = 3  # Mamba-1: the x_proj GEMM, the dt / B / C RMSNorms, the dt_proj GEMM
-K_M1_SCAN = 1  # Mamba-1: one fused selective-scan kernel (prefill) or state update (decode)
 K_GATE = 1  # gated attention: sigmoid(g) * o, one elementwise kernel
 K_ROUTER = 2  # MoE router GEMM, then top-k selection / softmax
 K_EXPERTS = 5  # routed experts: expert offsets (sort tokens by expert), grouped GEMM up
@@ -529,48 +528,11 @@ def _price_parallel(c: _Pricing, r: _Rows) -> None:
             out.append(full)
 
 
-def _price_mamba1(c: _Pricing, r: _Rows) -> None:
-    """Mamba-1 (Jamba), as vLLM's ``MambaMixer`` runs it: the ``in_proj`` GEMM (``h -> 2I``:
-    x and the gate z); the causal conv over the I channels of x; ``x_proj`` (``I -> R +
-    2N``), Jamba's RMSNorms on dt, B and C, ``dt_proj`` (``R -> I``); the selective scan
-    (chunk-free: one fused kernel over the prompt, :func:`costmodels.ops.mamba1_scan_prefill`;
-    one state update per decoding token, :func:`costmodels.ops.mamba1_scan_decode`) with the
-    D skip and the ``silu(z)`` gate fused in; the ``out_proj`` GEMM. Projections in the
-    Mamba role; conv and state in the recipe's conv- and SSM-state dtypes. The state is
-    ``I x N`` per sequence, whatever the context. Under TP the channels split
-    (``I/tp`` per GPU); ``x_proj`` is row-parallel, so its ``R + 2N`` outputs per token are
-    all-reduced before the norms (beyond the block's output all-reduce). The scan is priced
-    on the activation dtype's roof, as the other scans: at ``(7N + 7) / (4a)`` FLOP per byte
-    (about 15 for N = 16 in bf16) it is memory-bound on every profile."""
-    h, q1, a = r.h, r.q1, c.a
-    inner, N, R, K = (r.col(n) for n in ("m1_inner", "state", "dt_rank", "conv_kernel"))
-    w, dt, wo = c.wb[TensorRole.MAMBA], c.cd[TensorRole.MAMBA], c.wb[TensorRole.OTHER]
-    link = c.link
-    for _, dseq, T, out in r.steps:
-        proj = _add(ops.gemm(T, h, 2 * inner, w, a), ops.gemm(T, inner, h, w, a))
-        out.append(c.gemm_t(proj, dt, K_PROJ2))
-        xdt = _add(ops.gemm(T, inner, R + 2 * N, w, a), ops.gemm(T, R, inner, w, a))
-        out.append(c.gemm_t(_add(xdt, ops.rms_norm(T, R + 2 * N, a, wo)), dt, K_M1_XDT))
-        if c.tpx > 1:
-            out.append(ops.allreduce_time(allreduce_bytes(T, R + 2 * N, a), c.tpx,
-                                          link.bandwidth.value, c.link_eff,
-                                          link.latency.value))
-        on = (dseq > 0) * 1.0
-        out.append(c.state_t(_scale(ops.conv_decode(dseq * q1, inner, K, a, wo, c.csb), on),
-                             on))
-        fs, bs = ops.mamba1_scan_decode(dseq, inner, N, a, c.ssb)
-        st_io = dseq * inner * N * c.ssb  # verify steps: as Mamba-2's (_verify_state_bytes)
-        out.append(c.state_t((fs * q1, _verify_state_bytes(bs, st_io, q1)), K_M1_SCAN * on))
-    r.out_m.append(c.elem_t(ops.conv_prefill(c.Bp, c.S, inner, K, a, wo, c.csb), 1))
-    r.out_m.append(c.state_t(ops.mamba1_scan_prefill(c.Bp, c.S, inner, N, a, c.ssb),
-                             K_M1_SCAN))
-
-
 # each block kind's ops (beyond the norm every kind has and the TP all-reduce)
 _PRICE_KIND = {Kind.ATTENTION: _price_attention, Kind.MAMBA: _price_mamba,
                Kind.MOE: _price_moe, Kind.FFN: _price_ffn, Kind.LINEAR: _price_linear,
                Kind.DELTANET: _price_deltanet, Kind.MLA: _price_mla,
-               Kind.PARALLEL: _price_parallel, Kind.MAMBA1: _price_mamba1}
+               Kind.PARALLEL: _price_parallel}
 
 
 def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe,
@@ -639,7 +601,8 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
     dec = np.zeros((n, nw))
     kind = table.kind
 
-    for kd, price_kind in _PRICE_KIND.items():  # one pass per kind over all its rows
+    pricers = {**_PRICE_KIND, **{Kind(code): k.price for code, k in registered_kinds().items()}}
+    for kd, price_kind in pricers.items():  # one pass per kind over all its rows
         idx = np.flatnonzero(kind == int(kd))
         if idx.size == 0:
             continue
@@ -688,7 +651,9 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
          (st.n_heads + 2 * st.n_kv_heads) * st.head_dim + in_w],
         0,
     ).astype(np.float64)
-    widest = np.where(kind == int(Kind.MAMBA1), 2.0 * st.m1_inner, widest)  # in_proj: x, z
+    for code, k in registered_kinds().items():
+        if k.widest is not None:
+            widest = np.where(kind == code, k.widest(st).astype(np.float64), widest)
     workspace = np.where(kind == int(Kind.NOOP), 0.0, (2.0 * table.hidden + widest) * a)
 
     return BlockCosts(

@@ -25,9 +25,6 @@ ACT_FLOPS_PLAIN = 2  # relu^2: max + square
 SSD_DECODE_FLOPS = 5  # per state element: decay-multiply, B*x multiply, add (3); C*h (2)
 GDN_DECODE_FLOPS = 7  # per state element: decay (1), S^T k (2), rank-1 update (2), S^T q (2)
 OUTPUT_GATE_FLOPS = 5  # sigmoid (4) + multiply (1) per gated attention output channel
-MAMBA1_SCAN_FLOPS = 7  # per state element and token: exp(dt*A) (2), dt*x*B (1), update (2),
-#                        readout S*C (2)
-MAMBA1_CHANNEL_FLOPS = 7  # per channel and token: dt*x (1), D*x skip (2), silu(z) gate (4)
 SAMPLING_BYTES_PER_LOGIT = 8  # fp32 logits written by the LM head GEMM epilogue, read by sampling
 
 
@@ -166,33 +163,6 @@ def deltanet_decode(seqs: Arr, k_heads: Arr, v_heads: Arr, dk: Arr, dv: Arr, a: 
     flops = GDN_DECODE_FLOPS * seqs * v_heads * dk * dv
     byts = seqs * (2.0 * v_heads * dk * dv * st
                    + (2.0 * k_heads * dk + 2.0 * v_heads * dv + 2.0 * v_heads) * a)
-    return flops, byts
-
-
-def mamba1_scan_prefill(seqs: Arr, length: Arr, inner: Arr, state: Arr, a: Arr, st: Arr
-                        ) -> tuple[Arr, Arr]:
-    """Mamba-1 selective scan over a prompt (``mamba_ssm``'s ``selective_scan_fwd``: one
-    fused kernel, the scan sequential in time and parallel over channels; the ``D`` skip and
-    the ``silu(z)`` gate fused in), per sequence of ``S`` tokens:
-
-    FLOPs ``S*I*(7*N + 7)``: per channel and state element the discretized decay
-    ``exp(dt*A)`` (2), ``dt*x*B`` (1), the state update ``dA*S + dBx`` (2) and the readout
-    ``S*C`` (2); per channel ``dt*x`` (1), the skip ``D*x`` (2) and the gate ``silu(z)*y``
-    (4). Bytes ``S*(4*I + 2*N)*a`` (read x, dt, z, B, C; write y) ``+ I*N*st`` (final state
-    written).
-    """
-    flops = seqs * length * inner * (MAMBA1_SCAN_FLOPS * state + MAMBA1_CHANNEL_FLOPS)
-    byts = seqs * (length * (4.0 * inner + 2.0 * state) * a + inner * state * st)
-    return flops, byts
-
-
-def mamba1_scan_decode(seqs: Arr, inner: Arr, state: Arr, a: Arr, st: Arr
-                       ) -> tuple[Arr, Arr]:
-    """One Mamba-1 state update (``selective_state_update``): FLOPs ``B*I*(7*N + 7)`` (as
-    :func:`mamba1_scan_prefill` per token); bytes ``B*(2*I*N*st`` (state read and written)
-    ``+ (4*I + 2*N)*a)`` (x, dt, z, B, C in; y out)."""
-    flops = seqs * inner * (MAMBA1_SCAN_FLOPS * state + MAMBA1_CHANNEL_FLOPS)
-    byts = seqs * (2.0 * inner * state * st + (4.0 * inner + 2.0 * state) * a)
     return flops, byts
 
 

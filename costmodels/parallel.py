@@ -7,8 +7,8 @@ A model instance runs on ``tp`` GPUs (Megatron-style tensor parallelism):
 * Mamba-2: heads ``ceil(H/tp)``, B/C groups ``ceil(G/tp)`` (replicated when ``G < tp``);
 * Gated DeltaNet: key heads ``ceil(nk/tp)``, value heads ``ceil(nv/tp)`` (vLLM shards
   both; every GPU keeps whole key/value head groups);
-* Mamba-1: inner channels ``ceil(I/tp)`` (vLLM's ``MambaMixer``: in_proj and dt_proj
-  column-parallel, x_proj and out_proj row-parallel); the dt/B/C norms are replicated;
+* a kind registered in :mod:`costmodels.kinds`: the columns it names (``tp_columns``)
+  ``ceil(c/tp)`` (Mamba-1: its inner channels);
 * FFN and the MoE shared expert: width ``ceil(F/tp)``; a linear block: ``ceil(h/tp)``
   output columns;
 * routed experts: with ``ep == 1`` each expert's width is sharded ``ceil(F/tp)``; with
@@ -55,8 +55,11 @@ def shard_table(t: BlockTable, tp: int, ep: int = 1) -> BlockTable:
     if tp == 1:
         return t
     cols = {n: getattr(t, n) for n in BlockTable.columns()}
-    for name in ("n_heads", "n_kv_heads", "m_heads", "groups", "ffn_width", "shared_width",
-                 "dn_k_heads", "dn_v_heads", "m1_inner"):
+    from costmodels.kinds import registered  # its modules import this one
+
+    split = {"n_heads", "n_kv_heads", "m_heads", "groups", "ffn_width", "shared_width",
+             "dn_k_heads", "dn_v_heads", *(c for k in registered().values() for c in k.tp_columns)}
+    for name in sorted(split):
         cols[name] = _ceil_div(cols[name], tp)
     if ep == 1:
         cols["expert_width"] = _ceil_div(cols["expert_width"], tp)

@@ -33,17 +33,14 @@ Parameter layout per kind (h = hidden size; every block but NoOp has a pre-norm 
 * parallel (Falcon-H1): an attention branch and a Mamba branch (each as its kind above,
   either absent) under one pre-norm; the Mamba branch's gated-norm weight ``I`` only with
   ``ssm_norm``. KV cache of the attention branch and conv + SSM state of the Mamba branch.
-* mamba1 (Mamba-1, Jamba layout; I = ``m1_inner`` channels, N = ``state``, R = ``dt_rank``):
-  in_proj ``h*2I`` (+ ``2I`` bias), depthwise conv over ``I`` channels, ``kernel`` taps
-  (+ ``I`` bias), x_proj ``I*(R + 2N)``, dt_proj ``R*I`` + bias ``I``, ``A_log`` ``I*N``,
-  ``D`` ``I``, RMSNorms on dt, B, C ``R + 2N``, out_proj ``I*h`` (+ ``h`` bias). State per
-  sequence: ``I*N`` recurrent + conv ``I*(kernel-1)``.
+* a kind registered in :mod:`costmodels.kinds` (Mamba-1): its module there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 
@@ -219,34 +216,45 @@ def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndar
     moe_o = moe_o + moe * (t.router_lbias * t.experts
                            + t.expert_bias * n_exp * ((mats - 1) * t.expert_width + exp_in))
 
-    m1 = _is(t, Kind.MAMBA1)
-    m1_w, m1_o = mamba1_role_params(t)
-
     par_roles = parallel_role_params(t, active)
     if par_roles is not None:
         att_w = att_w + par_roles[TensorRole.ATTENTION]
         mam_w = mam_w + par_roles[TensorRole.MAMBA]
         norm = norm + par_roles[TensorRole.OTHER]
 
-    return {
+    out = {
         TensorRole.ATTENTION: att_w + dn_w + mla * mla_w,
-        TensorRole.MAMBA: mam_w + m1 * m1_w,
+        TensorRole.MAMBA: mam_w,
         TensorRole.ROUTED_EXPERTS: routed,
         TensorRole.SHARED_EXPERTS: shared,
         TensorRole.FFN: ffn_w,
         TensorRole.OTHER: norm + att_o + mam_o + moe_o + ffn_o + lin * h * h + dn_o
-        + mla * mla_o + m1 * m1_o,
+        + mla * mla_o,
     }
+    for code, k in _registered().items():  # costmodels.kinds: each kind's own count
+        mask = (t.kind == code).astype(np.int64)
+        if mask.any():
+            for role, n in k.role_params(t, active).items():
+                out[role] = out[role] + mask * n
+    return out
 
 
-def mamba1_role_params(t: BlockTable) -> tuple[np.ndarray, np.ndarray]:
-    """Mamba-1 (matrices: in_proj, x_proj, dt_proj, out_proj; the rest: conv, biases,
-    ``A_log``, ``D``, dt/B/C norms) per row, whatever the row's kind (callers mask it)."""
-    h, inner, n, r = t.hidden, t.m1_inner, t.state, t.dt_rank
-    mats = 2 * h * inner + inner * (r + 2 * n) + r * inner + inner * h
-    rest = (inner * t.conv_kernel + t.conv_bias * inner + inner + inner * n + inner
-            + r + 2 * n + t.proj_bias * (2 * inner + h))
-    return mats, rest
+def _registered() -> dict[int, Any]:
+    from costmodels.kinds import registered  # its modules import this one
+
+    return registered()
+
+
+def _registered_sum(t: BlockTable, what: str) -> np.ndarray:
+    """The sum over registered kinds (:mod:`costmodels.kinds`) of their ``what`` per row,
+    each on its own rows (0 elsewhere)."""
+    out = np.zeros(len(t), dtype=np.int64)
+    for code, k in _registered().items():
+        fn = getattr(k, what)
+        mask = (t.kind == code).astype(np.int64)
+        if fn is not None and mask.any():
+            out = out + mask * fn(t)
+    return out
 
 
 def parallel_role_params(t: BlockTable, active: bool = False
@@ -294,7 +302,8 @@ def kv_elems_per_token(t: BlockTable) -> np.ndarray:
     its latent and its shared RoPE key, ``kv_lora + qk_rope``."""
     return (_is(t, Kind.ATTENTION) * 2 * t.n_kv_heads * t.head_dim
             + _is(t, Kind.MLA) * (t.kv_lora + t.qk_rope)
-            + _is(t, Kind.PARALLEL) * 2 * t.n_kv_heads * t.head_dim)
+            + _is(t, Kind.PARALLEL) * 2 * t.n_kv_heads * t.head_dim
+            + _registered_sum(t, "kv_per_token"))
 
 
 def kv_bytes(t: BlockTable, recipe: PrecisionRecipe, context: int | np.ndarray) -> np.ndarray:
@@ -309,18 +318,18 @@ def conv_state_elems(t: BlockTable) -> np.ndarray:
     inputs."""
     _, _, conv_ch = mamba_dims(t)
     dn_conv = deltanet_dims(t)[3]
-    return (_is(t, Kind.MAMBA) * conv_ch + _is(t, Kind.DELTANET) * dn_conv
-            + _is(t, Kind.MAMBA1) * t.m1_inner + _is(t, Kind.PARALLEL) * conv_ch
-            * (t.m_heads > 0)) * np.maximum(t.conv_kernel - 1, 0)
+    return ((_is(t, Kind.MAMBA) * conv_ch + _is(t, Kind.DELTANET) * dn_conv
+             + _is(t, Kind.PARALLEL) * conv_ch * (t.m_heads > 0))
+            * np.maximum(t.conv_kernel - 1, 0) + _registered_sum(t, "conv_state"))
 
 
 def ssm_state_elems(t: BlockTable) -> np.ndarray:
     """Recurrent-state elements per sequence: Mamba heads x head_dim x state size; DeltaNet
-    value heads x head_k_dim x head_v_dim; Mamba-1 inner channels x state size."""
+    value heads x head_k_dim x head_v_dim; a registered kind's own count."""
     return (_is(t, Kind.MAMBA) * t.m_heads * t.m_head_dim * t.state
             + _is(t, Kind.DELTANET) * t.dn_v_heads * t.dn_k_dim * t.dn_v_dim
-            + _is(t, Kind.MAMBA1) * t.m1_inner * t.state
-            + _is(t, Kind.PARALLEL) * t.m_heads * t.m_head_dim * t.state)
+            + _is(t, Kind.PARALLEL) * t.m_heads * t.m_head_dim * t.state
+            + _registered_sum(t, "ssm_state"))
 
 
 def state_bytes_per_sequence(t: BlockTable, recipe: PrecisionRecipe) -> np.ndarray:

@@ -13,7 +13,7 @@ import json
 import math
 from collections import Counter
 from functools import cached_property
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, model_validator
@@ -21,94 +21,19 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, 
 from costmodels import shapes
 from costmodels.dtypes import PrecisionRecipe, TensorRole, get_recipe
 from costmodels.shapes import BlockTable, Kind
-
-# ---- caps on sizes -----------------------------------------------------------------------
-# No cap is a model limit of Puzzle; each keeps every parameter and byte count exact in the
-# int64 arithmetic of costmodels (the worst block under these caps, a 4,096-expert MoE of
-# 262,144-wide experts on a 262,144-wide stream, has 3 * 2**48 parameters; 4,096 of them stay
-# below 2**63) and bounds the work one config can ask for.
-MAX_DIM = 2**18
-"""Hidden size, head size, FFN / expert / shared / latent widths, SSM state and conv sizes:
-262,144 is 10x the widest published LLM (hidden 25,600; expert widths up to ~29,000)."""
-MAX_HEADS = 2**14
-"""Attention and Mamba heads: 16,384 is 64x the most published (256 Mamba heads)."""
-MAX_EXPERTS = 2**12
-"""Routed experts: 4,096 is 8x the most published (512, Qwen3-Next)."""
-MAX_VOCAB = 2**24
-"""Vocabulary: 16,777,216 is 64x the largest published (262,144, Gemma 3) and the largest
-token id a float32 tensor holds exactly."""
-MAX_BLOCKS = 4096
-"""Residual blocks (a Llama layer is two): 16x the deepest published LLM (Llama-3.1-405B,
-126 layers = 252 blocks). Pricing, the search space and the MIP grow linearly with it and
-every tool builds one object per block, so a typo like 100,000,000 layers stops here."""
-MAX_CONTEXT = 2**31
-"""Sliding windows and context lengths: the largest position an int32 index holds."""
-
-_CAPS: dict[str, tuple[int, str]] = {
-    "hidden_size": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "width": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "expert_width": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "shared_width": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "latent_size": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "state_size": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "conv_kernel": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "num_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
-    "num_kv_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
-    "n_groups": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
-    "num_experts": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
-    "top_k": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
-    "vocab_size": (MAX_VOCAB, "MAX_VOCAB: 64x the largest published vocabulary"),
-    "sliding_window": (MAX_CONTEXT, "MAX_CONTEXT: the largest int32 position"),
-    "head_k_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "head_v_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "rope_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "num_k_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
-    "num_v_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
-    "q_lora_rank": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "kv_lora_rank": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "qk_nope_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "qk_rope_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "v_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "n_group": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
-    "topk_group": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
-    "inner_size": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "dt_rank": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-}
-
-
-def check_caps(obj: BaseModel) -> None:
-    """Raise ``ValueError`` naming the first field of ``obj`` above its cap (see ``_CAPS``)."""
-    for name, (cap, why) in _CAPS.items():
-        v = getattr(obj, name, None)
-        if isinstance(v, int) and v > cap:
-            raise ValueError(f"{name} = {v:,} exceeds the cap {cap:,} ({why}; "
-                             "nas.arch explains each cap)")
-
-
-def cap_of(field: str) -> tuple[int, str] | None:
-    """The cap and its reason for a block or model field, if it has one."""
-    return _CAPS.get(field)
-
-
-class BlockConfig(BaseModel):
-    """The base of every block kind's configuration (:class:`Attention`, :class:`FFN`,
-    :class:`MoE`, ...): frozen, no unknown fields, caps checked. Each kind declares its own
-    ``kind`` literal (the discriminator of :data:`Block`)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    if TYPE_CHECKING:  # each kind's own Literal field; declared here for the type checker only,
-        kind: str      # so that pydantic's field order and the discriminated union stay as they are
-
-    @model_validator(mode="after")
-    def _caps(self) -> BlockConfig:
-        check_caps(self)
-        return self
-
-    def describe(self) -> str:
-        """A short human-readable label, e.g. ``attention q32/kv8 d128``."""
-        return self.kind
+from nas.kinds.base import (  # noqa: F401  (the caps and the base are public here)
+    MAX_BLOCKS,
+    MAX_CONTEXT,
+    MAX_DIM,
+    MAX_EXPERTS,
+    MAX_HEADS,
+    MAX_VOCAB,
+    BlockConfig,
+    cap_of,
+    check_caps,
+    kinds,
+    spec_of,
+)
 
 
 class Attention(BlockConfig):
@@ -173,32 +98,6 @@ class Mamba(BlockConfig):
 
     def describe(self) -> str:
         return f"mamba h{self.num_heads}x{self.head_dim} state{self.state_size}"
-
-
-class Mamba1(BlockConfig):
-    """Mamba-1 selective SSM mixer (arXiv 2312.00752), HF Jamba layout (``JambaMambaMixer``).
-
-    ``in_proj`` maps the hidden state to ``[x | z]`` (``inner_size`` channels each); a causal
-    depthwise conv (+ SiLU) runs over ``x``; ``x_proj`` gives ``[dt (dt_rank) | B (N) | C
-    (N)]`` per token, each through its own RMSNorm (Jamba's addition to Mamba-1);
-    ``dt = softplus(dt_proj(dt))``. Per channel ``c`` and state dim ``n`` (``A = -exp(A_log)``
-    is ``inner_size x state_size``, one decay per channel and state dim, unlike Mamba-2's one
-    per head) ``S_t[c, n] = exp(dt_t[c] A[c, n]) S_{t-1}[c, n] + dt_t[c] B_t[n] x_t[c]``,
-    ``y_t[c] = sum_n S_t[c, n] C_t[n] + D[c] x_t[c]``, gated by ``silu(z)``, then
-    ``out_proj``. The state is fixed-size: ``inner_size x state_size`` per sequence, plus the
-    conv's last ``conv_kernel - 1`` inputs; no KV cache.
-    """
-
-    kind: Literal["mamba1"] = "mamba1"
-    inner_size: PositiveInt
-    state_size: PositiveInt
-    dt_rank: PositiveInt
-    conv_kernel: PositiveInt = 4
-    conv_bias: bool = True
-    proj_bias: bool = False
-
-    def describe(self) -> str:
-        return f"mamba1 i{self.inner_size} state{self.state_size} dt{self.dt_rank}"
 
 
 class DeltaNet(BlockConfig):
@@ -387,23 +286,42 @@ class NoOp(BlockConfig):
     kind: Literal["noop"] = "noop"
 
 
-Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | DeltaNet | MLA | Mamba1
-                  | Parallel, Field(discriminator="kind")]
+_BUILTIN: tuple[type[BlockConfig], ...] = (Attention, Mamba, MoE, FFN, Linear, NoOp, DeltaNet,
+                                           MLA, Parallel)
+"""The kinds that predate the registry; the registered ones (:mod:`nas.kinds`) follow."""
+if TYPE_CHECKING:  # a registered kind is a BlockConfig to the type checker
+    Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | DeltaNet | MLA | Parallel
+                      | BlockConfig, Field(discriminator="kind")]
+else:
+    Block = Annotated[Union[(*_BUILTIN, *(k.config for k in kinds().values()))],  # noqa: UP007
+                      Field(discriminator="kind")]
 BLOCK_TYPES: dict[str, type[BlockConfig]] = {
     "attention": Attention, "mamba": Mamba, "moe": MoE, "ffn": FFN, "linear": Linear, "noop": NoOp,
-    "deltanet": DeltaNet, "mla": MLA, "mamba1": Mamba1,
-    "parallel": Parallel,
+    "deltanet": DeltaNet, "mla": MLA, "parallel": Parallel,
+    **{name: k.config for name, k in kinds().items()},
 }
 _KIND_CODE = {"attention": Kind.ATTENTION, "mamba": Kind.MAMBA, "moe": Kind.MOE,
               "ffn": Kind.FFN, "linear": Kind.LINEAR, "noop": Kind.NOOP,
-              "deltanet": Kind.DELTANET, "mla": Kind.MLA, "mamba1": Kind.MAMBA1,
-              "parallel": Kind.PARALLEL}
+              "deltanet": Kind.DELTANET, "mla": Kind.MLA, "parallel": Kind.PARALLEL,
+              **{name: k.code for name, k in kinds().items()}}
+
+
+def __getattr__(name: str) -> Any:
+    """A registered kind's config class by its name (``nas.arch.Mamba1``, as before the
+    kind moved to :mod:`nas.kinds`)."""
+    for k in kinds().values():
+        if k.config.__name__ == name:
+            return k.config
+    raise AttributeError(f"module 'nas.arch' has no attribute {name!r}")
 
 
 def block_row(block: BlockConfig, hidden: int) -> dict[str, int]:
     """The :class:`costmodels.shapes.BlockTable` columns of one block."""
     row: dict[str, int] = {"kind": int(_KIND_CODE[block.kind]), "hidden": hidden}
-    if isinstance(block, Attention):
+    registered = spec_of(block)
+    if registered is not None:
+        row.update(registered.row(block))
+    elif isinstance(block, Attention):
         row.update(n_heads=block.num_heads, n_kv_heads=block.num_kv_heads,
                    head_dim=block.head_dim, window=block.sliding_window or 0,
                    qkv_bias=int(block.qkv_bias), o_bias=int(block.o_bias),
@@ -416,10 +334,6 @@ def block_row(block: BlockConfig, hidden: int) -> dict[str, int]:
         row.update(dn_k_heads=block.num_k_heads, dn_v_heads=block.num_v_heads,
                    dn_k_dim=block.head_k_dim, dn_v_dim=block.head_v_dim,
                    conv_kernel=block.conv_kernel)
-    elif isinstance(block, Mamba1):
-        row.update(m1_inner=block.inner_size, state=block.state_size, dt_rank=block.dt_rank,
-                   conv_kernel=block.conv_kernel, conv_bias=int(block.conv_bias),
-                   proj_bias=int(block.proj_bias))
     elif isinstance(block, Mamba):
         row.update(m_heads=block.num_heads, m_head_dim=block.head_dim, state=block.state_size,
                    groups=block.n_groups, conv_kernel=block.conv_kernel,
@@ -601,9 +515,9 @@ class ModelArch(BaseModel):
             elif isinstance(b, DeltaNet) and b.num_k_heads % tp:
                 raise InputError(f"{tp} does not divide block {i}'s {b.num_k_heads} DeltaNet "
                                  "key heads", field=field)
-            elif isinstance(b, Mamba1) and b.inner_size % tp:
-                raise InputError(f"{tp} does not divide block {i}'s {b.inner_size} Mamba-1 "
-                                 "channels", field=field)
+            elif (k := spec_of(b)) is not None and k.tp_check is not None and \
+                    (why := k.tp_check(b, tp)) is not None:
+                raise InputError(f"{tp} does not divide block {i}'s {why}", field=field)
         for i, b in enumerate(self.blocks):  # a parallel block splits both of its branches
             if not isinstance(b, Parallel):
                 continue

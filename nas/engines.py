@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from hwprofiles.errors import InputError
 from nas.arch import BlockConfig, Linear, ModelArch, NoOp
+from nas.kinds import kinds
 
 ENGINES: tuple[str, ...] = ("vllm", "trtllm", "sglang", "transformers")
 """Engines the table covers: vLLM, TensorRT-LLM (its PyTorch backend), SGLang, and stock
@@ -46,8 +47,6 @@ _FIELD_AXES: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "moe.shared_width": ("moe", lambda b: b.shared_width),
     "mamba.state_size": ("mamba", lambda b: b.state_size),
     "mamba.heads": ("mamba", lambda b: b.num_heads),
-    "mamba1.inner_size": ("mamba1", lambda b: b.inner_size),
-    "mamba1.state_size": ("mamba1", lambda b: b.state_size),
     "deltanet.v_heads": ("deltanet", lambda b: b.num_v_heads),
     "deltanet.k_heads": ("deltanet", lambda b: b.num_k_heads),
     "mla.heads": ("mla", lambda b: b.num_heads),
@@ -59,12 +58,16 @@ _FIELD_AXES: dict[str, tuple[str, Callable[[Any], Any]]] = {
                              else b.mamba.num_heads),
     "parallel.state_size": ("parallel", lambda b: None if b.mamba is None
                             else b.mamba.state_size),
+    # each registered kind's (nas.kinds)
+    **{f"{name}.{f}": (name, read) for name, k in kinds().items()
+       for f, read in k.engine_axes.items()},
 }
 # structural axes: a child block that is not a reshaped copy of its parent block
 _STRUCT_AXES = ("attention.noop", "attention.linear", "ffn.noop", "ffn.linear", "moe.noop",
-                "mamba.noop", "mamba1.noop", "deltanet.noop", "deltanet.swap", "mla.noop",
-                "parallel.drop_attention", "parallel.drop_mamba", "parallel.noop", "spans",
-                "precision")
+                "mamba.noop", "deltanet.noop", "deltanet.swap", "mla.noop",
+                "parallel.drop_attention", "parallel.drop_mamba", "parallel.noop",
+                *(f"{name}.noop" for name, k in kinds().items() if "noop" in k.space.model_fields),
+                "spans", "precision")
 AXES: tuple[str, ...] = (*_FIELD_AXES, *_STRUCT_AXES)
 """Every search axis the table speaks of: ``<kind>.<field>`` (a shape a block keeps),
 ``<kind>.noop`` / ``.linear`` (the block removed / replaced by one linear map),

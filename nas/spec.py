@@ -16,7 +16,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -31,6 +32,7 @@ from pydantic import (
 from costmodels.serving import parse_slo
 from hwprofiles.errors import InputError, read_json
 from nas.arch import MAX_BLOCKS, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS, MAX_HEADS
+from nas.kinds import AxisSpace, kinds
 from nas.units import UNITS
 
 MAX_SWEEP_POINTS = 200
@@ -181,13 +183,6 @@ class HardwareSpec(_Model):
         return self
 
 
-class AxisSpace(_Model):
-    """The fields every search-space axis has: where its alternatives apply."""
-
-    blocks: list[tuple[int, int]] | None = Field(
-        default=None, description="restrict these alternatives to block ranges [start, end)")
-
-
 class AttentionSpace(AxisSpace):
     kv_heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
     sliding_window: list[Annotated[int, Field(ge=1, le=MAX_CONTEXT)]] = Field(
@@ -221,21 +216,6 @@ class MoESpace(AxisSpace):
 class MambaSpace(AxisSpace):
     state_sizes: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
     heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
-    noop: bool = False
-
-
-class Mamba1Space(AxisSpace):
-    """Mamba-1 (Jamba) axes, each value at most the parent's: ``inner_sizes`` /
-    ``inner_fractions`` (channels kept: in_proj, conv, x_proj, dt_proj, A, D and out_proj
-    shrink with them, and the state, ``inner_size x state_size`` per sequence), fractions
-    rounded to ``round_to`` channels; ``state_sizes`` (state dims kept: A's columns and
-    x_proj's B / C rows); every combination; and no-op. The dt rank is kept."""
-
-    inner_sizes: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
-    inner_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
-    round_to: int = Field(default=64, ge=1, le=MAX_DIM,
-                          description="round fractional channel counts to this")
-    state_sizes: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
     noop: bool = False
 
 
@@ -391,26 +371,45 @@ class PrecisionSpace(_Model):
         return bool(self.attention or self.mamba or self.moe or self.ffn)
 
 
-class SearchSpace(_Model):
-    """Per block kind, the axes to try. The parent block is always an alternative."""
+class _KindAxes(_Model):
+    """The axes of the kinds that predate the registry (:mod:`nas.kinds`)."""
 
     attention: AttentionSpace = Field(default_factory=AttentionSpace)
     ffn: FFNSpace = Field(default_factory=FFNSpace)
     moe: MoESpace = Field(default_factory=MoESpace)
     mamba: MambaSpace = Field(default_factory=MambaSpace)
-    mamba1: Mamba1Space = Field(default_factory=Mamba1Space)
     deltanet: DeltaNetSpace = Field(default_factory=DeltaNetSpace)
     mla: MLASpace = Field(default_factory=MLASpace)
     parallel: ParallelSpace = Field(default_factory=ParallelSpace)
-    homogeneous: bool = Field(default=False, description="Minitron-style: every block of a "
-                              "kind gets the same choice (a baseline)")
-    compare_homogeneous: bool = Field(default=False, description="also solve the homogeneous "
-                                      "baseline and report/plot it beside the search")
-    spans: list[SpanRule] = Field(default_factory=list, max_length=MAX_SPAN_RULES,
-                                  description="multi-block "
-                                  "replacements: spans of 2-3 parent blocks replaced as a whole")
-    precision: PrecisionSpace = Field(default_factory=PrecisionSpace,
-                                      description="precision recipes per block kind")
+
+
+_SEARCH_FIELDS: dict[str, Any] = {
+    **{name: (k.space, Field(default_factory=k.space)) for name, k in kinds().items()},
+    "homogeneous": (bool, Field(default=False, description="Minitron-style: every block of a "
+                                "kind gets the same choice (a baseline)")),
+    "compare_homogeneous": (bool, Field(default=False, description="also solve the "
+                                        "homogeneous baseline and report/plot it beside the "
+                                        "search")),
+    "spans": (list[SpanRule], Field(default_factory=list, max_length=MAX_SPAN_RULES,
+                                    description="multi-block replacements: spans of 2-3 parent "
+                                    "blocks replaced as a whole")),
+    "precision": (PrecisionSpace, Field(default_factory=PrecisionSpace,
+                                        description="precision recipes per block kind")),
+}
+_SEARCH_DOC = """Per block kind, the axes to try (a registered kind's axis is
+``search_space.<kind>``). The parent block is always an alternative."""
+
+if TYPE_CHECKING:
+    class SearchSpace(_KindAxes):
+        homogeneous: bool
+        compare_homogeneous: bool
+        spans: list[SpanRule]
+        precision: PrecisionSpace
+
+        def __getattr__(self, name: str) -> Any: ...  # a registered kind's axis
+else:
+    SearchSpace = create_model("SearchSpace", __base__=_KindAxes, __doc__=_SEARCH_DOC,
+                               __module__=__name__, **_SEARCH_FIELDS)
 
 
 class QualitySpec(_Model):

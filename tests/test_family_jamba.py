@@ -105,15 +105,15 @@ def test_mamba1_pricing_follows_the_formulas():
     does not grow with the context (attention's does), it holds no KV but I x N state, and
     its weights are the exact parameter bytes."""
     import hwprofiles
-    from costmodels import ops
     from costmodels.blocks import price_blocks
     from costmodels.dtypes import get_recipe
+    from costmodels.kinds import mamba1 as ops
     from nas.arch import blocks_table
 
-    f, b = ops.mamba1_scan_prefill(2.0, 4096.0, 8192, 16, 2.0, 4.0)
+    f, b = ops.scan_prefill(2.0, 4096.0, 8192, 16, 2.0, 4.0)
     assert f == 2 * 4096 * 8192 * (7 * 16 + 7)
     assert b == 2 * (4096 * (4 * 8192 + 2 * 16) * 2 + 8192 * 16 * 4)
-    f1, b1 = ops.mamba1_scan_decode(8.0, 8192, 16, 2.0, 4.0)
+    f1, b1 = ops.scan_decode(8.0, 8192, 16, 2.0, 4.0)
     assert f1 == 8 * 8192 * (7 * 16 + 7) and b1 == 8 * (2 * 8192 * 16 * 4 + (4 * 8192 + 32) * 2)
     arch = load_config(MINI)
     m, att = arch.blocks[0], arch.blocks[8]

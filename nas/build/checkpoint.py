@@ -78,6 +78,7 @@ from nas.hf.deepseek import is_mtp_tensor
 from nas.hf.remote import AUTO_MAP, REMOTE_FILES, needs_remote_code, remote_config, remote_files
 from nas.hf.remote import CONFIG_KEY as REMOTE_KEY
 from nas.io import check_output_dir, swap_in_dir, temp_prefix
+from nas.kinds import hf_module
 from nas.modules.granite import GRANITE
 from nas.modules.model import CausalLM
 
@@ -133,8 +134,8 @@ def hf_layout(model: CausalLM, model_type: str) -> list[tuple[str, str, int | No
             if model_type == "jamba":  # Jamba: mamba / self_attn, then feed_forward
                 norm_name = prefix + ("input_layernorm.weight" if attn_slot
                                       else "pre_ff_layernorm.weight")
-                mixer = prefix + ("feed_forward." if not attn_slot else "mamba."
-                                  if model.arch.blocks[i].kind == "mamba1" else "self_attn.")
+                mixer = prefix + ("feed_forward." if not attn_slot else
+                                  hf_module(model.arch.blocks[i], "jamba") or "self_attn.")
             if model_type == GRANITE:  # the MLP slot's mixer names its own block_sparse_moe /
                 # shared_mlp submodules (nas.modules.granite)
                 mixer = prefix + ("mamba." if model.arch.blocks[i].kind == "mamba" else

@@ -13,6 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 from hwprofiles.errors import InputError, first_error
 from nas.arch import MAX_BLOCKS, MAX_CONTEXT, Block, BlockConfig, ModelArch, cap_of
 from nas.hf.registry import ExportError, dialect
+from nas.kinds import spec_of
 
 MISSING = object()
 """The default of a required field (``None`` means optional)."""
@@ -350,23 +351,20 @@ def _refuse_parallel_features(arch: ModelArch, mt: str) -> None:
             raise ExportError(f"{mt} has no parallel attention + Mamba blocks (block {i})")
 
 
-MAMBA1_TYPES: set[str] = {"jamba"}
-"""Dialects whose writer holds Mamba-1 blocks; :func:`base_config` refuses them for every
-other type (their tensors and numerics have no place there)."""
-
-
-def _refuse_mamba1(arch: ModelArch, mt: str) -> None:
-    if mt in MAMBA1_TYPES:
-        return
+def _refuse_registered_kinds(arch: ModelArch, mt: str) -> None:
+    """A registered kind (:mod:`nas.kinds`) that names the dialects holding it is refused
+    for every other type (its tensors and numerics have no place there)."""
     for i, b in enumerate((*arch.blocks, *arch.mtp_blocks)):
-        if b.kind == "mamba1":
-            raise ExportError(f"{mt} has no Mamba-1 blocks (block {i}; jamba has)")
+        k = spec_of(b)
+        if k is not None and k.hf_dialects and mt not in k.hf_dialects:
+            raise ExportError(f"{mt} has no {k.title} blocks (block {i}; "
+                              f"{', '.join(sorted(k.hf_dialects))} has)")
 
 
 def base_config(arch: ModelArch, mt: str, eps_key: str) -> dict[str, Any]:
     _refuse_hybrid_features(arch, mt)
     _refuse_mla_gpt_oss_features(arch, mt)
-    _refuse_mamba1(arch, mt)
+    _refuse_registered_kinds(arch, mt)
     _refuse_parallel_features(arch, mt)
     out: dict[str, Any] = {"architectures": [dialect(mt).architecture], "model_type": mt}
     out.update(arch.hf_extra)

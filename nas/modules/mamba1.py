@@ -158,3 +158,9 @@ class Mamba1Mixer(nn.Module):
         nn.init.ones_(self.D)
         for norm in (self.dt_layernorm, self.b_layernorm, self.c_layernorm):
             norm.reset_parameters()
+
+
+def make_mixer(cfg: Mamba1, arch: Any) -> Mamba1Mixer:
+    """The kind's mixer in ``arch`` (:func:`nas.modules.model.make_mixer` calls it): Jamba's
+    dt / B / C norms at the model's eps."""
+    return Mamba1Mixer(cfg, arch.hidden_size, arch.norm_eps)

@@ -10,6 +10,7 @@ them too.
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any
 
@@ -24,7 +25,6 @@ from nas.arch import (
     DeltaNet,
     Linear,
     Mamba,
-    Mamba1,
     ModelArch,
     MoE,
     NoOp,
@@ -46,7 +46,6 @@ from nas.modules.layers import (
     default_out_std,
 )
 from nas.modules.mamba import MambaMixer
-from nas.modules.mamba1 import Mamba1Mixer
 from nas.modules.mla import MLAMixer
 from nas.modules.moe import MoEMixer
 from nas.modules.parallel import MuPFFNMixer, ParallelMixer
@@ -69,8 +68,6 @@ def make_mixer(cfg: BlockConfig, arch: ModelArch) -> nn.Module | None:
     if isinstance(cfg, DeltaNet):  # Qwen3.5 stores the input projections split
         return DeltaNetMixer(cfg, h, arch.norm_eps,
                              split=arch.model_type.startswith("qwen3_5"))
-    if isinstance(cfg, Mamba1):  # Jamba's Mamba-1 (dt / B / C norms at the model's eps)
-        return Mamba1Mixer(cfg, h, arch.norm_eps)
     if isinstance(cfg, Mamba | Parallel):
         extra = arch.hf_extra
         lim = extra.get("time_step_limit") or [0.0, math.inf]
@@ -88,7 +85,24 @@ def make_mixer(cfg: BlockConfig, arch: ModelArch) -> nn.Module | None:
         return LinearMixer(h)
     if isinstance(cfg, NoOp):
         return None
-    raise TypeError(f"unknown block config {cfg!r}")
+    module = _sibling(cfg.kind)  # a registered kind (nas.kinds): nas/modules/<kind>.py
+    if module is None:
+        raise TypeError(f"unknown block config {cfg!r}")
+    return module.make_mixer(cfg, arch)
+
+
+def _sibling(name: str) -> Any:
+    """The module ``name`` beside this one, or None: ``nas.modules.<name>``, or in a child's
+    remote code (:mod:`nas.hf.remote`, where this file is ``puzzle_nas_model.py``) the file
+    ``puzzle_nas_<name>.py`` beside it."""
+    package, _, me = __name__.rpartition(".")
+    target = f"{package}.{me[: -len('model')]}{name}"  # prefix "" here, "puzzle_nas_" there
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        if exc.name != target:  # the module exists and lacks something: say so
+            raise
+        return None
 
 
 class Block(nn.Module):

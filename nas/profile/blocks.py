@@ -63,6 +63,7 @@ from costmodels.measured import (
 )
 from hwprofiles.errors import InputError
 from nas.arch import BlockConfig, ModelArch, block_row
+from nas.kinds import kinds
 from nas.modules.model import Block
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -71,9 +72,8 @@ ProgressFn = Callable[[int, int, str], None]
 """``progress(done, total, note)``: called after each timed point (and once at the start)."""
 
 #: block kinds that keep a cache / state between decode steps (filled before a decode)
-STATEFUL = ("attention", "mla", "mamba", "deltanet", "parallel")
-
-STATEFUL = (*STATEFUL, "mamba1")  # Jamba's Mamba-1: conv + SSM state
+STATEFUL = ("attention", "mla", "mamba", "deltanet", "parallel",
+            *(name for name, k in kinds().items() if k.stateful))
 
 
 def _cpu_name() -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 import nas.build.inherit
+import nas.kinds
 import nas.modules
 
 
@@ -34,17 +35,20 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def code_digest() -> str:
     """SHA-256 of the torch version and the source of everything that computes a score (the
-    modules, the init rules, the scoring core and BLD): part of every key, so that rows
+    modules, the kinds, the init rules, fake quantization, the scoring core and BLD): part of every key, so that rows
     computed by other code are never reused."""
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).parent
     files = sorted(Path(nas.modules.__file__).parent.glob("*.py")) + [
-        *sorted(Path(nas.build.inherit.__file__).parent.glob("*.py")), here / "core.py", here / "bld.py",
-        here / "pipeline.py"]
+        *sorted(Path(nas.build.inherit.__file__).parent.glob("*.py")),
+        *sorted(Path(nas.kinds.__file__).parent.glob("*.py")),  # configs, quantized linears
+        here / "core.py", here / "bld.py", here / "pipeline.py", here / "fakequant.py"]
     for f in files:
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()
+
+
 METRICS = ("kl_div", "lm_loss_delta", "top1_agreement")
 
 

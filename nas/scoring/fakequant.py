@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from nas.kinds import kinds
+
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 NVFP4_BLOCK = 16
@@ -150,7 +152,6 @@ _ROLE_OF = (
     # gpt-oss's stacked experts (nas.modules.gpt_oss), stored [E, in, out] as in its checkpoints
     (("experts.gate_up_proj", "experts.down_proj"), "routed_experts"),
     (("in_proj.weight", "out_proj.weight"), "mamba"),
-    (("x_proj.weight", "dt_proj.weight"), "mamba"),  # Mamba-1 (nas.modules.mamba1)
     (("experts_gate", "experts_up", "experts_down"), "routed_experts"),
     # Granite's fused experts and shared MLP (nas.modules.granite), [E, out, in] / [out, in]
     (("block_sparse_moe.input_linear.weight", "block_sparse_moe.output_linear.weight"),
@@ -160,6 +161,9 @@ _ROLE_OF = (
       "shared_experts.down_proj.weight"), "shared_experts"),
     (("gate_proj.weight", "up_proj.weight", "down_proj.weight"), "ffn"),
     (("fc1_latent_proj.weight", "fc2_latent_proj.weight", "linear.weight"), "other"),
+    # each registered kind's linears (nas.kinds)
+    *((tuple(f"{n}.weight" for n, role in k.linears if role == r), r.value)
+      for k in kinds().values() for r in dict.fromkeys(role for _, role in k.linears)),
 )
 
 

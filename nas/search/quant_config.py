@@ -36,6 +36,7 @@ from typing import Any
 from costmodels.dtypes import DType, PrecisionRecipe, TensorRole, get_recipe
 from hwprofiles.errors import InputError
 from nas.arch import FFN, MLA, Attention, BlockConfig, Linear, Mamba, ModelArch, MoE, Parallel
+from nas.kinds import hf_module, spec_of
 
 # ModelOpt's names of the formats (hf_quant_config.json ``quant_algo``), with group sizes
 _ALGO: dict[DType, dict[str, Any]] = {
@@ -61,11 +62,11 @@ def _modules(b: BlockConfig, model_type: str, i: int) -> list[tuple[str, TensorR
             pre = layer + ("block_sparse_moe." if model_type == "mixtral"
                            and isinstance(b, MoE) else "mlp.")
     if model_type == "jamba":  # mamba / self_attn, then feed_forward (nas.build.checkpoint)
-        pre = f"model.layers.{i // 2}." + ("feed_forward." if i % 2 else "mamba."
-                                          if b.kind == "mamba1" else "self_attn.")
-        if b.kind == "mamba1":
-            return [(pre + n, TensorRole.MAMBA) for n in ("in_proj", "x_proj", "dt_proj",
-                                                          "out_proj")]
+        pre = f"model.layers.{i // 2}." + ("feed_forward." if i % 2 else
+                                          hf_module(b, "jamba") or "self_attn.")
+    registered = spec_of(b)
+    if registered is not None:  # nas.kinds: the kind lists its linears
+        return [(pre + n, role) for n, role in registered.linears]
     if model_type == "falcon_h1":  # self_attn. + mamba. side by side, then feed_forward.
         layer = f"model.layers.{i // 2}."
         if isinstance(b, Parallel):

@@ -20,12 +20,13 @@ from nas.arch import (
     DeltaNet,
     Linear,
     Mamba,
-    Mamba1,
     ModelArch,
     MoE,
     NoOp,
     Parallel,
 )
+from nas.kinds import kinds
+from nas.kinds.base import round_to_multiple
 from nas.spec import AxisSpace, SearchSpace
 
 
@@ -59,10 +60,6 @@ def _in_ranges(axis: AxisSpace, i: int) -> bool:
     return axis.blocks is None or any(a <= i < b for a, b in axis.blocks)
 
 
-def _round(x: float, to: int) -> int:
-    return max(to, int(round(x / to)) * to)
-
-
 def _label(parent: BlockConfig, child: BlockConfig) -> str:
     if child == parent:
         return "parent"
@@ -94,7 +91,7 @@ def _attention(b: Attention, s: SearchSpace) -> list[BlockConfig]:
 
 def _ffn(b: FFN, s: SearchSpace) -> list[BlockConfig]:
     widths = {b.width, *s.ffn.widths}
-    widths |= {_round(b.width * f, s.ffn.round_to) for f in s.ffn.fractions}
+    widths |= {round_to_multiple(b.width * f, s.ffn.round_to) for f in s.ffn.fractions}
     out: list[BlockConfig] = [b.model_copy(update={"width": w})
                          for w in sorted(widths, reverse=True) if w <= b.width]
     if s.ffn.linear:
@@ -109,7 +106,7 @@ def _moe(b: MoE, s: SearchSpace) -> list[BlockConfig]:
     experts = {b.num_experts, *m.experts}
     experts |= {max(1, int(round(b.num_experts * f))) for f in m.expert_fractions}
     widths = {b.expert_width, *m.expert_widths}
-    widths |= {_round(b.expert_width * f, m.round_to) for f in m.width_fractions}
+    widths |= {round_to_multiple(b.expert_width * f, m.round_to) for f in m.width_fractions}
     topks = {b.top_k, *m.top_k}
     shared = {b.shared_width, *m.shared_widths}
     out: list[BlockConfig] = []
@@ -158,22 +155,6 @@ def _mamba(b: Mamba, s: SearchSpace) -> list[BlockConfig]:
                                               sorted(states, reverse=True))
                          if st <= b.state_size and h <= b.num_heads]
     if s.mamba.noop:
-        out.append(NoOp())
-    return out
-
-
-def _mamba1(b: Mamba1, s: SearchSpace) -> list[BlockConfig]:
-    """Mamba-1 (Jamba) blocks: channels x state sizes, each at most the parent's
-    (``search_space.mamba1``)."""
-    m = s.mamba1
-    inner = b.inner_size
-    sizes = {inner, *m.inner_sizes} | {_round(inner * f, m.round_to) for f in m.inner_fractions}
-    states = {b.state_size, *m.state_sizes}
-    out: list[BlockConfig] = [b.model_copy(update={"inner_size": i, "state_size": n})
-                         for i, n in product(sorted(sizes, reverse=True),
-                                             sorted(states, reverse=True))
-                         if i <= inner and n <= b.state_size]
-    if m.noop:
         out.append(NoOp())
     return out
 
@@ -255,7 +236,8 @@ def _swaps(parent: ModelArch, b: BlockConfig, i: int, s: SearchSpace) -> list[Bl
 _GEN = {"attention": ("attention", _attention), "ffn": ("ffn", _ffn), "moe": ("moe", _moe),
         "mamba": ("mamba", _mamba), "deltanet": ("deltanet", _deltanet),
         "mla": ("mla", _mla), "parallel": ("parallel", _parallel),
-        "mamba1": ("mamba1", _mamba1)}
+        **{name: (name, lambda b, s, k=k: k.alternatives(b, getattr(s, k.name)))
+           for name, k in kinds().items()}}
 
 
 def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative]]:
@@ -303,10 +285,8 @@ VALUE_AXES = (
      "must be <= a DeltaNet block's num_v_heads and a multiple of a k_heads tried ({})"),
     ("deltanet", "k_heads", DeltaNet, "num_k_heads",
      "must be <= a DeltaNet block's num_k_heads and divide a v_heads tried ({})"),
-    ("mamba1", "inner_sizes", Mamba1, "inner_size",
-     "must be <= a Mamba-1 block's inner_size ({})"),
-    ("mamba1", "state_sizes", Mamba1, "state_size",
-     "must be <= a Mamba-1 block's state_size ({})"),
+    *((name, fname, k.config, attr, why) for name, k in kinds().items()
+      for fname, attr, why in k.value_axes),
 )
 
 

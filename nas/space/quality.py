@@ -23,7 +23,8 @@ is 1 - (fraction of the parent block's capacity kept), with capacity taken as:
 * MoE: ``(experts/E0)**0.3 * (width/W0)**0.6 * (top_k/K0)**0.5``, the shared expert
   counting for 20 %;
 * Mamba: ``(state/N0)**0.3 * (heads/H0)``;
-* Mamba-1 (Jamba): ``(state/N0)**0.3 * (channels/I0)``, as Mamba's with channels for heads;
+* a kind registered in :mod:`nas.kinds`: its own ``damage`` rule (Mamba-1:
+  ``(state/N0)**0.3 * (channels/I0)``, as Mamba's with channels for heads);
 * MLA: ``(heads/H0)**0.5 * (kv_lora_rank/R0)**0.4 * (q_lora_rank/Q0)**0.2``;
 * Gated DeltaNet: ``(v_heads/V0) * (k_heads/K0)**0.3``;
 * attention -> DeltaNet swap: damage 0.4 (a fixed-size state loses exact long-range
@@ -53,6 +54,7 @@ import numpy as np
 
 from hwprofiles.errors import InputError, read_text
 from nas.arch import FFN, MLA, Attention, BlockConfig, DeltaNet, Linear, Mamba, MoE, NoOp, Parallel
+from nas.kinds import spec_of
 from nas.space.alternatives import Alternative
 
 PRIOR_LABEL = "structural prior (not measured)"
@@ -95,10 +97,9 @@ def block_damage(parent: BlockConfig, child: BlockConfig) -> float:
     if isinstance(child, Mamba) and isinstance(parent, Mamba):
         kept = (child.state_size / parent.state_size) ** 0.3 * child.num_heads / parent.num_heads
         return min(1.0 - kept, 0.95)
-    if child.kind == "mamba1" and parent.kind == "mamba1":
-        kept = ((child.state_size / parent.state_size) ** 0.3  # type: ignore[attr-defined]
-                * child.inner_size / parent.inner_size)  # type: ignore[attr-defined]
-        return min(1.0 - kept, 0.95)
+    registered = spec_of(child)
+    if registered is not None and registered.damage is not None and parent.kind == child.kind:
+        return registered.damage(parent, child)
     if isinstance(child, Parallel) and isinstance(parent, Parallel):
         return min(_parallel_damage(parent, child), 0.95)
     return 1.0

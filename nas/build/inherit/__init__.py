@@ -37,9 +37,10 @@ attention <-> DeltaNet       the swapped-in block is a copy of the nearest paren
                              by the least-squares scalar onto the replaced block's output on
                              the calibration activations; else random
 mamba / MoE -> linear        least-squares fit of the block output on its input
-Mamba-1, fewer channels      channels ranked by their gated output's contribution into
-or a smaller state           ``out_proj``; state dims by the energy of their share of the
-                             scan output (:mod:`~nas.build.inherit.mamba1`)
+a registered kind           its own rule, the ``inherit`` its :mod:`nas.kinds` entry names
+                             (Mamba-1: channels ranked by their gated output's contribution
+                             into ``out_proj``, state dims by the energy of their share of
+                             the scan output; :mod:`~nas.build.inherit.mamba1`)
 MLA, fewer query heads       heads ranked by channel contribution into ``o_proj``; kept
                              heads' q_b / kv_b rows and o_proj columns copied
 MLA, smaller kv / q rank     SVD of the (norm-folded) up-projection: top-r directions, the
@@ -58,14 +59,15 @@ The per-block outcome is kept in ``child.init_report``.
 
 One module per block kind holds its rules (:mod:`~nas.build.inherit.attention`,
 :mod:`~nas.build.inherit.ffn`, :mod:`~nas.build.inherit.moe`, :mod:`~nas.build.inherit.mamba`,
-:mod:`~nas.build.inherit.mamba1`, :mod:`~nas.build.inherit.deltanet`,
-:mod:`~nas.build.inherit.mla`, :mod:`~nas.build.inherit.parallel`; swaps between kinds in
-:mod:`~nas.build.inherit.swap`); this module dispatches on the block configs and runs the
+:mod:`~nas.build.inherit.deltanet`, :mod:`~nas.build.inherit.mla`,
+:mod:`~nas.build.inherit.parallel`, and a registered kind's where its :mod:`nas.kinds` entry
+names it; swaps between kinds in :mod:`~nas.build.inherit.swap`); this module dispatches on the block configs and runs the
 parent block by block (:func:`init_from_parent`).
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import torch
@@ -95,6 +97,7 @@ from nas.build.inherit.moe import _moe
 from nas.build.inherit.parallel import _parallel
 from nas.build.inherit.swap import swap_init, swap_source
 from nas.build.random import Materializer
+from nas.kinds import spec_of
 from nas.modules.granite import scalars_of
 from nas.modules.mamba import MambaMixer
 from nas.modules.model import CausalLM
@@ -129,10 +132,11 @@ def inherit_block(pc: BlockConfig, p: torch.nn.Module | None, cc: BlockConfig, c
         return _mamba(p, c, pc, cc, xin)  # type: ignore[arg-type]
     if isinstance(cc, DeltaNet):
         return _deltanet(p, c, pc, cc, xin)  # type: ignore[arg-type]
-    if cc.kind == "mamba1":
-        from nas.build.inherit.mamba1 import inherit_mamba1
-
-        return inherit_mamba1(p, c, pc, cc, xin)  # type: ignore[arg-type]
+    registered = spec_of(cc)
+    if registered is not None and registered.inherit is not None:  # nas.kinds: its own rule
+        module, _, name = registered.inherit.partition(":")
+        rule = getattr(importlib.import_module(module), name)
+        return rule(p, c, pc, cc, xin)
     if isinstance(cc, MLA):
         return inherit_mla(p, c, pc, cc, xin)  # type: ignore[arg-type]
     if isinstance(cc, Parallel):

@@ -41,13 +41,15 @@ from typing import Any
 from pydantic_core import PydanticUndefined
 
 from nas.arch import BlockConfig, ModelArch, MuP
+from nas.kinds import kinds
 
 FORMAT = 1
 """Version of the ``puzzle_nas`` config key."""
 CONFIG_KEY = "puzzle_nas"
-MODULES = ("layers", "moe", "mamba", "mamba1", "mla", "gpt_oss", "granite", "deltanet",
-           "parallel", "model")
-"""The ``nas/modules`` files copied (everything :class:`nas.modules.model.CausalLM` imports)."""
+MODULES = ("layers", "moe", "mamba", "mla", "gpt_oss", "granite", "deltanet", "parallel",
+           *kinds(), "model")
+"""The ``nas/modules`` files copied: everything :class:`nas.modules.model.CausalLM` imports,
+and each registered kind's module (:mod:`nas.kinds`; ``nas/modules/<kind>.py``)."""
 CONFIG_FILE = "configuration_puzzle_nas.py"
 MODELING_FILE = "modeling_puzzle_nas.py"
 AUTO_MAP = {"AutoConfig": "configuration_puzzle_nas.PuzzleNasConfig",
@@ -191,6 +193,11 @@ def remote_files(model_type: str) -> dict[str, str]:
     """File name -> text of the modeling code written into a checkpoint of ``model_type``."""
     files = {f"puzzle_nas_{m}.py": _rewrite((_MODULES_DIR / f"{m}.py").read_text(), m)
              for m in MODULES}
+    # the registered kinds' modules: puzzle_nas_model.py finds them by name (its _sibling),
+    # and transformers copies only what a file imports, so the copy imports each by name
+    files["puzzle_nas_model.py"] += "".join(
+        f"\nfrom .puzzle_nas_{k} import make_mixer as _make_{k}  # noqa: E402,F401  "
+        "(copied by transformers)\n" for k in kinds())
     files["puzzle_nas_arch.py"] = arch_source()
     conf = (_HERE / CONFIG_FILE).read_text()
     files[CONFIG_FILE] = conf.replace('model_type = "puzzle_nas"',
