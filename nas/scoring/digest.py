@@ -35,8 +35,8 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def code_digest() -> str:
     """SHA-256 of the torch version and the source of everything that computes a score (the
-    modules, the kinds, the init rules, fake quantization, the scoring core and BLD): part of every key, so that rows
-    computed by other code are never reused."""
+    modules, the kinds, the init rules, fake quantization, the scoring core and BLD): part
+    of every key, so that rows computed by other code are never reused."""
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).parent
     files = sorted(Path(nas.modules.__file__).parent.glob("*.py")) + [
