@@ -40,7 +40,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import (
@@ -216,9 +216,9 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
 
     recipe = recipe or get_recipe(m.precision)
     eng = m.engine or None
-    kw = dict(tp=m.tp, ep=m.ep if m.ep in (1, m.tp) else 1, attention_dp=m.attention_dp)
+    kw: dict[str, Any] = dict(tp=m.tp, ep=m.ep if m.ep in (1, m.tp) else 1, attention_dp=m.attention_dp)
     lim = engine_limits(hw, eng, engines)  # the engine's own defaults on this device
-    base = dict(isl=m.isl, osl=m.osl, concurrency=m.concurrency or 1,
+    base: dict[str, Any] = dict(isl=m.isl, osl=m.osl, concurrency=m.concurrency or 1,
                 max_num_seqs=m.max_num_seqs or lim.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS),
                 max_num_batched_tokens=m.max_num_batched_tokens
                 or lim.get("max_num_batched_tokens", DEFAULT_TOKEN_BUDGET),
@@ -242,10 +242,10 @@ def predict(m: Measurement, shape: ModelShape, hw: HardwareProfile,
             return float(pt.throughput_tok_s * m.tp)
         return float(pt.ttft_s if m.metric == "ttft_s" else pt.tpot_s)
     if m.slo:  # priced for the row's engine as the other rows are (overlap included)
-        pt = slo_throughput(table, shape.nonblock, hw, recipe, wl, parse_slo(m.slo),
-                            reserve_bytes=reserve, engine=eng, engines=engines, **kw)
-        return pt.throughput_node_tok_s if m.tp == hw.gpus_per_node.value else \
-            pt.throughput_tok_s * m.tp
+        spt = slo_throughput(table, shape.nonblock, hw, recipe, wl, parse_slo(m.slo),
+                             reserve_bytes=reserve, engine=eng, engines=engines, **kw)
+        return spt.throughput_node_tok_s if m.tp == hw.gpus_per_node.value else \
+            spt.throughput_tok_s * m.tp
     if m.concurrency is None:  # the maximum-throughput point: the most that fit
         b1 = blocks("cap", table, hw, recipe, [wl], engine=eng, **kw)
         nb1 = price_nonblock(shape.nonblock, hw, recipe, [wl], tp=m.tp,
@@ -367,7 +367,7 @@ def parameters(hw: HardwareProfile, published: bool = False) -> list[Param]:
 
 
 def _get(data: dict, p: Param) -> float:
-    node = data
+    node: Any = data
     for k in p.path:
         node = node.get(k) if isinstance(node, dict) else None
         if node is None:
@@ -405,7 +405,8 @@ def _set(data: dict, p: Param, value: float, source: str) -> None:
         parent[key] = {"value": value, "source": source}
 
 
-def with_values(hw: HardwareProfile, params: Sequence[Param], values: Sequence[float],
+def with_values(hw: HardwareProfile, params: Sequence[Param],
+                values: Sequence[float] | np.ndarray,
                 source: str = "calibration trial") -> HardwareProfile:
     """``hw`` with ``params`` set to ``values`` (curves are scaled to the new peak)."""
     data = hw.model_dump(mode="json")
@@ -543,21 +544,22 @@ def fit_engines(measurements: Iterable[Measurement],
         """A figure's upper bound: :data:`ENGINE_BOUNDS`', and for the step overhead the
         engine's shortest published step (``EngineProfile.min_step_s``) when it has one."""
         hi = ENGINE_BOUNDS[k][1]
-        if k == "step_overhead_s" and start[n].min_step_s is not None:
-            hi = min(hi, start[n].min_step_s.value)
+        step = start[n].min_step_s if k == "step_overhead_s" else None
+        if step is not None:
+            hi = min(hi, step.value)
         return hi
 
     active: list[int] = []
     xs = x0.copy()  # the starting figures, for "moved"
     for _ in range(2):  # two coordinate passes: a figure scanned first sees the others' best
         for i, (n, k) in enumerate(params):
-            lo, hi = ENGINE_BOUNDS[k][0], upper(n, k)
+            lo_k, hi_k = ENGINE_BOUNDS[k][0], upper(n, k)
             sub = by[n]
             base = resid(x0, sub)
             trials = []
             for f in np.linspace(0.0, 1.0, 21):  # 5 % steps: an overlapped step overhead
                 x = x0.copy()                     # shows only in a narrow band above the GPU
-                x[i] = lo + f * (hi - lo)
+                x[i] = lo_k + f * (hi_k - lo_k)
                 r = resid(x, sub)
                 trials.append((float(np.sum(r ** 2)), x[i], float(np.max(np.abs(r - base)))))
             if max(t[2] for t in trials) > 1e-6:

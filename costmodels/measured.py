@@ -44,7 +44,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -56,7 +56,7 @@ from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError, first_error, require_file
 from hwprofiles.schema import HardwareProfile
 
-FORMAT = "puzzle-nas/blocks"
+FORMAT: Final = "puzzle-nas/blocks"
 Mode = Literal["prefill", "decode"]
 
 

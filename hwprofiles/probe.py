@@ -43,11 +43,19 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from hwprofiles.errors import InputError
-from hwprofiles.schema import COMPUTE_DTYPES, EfficiencyCurve, Figure, HardwareProfile
+from hwprofiles.schema import (
+    COMPUTE_DTYPES,
+    Efficiency,
+    EfficiencyCurve,
+    Figure,
+    HardwareProfile,
+    Interconnect,
+)
 
 __all__ = ["DeviceInfo", "ProbePlan", "ProbeResult", "default_plan", "derive", "probe",
            "run_probe"]
@@ -449,11 +457,11 @@ def derive(log: Sequence[dict[str, Any]], device: DeviceInfo, *, name: str | Non
         memory_bandwidth=Figure(value=bw, source=f"{src}: best {bw_best['op']} rate "
                                 f"counting read + write bytes, over {how}"),
         peak_flops=peaks,
-        efficiency=eff,
+        efficiency=Efficiency.model_validate(eff),
         kernel_overhead_s=Figure(value=overhead, source=f"{src}: {ovh_how}"),
         l2_bytes=Figure(value=device.llc, source=f"read on {device.name} {device.date} by "
                         f"puzzle-nas probe: {device.llc_how}") if device.llc else None,
-        interconnect=ic,
+        interconnect=Interconnect.model_validate(ic),
         gpus_per_node=gpn,
     )
 
@@ -470,7 +478,7 @@ class _Probe:
         self.date = _dt.date.today().isoformat()
         self.log: list[dict[str, Any]] = []
         self.slow: set[str] = set()
-        self.flush = None
+        self.flush: Any = None  # CUDA: the L2-flush buffer (a torch tensor; torch is Any here)
         if kind == "cuda":
             self.dev = torch.device("cuda", index)
             torch.cuda.set_device(self.dev)
@@ -667,24 +675,24 @@ class _Probe:
     # -- the run ---------------------------------------------------------------------------
 
     def tasks(self) -> list[tuple[str, Callable[[], None]]]:
-        p, out = self.plan, []
+        p = self.plan
+        out: list[tuple[str, Callable[[], None]]] = []
         for d in self.dtypes:
             for s in p.gemm_sizes:
-                out.append((f"{d} GEMM {s}^3", lambda d=d, s=s: self.bench_gemm(
-                    d, s, s, s, "square")))
+                out.append((f"{d} GEMM {s}^3", partial(self.bench_gemm, d, s, s, s, "square")))
             for s in p.gemm_unaligned:
-                out.append((f"{d} GEMM {s}^3", lambda d=d, s=s: self.bench_gemm(
-                    d, s, s, s, "unaligned")))
+                out.append((f"{d} GEMM {s}^3",
+                            partial(self.bench_gemm, d, s, s, s, "unaligned")))
             nk = p.m_sweep_nk
             for m in p.m_sweep:
-                out.append((f"{d} GEMM M={m}", lambda d=d, m=m, nk=nk: self.bench_gemm(
-                    d, m, nk, nk, "m_sweep")))
+                out.append((f"{d} GEMM M={m}",
+                            partial(self.bench_gemm, d, m, nk, nk, "m_sweep")))
         for nbytes in p.mem_bytes:
             for op in ("copy", "triad"):
                 out.append((f"{op} {nbytes / 2**20:g} MiB",
-                            lambda op=op, nb=nbytes: self.bench_memory(op, nb)))
+                            partial(self.bench_memory, op, nbytes)))
         for seq in p.attn_seqs:
-            out.append((f"attention S={seq}", lambda seq=seq: self.bench_attention(seq)))
+            out.append((f"attention S={seq}", partial(self.bench_attention, seq)))
         return out
 
     def run(self, *, name: str | None, gpus_per_node: int | None, link_name: str | None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
@@ -547,7 +548,7 @@ class ModelArch(BaseModel):
         """A copy with other blocks (same embeddings, norms, MTP)."""
         return self.model_copy(update={"blocks": tuple(blocks)})
 
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False
                    ) -> ModelArch:
         """A copy (``update`` replaces fields); cached derived data is not carried over."""
         new = super().model_copy(update=update, deep=deep)
@@ -614,8 +615,8 @@ class ModelArch(BaseModel):
         out: dict[str, float] = {}
         for role, n in shapes.role_params(self.table).items():
             out[role.value] = float(n.sum()) * r.weight_bytes_per_param(role)
-        for role, n in self.nonblock_role_params().items():
-            out[role.value] = out.get(role.value, 0.0) + n * r.weight_bytes_per_param(role)
+        for role, count in self.nonblock_role_params().items():
+            out[role.value] = out.get(role.value, 0.0) + count * r.weight_bytes_per_param(role)
         return {k: v for k, v in out.items() if v}
 
     def kv_bytes_per_token(self, recipe: PrecisionRecipe | str = "bf16") -> float:

@@ -28,6 +28,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from costmodels.serving import parse_slo
 from hwprofiles.errors import InputError, read_json
@@ -137,7 +138,8 @@ class WorkloadSpec(_Model):
         if (self.draft_tokens is None) != (self.acceptance is None):
             raise ValueError("give draft_tokens and acceptance together (speculative "
                              "decoding: tokens drafted per step and tokens accepted per step)")
-        if self.acceptance is not None and self.acceptance > self.draft_tokens + 1:
+        if (self.acceptance is not None and self.draft_tokens is not None  # both or neither
+                and self.acceptance > self.draft_tokens + 1):
             raise ValueError(f"acceptance {self.acceptance:g} exceeds draft_tokens + 1 = "
                              f"{self.draft_tokens + 1} (tokens a verification step can accept)")
         if self.slo is not None:
@@ -401,10 +403,11 @@ _SEARCH_DOC = """Per block kind, the axes to try (a registered kind's axis is
 
 if TYPE_CHECKING:
     class SearchSpace(_KindAxes):
-        homogeneous: bool
-        compare_homogeneous: bool
-        spans: list[SpanRule]
-        precision: PrecisionSpace
+        # the defaults of _SEARCH_FIELDS, so that SearchSpace() type-checks as it runs
+        homogeneous: bool = False
+        compare_homogeneous: bool = False
+        spans: list[SpanRule] = Field(default_factory=list)
+        precision: PrecisionSpace = Field(default_factory=PrecisionSpace)
 
         def __getattr__(self, name: str) -> Any: ...  # a registered kind's axis
 else:
@@ -422,7 +425,7 @@ class QualitySpec(_Model):
 class BudgetSpec(_Model):
     """``metric`` (on ``workload`` for per-workload metrics) bounded by ``max`` and/or ``min``."""
 
-    metric: Literal[METRICS]  # type: ignore[valid-type]
+    metric: Literal[METRICS]  # type: ignore[valid-type]  # a Literal of a runtime tuple (METRICS), which pydantic accepts
     workload: str | None = None
     kind: str | None = Field(default=None, description="block kind, for kept_blocks")
     max: str | float | None = None
@@ -639,10 +642,10 @@ class SearchSpec(_Model):
 
     @property
     def hw(self) -> HardwareSpec:
-        return self.hardware  # type: ignore[return-value]
+        return self.hardware  # type: ignore[return-value]  # the _hw validator turns a profile name into a HardwareSpec
 
 
-def _loc(err: dict[str, Any]) -> str:
+def _loc(err: ErrorDetails) -> str:
     out = ""
     for p in err["loc"]:
         if isinstance(p, int):

@@ -249,7 +249,7 @@ def remote_layout(model: CausalLM, model_type: str
 
 def _digest(t: torch.Tensor) -> str:
     data = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.sha256(memoryview(data)).hexdigest()
+    return hashlib.sha256(data.data).hexdigest()  # ndarray.data: its memoryview
 
 
 def export_config(model: CausalLM, model_type: str | None,
@@ -570,7 +570,7 @@ class CheckpointReader:
             else:
                 parts.setdefault(key, [None] * full[0])[j] = t
         for key, ts in parts.items():
-            sd[key] = torch.stack(ts)  # type: ignore[arg-type]
+            sd[key] = torch.stack(ts)  # type: ignore[arg-type]  # every slot of a stacked tensor is filled by its shards
             ts.clear()
         return sd
 

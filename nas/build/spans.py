@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -62,7 +62,7 @@ def init_from_parent_spans(child: ModelArch, positions: Sequence[int],
     out.norm = wide.norm
     out.lm_head = wide.lm_head
     out.blocks = torch.nn.ModuleList([wide.blocks[j] for j in positions])
-    rep = cast(list[str], wide.init_report)  # init_from_parent sets it
-    out.init_report = [f"child block {k} <- {rep[j]}"  # type: ignore[assignment]
+    rep = wide.init_report  # init_from_parent sets it
+    out.init_report = [f"child block {k} <- {rep[j]}"
                        for k, j in enumerate(positions)]
     return out

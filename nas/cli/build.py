@@ -185,7 +185,7 @@ def _run(args: argparse.Namespace) -> int:
         # the parent is read one block at a time: the memory is the child plus one block
         model = assemble_child(arch, args.parent, args.blocks,
                                getattr(torch, args.dtype) if args.dtype else None)
-        report = model.init_report  # type: ignore[assignment]
+        report = model.init_report
     elif args.parent:
         # the parent is streamed from its safetensors one block at a time; the child is
         # materialized block by block in the target dtype
@@ -212,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
                                            seed=args.seed, dtype=dtype)
         else:
             model = init_from_parent(arch, args.parent, tokens, seed=args.seed, dtype=dtype)
-        report = model.init_report  # type: ignore[assignment]
+        report = model.init_report
     else:
         dtype = getattr(torch, args.dtype or "float32")
         check_memory(estimate_build_memory(arch, dtype), args.force)

@@ -6,6 +6,7 @@ of numerics-changing fields no dialect computes, and the common head of an expor
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -23,9 +24,9 @@ _INT_CAPS: dict[str, tuple[int, str]] = {
     "num_hidden_layers": (MAX_BLOCKS, "MAX_BLOCKS: 16x the deepest published LLM"),
     "num_nextn_predict_layers": (MAX_BLOCKS, "MAX_BLOCKS: 16x the deepest published LLM"),
     "max_position_embeddings": (MAX_CONTEXT, "MAX_CONTEXT: the largest int32 position"),
-    "num_attention_heads": cap_of("num_heads"),  # type: ignore[dict-item]
-    "hidden_size": cap_of("hidden_size"),  # type: ignore[dict-item]
-    "vocab_size": cap_of("vocab_size"),  # type: ignore[dict-item]
+    "num_attention_heads": cap_of("num_heads"),  # type: ignore[dict-item]  # these fields have caps (cap_of returns None only for uncapped ones)
+    "hidden_size": cap_of("hidden_size"),  # type: ignore[dict-item]  # these fields have caps (cap_of returns None only for uncapped ones)
+    "vocab_size": cap_of("vocab_size"),  # type: ignore[dict-item]  # these fields have caps (cap_of returns None only for uncapped ones)
 }
 
 
@@ -390,8 +391,8 @@ def layer_pairs(arch: ModelArch, mt: str) -> list[tuple[BlockConfig, BlockConfig
 _BLOCK_ADAPTER: TypeAdapter[Any] = TypeAdapter(Block)
 
 
-def write_puzzle_layers(out: dict[str, Any], mixers: list[BlockConfig], mlps: list[BlockConfig],
-                        stock: bool) -> dict[str, Any]:
+def write_puzzle_layers(out: dict[str, Any], mixers: Sequence[BlockConfig],
+                        mlps: Sequence[BlockConfig], stock: bool) -> dict[str, Any]:
     """Set ``out["puzzle_layers"]`` (one ``{"mixer", "mlp"}`` pair of block JSON per layer)
     unless the stock keys of the dialect describe every layer (``stock``), in which case any
     carried-over ``puzzle_layers`` is dropped; returns ``out``. The writer side of

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -122,7 +122,7 @@ class Block(nn.Module):
                 offset: int = 0) -> torch.Tensor:
         if self.mixer is None:
             return x
-        y = self.mixer(self.norm(x), cache, offset)  # type: ignore[misc]
+        y = self.mixer(self.norm(x), cache, offset)  # type: ignore[misc]  # norm is set exactly when mixer is (__init__)
         if self.residual_multiplier != 1.0:
             y = y * self.residual_multiplier
         return x + y
@@ -131,8 +131,8 @@ class Block(nn.Module):
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:
         """Random init of the mixer (normal ``std``, output projections ``out_std``)."""
         if self.mixer is not None:
-            self.mixer.reset_parameters(std, out_std)  # type: ignore[operator]
-            self.norm.reset_parameters()  # type: ignore[union-attr]
+            self.mixer.reset_parameters(std, out_std)  # type: ignore[operator]  # nn.Module's __getattr__ types the mixer's method as Tensor | Module
+            self.norm.reset_parameters()  # type: ignore[union-attr]  # norm is set exactly when mixer is (__init__)
 
 
 class Cache:
@@ -148,6 +148,8 @@ class Cache:
 
 class CausalLM(nn.Module):
     """A decoder-only LM over any (heterogeneous) :class:`ModelArch`."""
+
+    init_report: list[str]  # what happened to each block, where nas.build set it
 
     def __init__(self, arch: ModelArch):
         super().__init__()
@@ -226,8 +228,8 @@ class CausalLM(nn.Module):
             nn.init.normal_(self.lm_head.weight, std=std)
         if self.norm is not None:
             self.norm.reset_parameters()
-        for blk in self.blocks:
-            blk.reset_parameters(std, out_std)
+        for blk in self.blocks:  # a ModuleList of this file's Block (see __init__)
+            cast(Block, blk).reset_parameters(std, out_std)
 
     def num_parameters(self) -> int:
         """Number of parameter elements (each tensor once), as transformers counts them."""

@@ -194,7 +194,7 @@ class BlockTimer:
     def header(self, spec: str, hidden: int, plan: Sequence[Point]) -> BlockMeasurements:
         """An empty table for this device, dtype and plan."""
         return BlockMeasurements(
-            device=self.device_name, device_kind=self.kind,  # type: ignore[arg-type]
+            device=self.device_name, device_kind=self.kind,  # type: ignore[arg-type]  # kind is 'cpu' or 'cuda' (checked in __init__)
             date=_dt.datetime.now(_dt.timezone.utc).date().isoformat(),
             software=self.software(), dtype=self.dtype, threads=self.threads,
             timing=self.timing, warmup=self.warmup, repeats=self.repeats, spec=spec,
@@ -219,7 +219,7 @@ class BlockTimer:
             pairs = [(ev(enable_timing=True), ev(enable_timing=True))
                      for _ in range(self.repeats)]
             for start, end in pairs:
-                self.flush.zero_()  # type: ignore[union-attr]
+                self.flush.zero_()  # type: ignore[union-attr]  # flush is allocated on CUDA, the only kind reaching here
                 start.record()
                 fn()
                 end.record()
@@ -368,9 +368,13 @@ def profile_blocks(blocks: Sequence[BlockConfig], arch: ModelArch, plan: Sequenc
         table.gemm = [timer.time_gemm(m, n, kk) for m in gemm_tokens(table.plan)
                       for n, kk in gemm_shapes(blocks, hidden)]
         atomic_write_json(out, table.model_dump(mode="json"))
+    def timed(k: str) -> Sequence[Any]:
+        """The timings of shape ``k`` so far (none when it was not measured)."""
+        e = table.entry(k)
+        return e.timings if e else []
+
     todo = [(k, b, p) for k, b in shapes for p in table.plan
-            if not any(t.point == p for t in (table.entry(k).timings if table.entry(k)
-                                               else []))]
+            if not any(t.point == p for t in timed(k))]
     total = len(shapes) * len(table.plan)
     done = total - len(todo)
     if progress:

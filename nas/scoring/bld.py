@@ -99,9 +99,9 @@ def train_block(block: Block, x: torch.Tensor, y: torch.Tensor, settings: Any,
     length, hidden); returns ``bld_steps`` and the final normalized MSE on all rows."""
     m = block.residual_multiplier  # Granite scales the branch (1 for every other type)
     if m != 1.0:
-        return train_residual(block, lambda t: block.mixer(block.norm(t)) * m,  # type: ignore[misc]
+        return train_residual(block, lambda t: block.mixer(block.norm(t)) * m,  # type: ignore[misc]  # norm is set exactly when mixer is (Block.__init__); no-op blocks are not trained
                               x, y, settings, seed)
-    return train_residual(block, lambda t: block.mixer(block.norm(t)),  # type: ignore[misc]
+    return train_residual(block, lambda t: block.mixer(block.norm(t)),  # type: ignore[misc]  # norm is set exactly when mixer is (Block.__init__); no-op blocks are not trained
                           x, y, settings, seed)
 
 
@@ -166,7 +166,7 @@ class _Parent:
         rec = recorded_digest(self.score_dir, self.folder, self.dname)
         if rec is not None:
             return rec
-        order = list(self.reader.model.state_dict(keep_vars=True))  # type: ignore[union-attr]
+        order = list(self.reader.model.state_dict(keep_vars=True))  # type: ignore[union-attr]  # reader is set when model is not (__init__)
         lines: dict[str, str] = {}
         for unit in self.units():
             sub = self.open(unit)
@@ -176,14 +176,14 @@ class _Parent:
         return combine_lines([lines[k] for k in order])
 
     def units(self) -> list[str]:
-        m = self.reader.model if self.model is None else self.model  # type: ignore[union-attr]
+        m = self.reader.model if self.model is None else self.model  # type: ignore[union-attr]  # reader is set when model is not (__init__)
         out = ["embed"] + [f"blocks.{i}" for i, b in enumerate(m.blocks) if b.mixer is not None]
         return out + [n for n in ("norm", "lm_head") if getattr(m, n) is not None]
 
     def open(self, name: str) -> torch.nn.Module:
         if self.model is not None:
             return self.model.get_submodule(name)
-        return self.reader.materialize(name, self.dtype)  # type: ignore[union-attr]
+        return self.reader.materialize(name, self.dtype)  # type: ignore[union-attr]  # reader is set when model is not (__init__)
 
     def done(self, name: str) -> None:
         if self.reader is not None:
@@ -240,7 +240,7 @@ def assemble_child(child_arch: ModelArch, parent: CausalLM | str | Path, score_d
         if child.norm is not None and pa.final_norm:
             child.norm.weight.copy_(_weight(src.open("norm")))
             src.done("norm")
-    meta = src.model if src.model is not None else src.reader.model  # type: ignore[union-attr]
+    meta = src.model if src.model is not None else src.reader.model  # type: ignore[union-attr]  # reader is set when model is not (its __init__)
     report = []
     for i, (pc, cc) in enumerate(zip(pa.blocks, child_arch.blocks)):
         cb = child.blocks[i]
@@ -272,5 +272,5 @@ def assemble_child(child_arch: ModelArch, parent: CausalLM | str | Path, score_d
         if isinstance(pm, MambaMixer) and isinstance(cb.mixer, MambaMixer):
             cb.mixer.chunk_size = pm.chunk_size
         report.append(f"block {i} {pc.describe()} -> {cc.describe()}: BLD-trained ({name})")
-    child.init_report = report  # type: ignore[assignment]
+    child.init_report = report
     return child

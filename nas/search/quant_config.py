@@ -106,10 +106,10 @@ def _modules(b: BlockConfig, model_type: str, i: int) -> list[tuple[str, TensorR
         # gpt-oss experts are stacked tensors (experts.gate_up_proj / down_proj), one module
         return [(pre + "experts", TensorRole.ROUTED_EXPERTS)]
     if isinstance(b, MoE):
-        names = ["gate_proj", "up_proj", "down_proj"] if b.gated else ["up_proj", "down_proj"]
+        enames = ["gate_proj", "up_proj", "down_proj"] if b.gated else ["up_proj", "down_proj"]
         if model_type == "mixtral":
-            names = [{"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[n] for n in names]
-        out = [(f"{pre}experts.*.{n}", TensorRole.ROUTED_EXPERTS) for n in names]
+            enames = [{"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}[n] for n in enames]
+        out = [(f"{pre}experts.*.{n}", TensorRole.ROUTED_EXPERTS) for n in enames]
         if b.shared_width:
             sh = "shared_expert." if model_type == "qwen2_moe" else "shared_experts."
             snames = ("gate_proj", "up_proj", "down_proj") if b.gated else ("up_proj",

@@ -8,8 +8,10 @@ covers exactly its own parent block (a span [i, i+1)).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import product
+from typing import Any, cast
 
 from hwprofiles.errors import InputError
 from nas.arch import (
@@ -26,7 +28,7 @@ from nas.arch import (
     Parallel,
 )
 from nas.kinds import kinds
-from nas.kinds.base import round_to_multiple
+from nas.kinds.base import KindSpec, round_to_multiple
 from nas.spec import AxisSpace, SearchSpace
 
 
@@ -126,7 +128,7 @@ def _mla(b: MLA, s: SearchSpace) -> list[BlockConfig]:
     heads = sorted({h for h in {b.num_heads, *m.heads} if h <= b.num_heads}, reverse=True)
     kvr = sorted({r for r in {b.kv_lora_rank, *m.kv_lora_ranks} if r <= b.kv_lora_rank},
                  reverse=True)
-    qr: list[int | None] = [b.q_lora_rank]
+    qr: Sequence[int | None] = [b.q_lora_rank]
     if b.q_lora_rank:
         qr = sorted({r for r in {b.q_lora_rank, *m.q_lora_ranks} if r <= b.q_lora_rank},
                     reverse=True)
@@ -230,14 +232,21 @@ def _swaps(parent: ModelArch, b: BlockConfig, i: int, s: SearchSpace) -> list[Bl
             or not isinstance(b, Attention | DeltaNet):
         return []
     other = DeltaNet if isinstance(b, Attention) else Attention
-    return [x for x in parent.blocks if isinstance(x, other)][:1]
+    out: list[BlockConfig] = [x for x in parent.blocks if isinstance(x, other)]
+    return out[:1]
 
 
-_GEN = {"attention": ("attention", _attention), "ffn": ("ffn", _ffn), "moe": ("moe", _moe),
-        "mamba": ("mamba", _mamba), "deltanet": ("deltanet", _deltanet),
-        "mla": ("mla", _mla), "parallel": ("parallel", _parallel),
-        **{name: (name, lambda b, s, k=k: k.alternatives(b, getattr(s, k.name)))
-           for name, k in kinds().items()}}
+def _registered(k: KindSpec) -> Callable[[Any, SearchSpace], list[BlockConfig]]:
+    """A registered kind's generator: its alternatives on its own axis of the space."""
+    return lambda b, s: k.alternatives(b, getattr(s, k.name))
+
+
+# a kind's generator takes its own block config (Any here) and the whole search space
+_GEN: dict[str, tuple[str, Callable[[Any, SearchSpace], list[BlockConfig]]]] = {
+    "attention": ("attention", _attention), "ffn": ("ffn", _ffn), "moe": ("moe", _moe),
+    "mamba": ("mamba", _mamba), "deltanet": ("deltanet", _deltanet),
+    "mla": ("mla", _mla), "parallel": ("parallel", _parallel),
+    **{name: (name, _registered(k)) for name, k in kinds().items()}}
 
 
 def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative]]:
@@ -248,7 +257,7 @@ def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative
         if b.kind in _GEN:
             axis_name, gen = _GEN[b.kind]
             if _in_ranges(getattr(space, axis_name), i):
-                children += gen(b, space)  # type: ignore[operator]
+                children += gen(b, space)
         children += _swaps(parent, b, i, space)
         seen: set[BlockConfig] = set()
         alts = []
@@ -262,7 +271,7 @@ def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative
 
 
 # (axis, spec field, block kind, block field, why a value can be unusable)
-VALUE_AXES = (
+VALUE_AXES: tuple[tuple[str, str, type[BlockConfig], str, str], ...] = (
     ("mla", "heads", MLA, "num_heads", "must be <= an MLA block's num_heads ({})"),
     ("mla", "kv_lora_ranks", MLA, "kv_lora_rank",
      "must be <= an MLA block's kv_lora_rank ({})"),
@@ -314,8 +323,9 @@ def check_all_used(parent: ModelArch, space: SearchSpace,
                                 + (" in its blocks ranges" if axis.blocks else ""))
                 continue
             if cls is Mamba and attr == "num_heads":
+                mambas = cast("list[Mamba]", in_range)  # the blocks of kind cls, Mamba
                 shown = ", ".join(sorted({f"{b.num_heads} heads in {b.n_groups} groups"
-                                          for b in in_range}))
+                                          for b in mambas}))
             else:
                 ref = "num_heads" if cls is Attention else attr
                 shown = ", ".join(str(x) for x in sorted({getattr(b, ref) for b in in_range}))

@@ -37,7 +37,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -45,6 +45,9 @@ from hwprofiles.errors import InputError, read_json
 from nas import search
 from nas.io import atomic_write_json
 from nas.spec import BudgetSpec, SearchSpec, load_spec, parse_quantity
+
+if TYPE_CHECKING:
+    from nas.train.distill import DistillRecord
 
 VERSION = "iterate v1"
 
@@ -114,7 +117,7 @@ def absolute_budgets(problem: search.Problem, budgets: list[BudgetSpec]) -> list
             m, w = b.metric, problem.workloads.get(b.workload or "")
             if m == "throughput":
                 runtime = totals[f"runtime_s@{b.workload}"] / val
-                upd[side] = f"{w.sequences * w.osl / (runtime * problem.tp)!r} tok/s"  # type: ignore[union-attr]
+                upd[side] = f"{w.sequences * w.osl / (runtime * problem.tp)!r} tok/s"  # type: ignore[union-attr]  # the spec validates that a throughput budget names a workload
             elif m == "per_user_tps":
                 upd[side] = f"{val / totals[f'tpot_s@{b.workload}']!r} tok/s"
             elif m == "max_concurrency":
@@ -357,7 +360,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
             _ranks(k, "distillation", "nas.cli.distill", nproc, distill_argv(
                 sdir / "child", teacher, data, dist_dir, distill_settings, eval_data,
                 tokenizer, bin_dtype, device, replicas, checkpointing))
-            rec_d = load_record(dist_dir)
+            rec_d: DistillRecord | None = load_record(dist_dir)
         else:
             rec_d = distill(sdir / "child", teacher, train, dist_dir, distill_settings,
                             held=held, data_source=str(data),

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -103,44 +104,59 @@ from nas.modules.mamba import MambaMixer
 from nas.modules.model import CausalLM
 from nas.progress import Progress
 
+if TYPE_CHECKING:
+    from nas.modules.deltanet import DeltaNetMixer
+    from nas.modules.layers import AttentionMixer, FFNMixer, LinearMixer, RMSNorm
+    from nas.modules.mla import MLAMixer
+    from nas.modules.model import Block
+    from nas.modules.moe import MoEMixer
+    from nas.modules.parallel import ParallelMixer
+
 MAX_TOKENS = 8192  # calibration tokens used for importance (a prefix of the batch)
 
 
 def inherit_block(pc: BlockConfig, p: torch.nn.Module | None, cc: BlockConfig, c: torch.nn.Module | None,
                   xin: torch.Tensor) -> str:
     """Initialize child mixer ``c`` (config ``cc``) from parent mixer ``p`` (config ``pc``)
-    given the parent mixer's input ``xin``; returns what was done."""
+    given the parent mixer's input ``xin``; returns what was done. ``p`` and ``c`` are the
+    mixers :func:`nas.modules.model.make_mixer` builds for ``pc`` and ``cc`` (the casts
+    below)."""
     if isinstance(cc, NoOp):
         return "dropped (no-op)"
     if p is None or c is None:
         return "random (parent block is a no-op)"
     if isinstance(cc, Linear):
+        lin = cast("LinearMixer", c)
         if isinstance(pc, Attention):
-            return _attention_to_linear(p, c, pc, xin)  # type: ignore[arg-type]
+            return _attention_to_linear(cast("AttentionMixer", p), lin, pc, xin)
         if isinstance(pc, FFN):
-            return _ffn_to_linear(p, c, xin)  # type: ignore[arg-type]
-        return _lstsq_linear(p, c, xin, pc.kind)
+            return _ffn_to_linear(cast("FFNMixer", p), lin, xin)
+        return _lstsq_linear(p, lin, xin, pc.kind)
     if type(pc) is not type(cc):
         return f"random (no rule for {pc.kind} -> {cc.kind})"
+    # from here pc is of cc's type (the test above)
     if isinstance(cc, Attention):
-        return _attention(p, c, pc, cc)  # type: ignore[arg-type]
+        return _attention(cast("AttentionMixer", p), cast("AttentionMixer", c),
+                          cast(Attention, pc), cc)
     if isinstance(cc, FFN):
-        return _ffn(p, c, pc, cc, xin)  # type: ignore[arg-type]
+        return _ffn(cast("FFNMixer", p), cast("FFNMixer", c), cast(FFN, pc), cc, xin)
     if isinstance(cc, MoE):
-        return _moe(p, c, pc, cc, xin)  # type: ignore[arg-type]
+        return _moe(cast("MoEMixer", p), cast("MoEMixer", c), cast(MoE, pc), cc, xin)
     if isinstance(cc, Mamba):
-        return _mamba(p, c, pc, cc, xin)  # type: ignore[arg-type]
+        return _mamba(cast("MambaMixer", p), cast("MambaMixer", c), cast(Mamba, pc), cc, xin)
     if isinstance(cc, DeltaNet):
-        return _deltanet(p, c, pc, cc, xin)  # type: ignore[arg-type]
+        return _deltanet(cast("DeltaNetMixer", p), cast("DeltaNetMixer", c),
+                         cast(DeltaNet, pc), cc, xin)
     registered = spec_of(cc)
     if registered is not None and registered.inherit is not None:  # nas.kinds: its own rule
         module, _, name = registered.inherit.partition(":")
         rule = getattr(importlib.import_module(module), name)
         return rule(p, c, pc, cc, xin)
     if isinstance(cc, MLA):
-        return inherit_mla(p, c, pc, cc, xin)  # type: ignore[arg-type]
+        return inherit_mla(cast("MLAMixer", p), cast("MLAMixer", c), cast(MLA, pc), cc, xin)
     if isinstance(cc, Parallel):
-        return _parallel(p, c, pc, cc, xin)  # type: ignore[arg-type]
+        return _parallel(cast("ParallelMixer", p), cast("ParallelMixer", c), cast(Parallel, pc),
+                         cc, xin)
     return f"random (no rule for {cc.kind})"
 
 
@@ -180,7 +196,9 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
     rules compute in the parent's dtype.
     """
     reader = None
+    parent: CausalLM | None = None  # the parent in memory; None: streamed by reader
     if isinstance(parent_model, CausalLM):
+        parent = parent_model
         pa = parent_model.arch
         compute = parent_model.embed.weight.dtype
         device = parent_model.embed.weight.device
@@ -201,8 +219,8 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
 
     def part(name: str) -> torch.nn.Module | None:
         """The parent's submodule ``name`` (loaded when streaming)."""
-        if reader is None:
-            return parent_model.get_submodule(name)  # type: ignore[union-attr]
+        if reader is None:  # the parent is in memory
+            return cast(CausalLM, parent).get_submodule(name)
         if getattr(reader.model, name.split(".")[0], None) is None:
             return None
         return reader.materialize(name, compute)
@@ -213,9 +231,9 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
 
     with torch.device("meta"):
         child = CausalLM(child_arch)
-    was_training = parent_model.training if reader is None else False  # type: ignore[union-attr]
-    if reader is None:
-        parent_model.eval()  # type: ignore[union-attr]
+    was_training = parent.training if parent is not None else False
+    if parent is not None:
+        parent.eval()
     report = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -224,23 +242,24 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
         for m in (child.embed, child.lm_head, child.norm):
             if m is not None:
                 m.to(device)
-        emb = part("embed")
-        _copy(child.embed.weight, emb.weight)  # type: ignore[union-attr]
-        x = emb(tokens).to(compute)  # type: ignore[misc]
+        emb = cast(torch.nn.Embedding, part("embed"))  # every CausalLM has one
+        _copy(child.embed.weight, emb.weight)
+        x = emb(tokens).to(compute)
         if scalars_of(pa).embedding != 1.0:  # Granite's embedding_multiplier
             x = x * scalars_of(pa).embedding
         if child.lm_head is not None:
-            head = part("lm_head") if pa.tie_embeddings is False else emb
-            _copy(child.lm_head.weight, head.weight)  # type: ignore[union-attr]
+            # an untied parent has an lm_head (a Linear); a tied one's is its embedding
+            head = cast(torch.nn.Linear, part("lm_head")) if pa.tie_embeddings is False else emb
+            _copy(child.lm_head.weight, head.weight)
             if head is not emb:
                 done("lm_head")
         done("embed")
         if child.norm is not None and pa.final_norm:
-            _copy(child.norm.weight, part("norm").weight)  # type: ignore[union-attr]
+            _copy(child.norm.weight, cast("RMSNorm", part("norm")).weight)  # pa.final_norm
             done("norm")
         with Progress(pa.num_blocks, "init", progress) as bar:
             for i in range(pa.num_blocks):
-                pb = part(f"blocks.{i}")
+                pb = cast("Block", part(f"blocks.{i}"))  # a parent always has its blocks
                 cb = mat.block(i, dtype=compute).to(device)
                 pc, cc = pa.blocks[i], child_arch.blocks[i]
                 if pc == cc:
@@ -251,12 +270,14 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
                     if j is None:
                         what = f"random (no parent {cc.kind} block of this config)"
                     else:
-                        what = swap_init(cb, pb, part(f"blocks.{j}"), j, x)
+                        what = swap_init(cb, pb, cast("Block", part(f"blocks.{j}")), j, x)
                         if j != i:
                             done(f"blocks.{j}")
                 elif cb.mixer is None or pb.mixer is None:
                     what = inherit_block(pc, pb.mixer, cc, cb.mixer, x)
                 else:
+                    # a Block with a mixer has a norm (Block.__init__)
+                    assert cb.norm is not None and pb.norm is not None
                     _copy(cb.norm.weight, pb.norm.weight)
                     what = inherit_block(pc, pb.mixer, cc, cb.mixer, pb.norm(x))
                 if isinstance(pb.mixer, MambaMixer) and isinstance(cb.mixer, MambaMixer):
@@ -267,7 +288,7 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
                 child.blocks[i] = cb.to(target)
                 done(f"blocks.{i}")
                 bar.update(1)
-    child.init_report = report  # type: ignore[assignment]
-    if reader is None:
-        parent_model.train(was_training)  # type: ignore[union-attr]
+    child.init_report = report
+    if parent is not None:
+        parent.train(was_training)
     return child
