@@ -98,9 +98,9 @@ def block_axes(parent: BlockConfig, child: BlockConfig) -> set[str]:
         return {"deltanet.swap"}
     out = set()
     if pk == "parallel":
-        if child.attention is None and parent.attention is not None:  # type: ignore[attr-defined]
+        if child.attention is None and parent.attention is not None:  # type: ignore[attr-defined]  # pk == 'parallel': both blocks are Parallel (Block's union holds BlockConfig)
             out.add("parallel.drop_attention")
-        if child.mamba is None and parent.mamba is not None:  # type: ignore[attr-defined]
+        if child.mamba is None and parent.mamba is not None:  # type: ignore[attr-defined]  # pk == 'parallel': both blocks are Parallel (Block's union holds BlockConfig)
             out.add("parallel.drop_mamba")
     for axis, (kind, get) in _FIELD_AXES.items():
         if kind == pk and get(child) is not None and get(child) != get(parent):

@@ -389,7 +389,7 @@ class BlockLibrary:
             def write(p: Path) -> None:
                 with open(p, "wb") as f:
                     # the stub's **kwds may name allow_pickle (a bool); these keys never do
-                    np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
+                    np.savez_compressed(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle's bool (see the comment above)
 
             return atomic_write(path, write)
         return atomic_write_json(path, self.to_dict())

@@ -127,7 +127,7 @@ def _arrivals(table: object, shape: object, hw: object, recipe: object, wls: lis
     the closed ones)."""
     from costmodels.serving import arrival_figures
 
-    return [arrival_figures(table, shape, hw, recipe, w, engine=engine, **par)  # type: ignore[arg-type]
+    return [arrival_figures(table, shape, hw, recipe, w, engine=engine, **par)  # type: ignore[arg-type]  # the arguments are typed object by the caller's loose signature
             if w.arrival != "closed" else None for w in wls]
 
 

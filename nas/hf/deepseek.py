@@ -161,10 +161,10 @@ def _read_stock(r: Reader, mt: str = "deepseek_v3"
             n_group=r.int("n_group", 8), topk_group=r.int("topk_group", 4))
     blocks: list[BlockConfig] = []
     for i in range(n):
-        blocks += [mla, ffn if i < dense else moe]  # type: ignore[list-item]
+        blocks += [mla, ffn if i < dense else moe]  # type: ignore[list-item]  # moe is set whenever a layer past the dense ones exists
     n_mtp = _alias(r, "num_nextn_predict_layers", "num_mtp_layers", 0)
     mtp = [mla, moe] * n_mtp if n_mtp else []
-    return blocks, mtp, kw  # type: ignore[return-value]
+    return blocks, mtp, kw  # type: ignore[return-value]  # MTP layers exist only with MoE layers, so moe is set
 
 
 def _read(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dict[str, Any]]:
@@ -193,7 +193,7 @@ def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
     atts = {a for a, _ in pairs}
     if len(atts) != 1 or not isinstance(next(iter(atts)), MLA):
         raise ExportError(f"{mt} needs the same MLA block in every layer")
-    a0: MLA = next(iter(atts))  # type: ignore[assignment]
+    a0: MLA = next(iter(atts))  # type: ignore[assignment]  # checked to be an MLA just above
     mlps = [m for _, m in pairs]
     dense = 0
     while dense < len(mlps) and isinstance(mlps[dense], FFN):
@@ -210,14 +210,14 @@ def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
                first_k_dense_replace=dense)
     act = None
     if ffns:
-        f0: FFN = next(iter(ffns))  # type: ignore[assignment]
+        f0: FFN = next(iter(ffns))  # type: ignore[assignment]  # checked to be an FFN just above
         if not f0.gated or f0.bias:
             raise ExportError(f"{mt} dense FFNs are SwiGLU without bias")
         out["intermediate_size"] = f0.width
         act = f0.activation
     moe_blocks = [b for b in arch.mtp_blocks if isinstance(b, MoE)] + list(moes)
     if moe_blocks:
-        m0: MoE = moe_blocks[0]  # type: ignore[assignment]
+        m0: MoE = moe_blocks[0]  # type: ignore[assignment]  # checked to be MoE blocks just above
         if any(m != m0 for m in moe_blocks):
             raise ExportError(f"{mt} needs one MoE shape (the MTP layer's included)")
         if (not m0.gated or m0.router != "sigmoid" or not m0.router_bias or m0.latent_size

@@ -113,7 +113,7 @@ def _read(r: Reader, mt: str) -> tuple[list[BlockConfig], list[BlockConfig], dic
         return read_puzzle_layers(r, layers, n), [], kw
     blocks: list[BlockConfig] = []
     for i in range(n):
-        blocks += [att if is_att[i] else mamba, moe if is_moe[i] else ffn]  # type: ignore[list-item]
+        blocks += [att if is_att[i] else mamba, moe if is_moe[i] else ffn]  # type: ignore[list-item]  # is_moe is true only where the config has experts, so moe is set
     return blocks, [], kw
 
 

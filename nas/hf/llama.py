@@ -123,7 +123,7 @@ def _import_llama_like(r: Reader, mt: str) -> tuple[list[BlockConfig], dict[str,
                              sliding_window=windows[i], rope=True, qk_norm=qk_norm,
                              qkv_bias=qkv_bias, o_bias=o_bias))
         if i in moe_layers:
-            blocks.append(moe)  # type: ignore[arg-type]
+            blocks.append(moe)  # type: ignore[arg-type]  # moe_layers is non-empty only when moe is set
         else:
             blocks.append(make_block(FFN, r, width=inter, gated=True, activation=act, bias=mlp_bias))
     return blocks, kw
@@ -136,7 +136,7 @@ def _export_llama_like(arch: ModelArch, mt: str) -> dict[str, Any]:
     mlps = [m for _, m in pairs]
     if not all(isinstance(a, Attention) for a in atts):
         raise ExportError(f"{mt} needs an attention block at every even position")
-    a0: Attention = atts[0]  # type: ignore[assignment]
+    a0: Attention = atts[0]  # type: ignore[assignment]  # checked to be Attention blocks just above
     if any(a.model_copy(update={"sliding_window": None}) !=
            a0.model_copy(update={"sliding_window": None}) for a in atts):
         raise ExportError(f"{mt} needs the same attention shape in every layer")
@@ -156,7 +156,7 @@ def _export_llama_like(arch: ModelArch, mt: str) -> dict[str, Any]:
                num_key_value_heads=a0.num_kv_heads, head_dim=a0.head_dim)
     if mt not in ("qwen2", "qwen2_moe", "mistral", "mixtral"):
         out["attention_bias"] = a0.qkv_bias
-    windows = [a.sliding_window for a in atts]  # type: ignore[attr-defined]
+    windows = [a.sliding_window for a in atts]  # type: ignore[attr-defined]  # checked to be Attention blocks just above
     if mt == "llama":
         if any(windows):
             raise ExportError("llama has no sliding window")

@@ -194,7 +194,7 @@ def _read_rest(r: Reader, mt: str, factor: float
     blocks: list[BlockConfig] = []
     for i in range(n):
         blocks.append(dn if types[i] == "linear_attention" else att)
-        blocks.append(moe if i in moe_layers else ffn)  # type: ignore[arg-type]
+        blocks.append(moe if i in moe_layers else ffn)  # type: ignore[arg-type]  # moe_layers is non-empty only when moe is set
     return blocks, [], kw
 
 

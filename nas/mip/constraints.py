@@ -198,7 +198,7 @@ class Objective:
         s = text.strip()
         sense: Literal["min", "max"] = "min"
         if s[:4] in ("min:", "max:"):
-            sense, s = s[:3], s[4:]  # type: ignore[assignment]
+            sense, s = s[:3], s[4:]  # type: ignore[assignment]  # s[:3] is 'min' or 'max' (the test above)
         weights: dict[str, float] = {}
         for term in re.split(r"(?<![eE*])\+", s):
             term = term.strip()

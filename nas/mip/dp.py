@@ -135,15 +135,15 @@ def path_optimum(start: np.ndarray, end: np.ndarray, L: int, c: np.ndarray,
         parts = [(r, int(start[r])) for r in by_end[b] if lab_obj[int(start[r])] is not None]
         if not parts:
             continue
-        sizes: list[int] = [lab_obj[s].size for _, s in parts]  # type: ignore[union-attr]
+        sizes: list[int] = [lab_obj[s].size for _, s in parts]  # type: ignore[union-attr]  # parts holds only labelled positions (the filter above)
         made = sum(sizes)
         work += made * (1 if k == 1 else TWO_ROWS_WORK)
         if work > max_work:
             return None
         cost = np.concatenate([lab_cost[s] + V[r] for r, s in parts])
         obj = np.concatenate([lab_obj[s] + c[r] for r, s in parts])
-        pred = np.concatenate([np.arange(lab_obj[s].size) for r, s in parts])  # type: ignore[union-attr]
-        edge = np.concatenate([np.full(lab_obj[s].size, r) for r, s in parts])  # type: ignore[union-attr]
+        pred = np.concatenate([np.arange(lab_obj[s].size) for r, s in parts])  # type: ignore[union-attr]  # parts holds only labelled positions (the filter above)
+        edge = np.concatenate([np.full(lab_obj[s].size, r) for r, s in parts])  # type: ignore[union-attr]  # parts holds only labelled positions (the filter above)
         ok = np.all(cost + np.array([rm[b] for rm in rem]) <= his + slack, axis=1) \
             & np.isfinite(rem_obj[b])
         if cutoff is not None:
@@ -168,14 +168,14 @@ def path_optimum(start: np.ndarray, end: np.ndarray, L: int, c: np.ndarray,
     if not cand.size:
         return ("infeasible", []) if cutoff is None else ("cutoff", [])
     out = []
-    for i in cand[np.argsort(final[cand], kind="stable")][:keep]:  # type: ignore[index]
+    for i in cand[np.argsort(final[cand], kind="stable")][:keep]:  # type: ignore[index]  # final is set once the DP has reached the last position
         i = int(i)
         chosen: list[int] = []
         b = L
         while b > 0:
-            r = int(lab_edge[b][i])  # type: ignore[index]
+            r = int(lab_edge[b][i])  # type: ignore[index]  # the back-pointers of a reached position are set
             chosen.append(r)
-            i = int(lab_pred[b][i])  # type: ignore[index]
+            i = int(lab_pred[b][i])  # type: ignore[index]  # the back-pointers of a reached position are set
             b = int(start[r])
         out.append(np.array(chosen[::-1], dtype=np.int64))
     return ("optimal", out)

@@ -286,7 +286,7 @@ class HighsModel:
             return "infeasible", None, math.inf, nodes, ""
         elif has_sol and ms in (MS.kTimeLimit, MS.kIterationLimit, MS.kSolutionLimit,
                                 # kHighsInterrupt is in highspy's enum, not its stubs
-                                MS.kInterrupt, MS.kHighsInterrupt,  # type: ignore[attr-defined]
+                                MS.kInterrupt, MS.kHighsInterrupt,  # type: ignore[attr-defined]  # kHighsInterrupt is in highspy's enum, not its stubs (comment above)
                                 MS.kObjectiveBound,
                                 MS.kObjectiveTarget, MS.kMemoryLimit, MS.kUnknown):
             status = "feasible"

@@ -115,19 +115,19 @@ class GptOssMoEMixer(MoEMixer):
 
     # the MoEMixer views: (E, W, in) gate / up, (E, in, W) down, the router as ``gate``
     @property
-    def gate(self) -> nn.Module:  # type: ignore[override]
+    def gate(self) -> nn.Module:  # type: ignore[override]  # read-only views of MoEMixer's attributes (its stacked tensors)
         return self.router
 
     @property
-    def experts_gate(self) -> torch.Tensor:  # type: ignore[override]
+    def experts_gate(self) -> torch.Tensor:  # type: ignore[override]  # read-only views of MoEMixer's attributes (its stacked tensors)
         return self.experts.gate_up_proj[..., 0::2].transpose(1, 2)
 
     @property
-    def experts_up(self) -> torch.Tensor:  # type: ignore[override]
+    def experts_up(self) -> torch.Tensor:  # type: ignore[override]  # read-only views of MoEMixer's attributes (its stacked tensors)
         return self.experts.gate_up_proj[..., 1::2].transpose(1, 2)
 
     @property
-    def experts_down(self) -> torch.Tensor:  # type: ignore[override]
+    def experts_down(self) -> torch.Tensor:  # type: ignore[override]  # read-only views of MoEMixer's attributes (its stacked tensors)
         return self.experts.down_proj.transpose(1, 2)
 
     def _glu(self, gu: torch.Tensor) -> torch.Tensor:

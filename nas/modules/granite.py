@@ -224,23 +224,23 @@ class GraniteMoEMixer(MoEMixer):
 
     # the MoEMixer views: (E, W, h) gate / up, (E, h, W) down, the router as ``gate``
     @property
-    def gate(self) -> nn.Module:  # type: ignore[override]
+    def gate(self) -> nn.Module:  # type: ignore[override]  # read-only views of MoEMixer's attributes (Granite's fused tensors)
         return self.block_sparse_moe.router
 
     @property
-    def experts_gate(self) -> torch.Tensor:  # type: ignore[override]
+    def experts_gate(self) -> torch.Tensor:  # type: ignore[override]  # read-only views of MoEMixer's attributes (Granite's fused tensors)
         return self.block_sparse_moe.input_linear.weight[:, :self.cfg.expert_width]
 
     @property
-    def experts_up(self) -> torch.Tensor:  # type: ignore[override]
+    def experts_up(self) -> torch.Tensor:  # type: ignore[override]  # read-only views of MoEMixer's attributes (Granite's fused tensors)
         return self.block_sparse_moe.input_linear.weight[:, self.cfg.expert_width:]
 
     @property
-    def experts_down(self) -> torch.Tensor:  # type: ignore[override]
+    def experts_down(self) -> torch.Tensor:  # type: ignore[override]  # read-only views of MoEMixer's attributes (Granite's fused tensors)
         return self.block_sparse_moe.output_linear.weight
 
     @property
-    def shared_experts(self) -> GraniteSharedMLP:  # type: ignore[override]
+    def shared_experts(self) -> GraniteSharedMLP:  # type: ignore[override]  # read-only views of MoEMixer's attributes (Granite's fused tensors)
         return self.shared_mlp
 
     def grouped_experts(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

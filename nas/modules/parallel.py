@@ -60,7 +60,7 @@ class ScaledLinear(nn.Linear):
         key = (like.device, like.dtype)
         if key not in cache:
             cache[key] = torch.cat([torch.full((w,), m, dtype=torch.float32)
-                                    for w, m in self.out_parts]).to(like.device, like.dtype)  # type: ignore[union-attr]
+                                    for w, m in self.out_parts]).to(like.device, like.dtype)  # type: ignore[union-attr]  # only called when out_parts is set
         return cache[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,7 +158,7 @@ class ParallelMixer(nn.Module):
             if m.ssm_out != 1.0:
                 y = y * m.ssm_out
             out = y if out is None else out + y
-        return out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]  # a parallel block has at least one branch, so out is set
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02, out_std: float = 0.02) -> None:

@@ -266,7 +266,7 @@ class Scorer:
         if item.alt.end is not None:
             from nas.scoring.span_scoring import build_span
 
-            return build_span(self, item, functools.partial(  # type: ignore[return-value]
+            return build_span(self, item, functools.partial(  # type: ignore[return-value]  # build_span's SpanBlocks stands in for a Block (same interface)
                 init_block, block_of=self.block_of))
         x = self.calib_stream(item.block)
         block, what = init_block(self.parent, item.block, item.alt.child,

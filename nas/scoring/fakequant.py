@@ -194,9 +194,9 @@ def quantize_block(block: torch.nn.Module, recipe: object) -> dict[str, str]:
         if role is None:
             continue
         if role == "shared_experts" and getattr(block, "cfg", None) is not None \
-                and block.cfg.kind == "ffn":  # type: ignore[union-attr]
+                and block.cfg.kind == "ffn":  # type: ignore[union-attr]  # a block's cfg is a BlockConfig; nn.Module's __getattr__ types it Tensor | Module
             role = "ffn"  # a dense Granite layer: its shared_mlp is the block's FFN
-        fmt = recipe.weight_dtype(role).value  # type: ignore[attr-defined]
+        fmt = recipe.weight_dtype(role).value  # type: ignore[attr-defined]  # recipe is a PrecisionRecipe, typed object here
         if fmt not in FORMATS:
             raise ValueError(f"{name}: no fake quantization for {fmt!r}")
         if name[len("mixer."):] in _IN_OUT:  # block along the input (reduction) dimension

@@ -231,7 +231,7 @@ class PipelineScorer(Scorer):
         h = st.reader.arch.hidden_size
         for bi, tokens in enumerate(self.held):
             if r == o:
-                x = st._run_own(block(self.held_cache.hidden(bi, item.block)),  # type: ignore[misc]
+                x = st._run_own(block(self.held_cache.hidden(bi, item.block)),  # type: ignore[misc]  # block is given to the rank that owns the item (r == o)
                                 item.alt.stop)
             else:
                 x = st._run_own(st._recv(r - 1, (tokens.shape[0], tokens.shape[1], h)), st.a)

@@ -129,7 +129,7 @@ def budget_rows(problem: Problem, library: BlockLibrary, b: BudgetSpec, index: i
             if rel:
                 bound = parent[key] / val
             elif m == "throughput":
-                bound = w.sequences * w.osl / (val * problem.tp)  # type: ignore[union-attr]
+                bound = w.sequences * w.osl / (val * problem.tp)  # type: ignore[union-attr]  # the spec validates that a throughput budget names a workload
             else:
                 bound = 1.0 / val
             out.append(mip.Budget(key, None, bound))

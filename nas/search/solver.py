@@ -77,5 +77,5 @@ def child_arch(problem: Problem, library: BlockLibrary, chosen: np.ndarray,
         return problem.parent.replace_blocks(kids)
     blocks = [None] * problem.parent.num_blocks
     for r in chosen:
-        blocks[int(library.start[r])] = flat[int(r)].child  # type: ignore[call-overload]
-    return problem.parent.replace_blocks(blocks)  # type: ignore[arg-type]
+        blocks[int(library.start[r])] = flat[int(r)].child  # type: ignore[call-overload]  # blocks starts as Nones; every position is filled by the chosen rows
+    return problem.parent.replace_blocks(blocks)  # type: ignore[arg-type]  # every position is filled by the chosen rows (a partition of the blocks)

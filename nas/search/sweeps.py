@@ -68,7 +68,7 @@ def _metric_value(problem: Problem, b: BudgetSpec, key: str, total: float) -> fl
     """A library total of ``key`` in the spec metric's own units (for plots)."""
     unit = _SWEEP_UNITS.get(b.metric, ("", 1.0))[1]
     if b.metric == "throughput":
-        w = problem.workloads[b.workload]  # type: ignore[index]
+        w = problem.workloads[b.workload]  # type: ignore[index]  # the spec validates that a throughput budget names a workload
         return w.sequences * w.osl / (total * problem.tp)
     if b.metric == "per_user_tps":
         return 1.0 / total

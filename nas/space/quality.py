@@ -137,8 +137,8 @@ def load_scores(path: str | Path, metric: str) -> dict[tuple[int, str], float]:
 
     def put(block: object, alt: object, val: object, where: str) -> None:
         try:
-            b = int(block)  # type: ignore[call-overload]
-            v = float(val)  # type: ignore[arg-type]
+            b = int(block)  # type: ignore[call-overload]  # any value; the ValueError / TypeError below report a bad one
+            v = float(val)  # type: ignore[arg-type]  # any value; the ValueError / TypeError below report a bad one
         except (TypeError, ValueError):
             raise InputError(f"expected an integer block and a numeric {metric}",
                              path=str(path), field=where) from None

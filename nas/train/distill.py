@@ -332,13 +332,13 @@ def _unshard_roots(*models: torch.nn.Module) -> None:
     models and for a root already gathered)."""
     for m in models:
         if hasattr(m, "unshard"):
-            m.unshard()  # type: ignore[operator]
+            m.unshard()  # type: ignore[operator]  # FSDP2's unshard, found with hasattr; nn.Module's __getattr__ types it Tensor
 
 
 def _reshard_roots(*models: torch.nn.Module) -> None:
     for m in models:
         if hasattr(m, "reshard"):
-            m.reshard()  # type: ignore[operator]
+            m.reshard()  # type: ignore[operator]  # FSDP2's reshard, found with hasattr; nn.Module's __getattr__ types it Tensor
 
 
 def kd_loss_hidden(student: CausalLM, teacher: CausalLM, hs: torch.Tensor, ht: torch.Tensor,
@@ -711,7 +711,7 @@ def _snapshot(model: torch.nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
     """A copy of the weights: this rank's shards (DTensors) when sharded, else on the
     CPU."""
     if not sharded:
-        return _cpu_copy(model)  # type: ignore[arg-type]
+        return _cpu_copy(model)  # type: ignore[arg-type]  # the student is a CausalLM (possibly wrapped), whose state dict this copies
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -725,7 +725,7 @@ def _restore(model: torch.nn.Module, snap: dict[str, torch.Tensor], sharded: boo
     for k, t in model.state_dict(keep_vars=True).items():
         src = snap[k]
         if isinstance(t, DTensor):
-            t.to_local().copy_(src.to_local())  # type: ignore[attr-defined]
+            t.to_local().copy_(src.to_local())  # type: ignore[attr-defined]  # a sharded snapshot holds DTensors where the model does
         else:
             t.copy_(src)
 

@@ -124,7 +124,7 @@ class DistillPlan:
         hints = ["add ranks", "lower --batch or --seq-len"] + list(self.hints) + \
             ["or use a device with more memory"]
         return (f"the plan does not fit: every rank needs {self.total / gib:.2f} GiB ({parts}) "
-                f"of {self.capacity / gib:.2f} GiB per rank; "  # type: ignore[operator]
+                f"of {self.capacity / gib:.2f} GiB per rank; "  # type: ignore[operator]  # capacity is set whenever the plan does not fit
                 + ", ".join(hints))
 
     def lines(self) -> list[str]:

@@ -33,7 +33,7 @@ def _parallel(p: ParallelMixer, c: ParallelMixer, pc: Parallel, cc: Parallel,
         elif pb is None:
             notes.append(f"{name} random (the parent has no {name} branch)")
         elif pb == cb:
-            _copy_all(cm, pm)  # type: ignore[arg-type]
+            _copy_all(cm, pm)  # type: ignore[arg-type]  # equal branch configs: both mixers exist (pb is not None, pb == cb)
             notes.append(f"{name} copied")
         else:
             args = (pm, cm, pb, cb) if name == "attention" else (pm, cm, pb, cb, xin)
