@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -479,6 +480,37 @@ def predict_points(meas: BlockMeasurements, hw: HardwareProfile, recipe: Precisi
             pred = costs.prefill_s[i, j] if t.mode == "prefill" else costs.decode_s[i, j]
             out.append(Compared(e.kind, e.key, t.point, t.median_s, float(pred)))
     return out
+
+
+def rms_log_error(compared: Sequence[Compared]) -> float:
+    """``sqrt(mean(log(predicted / measured)**2))`` over the points: what the block fit
+    minimizes (:func:`fit_blocks`), so profiles compare on the fit's own scale."""
+    if not compared:
+        return 0.0
+    e = np.log(np.array([c.predicted_s / c.measured_s for c in compared]))
+    return float(np.sqrt(np.mean(e * e)))
+
+
+def _norm_name(s: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", s.lower())
+
+
+def timed_on(meas: BlockMeasurements, hw: HardwareProfile) -> bool:
+    """Whether ``meas`` was timed on the device ``hw`` describes: the table's device name is
+    the profile's display name, or holds the profile's name or one of its aliases (``h100``
+    in ``NVIDIA H100 80GB HBM3``), names compared without case, spaces or punctuation. CPU
+    timings never match a GPU vendor's profile."""
+    if meas.device_kind == "cpu" and hw.vendor.lower() in _GPU_VENDORS:
+        return False
+    dev = _norm_name(meas.device)
+    if dev == _norm_name(hw.display_name):
+        return True
+    names = [_norm_name(n) for n in (hw.name, hw.display_name, *hw.aliases)]
+    return any(len(n) >= 3 and n in dev for n in names)
+
+
+_GPU_VENDORS = frozenset({"nvidia"})
+"""Vendors whose profiles are GPUs only (AMD's are CPUs or Instinct GPUs)."""
 
 
 def mape_by_kind(compared: Sequence[Compared]) -> list[dict[str, Any]]:

@@ -148,6 +148,31 @@ def test_cli_calibrate_writes_profile(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_cli_calibrate_never_writes_a_fit_that_raised_the_error(tmp_path, monkeypatch,
+                                                                 capsys):
+    """A fit whose rms log error is above the starting profile's is not written: the profile
+    given is (the fit is made worse on purpose here, its result swapped for a worse one)."""
+    import costmodels.calibrate as cal
+    from nas.cli import main
+
+    ms = _synthetic(with_values(H100, [p for p in parameters(H100, published=True)
+                                       if p.label == "memory"], [0.7]), 2)
+    path = _write_measurements(tmp_path / "m.csv", ms)
+    real = cal.fit
+
+    def worse(*args, **kw):
+        res = real(*args, **kw)
+        res.rms_log_after = res.rms_log_before + 0.5
+        return res
+
+    monkeypatch.setattr(cal, "fit", worse)
+    out = tmp_path / "fitted.json"
+    assert main(["calibrate", str(path), "--hw", "h100-sxm", "-o", str(out), *CONFIG_ARGS,
+                 "--max-evals", "5", "--only", "memory"]) == 0
+    assert "the fit raised the error: wrote the profile given" in capsys.readouterr().out
+    assert hwprofiles.load(out) == H100
+
+
 @pytest.mark.parametrize("row,needle", [
     ({"metric": "latency"}, "metric"),
     ({"value": "-3"}, "value"),

@@ -159,9 +159,15 @@ def test_cli_profile_blocks_then_calibrate_and_search(tmp_path):
     assert "wrote" in p.stdout and "decode b2@12" in p.stdout
     table = load_blocks(tmp_path / "BLOCKS.json")
     assert table.threads == 1
-    # calibrate to the blocks: the per-kind table before and after, and a valid profile
+    # CPU timings are not an H100's: refused in one line, nothing written, unless --force
     p = _cli("calibrate", "--blocks", "BLOCKS.json", "--hw", "h100-sxm", "-o", "cal.json",
              "--max-evals", "5", cwd=tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert f"was timed on {table.device} (cpu), not on NVIDIA H100" in p.stderr
+    assert "--force" in p.stderr and not (tmp_path / "cal.json").exists()
+    # calibrate to the blocks: the per-kind table before and after, and a valid profile
+    p = _cli("calibrate", "--blocks", "BLOCKS.json", "--hw", "h100-sxm", "-o", "cal.json",
+             "--max-evals", "5", "--force", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "MAPE after" in p.stdout and "attention" in p.stdout and "ffn" in p.stdout
     import hwprofiles
@@ -178,6 +184,55 @@ def test_cli_profile_blocks_then_calibrate_and_search(tmp_path):
     assert f"measured on {table.device}" in report
     bp = json.loads((tmp_path / "out" / "blueprint.json").read_text())
     assert bp["provenance"]["block_costs"].startswith(f"measured on {table.device}")
+
+
+def test_timings_match_the_profile_of_their_device(tmp_path):
+    import hwprofiles
+    from costmodels.measured import timed_on
+
+    table = run_profile(tmp_path / "b.json")
+    cpu = hwprofiles.get("h100-sxm").model_copy(update={
+        "name": "this-cpu", "display_name": table.device, "vendor": "amd", "aliases": []})
+    assert timed_on(table, cpu)
+    for name in ("h100-sxm", "mi300x", "b200"):
+        assert not timed_on(table, hwprofiles.get(name))
+    gpu = table.model_copy(update={"device": "NVIDIA H100 80GB HBM3", "device_kind": "cuda"})
+    assert timed_on(gpu, hwprofiles.get("h100-sxm"))
+    assert not timed_on(gpu, hwprofiles.get("h200-sxm"))
+    assert not timed_on(gpu, hwprofiles.get("h100-pcie"))  # 'h100pcie' is not in the name
+
+
+def test_calibrate_never_writes_a_fit_that_raised_the_error(tmp_path, monkeypatch, capsys):
+    """A fit that prices the blocks worse than the profile it started from is not written:
+    the best of the given profile, the given profile with the timed GEMM curve and the fit
+    is, and the output says so (the fit is made worse here on purpose: a kernel overhead of
+    one second)."""
+    import costmodels.measured as measured
+    import hwprofiles
+    from hwprofiles.schema import Figure
+    from nas.cli import main
+
+    table = run_profile(tmp_path / "B.json")
+    real = measured.fit_blocks
+
+    def worse(*args, **kw):
+        res = real(*args, **kw)
+        res.profile = res.profile.model_copy(update={
+            "kernel_overhead_s": Figure(value=1.0, source="made worse by the test")})
+        return res
+
+    monkeypatch.setattr(measured, "fit_blocks", worse)
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--blocks", str(tmp_path / "B.json"), "--hw", "h100-sxm",
+                 "-o", str(out), "--max-evals", "3", "--force"]) == 0
+    said = capsys.readouterr().out
+    assert "the fit did not lower the error" in said and "not the fit" in said
+    written = hwprofiles.load(out)
+    assert written.kernel_overhead_s.value != 1.0
+    recipe = measured.recipe_for(table)
+    given = measured.rms_log_error(measured.predict_points(table, hwprofiles.get("h100-sxm"),
+                                                           recipe))
+    assert measured.rms_log_error(measured.predict_points(table, written, recipe)) <= given
 
 
 def test_cli_refuses_bad_block_inputs(tmp_path):

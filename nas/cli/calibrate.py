@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "block kind before and after")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="with --blocks: predicted vs measured block times, before and after")
+    p.add_argument("--force", action="store_true",
+                   help="with --blocks: fit even when the blocks were timed on another device "
+                   "than the profile's (refused otherwise)")
     p.add_argument("--hw", default=None, help="the profile to start from (name or JSON file); "
                    "rows whose gpu names it (or an alias) are fitted (required unless --engines)")
     p.add_argument("--engines", action="store_true",
@@ -148,16 +151,21 @@ def run(args: argparse.Namespace) -> int:
     chosen = [m for m in ms if args.split == "all" or m.split == args.split]
     res = fit(chosen, hw, shapes, max_nfev=args.max_evals, only=args.only,
               engines=engines or None)
-    atomic_write_text(out, json.dumps(res.profile.model_dump(mode="json"), indent=2) + "\n")
+    raised = res.rms_log_after > res.rms_log_before  # never write a fit that raised it
+    written = hw if raised else res.profile
+    atomic_write_text(out, json.dumps(written.model_dump(mode="json"), indent=2) + "\n")
     if args.json:
         print(json.dumps({"device": hw.name, "measurements": res.n, "output": str(out),
                           "rms_log_error_before": res.rms_log_before,
                           "rms_log_error_after": res.rms_log_after,
+                          "written": "given" if raised else "fit",
                           "moved": [{"figure": k, "before": a, "after": b}
                                     for k, a, b in res.moved]}, indent=2))
         return 0
     print(f"{hw.name}: fitted to {res.n} measurements ({args.split} rows) -> {out}")
     print(f"  rms log error {res.rms_log_before:.3f} -> {res.rms_log_after:.3f}")
+    if raised:
+        print("  the fit raised the error: wrote the profile given, not the fit")
     for k, a, b in sorted(res.moved, key=lambda t: -abs(t[2] - t[1]) / max(abs(t[1]), 1e-9)):
         print(f"  {k:<28} {_fmt(k, a):>10} -> {_fmt(k, b)}")
     return 0
@@ -224,6 +232,8 @@ def run_blocks(args: argparse.Namespace) -> int:
         mape_by_kind,
         predict_points,
         recipe_for,
+        rms_log_error,
+        timed_on,
         with_gemm_curve,
     )
     from hwprofiles.errors import InputError
@@ -248,20 +258,35 @@ def run_blocks(args: argparse.Namespace) -> int:
         raise InputError("give -o PROFILE.json (or --report)", field="--output")
     if args.max_evals < 1:
         raise InputError(f"must be >= 1, got {args.max_evals}", field="--max-evals")
+    if not timed_on(meas, hw) and not args.force:
+        raise InputError(f"{args.blocks} was timed on {meas.device} ({meas.device_kind}), not on "
+                         f"{hw.display_name} ({hw.name}): a profile fitted to another "
+                         "device's timings describes neither; profile this device "
+                         "(puzzle-nas profile -o PROFILE.json) and calibrate that, or pass "
+                         "--force", field="--hw")
     out = check_output_file(args.output, "--output")
     start, peak_note = with_gemm_curve(hw, meas)
-    mid = mape_by_kind(predict_points(meas, start, recipe)) if peak_note else before
+    mid_pts = predict_points(meas, start, recipe) if peak_note else before_pts
+    mid = mape_by_kind(mid_pts) if peak_note else before
     res = fit_blocks(meas, start, recipe, max_nfev=args.max_evals, only=args.only)
-    after_pts = predict_points(meas, res.profile, recipe)
+    # never a fit that raised the error: the best of the given profile, the given profile
+    # with the measured GEMM curve, and the fit, by the fit's own measure
+    fitted = rms_log_error(predict_points(meas, res.profile, recipe))
+    candidates = [(fitted, "fit", res.profile), (rms_log_error(mid_pts), "start", start),
+                  (rms_log_error(before_pts), "given", hw)]
+    err, kept, profile = min(candidates, key=lambda c: c[0])  # a tie keeps the fit
+    after_pts = predict_points(meas, profile, recipe)
     after = mape_by_kind(after_pts)
-    atomic_write_json(out, res.profile.model_dump(mode="json"))
+    atomic_write_json(out, profile.model_dump(mode="json"))
     if args.plot:
         from costmodels.measured import fidelity_plot
 
         fidelity_plot(before_pts, after_pts, args.plot, f"{hw.name} on {meas.device}")
     if args.json:
         print(json.dumps({"device": meas.device, "profile": hw.name, "output": str(out),
-                          "points": res.n, "before": before, "after": after,
+                          "points": res.n, "before": before, "after": after, "written": kept,
+                          "rms_log": {"given": candidates[2][0], "start": candidates[1][0],
+                                      "fit": fitted},
                           "gemm": peak_note, "gemm_only": mid,
                           "moved": [{"figure": k, "before": a, "after": b}
                                     for k, a, b in res.moved]}, indent=2))
@@ -271,6 +296,11 @@ def run_blocks(args: argparse.Namespace) -> int:
         print(f"  {peak_note}; with it alone (no fit) MAPE {before[-1]['mape']:.1%} -> "
               f"{mid[-1]['mape']:.1%}")
     print(f"  rms log error {res.rms_log_before:.3f} -> {res.rms_log_after:.3f}")
+    if kept != "fit":
+        what = ("the profile given" if kept == "given" else
+                "the profile given with the measured GEMM curve")
+        print(f"  the fit did not lower the error ({fitted:.3f} against {err:.3f}): wrote "
+              f"{what}, not the fit")
     for k, a, b in sorted(res.moved, key=lambda t: -abs(t[2] - t[1]) / max(abs(t[1]), 1e-9)):
         print(f"  {k:<28} {_fmt(k, a):>10} -> {_fmt(k, b)}")
     print("analytic vs measured, per block kind (MAPE = mean |predicted / measured - 1|):")
