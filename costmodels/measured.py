@@ -630,6 +630,48 @@ def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
         f"{old.peak_fraction:.0%} of {cur:.4g})")
 
 
+@dataclass
+class BlockCalibration:
+    """What :func:`calibrate_blocks` found: the profile to keep and how each candidate
+    prices the timed blocks."""
+
+    profile: HardwareProfile
+    """The best of the three candidates by rms log error (a tie keeps the fit)."""
+    written: Literal["fit", "start", "given"]
+    """Which it is: the fit, the given profile with the timed GEMM curve, or as given."""
+    fit: Any
+    """The fit's ``FitResult`` (moved figures, rms log error before and after)."""
+    rms_log: dict[str, float]
+    """Rms log error of each candidate (``given``, ``start``, ``fit``)."""
+    gemm_note: str
+    """What the timed GEMM curve changed ("" when nothing did)."""
+    before: list[Compared]
+    start: list[Compared]
+    after: list[Compared]
+    """The timed points priced by the given profile, the start and the profile kept."""
+
+
+def calibrate_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRecipe,
+                     max_nfev: int = 40, only: Sequence[str] | None = None
+                     ) -> BlockCalibration:
+    """Fit ``hw`` to the timed blocks (:func:`with_gemm_curve`, then :func:`fit_blocks`)
+    and keep the best of the given profile, the start and the fit by the fit's own measure,
+    so that a fit which raised the error is never the answer."""
+    before = predict_points(meas, hw, recipe)
+    start, note = with_gemm_curve(hw, meas)
+    start_pts = predict_points(meas, start, recipe) if note else before
+    res = fit_blocks(meas, start, recipe, max_nfev=max_nfev, only=only)
+    fit_pts = predict_points(meas, res.profile, recipe)
+    cands: list[tuple[float, Literal["fit", "start", "given"], HardwareProfile,
+                      list[Compared]]] = [
+        (rms_log_error(fit_pts), "fit", res.profile, fit_pts),
+        (rms_log_error(start_pts), "start", start, start_pts),
+        (rms_log_error(before), "given", hw, before)]
+    _, kept, profile, after = min(cands, key=lambda c: c[0])
+    return BlockCalibration(profile, kept, res, {c[1]: c[0] for c in cands}, note, before,
+                            start_pts, after)
+
+
 def recipe_for(meas: BlockMeasurements) -> PrecisionRecipe:
     """The precision recipe of what was timed: the shipped recipe of that name (``bf16``),
     else every tensor in the measured dtype (SSM state in fp32, as the torch blocks keep it)."""

@@ -186,6 +186,35 @@ def test_cli_profile_blocks_then_calibrate_and_search(tmp_path):
     assert bp["provenance"]["block_costs"].startswith(f"measured on {table.device}")
 
 
+def test_one_command_probes_times_calibrates_and_keeps_the_better_profile(tmp_path):
+    """``profile --blocks SPEC --calibrate -o P.json``: the probe, the block table, the kept
+    profile and the plot, the MAPE per kind and phase before and after; the profile written
+    prices the timed blocks no worse than the probed one."""
+    import hwprofiles
+    from costmodels.measured import predict_points, recipe_for, rms_log_error
+
+    (tmp_path / "spec.json").write_text(json.dumps(tiny_spec()))
+    p = _cli("profile", "--blocks", "spec.json", "--calibrate", "--quick", "--device", "cpu",
+             "-o", "P.json", "--warmup", "0", "--repeats", "2", "--max-evals", "5",
+             cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    for name in ("P.json", "P.probed.json", "P.blocks.json", "P.calibration.png"):
+        assert (tmp_path / name).is_file(), name
+    assert "[3/3]" in p.stdout and "MAPE after" in p.stdout
+    for kind in ("attention", "ffn", "linear"):
+        for mode in ("prefill", "decode"):
+            assert any(line.split()[:2] == [kind, mode] for line in p.stdout.splitlines())
+    table = load_blocks(tmp_path / "P.blocks.json")
+    assert table.threads == 1  # probe and blocks on the same single thread
+    recipe = recipe_for(table)
+    kept, probed = (hwprofiles.load(tmp_path / n) for n in ("P.json", "P.probed.json"))
+    assert rms_log_error(predict_points(table, kept, recipe)) <= \
+        rms_log_error(predict_points(table, probed, recipe))
+    p = _cli("profile", "--calibrate", "-o", "Q.json", cwd=tmp_path)
+    assert p.returncode == 2 and "--calibrate needs --blocks" in p.stderr
+    assert not (tmp_path / "Q.json").exists()
+
+
 def test_timings_match_the_profile_of_their_device(tmp_path):
     import hwprofiles
     from costmodels.measured import timed_on

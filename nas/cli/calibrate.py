@@ -226,15 +226,13 @@ def run_blocks(args: argparse.Namespace) -> int:
     """``calibrate --blocks BLOCKS.json --hw PROFILE -o PROFILE.json``."""
     import hwprofiles
     from costmodels.measured import (
-        fit_blocks,
+        calibrate_blocks,
         format_mape,
         load_blocks,
         mape_by_kind,
         predict_points,
         recipe_for,
-        rms_log_error,
         timed_on,
-        with_gemm_curve,
     )
     from hwprofiles.errors import InputError
     from nas.io import atomic_write_json, check_output_file
@@ -265,44 +263,51 @@ def run_blocks(args: argparse.Namespace) -> int:
                          "(puzzle-nas profile -o PROFILE.json) and calibrate that, or pass "
                          "--force", field="--hw")
     out = check_output_file(args.output, "--output")
-    start, peak_note = with_gemm_curve(hw, meas)
-    mid_pts = predict_points(meas, start, recipe) if peak_note else before_pts
-    mid = mape_by_kind(mid_pts) if peak_note else before
-    res = fit_blocks(meas, start, recipe, max_nfev=args.max_evals, only=args.only)
-    # never a fit that raised the error: the best of the given profile, the given profile
-    # with the measured GEMM curve, and the fit, by the fit's own measure
-    fitted = rms_log_error(predict_points(meas, res.profile, recipe))
-    candidates = [(fitted, "fit", res.profile), (rms_log_error(mid_pts), "start", start),
-                  (rms_log_error(before_pts), "given", hw)]
-    err, kept, profile = min(candidates, key=lambda c: c[0])  # a tie keeps the fit
-    after_pts = predict_points(meas, profile, recipe)
-    after = mape_by_kind(after_pts)
-    atomic_write_json(out, profile.model_dump(mode="json"))
+    cal = calibrate_blocks(meas, hw, recipe, max_nfev=args.max_evals, only=args.only)
+    atomic_write_json(out, cal.profile.model_dump(mode="json"))
     if args.plot:
         from costmodels.measured import fidelity_plot
 
-        fidelity_plot(before_pts, after_pts, args.plot, f"{hw.name} on {meas.device}")
+        fidelity_plot(cal.before, cal.after, args.plot, f"{hw.name} on {meas.device}")
     if args.json:
-        print(json.dumps({"device": meas.device, "profile": hw.name, "output": str(out),
-                          "points": res.n, "before": before, "after": after, "written": kept,
-                          "rms_log": {"given": candidates[2][0], "start": candidates[1][0],
-                                      "fit": fitted},
-                          "gemm": peak_note, "gemm_only": mid,
-                          "moved": [{"figure": k, "before": a, "after": b}
-                                    for k, a, b in res.moved]}, indent=2))
+        print(json.dumps(calibration_json(cal, meas, hw, out), indent=2))
         return 0
-    print(f"{hw.name}: fitted to {res.n} block timings on {meas.device} ({meas.dtype}) -> {out}")
-    if peak_note:
-        print(f"  {peak_note}; with it alone (no fit) MAPE {before[-1]['mape']:.1%} -> "
-              f"{mid[-1]['mape']:.1%}")
-    print(f"  rms log error {res.rms_log_before:.3f} -> {res.rms_log_after:.3f}")
-    if kept != "fit":
-        what = ("the profile given" if kept == "given" else
-                "the profile given with the measured GEMM curve")
-        print(f"  the fit did not lower the error ({fitted:.3f} against {err:.3f}): wrote "
-              f"{what}, not the fit")
-    for k, a, b in sorted(res.moved, key=lambda t: -abs(t[2] - t[1]) / max(abs(t[1]), 1e-9)):
-        print(f"  {k:<28} {_fmt(k, a):>10} -> {_fmt(k, b)}")
-    print("analytic vs measured, per block kind (MAPE = mean |predicted / measured - 1|):")
-    print(format_mape(before, after))
+    print(f"{hw.name}: fitted to {cal.fit.n} block timings on {meas.device} ({meas.dtype}) "
+          f"-> {out}")
+    print(calibration_text(cal))
     return 0
+
+
+def calibration_json(cal, meas, hw, out: Path) -> dict:  # noqa: ANN001
+    """The ``--json`` object of a block calibration."""
+    from costmodels.measured import mape_by_kind
+
+    res = cal.fit
+    return {"device": meas.device, "profile": hw.name, "output": str(out), "points": res.n,
+            "before": mape_by_kind(cal.before), "after": mape_by_kind(cal.after),
+            "written": cal.written, "rms_log": cal.rms_log, "gemm": cal.gemm_note,
+            "gemm_only": mape_by_kind(cal.start),
+            "moved": [{"figure": k, "before": a, "after": b} for k, a, b in res.moved]}
+
+
+def calibration_text(cal) -> str:  # noqa: ANN001
+    """What a block calibration moved and its MAPE per kind and phase, before and after."""
+    from costmodels.measured import format_mape, mape_by_kind
+
+    res = cal.fit
+    before, mid = mape_by_kind(cal.before), mape_by_kind(cal.start)
+    lines = []
+    if cal.gemm_note:
+        lines.append(f"  {cal.gemm_note}; with it alone (no fit) MAPE {before[-1]['mape']:.1%} "
+                     f"-> {mid[-1]['mape']:.1%}")
+    lines.append(f"  rms log error {res.rms_log_before:.3f} -> {res.rms_log_after:.3f}")
+    if cal.written != "fit":
+        what = ("the profile given" if cal.written == "given" else
+                "the profile given with the measured GEMM curve")
+        lines.append(f"  the fit did not lower the error ({cal.rms_log['fit']:.3f} against "
+                     f"{cal.rms_log[cal.written]:.3f}): wrote {what}, not the fit")
+    for k, a, b in sorted(res.moved, key=lambda t: -abs(t[2] - t[1]) / max(abs(t[1]), 1e-9)):
+        lines.append(f"  {k:<28} {_fmt(k, a):>10} -> {_fmt(k, b)}")
+    lines.append("analytic vs measured, per block kind (MAPE = mean |predicted / measured - 1|):")
+    lines.append(format_mape(before, mape_by_kind(cal.after)))
+    return "\n".join(lines)

@@ -61,6 +61,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--repeats", type=int, default=None,
                    help="timed samples per point, their median is kept (default 30 on CUDA, "
                    "7 on CPU)")
+    g.add_argument("--calibrate", action="store_true",
+                   help="with --blocks, the whole path in one command: probe the device "
+                   "(PROFILE.probed.json), time the spec's blocks (PROFILE.blocks.json), fit "
+                   "the probed profile to them and write the better of the two to -o "
+                   "PROFILE.json, the calibration plot beside it (PROFILE.calibration.png), "
+                   "and print the MAPE per block kind and phase before and after")
+    g.add_argument("--max-evals", type=int, default=40,
+                   help="with --calibrate: least-squares iterations at most (default 40)")
     p.set_defaults(func=run)
 
 
@@ -79,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
     from nas.io import atomic_write_json, check_output_file
     from nas.progress import Progress
 
+    if args.calibrate:
+        if args.blocks is None:
+            raise InputError("--calibrate needs --blocks SPEC (the blocks to fit to)",
+                             field="--calibrate")
+        return run_path(args)
     if args.blocks is not None:
         return run_blocks(args)
     out = Path(args.output)
@@ -247,6 +260,59 @@ def run_blocks(args: argparse.Namespace) -> int:
           f"{sum(len(b.timings) for b in table.blocks)} timings, "
           f"{time.perf_counter() - t0:.1f} s")
     print(format_blocks(table))
+    return 0
+
+
+def path_outputs(out: Path) -> dict[str, Path]:
+    """The files ``profile --blocks SPEC --calibrate -o PROFILE.json`` writes."""
+    stem = out.name[: -len(".json")] if out.name.endswith(".json") else out.name
+    return {"profile": out, "probed": out.with_name(f"{stem}.probed.json"),
+            "blocks": out.with_name(f"{stem}.blocks.json"),
+            "plot": out.with_name(f"{stem}.calibration.png")}
+
+
+def run_path(args: argparse.Namespace) -> int:
+    """``profile --blocks SPEC --calibrate -o PROFILE.json``: probe, time the blocks,
+    calibrate, keep the better profile (``costmodels.measured.calibrate_blocks``)."""
+    import copy
+
+    import hwprofiles
+    from costmodels.measured import calibrate_blocks, fidelity_plot, load_blocks, recipe_for
+    from hwprofiles.errors import InputError
+    from nas.cli.calibrate import calibration_text
+    from nas.io import atomic_write_json, check_output_file
+
+    if args.max_evals < 1:
+        raise InputError(f"must be >= 1, got {args.max_evals}", field="--max-evals")
+    files = path_outputs(Path(args.output))
+    for flag, f in (("--output", files["profile"]), ("PROFILE.probed.json", files["probed"]),
+                    ("PROFILE.blocks.json", files["blocks"])):
+        check_output_file(f, flag)
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cpu" and args.threads is None:
+        args.threads = 1  # the probe and the blocks on the same one torch thread
+    print(f"[1/3] probing {args.device} -> {files['probed']}")
+    probe = copy.copy(args)
+    probe.output, probe.blocks, probe.calibrate = str(files["probed"]), None, False
+    run(probe)
+    print(f"[2/3] timing the blocks of {args.blocks} -> {files['blocks']}")
+    timing = copy.copy(args)
+    timing.output, timing.calibrate = str(files["blocks"]), False
+    run_blocks(timing)
+    print(f"[3/3] calibrating {files['probed'].name} to the timed blocks -> {files['profile']}")
+    meas = load_blocks(files["blocks"])
+    probed = hwprofiles.load(files["probed"])
+    cal = calibrate_blocks(meas, probed, recipe_for(meas), max_nfev=args.max_evals)
+    atomic_write_json(files["profile"], cal.profile.model_dump(mode="json"))
+    fidelity_plot(cal.before, cal.after, files["plot"], f"{probed.name} on {meas.device}")
+    print(calibration_text(cal))
+    kept = {"fit": "the calibrated profile", "start": "the probed profile with the timed "
+            "GEMM curve", "given": "the probed profile"}[cal.written]
+    print(f"wrote {files['profile']} ({kept}; rms log error probed {cal.rms_log['given']:.3f}, "
+          f"calibrated {cal.rms_log['fit']:.3f}) and {files['plot']}")
     return 0
 
 
