@@ -429,6 +429,8 @@ class FitResult:
     moved: list[tuple[str, float, float]] = field(default_factory=list)
     rms_log_before: float = 0.0
     rms_log_after: float = 0.0
+    on_bounds: list[tuple[str, float, float, float]] = field(default_factory=list)
+    """``(figure, value, lo, hi)`` of each fitted figure that ended on a bound of its fit."""
 
 
 def _log_error(predicted: float, measured: float) -> float:
@@ -484,6 +486,8 @@ class EngineFitResult:
     moved: list[tuple[str, float, float]] = field(default_factory=list)
     rms_log_before: float = 0.0
     rms_log_after: float = 0.0
+    on_bounds: list[tuple[str, float, float, float]] = field(default_factory=list)
+    """``(figure, value, lo, hi)`` of each fitted figure that ended on a bound of its fit."""
 
 
 def fit_engines(measurements: Iterable[Measurement],
@@ -658,7 +662,9 @@ def fit_residuals(hw: HardwareProfile, params: Sequence[Param],
     moved = [(params[i].label, float(x0[i]), float(xbest[i])) for i in active
              if not math.isclose(xbest[i], x0[i], rel_tol=1e-6)]
     r1 = residuals(fitted)
-    return FitResult(fitted, n, moved, rms0, float(np.sqrt(np.mean(r1 ** 2))))
+    edge = [(params[i].label, float(xbest[i]), float(lo[j]), float(hi[j]))
+            for j, i in enumerate(active) if min(sol.x[j], 1.0 - sol.x[j]) <= 1e-6]
+    return FitResult(fitted, n, moved, rms0, float(np.sqrt(np.mean(r1 ** 2))), edge)
 
 
 # -- the report ---------------------------------------------------------------------------

@@ -133,6 +133,22 @@ def _write_measurements(path: Path, ms: list[Measurement]) -> Path:
     return path
 
 
+def test_a_fitted_figure_on_its_bound_is_reported():
+    """Decode throughput three times what the H100's memory can stream: the memory fraction
+    the fit wants is above 1, so it ends on its upper bound, and the result says so; a
+    figure fitted inside its range is not listed."""
+    params = {p.label: p for p in parameters(H100, published=True)}
+    truth = with_values(H100, [params["memory"]], [0.7])
+    ms = [m.model_copy(update={"value": m.value * (3.0 if m.metric == "throughput" else
+                                                   1 / 3.0)})
+          for m in _synthetic(truth, 4)]
+    res = fit(ms, H100, SHAPES, max_nfev=20, only=["memory"])
+    assert [(k, hi) for k, v, lo, hi in res.on_bounds] == [("memory", params["memory"].hi)]
+    assert res.on_bounds[0][1] == pytest.approx(params["memory"].hi)
+    inside = fit(_synthetic(truth, 4), H100, SHAPES, max_nfev=20, only=["memory"])
+    assert inside.on_bounds == []
+
+
 def test_cli_calibrate_writes_profile(tmp_path):
     ms = _synthetic(with_values(H100, [p for p in parameters(H100, published=True)
                                        if p.label == "memory"], [0.7]), 2)

@@ -287,7 +287,9 @@ def calibration_json(cal, meas, hw, out: Path) -> dict:  # noqa: ANN001
             "before": mape_by_kind(cal.before), "after": mape_by_kind(cal.after),
             "written": cal.written, "rms_log": cal.rms_log, "gemm": cal.gemm_note,
             "gemm_only": mape_by_kind(cal.start),
-            "moved": [{"figure": k, "before": a, "after": b} for k, a, b in res.moved]}
+            "moved": [{"figure": k, "before": a, "after": b} for k, a, b in res.moved],
+            "on_bounds": [{"figure": k, "value": v, "lo": lo, "hi": hi}
+                          for k, v, lo, hi in res.on_bounds]}
 
 
 def calibration_text(cal) -> str:  # noqa: ANN001
@@ -308,6 +310,17 @@ def calibration_text(cal) -> str:  # noqa: ANN001
                      f"{cal.rms_log[cal.written]:.3f}): wrote {what}, not the fit")
     for k, a, b in sorted(res.moved, key=lambda t: -abs(t[2] - t[1]) / max(abs(t[1]), 1e-9)):
         lines.append(f"  {k:<28} {_fmt(k, a):>10} -> {_fmt(k, b)}")
+    if cal.written == "fit":
+        lines += [f"  on its bound: {k} = {_fmt(k, v)} (the fit's range {_fmt(k, lo)} to "
+                  f"{_fmt(k, hi)}): a mechanism the model lacks, not a device figure"
+                  for k, v, lo, hi in res.on_bounds]
+        for k, a, b in res.moved:
+            if k == "kernel overhead" and a > 0 and b > 10 * a:
+                lines.append(f"  the fit needs a kernel overhead {b / a:.0f}x the probed launch "
+                             f"overhead ({_fmt(k, a)} -> {_fmt(k, b)}): the model prices these "
+                             "blocks as fused kernels, the blocks run eager ops (per-op "
+                             "dispatch, unfused elementwise work); the fitted figure absorbs "
+                             "that, it is not the device's launch cost")
     lines.append("analytic vs measured, per block kind (MAPE = mean |predicted / measured - 1|):")
     lines.append(format_mape(before, mape_by_kind(cal.after)))
     return "\n".join(lines)
