@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
-from nas.launch import run_ranks
+from nas.launch import exit_rank, run_ranks
 from nas.tokens import add_dtype_flag, add_token_flags, lr_list
 
 OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png")
@@ -339,25 +339,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _exit_rank(rc: int) -> None:
-    """End a torchrun rank once every rank is done (a barrier), without the interpreter's
-    teardown: left to it, gloo's threads can be destroyed while joinable and a rank whose
-    work is complete aborts ("terminate called without an active exception", SIGABRT;
-    seen twice in 8 full suites, in a 2-rank run with --replicas and one with activation
-    checkpointing). Every output is written (atomically) before this point."""
-    import os
-
-    import torch.distributed as dist
-
-    if rc == 0 and dist.is_available() and dist.is_initialized():  # (a failed rank
-        try:  # leaves at once: torchrun stops the others)
-            dist.barrier()
-        except RuntimeError:
-            pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
-
-
 if __name__ == "__main__":
-    _exit_rank(main())
+    exit_rank(main())

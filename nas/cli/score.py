@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
-from nas.launch import run_ranks
+from nas.launch import exit_rank, run_ranks
 from nas.tokens import add_dtype_flag, add_token_flags
 
 
@@ -259,4 +259,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())
