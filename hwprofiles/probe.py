@@ -57,8 +57,8 @@ from hwprofiles.schema import (
     Interconnect,
 )
 
-__all__ = ["DeviceInfo", "ProbePlan", "ProbeResult", "default_plan", "derive", "probe",
-           "run_probe"]
+__all__ = ["DeviceInfo", "ProbePlan", "ProbeResult", "default_plan", "derive", "isotonic",
+           "noise_report", "noisy_points", "past_cache", "probe", "robust", "run_probe"]
 
 #: dtypes the probe knows how to time (fp32 is timed but is not a profile compute dtype)
 PROBE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
@@ -139,6 +139,19 @@ def _replace(plan: ProbePlan, **kw: Any) -> ProbePlan:
     return replace(plan, **kw)
 
 
+def past_cache(plan: ProbePlan, llc: int | None, memory_bytes: float | None = None
+               ) -> ProbePlan:
+    """``plan`` with memory buffers of 4x and 8x the last-level cache added (each a power of
+    two, at most 1/8 of the device's memory), so that the bandwidth is a device-memory rate,
+    not a cache rate, and two sizes past the cache show whether the rate has settled."""
+    if not llc:
+        return plan
+    cap = memory_bytes / 8 if memory_bytes else math.inf
+    extra = {2 ** math.ceil(math.log2(f * llc)) for f in (4, 8)}
+    sizes = tuple(sorted({*plan.mem_bytes, *(b for b in extra if b <= cap)}))
+    return _replace(plan, mem_bytes=sizes)
+
+
 @dataclass
 class ProbeResult:
     """A probe's profile and everything behind it.
@@ -151,6 +164,10 @@ class ProbeResult:
     profile: HardwareProfile
     measurements: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    noisy: list[str] = field(default_factory=list)
+    """Why the timings are too noisy to trust (:func:`noise_report`); [] when they are not."""
+    noisy_points: list[str] = field(default_factory=list)
+    """Every timed point whose spread is above :data:`NOISY_SPREAD` (:func:`noisy_points`)."""
 
     def measurements_json(self) -> dict[str, Any]:
         """The raw timings as a JSON-ready dict (what ``puzzle-nas profile`` writes beside
@@ -291,6 +308,63 @@ def _median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
 
+TARGET_RSE = 0.01
+"""The stated confidence: samples are added until the relative standard error of a point's
+median is at most 1 % (``1.2533 * robust sigma / sqrt(n)`` over the median), up to
+:data:`MAX_REPEAT_FACTOR` times the plan's repeats."""
+MAX_REPEAT_FACTOR = 4
+OUTLIER_SIGMAS = 4.0
+"""A sample more than this many robust sigmas above the median is another tenant's turn
+(preemption, a page fault, a frequency dip): dropped. Only the slow side: nothing makes a
+call faster than the device can run it."""
+NOISY_SPREAD = 0.05
+"""A figure whose median is this uncertain or more (relative standard error, after the
+repeats :data:`TARGET_RSE` asks for) is noisy: the probe says so, and ``puzzle-nas profile``
+exits non-zero unless ``--accept-noisy``."""
+
+
+def robust(samples: Sequence[float]) -> tuple[float, float, int]:
+    """``(median, relative spread, rejected)`` of per-call seconds: samples above
+    ``median + OUTLIER_SIGMAS * sigma`` dropped (``sigma = 1.4826 * MAD``, the normal-
+    consistent robust deviation), then the median and ``sigma / median`` of the rest."""
+    xs = [float(x) for x in samples]
+    med = _median(xs)
+    sigma = 1.4826 * _median([abs(x - med) for x in xs])
+    kept = [x for x in xs if x <= med + OUTLIER_SIGMAS * sigma] if sigma > 0 else xs
+    med = _median(kept)
+    sig = 1.4826 * _median([abs(x - med) for x in kept])
+    return med, (sig / med if med > 0 else 0.0), len(xs) - len(kept)
+
+
+def _rse(samples: Sequence[float]) -> float:
+    """Relative standard error of the median of ``samples`` (after :func:`robust`)."""
+    med, spread, rejected = robust(samples)
+    n = len(samples) - rejected
+    return 1.2533 * spread / math.sqrt(max(n, 1))
+
+
+def isotonic(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The non-decreasing fit of ``(size, fraction)`` points sorted by size, closest in
+    squared error (pool adjacent violators, equal weights): efficiency never falls as the
+    work grows within one cache regime, so a dip is timing noise."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for _, y in points:
+        blocks.append([y, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            a, b = blocks.pop(), blocks.pop()
+            blocks.append([a[0] + b[0], a[1] + b[1]])
+    out: list[float] = []
+    for total, n in blocks:
+        out += [total / n] * int(n)
+    return [(x, float(f"{y:.4g}")) for (x, _), y in zip(points, out)]
+
+
+def _departures(raw: Sequence[tuple[float, float]], smooth: Sequence[tuple[float, float]],
+                limit: float = 0.25) -> int:
+    """How many raw points the smoothed curve moved by more than ``limit`` (relative)."""
+    return sum(abs(b - a) > limit * max(b, 1e-12) for (_, a), (_, b) in zip(raw, smooth))
+
+
 def _curve_points(pairs: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     """Sorted, de-duplicated (best fraction per size), fractions clamped into (0, 1]."""
     best: dict[float, float] = {}
@@ -298,6 +372,71 @@ def _curve_points(pairs: Iterable[tuple[float, float]]) -> list[tuple[float, flo
         if size > 0 and math.isfinite(frac):
             best[float(size)] = max(best.get(float(size), 0.0), frac)
     return [(s, float(f"{min(max(f, 1e-4), 1.0):.4g}")) for s, f in sorted(best.items())]
+
+
+def _spread(rec: dict[str, Any]) -> str:
+    """`` (+-1.2 % of 15 samples, 1 rejected)`` of a timed record: the relative standard
+    error of its median ("" without one)."""
+    if "spread" not in rec:
+        return ""
+    n, rej = rec.get("repeats"), rec.get("rejected", 0)
+    return (f" (+-{rec['spread']:.1%} standard error of the median"
+            + (f" of {n} samples" if n else "")
+            + (f", {rej} rejected as outliers" if rej else "") + ")")
+
+
+def _smoothed(raw: Sequence[tuple[float, float]], pts: Sequence[tuple[float, float]]) -> str:
+    moved = _departures(raw, pts)
+    return ("; smoothed non-decreasing in size (pool adjacent violators; raw fractions in the "
+            "measurements)" + (f", {moved} of {len(raw)} points moved by more than 25 %"
+                               if moved else ""))
+
+
+def _what(r: dict[str, Any]) -> str:
+    if r["kind"] == "gemm":
+        return f"{r['dtype']} GEMM {r['m']}x{r['n']}x{r['k']}"
+    if r["kind"] == "memory":
+        return f"{r['op']} {r['buffer_bytes'] / 2**20:g} MiB"
+    if r["kind"] == "attention":
+        return f"attention S={r['seq']}"
+    return "kernel overhead"
+
+
+def noisy_points(log: Sequence[dict[str, Any]], limit: float = NOISY_SPREAD) -> list[str]:
+    """Every timed record whose robust spread is above ``limit``, one line each."""
+    return [f"{_what(r)}: +-{r['spread']:.0%} over {r.get('repeats', '?')} samples"
+            for r in log if r.get("spread", 0.0) > limit]
+
+
+def noise_report(log: Sequence[dict[str, Any]], llc: int | None = None,
+                 limit: float = NOISY_SPREAD) -> list[str]:
+    """Why a measurement log is too noisy to trust ([] when it is not): a figure of the
+    profile timed with a spread above ``limit`` (the kernel overhead, the GEMM that sets a
+    dtype's peak, the copy or triad that sets the bandwidth), or more than a quarter of a
+    curve's points (GEMMs of one dtype, memory, attention) above it."""
+    out = []
+    timed = [r for r in log if "spread" in r]
+    key = [r for r in timed if r["kind"] == "kernel_overhead"]
+    for d in {r["dtype"] for r in timed if r["kind"] == "gemm"}:
+        key.append(max((r for r in timed if r["kind"] == "gemm" and r["dtype"] == d),
+                       key=lambda r: r["flop_per_s"]))
+    mem = [r for r in timed if r["kind"] == "memory"]
+    big = [r for r in mem if llc and r["buffer_bytes"] >= 4 * llc] or mem
+    if big:
+        key.append(max(big, key=lambda r: r["bytes_per_s"]))
+    out += [f"{_what(r)} (a figure of the profile): +-{r['spread']:.0%} over "
+            f"{r.get('repeats', '?')} samples" for r in key if r["spread"] > limit]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in timed:
+        if r["kind"] in ("gemm", "memory", "attention"):
+            groups.setdefault(r["dtype"] + " GEMMs" if r["kind"] == "gemm" else r["kind"],
+                              []).append(r)
+    for name, rows in sorted(groups.items()):
+        bad = sum(r["spread"] > limit for r in rows)
+        if bad * 4 > len(rows):
+            out.append(f"{name}: {bad} of {len(rows)} points uncertain by more than "
+                       f"{limit:.0%}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -360,13 +499,15 @@ def derive(log: Sequence[dict[str, Any]], device: DeviceInfo, *, name: str | Non
             continue
         peak = best["flop_per_s"]
         peaks[d] = Figure(value=peak, source=f"{src}: best achieved dense {d} GEMM "
-                          f"({best['m']}x{best['n']}x{best['k']}), not a datasheet figure")
+                          f"({best['m']}x{best['n']}x{best['k']}){_spread(best)}, not a "
+                          "datasheet figure")
         sq = [r for r in rows if r["role"] == "square"] or rows
-        pts = _curve_points((r["flops"], r["flops"] / (peak * net(r["seconds"])))
+        raw = _curve_points((r["flops"], r["flops"] / (peak * net(r["seconds"])))
                             for r in sq)
+        pts = isotonic(raw)
         matmul[d] = EfficiencyCurve(points=pts, source=f"{src}: square {d} GEMMs, achieved "
                                     "fraction of the measured peak vs FLOPs"
-                                    + net_note)
+                                    + net_note + _smoothed(raw, pts))
     if "bf16" not in peaks:
         raise InputError(f"no bf16 GEMM could be timed on {device.name}; see the "
                          "measurements for the reasons")
@@ -394,11 +535,12 @@ def derive(log: Sequence[dict[str, Any]], device: DeviceInfo, *, name: str | Non
 
     att = [r for r in log if r["kind"] == "attention"]
     if att:
+        raw = _curve_points((r["flops"], r["flops"] / (peaks["bf16"].value * net(r["seconds"])))
+                            for r in att)
         att_curve = EfficiencyCurve(
-            points=_curve_points((r["flops"], r["flops"] / (
-                peaks["bf16"].value * net(r["seconds"]))) for r in att),
+            points=isotonic(raw),
             source=f"{src}: bf16 scaled_dot_product_attention (non-causal), fraction of the "
-            "measured bf16 peak vs FLOPs" + net_note)
+            "measured bf16 peak vs FLOPs" + net_note + _smoothed(raw, isotonic(raw)))
     else:
         att_curve = matmul["bf16"].model_copy(update={
             "source": "assumed equal to the measured bf16 GEMM curve (attention could not "
@@ -455,10 +597,10 @@ def derive(log: Sequence[dict[str, Any]], device: DeviceInfo, *, name: str | Non
         notes=note,
         memory_bytes=Figure(value=device.memory_bytes, source=f"{src}: {device.memory_how}"),
         memory_bandwidth=Figure(value=bw, source=f"{src}: best {bw_best['op']} rate "
-                                f"counting read + write bytes, over {how}"),
+                                f"counting read + write bytes{_spread(bw_best)}, over {how}"),
         peak_flops=peaks,
         efficiency=Efficiency.model_validate(eff),
-        kernel_overhead_s=Figure(value=overhead, source=f"{src}: {ovh_how}"),
+        kernel_overhead_s=Figure(value=overhead, source=f"{src}: {ovh_how}{_spread(ovh[-1])}"),
         l2_bytes=Figure(value=device.llc, source=f"read on {device.name} {device.date} by "
                         f"puzzle-nas probe: {device.llc_how}") if device.llc else None,
         interconnect=Interconnect.model_validate(ic),
@@ -479,6 +621,8 @@ class _Probe:
         self.log: list[dict[str, Any]] = []
         self.slow: set[str] = set()
         self.flush: Any = None  # CUDA: the L2-flush buffer (a torch tensor; torch is Any here)
+        self.launch_spread = 0.0
+        self.launch_samples = 0
         if kind == "cuda":
             self.dev = torch.device("cuda", index)
             torch.cuda.set_device(self.dev)
@@ -506,7 +650,8 @@ class _Probe:
             self.threads = torch.get_num_threads()
             self.timing = (f"time.perf_counter around blocks of calls, {self.threads} torch "
                            "thread(s); median over repeats, dispatch overhead subtracted")
-        self.plan = plan or default_plan(kind, quick, self.memory_bytes)
+        self.plan = plan or past_cache(default_plan(kind, quick, self.memory_bytes), self.llc,
+                                       self.memory_bytes)
         self.dtypes = dtypes or self._supported_dtypes()
 
     # -- timing ----------------------------------------------------------------------------
@@ -515,8 +660,12 @@ class _Probe:
         if self.kind == "cuda":
             self.torch.cuda.synchronize(self.dev)
 
-    def time_call(self, fn: Callable[[], Any], group: str) -> tuple[float, int]:
-        """(median seconds per call, repeats). A first (cold) call slower than ``max_call_s``
+    def time_call(self, fn: Callable[[], Any], group: str) -> tuple[float, int, float, int]:
+        """(median seconds per call, samples, the median's relative standard error, samples
+        rejected). Samples
+        are taken until the median's relative standard error is at most :data:`TARGET_RSE`
+        (at least the plan's repeats, at most :data:`MAX_REPEAT_FACTOR` times them), slow
+        outliers dropped (:func:`robust`). A first (cold) call slower than ``max_call_s``
         marks ``group`` slow (its larger sizes are then skipped) and one warm call is timed."""
         p = self.plan
         self._sync()
@@ -529,27 +678,39 @@ class _Probe:
             t0 = time.perf_counter()
             fn()
             self._sync()
-            return time.perf_counter() - t0, 1
+            return time.perf_counter() - t0, 1, 0.0, 0
         for _ in range(p.warmup):
             fn()
+        inner = 1 if self.kind == "cuda" else \
+            max(1, min(100_000, math.ceil(p.min_time_s / max(first, 1e-9))))
+        samples: list[float] = []
+        while True:
+            samples += self._samples(fn, p.repeats, inner)
+            if len(samples) >= MAX_REPEAT_FACTOR * p.repeats or _rse(samples) <= TARGET_RSE:
+                break
+        med, _, rejected = robust(samples)
+        return med, len(samples), _rse(samples), rejected
+
+    def _samples(self, fn: Callable[[], Any], n: int, inner: int) -> list[float]:
+        """``n`` timed samples of seconds per call (CUDA: one call between events, the L2
+        flushed before it; CPU: a block of ``inner`` calls)."""
         if self.kind == "cuda":
             ev = self.torch.cuda.Event
-            pairs = [(ev(enable_timing=True), ev(enable_timing=True)) for _ in range(p.repeats)]
+            pairs = [(ev(enable_timing=True), ev(enable_timing=True)) for _ in range(n)]
             for start, end in pairs:
                 self.flush.zero_()
                 start.record()
                 fn()
                 end.record()
             self._sync()
-            return _median([s.elapsed_time(e) / 1e3 for s, e in pairs]), p.repeats
-        inner = max(1, min(100_000, math.ceil(p.min_time_s / max(first, 1e-9))))
+            return [s.elapsed_time(e) / 1e3 for s, e in pairs]
         times = []
-        for _ in range(p.repeats):
+        for _ in range(n):
             t0 = time.perf_counter()
             for _ in range(inner):
                 fn()
             times.append((time.perf_counter() - t0) / inner)
-        return _median(times), p.repeats
+        return times
 
     def time_launch(self) -> float:
         """Seconds per tiny (1-element add) op issued back to back: the kernel overhead."""
@@ -558,23 +719,27 @@ class _Probe:
         for _ in range(max(p.warmup, 3) * 10):
             x.add_(1.0)
         self._sync()
-        samples = []
-        for _ in range(p.repeats):
-            if self.kind == "cuda":
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(p.launch_iters):
-                    x.add_(1.0)
-                end.record()
-                self._sync()
-                samples.append(start.elapsed_time(end) / 1e3 / p.launch_iters)
-            else:
-                t0 = time.perf_counter()
-                for _ in range(p.launch_iters):
-                    x.add_(1.0)
-                samples.append((time.perf_counter() - t0) / p.launch_iters)
-        return _median(samples)
+        samples: list[float] = []
+        while not samples or (len(samples) < MAX_REPEAT_FACTOR * p.repeats
+                              and _rse(samples) > TARGET_RSE):
+            for _ in range(p.repeats):
+                if self.kind == "cuda":
+                    start = torch.cuda.Event(enable_timing=True)
+                    end = torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(p.launch_iters):
+                        x.add_(1.0)
+                    end.record()
+                    self._sync()
+                    samples.append(start.elapsed_time(end) / 1e3 / p.launch_iters)
+                else:
+                    t0 = time.perf_counter()
+                    for _ in range(p.launch_iters):
+                        x.add_(1.0)
+                    samples.append((time.perf_counter() - t0) / p.launch_iters)
+        self.launch_spread = _rse(samples)
+        self.launch_samples = len(samples)
+        return robust(samples)[0]
 
     # -- benchmarks ------------------------------------------------------------------------
 
@@ -621,12 +786,12 @@ class _Probe:
             self.log.append({**rec, "kind": "skipped", "reason": "a smaller size was too slow"})
             return
         try:
-            secs, reps = self.time_call(self._gemm_fn(dtype, m, n, k), group)
+            secs, reps, spread, rejected = self.time_call(self._gemm_fn(dtype, m, n, k), group)
         except (RuntimeError, TypeError, ValueError) as exc:  # fp8 alignment, out of memory, ...
             self.log.append({**rec, "kind": "skipped", "reason": str(exc).splitlines()[0][:200]})
             return
-        self.log.append({**rec, "seconds": secs, "repeats": reps,
-                         "flop_per_s": rec["flops"] / secs})
+        self.log.append({**rec, "seconds": secs, "repeats": reps, "spread": spread,
+                         "rejected": rejected, "flop_per_s": rec["flops"] / secs})
 
     def bench_memory(self, op: str, nbytes: int) -> None:
         t = self.torch
@@ -645,12 +810,12 @@ class _Probe:
                 other = t.ones(n, device=self.dev)
                 moved = 3 * 4 * n
                 fn = lambda: t.add(src, other, alpha=2.0, out=dst)  # noqa: E731
-            secs, reps = self.time_call(fn, f"mem-{op}")
+            secs, reps, spread, rejected = self.time_call(fn, f"mem-{op}")
         except RuntimeError as exc:
             self.log.append({**rec, "kind": "skipped", "reason": str(exc).splitlines()[0][:200]})
             return
         self.log.append({**rec, "moved_bytes": moved, "seconds": secs, "repeats": reps,
-                         "bytes_per_s": moved / secs})
+                         "spread": spread, "rejected": rejected, "bytes_per_s": moved / secs})
 
     def bench_attention(self, seq: int) -> None:
         t = self.torch
@@ -665,12 +830,12 @@ class _Probe:
             q, k, v = (t.randn(b, h, seq, d, device=self.dev, dtype=t.bfloat16)
                        for _ in range(3))
             sdpa = t.nn.functional.scaled_dot_product_attention
-            secs, reps = self.time_call(lambda: sdpa(q, k, v), "attention")
+            secs, reps, spread, rejected = self.time_call(lambda: sdpa(q, k, v), "attention")
         except (RuntimeError, AttributeError) as exc:
             self.log.append({**rec, "kind": "skipped", "reason": str(exc).splitlines()[0][:200]})
             return
-        self.log.append({**rec, "seconds": secs, "repeats": reps,
-                         "flop_per_s": rec["flops"] / secs})
+        self.log.append({**rec, "seconds": secs, "repeats": reps, "spread": spread,
+                         "rejected": rejected, "flop_per_s": rec["flops"] / secs})
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -703,7 +868,8 @@ class _Probe:
             self.progress(0, total, "kernel overhead")
         overhead = self.time_launch()
         self.log.append({"kind": "kernel_overhead", "op": "1-element add, back to back",
-                         "iters": self.plan.launch_iters, "seconds": overhead})
+                         "iters": self.plan.launch_iters, "seconds": overhead,
+                         "spread": self.launch_spread, "repeats": self.launch_samples})
         for i, (note, task) in enumerate(tasks, start=1):
             if self.progress:
                 self.progress(i, total, note)
@@ -716,7 +882,9 @@ class _Probe:
         meta = {"device": self.device_name, "device_kind": self.kind, "date": self.date,
                 "torch": self.torch.__version__, "threads": self.threads, "quick": self.quick,
                 "timing": self.timing, "plan": {k: v for k, v in vars(self.plan).items()}}
-        return ProbeResult(profile=prof, measurements=self.log, meta=meta)
+        return ProbeResult(profile=prof, measurements=self.log, meta=meta,
+                           noisy=noise_report(self.log, self.llc),
+                           noisy_points=noisy_points(self.log))
 
     def device(self) -> DeviceInfo:
         """What this run read of the device (everything :func:`derive` needs besides the

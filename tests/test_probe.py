@@ -120,8 +120,10 @@ def tiny_plan(monkeypatch):
 
 def test_cli_writes_profile_and_cost_accepts_it(tiny_plan, tmp_path, capsys):
     out = tmp_path / "sub" / "p.json"
+    # --accept-noisy: microsecond GEMMs on a shared CI core may be noisy; the refusal has
+    # its own test below
     rc = main(["profile", "--device", "cpu", "--quick", "--threads", "1", "--name", "my-cpu",
-               "--gpus-per-node", "2", "--link-gbps", "64", "-o", str(out)])
+               "--gpus-per-node", "2", "--link-gbps", "64", "-o", str(out), "--accept-noisy"])
     assert rc == 0
     text = capsys.readouterr().out
     assert "GiB" in text and "TFLOP/s" in text and "GB/s" in text
@@ -134,6 +136,57 @@ def test_cli_writes_profile_and_cost_accepts_it(tiny_plan, tmp_path, capsys):
     rc = main(["cost", str(LLAMA), "--hw", str(out), "--workload", "isl=128,osl=16,batch=1"])
     assert rc == 0
     assert "my-cpu" in capsys.readouterr().out
+
+
+def test_cli_refuses_a_noisy_probe_unless_accepted(tiny_plan, tmp_path, capsys, monkeypatch):
+    """A probe whose figures are too uncertain writes nothing and exits 4, saying which;
+    --accept-noisy writes it with a note (the report is forced here: a real probe on a quiet
+    device is not noisy)."""
+    monkeypatch.setattr(probe_mod, "noise_report", lambda log, llc=None: [
+        "bf16 GEMM 64x64x64 (a figure of the profile): +-9% over 12 samples"])
+    out = tmp_path / "p.json"
+    assert main(["profile", "--device", "cpu", "--quick", "--threads", "1", "-o", str(out)]) == 4
+    err = capsys.readouterr().err
+    assert "too noisy to trust" in err and "bf16 GEMM 64x64x64" in err and "--accept-noisy" in err
+    assert not out.exists() and not (tmp_path / "p.measurements.json").exists()
+    assert "Traceback" not in err
+    assert main(["profile", "--device", "cpu", "--quick", "--threads", "1", "-o", str(out),
+                 "--accept-noisy"]) == 0
+    assert "written anyway" in capsys.readouterr().out and out.is_file()
+
+
+def test_repeats_reach_the_stated_confidence_and_drop_slow_outliers(result):
+    from hwprofiles.probe import MAX_REPEAT_FACTOR, TARGET_RSE, robust
+
+    med, spread, rejected = robust([1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 5.0])
+    assert med == pytest.approx(1.0) and rejected == 1 and spread < 0.05
+    assert robust([2.0, 2.0, 2.0]) == (2.0, 0.0, 0)
+    timed = [r for r in result.measurements if r["kind"] in ("gemm", "memory", "attention")]
+    assert timed and all("spread" in r and "rejected" in r for r in timed)
+    for r in timed:  # each point reached the target or used every repeat it was allowed
+        assert r["spread"] <= TARGET_RSE or r["repeats"] >= MAX_REPEAT_FACTOR * TINY.repeats \
+            or r["repeats"] == 1  # a slow first call is timed once
+    assert "standard error of the median" in result.profile.peak_flops["bf16"].source
+
+
+def test_curves_are_smoothed_and_buffers_pass_the_cache():
+    from hwprofiles.probe import isotonic, noise_report, past_cache
+
+    pts = [(1.0, 0.2), (2.0, 0.6), (3.0, 0.4), (4.0, 0.9)]
+    assert isotonic(pts) == [(1.0, 0.2), (2.0, 0.5), (3.0, 0.5), (4.0, 0.9)]
+    assert isotonic(pts[:2]) == pts[:2]
+    plan = past_cache(TINY, llc=3 * 2**20, memory_bytes=2**30)
+    assert 16 * 2**20 in plan.mem_bytes and 32 * 2**20 in plan.mem_bytes
+    assert set(TINY.mem_bytes) <= set(plan.mem_bytes)
+    assert past_cache(TINY, llc=3 * 2**20, memory_bytes=2**27).mem_bytes[-1] <= 2**27 / 8
+    assert past_cache(TINY, llc=None) == TINY
+    log = [{"kind": "kernel_overhead", "seconds": 1e-6, "spread": 0.2, "repeats": 20},
+           *({"kind": "gemm", "dtype": "bf16", "m": s, "n": s, "k": s, "flop_per_s": s,
+              "spread": sp, "repeats": 20} for s, sp in ((16, 0.01), (32, 0.09), (64, 0.01)))]
+    why = noise_report(log)
+    assert any(w.startswith("kernel overhead (a figure of the profile)") for w in why)
+    assert any(w.startswith("bf16 GEMMs: 1 of 3") for w in why)
+    assert noise_report([{**r, "spread": 0.01} for r in log]) == []
 
 
 def test_cli_bad_device_is_a_one_line_error(tmp_path, capsys):

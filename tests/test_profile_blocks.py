@@ -196,7 +196,7 @@ def test_one_command_probes_times_calibrates_and_keeps_the_better_profile(tmp_pa
     (tmp_path / "spec.json").write_text(json.dumps(tiny_spec()))
     p = _cli("profile", "--blocks", "spec.json", "--calibrate", "--quick", "--device", "cpu",
              "-o", "P.json", "--warmup", "0", "--repeats", "2", "--max-evals", "5",
-             cwd=tmp_path)
+             "--accept-noisy", cwd=tmp_path)  # a shared CI core may time a noisy probe
     assert p.returncode == 0, p.stderr
     for name in ("P.json", "P.probed.json", "P.blocks.json", "P.calibration.png"):
         assert (tmp_path / name).is_file(), name

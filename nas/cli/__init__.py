@@ -76,7 +76,8 @@ def _who(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (0 ok, 1 a write failed during the run (a full
     disk) or an internal solver error, 2 bad input (an output location that cannot be
-    written, found before any work, included), 3 infeasible, 130 interrupted by SIGINT, 143
+    written, found before any work, included), 3 infeasible, 4 a device probe too noisy to
+    trust (nothing written), 130 interrupted by SIGINT, 143
     terminated by SIGTERM; an interrupted or failed command leaves nothing half-written:
     every output is a temp file or a staged folder until it is complete)."""
     old_term = None

@@ -8,10 +8,14 @@ room for them). torch is imported only when the command runs.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from hwprofiles.units import GB, gb_gib
+
+EXIT_NOISY = 4
+"""Exit status of a probe whose timings are too noisy to trust (nothing written)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--measurements", default=None, metavar="PATH",
                    help="where to write the raw timings (default: PROFILE.measurements.json)")
     p.add_argument("--no-measurements", action="store_true", help="do not write raw timings")
+    p.add_argument("--accept-noisy", action="store_true",
+                   help="write the profile even when some timings are too noisy to trust "
+                   "(a figure's median uncertain by 5 %% or more; refused with exit 4 "
+                   "otherwise)")
     g = p.add_argument_group("block timing (--blocks)")
     g.add_argument("--blocks", default=None, metavar="SPEC",
                    help="time every distinct block of this search spec's space as the real "
@@ -135,6 +143,17 @@ def run(args: argparse.Namespace) -> int:
         if "p" in bar:
             bar["p"].__exit__(None, None, None)
     prof = res.profile
+    if res.noisy:
+        from hwprofiles.probe import NOISY_SPREAD
+
+        lines = "\n".join(f"  {n}" for n in res.noisy)
+        if not args.accept_noisy:
+            print(f"puzzle-nas profile: error: timings too noisy to trust (the median uncertain "
+                  f"by {NOISY_SPREAD:.0%} or more after the repeats and outlier rejection; another "
+                  f"load on the device?):\n{lines}\nnothing written; rerun on a quiet device, "
+                  "or pass --accept-noisy to write it anyway", file=sys.stderr)
+            return EXIT_NOISY
+        print(f"note: timings too noisy to trust, written anyway (--accept-noisy):\n{lines}")
     atomic_write_json(out, prof.model_dump(mode="json"))
     if meas_path is not None:
         atomic_write_json(meas_path, res.measurements_json())
@@ -168,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
         print("  note: no memory buffer was beyond 4x the last-level cache, so the bandwidth "
               "may be a cache rate" + ("; the full plan (no --quick) times larger buffers"
                                        if meta["quick"] else ""))
+    if res.noisy_points:
+        print(f"  noisy points      {len(res.noisy_points)} of {len(res.measurements)} "
+              "(median uncertain by over 5 %, in the measurements): "
+              + "; ".join(res.noisy_points[:3]) + ("; ..." if len(res.noisy_points) > 3 else ""))
     print(f"use it: puzzle-nas cost CONFIG --hw {out} --workload isl=1024,osl=128,batch=1")
     return 0
 
@@ -297,7 +320,9 @@ def run_path(args: argparse.Namespace) -> int:
     print(f"[1/3] probing {args.device} -> {files['probed']}")
     probe = copy.copy(args)
     probe.output, probe.blocks, probe.calibrate = str(files["probed"]), None, False
-    run(probe)
+    rc = run(probe)
+    if rc != 0:
+        return rc
     print(f"[2/3] timing the blocks of {args.blocks} -> {files['blocks']}")
     timing = copy.copy(args)
     timing.output, timing.calibrate = str(files["blocks"]), False
