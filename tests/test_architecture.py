@@ -274,18 +274,22 @@ def test_imports_of_resolves_and_places_imports():
     }
 
 
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def test_checks_flag_violations(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    for rel, text in {
+    _write(tmp_path, {
         "costmodels/bad.py": "def f():\n    from nas import search\n",
         "hwprofiles/bad.py": "import costmodels.ops\n",
         "hwprofiles/probe.py": "import torch\n",
         "nas/search.py": "import torch.nn as nn\n",
         "nas/lazy.py": "def f():\n    import torch\n",
         "nas/modules/m.py": "import torch\n",
-    }.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    })
     files = repo_files()
     assert arrow_violations(files) == [
         "costmodels/bad.py:2: costmodels imports nas",
@@ -297,9 +301,7 @@ def test_checks_flag_violations(tmp_path, monkeypatch):
     (tmp_path / "nas" / "modules" / "__init__.py").write_text("from nas.modules import m\n")
     (tmp_path / "nas" / "modules" / "m.py").write_text("import nas.modules\n")
     assert import_cycles(repo_files()) == {frozenset({"nas.blueprint", "nas.search"})}
-    (tmp_path / "nas" / "train").mkdir()
-    (tmp_path / "nas" / "cli").mkdir()
-    for rel, text in {
+    _write(tmp_path, {
         "nas/train/run.py": "def f():\n    from nas.cli import run_ranks\n",
         "nas/cli/__init__.py": "from nas.cli.score import main\nfrom nas.search import _x\n",
         "nas/cli/score.py": "from nas.cli import entry\n",
@@ -307,9 +309,7 @@ def test_checks_flag_violations(tmp_path, monkeypatch):
         "nas/mip/rows.py": "from nas.spec import _UNITS, UNITS\nfrom nas.mip._impl import a\n",
         "nas/mip/steps.py": "from nas.mip.rows import _row\nfrom . import _local\n",
         "costmodels/a.py": "from costmodels.b import _c\nfrom hwprofiles._io import read\n",
-    }.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    })
     files = repo_files()
     assert cli_violations(files) == [
         "nas/train/run.py:2: nas.train.run imports the command line (nas.cli)"]

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 
 # (module under nas.cli) in the order they are listed by --help
@@ -40,6 +41,28 @@ class Terminated(BaseException):
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
+
+
+def rank_main(command: str, description: str, add_arguments: Callable[..., None],
+              run_local: Callable[[argparse.Namespace], int], argv: list[str] | None) -> int:
+    """One torchrun rank of ``puzzle-nas COMMAND`` (``python -m nas.cli.COMMAND``: its
+    arguments without ``--nproc``); bad input is one line and its exit code, as in the CLI."""
+    from pydantic import ValidationError
+
+    from hwprofiles.errors import InputError, first_error
+
+    p = argparse.ArgumentParser(prog=f"python -m nas.cli.{command}", description=description)
+    add_arguments(p, launcher=False)
+    args = p.parse_args(argv)
+    try:
+        return run_local(args)
+    except InputError as exc:
+        print(f"puzzle-nas {command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ValidationError as exc:
+        loc, msg = first_error(exc)
+        print(f"puzzle-nas {command}: error: {loc}: {msg}", file=sys.stderr)
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:

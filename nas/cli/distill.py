@@ -322,21 +322,10 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``torchrun --nproc-per-node N -m nas.cli.distill CHILD --teacher DIR --data TOKENS -o
     DIR ...``: the arguments of ``puzzle-nas distill`` without ``--nproc``, one rank."""
-    from pydantic import ValidationError
+    from nas.cli import rank_main
 
-    p = argparse.ArgumentParser(prog="python -m nas.cli.distill",
-                                description="knowledge distillation, one rank of torchrun")
-    add_arguments(p, launcher=False)
-    args = p.parse_args(argv)
-    try:
-        return run_local(args)
-    except InputError as exc:
-        print(f"puzzle-nas distill: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except ValidationError as exc:
-        loc, msg = first_error(exc)
-        print(f"puzzle-nas distill: error: {loc}: {msg}", file=sys.stderr)
-        return 2
+    return rank_main("distill", "knowledge distillation, one rank of torchrun", add_arguments,
+                     run_local, argv)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from hwprofiles.errors import InputError, first_error
@@ -247,15 +246,10 @@ def _forward(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """``torchrun --nproc-per-node N -m nas.cli.score SPEC --parent DIR --data TOKENS -o DIR
     ...``: the arguments of ``puzzle-nas score`` without ``--nproc``, one rank."""
-    p = argparse.ArgumentParser(prog="python -m nas.cli.score",
-                                description="replace-1-block scoring, one rank of torchrun")
-    add_arguments(p, launcher=False)
-    args = p.parse_args(argv)
-    try:
-        return run_local(args)
-    except InputError as exc:
-        print(f"puzzle-nas score: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    from nas.cli import rank_main
+
+    return rank_main("score", "replace-1-block scoring, one rank of torchrun", add_arguments,
+                     run_local, argv)
 
 
 if __name__ == "__main__":
