@@ -308,8 +308,8 @@ _KIND_CODE = {"attention": Kind.ATTENTION, "mamba": Kind.MAMBA, "moe": Kind.MOE,
 
 
 def __getattr__(name: str) -> Any:
-    """A registered kind's config class by its name (``nas.arch.Mamba1``, as before the
-    kind moved to :mod:`nas.kinds`)."""
+    """A registered kind's config class by its name (``nas.arch.Mamba1``): every kind's
+    config is importable from here, the registered ones (:mod:`nas.kinds`) as the others."""
     for k in kinds().values():
         if k.config.__name__ == name:
             return k.config
