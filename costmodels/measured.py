@@ -147,6 +147,24 @@ class GemmTiming(BaseModel):
     flop_per_s: float = Field(gt=0, description="2*m*n*k / median_s")
 
 
+class AttentionTiming(BaseModel):
+    """The attention kernel timed at an attention block's shape and a prefill point, as the
+    block runs it (``scaled_dot_product_attention``, causal, ``enable_gqa`` for grouped KV
+    heads): ``batch`` prompts of ``tokens`` tokens, ``heads`` query and ``kv_heads`` KV heads
+    of ``head_dim``. ``flops`` is the cost model's count of it
+    (``costmodels.ops.attention_prefill``: causal pairs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch: int = Field(ge=1)
+    tokens: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    flops: float = Field(gt=0)
+    median_s: float = Field(gt=0)
+
+
 class BlockMeasurements(BaseModel):
     """The ``BLOCKS.json`` format: where, when and how the blocks were timed, and the
     timings of each distinct block shape."""
@@ -167,6 +185,9 @@ class BlockMeasurements(BaseModel):
     spec: str = Field(default="", description="the spec whose space was timed")
     hidden: int = Field(ge=1)
     plan: list[Point] = Field(description="the points every block is timed at")
+    attention: list[AttentionTiming] = Field(
+        default_factory=list, description="the attention kernel at the attention blocks' "
+        "shapes and prefill points (with_attention_curve)")
     gemm: list[GemmTiming] = Field(default_factory=list, description="GEMMs in the blocks' "
                                    "layout, timed with the same discipline")
     blocks: list[BlockEntry] = Field(default_factory=list)
@@ -638,13 +659,14 @@ class BlockCalibration:
     profile: HardwareProfile
     """The best of the three candidates by rms log error (a tie keeps the fit)."""
     written: Literal["fit", "start", "given"]
-    """Which it is: the fit, the given profile with the timed GEMM curve, or as given."""
+    """Which it is: the fit, the given profile with the curves timed at the blocks' shapes
+    (GEMM, attention), or as given."""
     fit: Any
     """The fit's ``FitResult`` (moved figures, rms log error before and after)."""
     rms_log: dict[str, float]
     """Rms log error of each candidate (``given``, ``start``, ``fit``)."""
     gemm_note: str
-    """What the timed GEMM curve changed ("" when nothing did)."""
+    """What the curves timed at the blocks' shapes changed ("" when nothing did)."""
     before: list[Compared]
     start: list[Compared]
     after: list[Compared]
@@ -659,6 +681,8 @@ def calibrate_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: Preci
     so that a fit which raised the error is never the answer."""
     before = predict_points(meas, hw, recipe)
     start, note = with_gemm_curve(hw, meas)
+    start, att_note = with_attention_curve(start, meas)
+    note = "; ".join(n for n in (note, att_note) if n)
     start_pts = predict_points(meas, start, recipe) if note else before
     res = fit_blocks(meas, start, recipe, max_nfev=max_nfev, only=only)
     fit_pts = predict_points(meas, res.profile, recipe)
@@ -670,6 +694,43 @@ def calibrate_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: Preci
     _, kept, profile, after = min(cands, key=lambda c: c[0])
     return BlockCalibration(profile, kept, res, {c[1]: c[0] for c in cands}, note, before,
                             start_pts, after)
+
+
+def with_attention_curve(hw: HardwareProfile, meas: BlockMeasurements
+                         ) -> tuple[HardwareProfile, str]:
+    """``hw`` with its attention efficiency curve taken from the attention kernel timed at
+    the blocks' own shapes (:class:`AttentionTiming`), and a line saying what changed (""
+    when nothing was timed).
+
+    A probe times attention at one head size (``hwprofiles.probe``: 64 on a CPU, 128 on a
+    GPU), and the curve it gives is indexed by FLOPs alone; the kernel's efficiency also
+    depends on the head size (on this CPU bf16 causal SDPA runs 16 GFLOP/s at head_dim 16
+    and 28 at head_dim 64 for the same FLOPs), so the blocks' attention follows the curve
+    measured at their shapes: the fraction of the timed dtype's peak, each time net of the
+    profile's kernel overhead as the GEMM curve is (:func:`with_gemm_curve`)."""
+    if not meas.attention or meas.dtype not in hw.peak_flops:
+        return hw, ""
+    ovh = float(hw.kernel_overhead_s.value)
+    peak = float(hw.peak_flops[meas.dtype].value)
+    best: dict[float, float] = {}
+    for a in meas.attention:
+        net = a.median_s - ovh if a.median_s > 2.0 * ovh else a.median_s
+        best[a.flops] = max(best.get(a.flops, 0.0), min(1.0, a.flops / (peak * net)))
+    shapes = sorted({(a.heads, a.kv_heads, a.head_dim) for a in meas.attention})
+    data = hw.model_dump(mode="json")
+    data["efficiency"]["attention"] = {
+        "points": [[f, max(v, 1e-4)] for f, v in sorted(best.items())],
+        "source": f"achieved fraction of the {meas.dtype} peak vs FLOPs of causal "
+        f"scaled_dot_product_attention at the blocks' shapes (heads/kv heads/head_dim "
+        + ", ".join(f"{h}/{kv}/{d}" for h, kv, d in shapes)
+        + f"), measured on {meas.device} {meas.date} by puzzle-nas profile --blocks, median of "
+        f"{meas.repeats} after {meas.warmup} warm-up"}
+    old = hw.efficiency.attention
+    lo, hi = min(best.values()), max(best.values())
+    return HardwareProfile.model_validate(data), (
+        f"attention at the blocks' shapes ({len(meas.attention)} timings): curve "
+        f"{lo:.0%}-{hi:.0%} of the {meas.dtype} peak (the profile's was "
+        f"{min(f for _, f in old.points):.0%}-{old.peak_fraction:.0%})")
 
 
 def recipe_for(meas: BlockMeasurements) -> PrecisionRecipe:

@@ -72,6 +72,7 @@ def _without_times(t: BlockMeasurements) -> dict:
     d["blocks"].sort(key=lambda b: b["key"])
     d["gemm"] = [{k: v for k, v in g.items() if k not in ("median_s", "flop_per_s")}
                  for g in d["gemm"]]
+    d["attention"] = [{k: v for k, v in a.items() if k != "median_s"} for a in d["attention"]]
     return d
 
 
@@ -213,6 +214,30 @@ def test_one_command_probes_times_calibrates_and_keeps_the_better_profile(tmp_pa
     p = _cli("profile", "--calibrate", "-o", "Q.json", cwd=tmp_path)
     assert p.returncode == 2 and "--calibrate needs --blocks" in p.stderr
     assert not (tmp_path / "Q.json").exists()
+
+
+def test_attention_is_timed_at_the_blocks_shapes_and_becomes_the_curve(tmp_path):
+    """``profile --blocks`` times causal SDPA at every attention shape of the space and
+    prefill point (the cost model's FLOP count beside it); calibration starts from the
+    attention curve measured there instead of the probe's one head size."""
+    import hwprofiles
+    from costmodels.measured import with_attention_curve
+
+    table = run_profile(tmp_path / "b.json")
+    blocks, _, plan = tiny_blocks()
+    shapes = {(b.num_heads, b.num_kv_heads, b.head_dim) for b in blocks if b.kind == "attention"}
+    prefill = [p for p in plan if p.mode == "prefill"]
+    assert {(a.heads, a.kv_heads, a.head_dim) for a in table.attention} == shapes
+    assert len(table.attention) == len(shapes) * len(prefill)
+    for a in table.attention:
+        assert a.flops == 4.0 * a.head_dim * a.heads * a.tokens * (a.tokens + 1) / 2 * a.batch
+    hw = hwprofiles.get("h100-sxm")
+    got, note = with_attention_curve(hw, table)
+    assert "attention at the blocks' shapes" in note
+    assert "at the blocks' shapes" in got.efficiency.attention.source
+    assert {f for f, _ in got.efficiency.attention.points} == {a.flops for a in table.attention}
+    assert got.efficiency.matmul == hw.efficiency.matmul  # only the attention curve moves
+    assert with_attention_curve(hw, table.model_copy(update={"attention": []})) == (hw, "")
 
 
 def test_timings_match_the_profile_of_their_device(tmp_path):

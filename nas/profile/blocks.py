@@ -52,6 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from costmodels.measured import (
+    AttentionTiming,
     BlockEntry,
     BlockMeasurements,
     GemmTiming,
@@ -260,6 +261,22 @@ class BlockTimer:
         med, _, _, _ = self.time_fn(lambda: torch.nn.functional.linear(a, w))
         return GemmTiming(m=m, n=n, k=k, median_s=med, flop_per_s=2.0 * m * n * k / med)
 
+    @torch.no_grad()
+    def time_attention(self, batch: int, tokens: int, heads: int, kv_heads: int,
+                       head_dim: int) -> AttentionTiming:
+        """The attention kernel as an attention block runs it at a prefill point: causal
+        SDPA, ``enable_gqa`` when the KV heads are fewer (:mod:`nas.modules.layers`)."""
+        g = torch.Generator(device="cpu").manual_seed(self.seed + 3)
+        q = torch.randn(batch, heads, tokens, head_dim, generator=g)
+        k, v = (torch.randn(batch, kv_heads, tokens, head_dim, generator=g) for _ in range(2))
+        q, k, v = (t.to(device=self.dev, dtype=self.tdtype) for t in (q, k, v))
+        gqa = heads != kv_heads
+        med, _, _, _ = self.time_fn(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=tokens > 1, enable_gqa=gqa))
+        flops = 4.0 * head_dim * heads * (tokens * (tokens + 1) / 2) * batch
+        return AttentionTiming(batch=batch, tokens=tokens, heads=heads, kv_heads=kv_heads,
+                               head_dim=head_dim, flops=flops, median_s=med)
+
     # -- one block ------------------------------------------------------------------------
     def build(self, cfg: BlockConfig, arch: ModelArch) -> Block:
         """The real block with random weights (seeded) in the run's dtype, on the device."""
@@ -322,6 +339,15 @@ def gemm_shapes(blocks: Sequence[BlockConfig], hidden: int) -> list[tuple[int, i
     return out
 
 
+def attention_shapes(blocks: Sequence[BlockConfig]) -> list[tuple[int, int, int]]:
+    """``(heads, kv_heads, head_dim)`` of the plain (full-attention, no sinks, no output
+    gate) attention blocks, each once."""
+    from nas.arch import Attention
+
+    return sorted({(b.num_heads, b.num_kv_heads, b.head_dim) for b in blocks
+                   if isinstance(b, Attention) and not b.sliding_window and not b.sinks})
+
+
 def gemm_tokens(plan: Sequence[Point], most: int = 5) -> list[int]:
     """Token counts (GEMM ``m``) the plan's passes run, at most ``most`` of them spread
     evenly in log scale from the smallest to the largest."""
@@ -368,6 +394,12 @@ def profile_blocks(blocks: Sequence[BlockConfig], arch: ModelArch, plan: Sequenc
         table.gemm = [timer.time_gemm(m, n, kk) for m in gemm_tokens(table.plan)
                       for n, kk in gemm_shapes(blocks, hidden)]
         atomic_write_json(out, table.model_dump(mode="json"))
+    if not table.attention:  # the attention kernel at the blocks' shapes, once per file
+        table.attention = [timer.time_attention(p.batch, p.tokens, h, kv, d)
+                           for h, kv, d in attention_shapes(blocks) for p in table.plan
+                           if p.mode == "prefill"]
+        if table.attention:
+            atomic_write_json(out, table.model_dump(mode="json"))
     def timed(k: str) -> Sequence[Any]:
         """The timings of shape ``k`` so far (none when it was not measured)."""
         e = table.entry(k)
