@@ -29,9 +29,11 @@ weights once, so this is an upper bound when decodes ride along). Batch mode has
 decodes in its prefill step, so there the composition is exact. One device only: ``tp``,
 ``ep`` > 1, attention DP and speculative decoding are refused (nothing of them was timed).
 
-**Calibration** (:func:`fit_blocks`): the analytic model priced at each measured point
-(one block, batch mode, ``osl`` = 2 so that TTFT is exactly the prefill pass and TPOT the
-decode step) against the measured median, fitted with the shared bounded least-squares
+**Calibration** (:func:`fit_blocks`): the model of what ran priced at each measured point
+against the measured median (:func:`predict_points`): a point whose op trace was recorded
+as eager torch ran it, op by op (:mod:`costmodels.eager`); an older point without one by
+the fused block model (one block, batch mode, ``osl`` = 2 so that TTFT is exactly the
+prefill pass and TPOT the decode step); fitted with the shared bounded least-squares
 fitter of :mod:`costmodels.calibrate` (:func:`costmodels.calibrate.fit_residuals`).
 
 Units: seconds, bytes.
@@ -42,7 +44,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -52,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from costmodels.blocks import BlockCosts, _workload_columns, price_blocks, serving_shares
 from costmodels.dtypes import PrecisionRecipe, TensorRole
+from costmodels.eager import OpTrace, price_trace
 from costmodels.shapes import KIND_NAMES, BlockTable, Kind
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError, first_error, require_file
@@ -99,6 +102,10 @@ class Timing(Point):
     repeats: int = Field(ge=1)
     peak_bytes: int = Field(ge=0, description="peak bytes of the tensors alive during the "
                             "call: weights, cache, input and intermediates")
+    trace: OpTrace | None = Field(default=None, description="the aten ops one call "
+                                  "dispatched (costmodels.eager); absent in tables timed "
+                                  "before traces were recorded, which are priced by the "
+                                  "fused block model")
 
     @model_validator(mode="after")
     def _order(self) -> Timing:
@@ -145,6 +152,8 @@ class GemmTiming(BaseModel):
     k: int = Field(ge=1)
     median_s: float = Field(gt=0)
     flop_per_s: float = Field(gt=0, description="2*m*n*k / median_s")
+    min_s: float | None = Field(default=None, gt=0, description="fastest sample (absent in "
+                                "older tables)")
 
 
 class AttentionTiming(BaseModel):
@@ -163,6 +172,8 @@ class AttentionTiming(BaseModel):
     head_dim: int = Field(ge=1)
     flops: float = Field(gt=0)
     median_s: float = Field(gt=0)
+    min_s: float | None = Field(default=None, gt=0, description="fastest sample (absent in "
+                                "older tables)")
 
 
 class BlockMeasurements(BaseModel):
@@ -200,6 +211,24 @@ class BlockMeasurements(BaseModel):
         return self
 
     # -- lookup ------------------------------------------------------------------------
+    def estimate(self, rec: Timing | GemmTiming | AttentionTiming) -> float:
+        """The seconds a timed record stands for. On a CPU its fastest sample (each sample
+        a block of calls): on a shared core other work only ever adds time (another
+        tenant's turn on the cache, a clock change), so the minimum is the run-to-run
+        stable estimate of the block's own cost, the median one of the machine's load
+        (Chen and Revels, "Robust benchmarking in noisy environments", 2016,
+        https://arxiv.org/abs/1608.04295). On CUDA, where each sample is one event-timed
+        call with the L2 flushed, its median. Older GEMM and attention records without a
+        fastest sample give their median."""
+        if self.device_kind == "cpu" and rec.min_s is not None:
+            return rec.min_s
+        return rec.median_s
+
+    def estimator(self) -> str:
+        """What :meth:`estimate` takes, in words (for figures' sources)."""
+        how = "fastest" if self.device_kind == "cpu" else "median"
+        return f"{how} of {self.repeats} samples after {self.warmup} warm-up"
+
     def entry(self, key: str) -> BlockEntry | None:
         """The entry of shape ``key`` (``None`` when it was not measured)."""
         return self._index().get(key)
@@ -225,10 +254,10 @@ class BlockMeasurements(BaseModel):
         key = row_key(row)
         e = self.entry(key)
         if e is not None:
-            return _along_batch(e, mode, batch, tokens, context, where)
+            return _along_batch(e, mode, batch, tokens, context, where, self.estimate)
         lo, hi, col = self._neighbours(row, where)
-        t_lo = _along_batch(lo, mode, batch, tokens, context, where)
-        t_hi = _along_batch(hi, mode, batch, tokens, context, where)
+        t_lo = _along_batch(lo, mode, batch, tokens, context, where, self.estimate)
+        t_hi = _along_batch(hi, mode, batch, tokens, context, where, self.estimate)
         x0, x1, x = lo.row.get(col, 0), hi.row.get(col, 0), row.get(col, 0)
         return float(t_lo + (t_hi - t_lo) * (x - x0) / (x1 - x0))
 
@@ -290,8 +319,8 @@ def table_rows(table: BlockTable) -> list[dict[str, int]]:
 
 
 def _along_batch(e: BlockEntry, mode: Mode, batch: float, tokens: int, context: int,
-                 where: str) -> float:
-    pts = sorted((t.batch, t.median_s) for t in e.timings
+                 where: str, seconds: Callable[[Timing], float]) -> float:
+    pts = sorted((t.batch, seconds(t)) for t in e.timings
                  if t.mode == mode and t.tokens == tokens and t.context == context)
     what = (f"prefill of {tokens}-token prompts" if mode == "prefill"
             else f"decode at context {context}")
@@ -485,21 +514,30 @@ class Compared:
 
 def predict_points(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRecipe
                    ) -> list[Compared]:
-    """The analytic model (``price_blocks`` on ``hw``) at every measured point."""
+    """The model of what ran at every measured point: a point with an op trace is priced
+    op by op as eager torch ran it (:func:`costmodels.eager.price_trace`), one without by
+    the fused block model (``price_blocks`` on ``hw``)."""
     entries = [e for e in meas.blocks if e.row.get("kind", 0) != int(Kind.NOOP)]
     if not entries:
         return []
-    table = BlockTable.from_rows([e.row for e in entries])
-    pts = sorted({t.point for e in entries for t in e.timings},
-                 key=lambda p: (p.mode, p.tokens, p.context, p.batch))
-    col = {p: j for j, p in enumerate(pts)}
-    costs = price_blocks(table, hw, recipe, [point_workload(p) for p in pts])
+    fused = [(i, e) for i, e in enumerate(entries) if any(t.trace is None for t in e.timings)]
+    costs = col = None
+    if fused:
+        table = BlockTable.from_rows([e.row for e in entries])
+        pts = sorted({t.point for e in entries for t in e.timings},
+                     key=lambda p: (p.mode, p.tokens, p.context, p.batch))
+        col = {p: j for j, p in enumerate(pts)}
+        costs = price_blocks(table, hw, recipe, [point_workload(p) for p in pts])
     out = []
     for i, e in enumerate(entries):
         for t in e.timings:
-            j = col[t.point]
-            pred = costs.prefill_s[i, j] if t.mode == "prefill" else costs.decode_s[i, j]
-            out.append(Compared(e.kind, e.key, t.point, t.median_s, float(pred)))
+            if t.trace is not None:
+                pred = price_trace(t.trace, hw, meas.dtype)
+            else:
+                assert costs is not None and col is not None  # some timing has no trace
+                j = col[t.point]
+                pred = costs.prefill_s[i, j] if t.mode == "prefill" else costs.decode_s[i, j]
+            out.append(Compared(e.kind, e.key, t.point, meas.estimate(t), float(pred)))
     return out
 
 
@@ -578,13 +616,57 @@ EAGER_KERNEL_OVERHEAD = (0.0, 200e-6, (
 """Bounds of the kernel overhead fitted to timed eager blocks (lo, hi, why), seconds."""
 
 
+TRACED_OP_OVERHEAD = (0.0, 50e-6, (
+    "seconds per dispatched aten op that runs a kernel, for points priced op by op "
+    "(costmodels.eager): 3-30 us of dispatch per op on a CPU core, a few us of launch on a "
+    "GPU; 50 us caps a slow shared core"))
+"""Bounds of the kernel overhead fitted to traced eager blocks (lo, hi, why), seconds."""
+
+VIEW_OVERHEAD = (0.0, 20e-6, (
+    "seconds per dispatched op that runs no kernel (a view): about 1 us of Python and "
+    "dispatcher on a CPU core; 20 us caps a slow shared core"))
+"""Bounds of the fitted view overhead (lo, hi, why), seconds."""
+
+ELEMENTWISE_RANGE = (0.01, 10.0, (
+    "an eager elementwise op's bytes per second, as a multiple of the device-memory "
+    "bandwidth: operands resident in cache stream at up to ~10x the memory rate, and a "
+    "dtype without native arithmetic (bf16 on a CPU without AVX512-BF16) converts every "
+    "element, down to ~1/100 of it"))
+"""Bounds of the fitted eager elementwise bandwidth, as multiples of the memory bandwidth."""
+
+
+CPU_FRACTIONS = (0.01, 1.0, (
+    "an efficiency fraction of a CPU's own measured peak or bandwidth (a probed profile): "
+    "physical limits, since the windows of costmodels.calibrate.BOUNDS are published GPU "
+    "kernels' (FlashAttention at 30-90 % of a GPU's peak; eager CPU attention at head_dim 16 "
+    "reaches 5-10 % of the bf16 GEMM peak)"))
+"""Bounds of the efficiency curves fitted to blocks timed on a CPU (lo, hi, why)."""
+
+
+def traced(meas: BlockMeasurements) -> bool:
+    """Whether any timed point of ``meas`` carries an op trace (:mod:`costmodels.eager`)."""
+    return any(t.trace is not None for e in meas.blocks for t in e.timings)
+
+
+def with_eager(hw: HardwareProfile) -> HardwareProfile:
+    """``hw`` with eager figures: its own, or :func:`costmodels.eager.eager_figures`'
+    stated assumptions written in (so that a fit has figures to move)."""
+    from costmodels.eager import eager_figures
+
+    figs, assumed = eager_figures(hw)
+    return hw.model_copy(update={"eager": figs}) if assumed else hw
+
+
 def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRecipe,
                max_nfev: int = 60, only: Sequence[str] | None = None) -> Any:
     """Fit ``hw``'s efficiency fractions and kernel overhead to the measured blocks
-    (log errors, physical bounds, :func:`costmodels.calibrate.fit_residuals`). Returns
-    its ``FitResult`` (``n`` = measured points)."""
+    (log errors, physical bounds, :func:`costmodels.calibrate.fit_residuals`); for a table
+    with op traces also the eager figures (the view overhead and the elementwise bandwidth
+    of the table's dtype). Returns its ``FitResult`` (``n`` = measured points)."""
     from costmodels.calibrate import Param, fit_residuals, parameters
 
+    if traced(meas):
+        hw = with_eager(hw)
     pts = predict_points(meas, hw, recipe)
     if not pts:
         raise InputError("no timed blocks to fit", field="blocks")
@@ -596,9 +678,21 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
 
     # engine step / request overheads are not in a block's time; the kernel overhead is per
     # kernel of the cost model's counts, which an eager block exceeds (EAGER_KERNEL_OVERHEAD)
-    lo, hi, _ = EAGER_KERNEL_OVERHEAD
+    lo, hi, _ = TRACED_OP_OVERHEAD if traced(meas) else EAGER_KERNEL_OVERHEAD
     params = [Param(p.label, p.path, lo, hi, p.curve) if p.label == "kernel overhead" else p
               for p in parameters(hw, published=True) if "engine" not in p.label]
+    if meas.device_kind == "cpu":  # the windows of BOUNDS are GPU kernels' (CPU_FRACTIONS)
+        flo_c, fhi_c, _ = CPU_FRACTIONS
+        params = [Param(p.label, p.path, flo_c, fhi_c, True) if p.curve else p for p in params]
+    if traced(meas) and hw.eager is not None:
+        vlo, vhi, _ = VIEW_OVERHEAD
+        params.append(Param("view overhead", ("eager", "view_overhead_s"), vlo, vhi, False))
+        if meas.dtype in hw.eager.elementwise_bandwidth:
+            flo, fhi, _ = ELEMENTWISE_RANGE
+            bw = hw.memory_bandwidth.value
+            params.append(Param(f"elementwise bandwidth {meas.dtype}",
+                                ("eager", "elementwise_bandwidth", meas.dtype),
+                                flo * bw, fhi * bw, False))
     src = (f"{len(pts)} block timings on {meas.device} ({meas.device_kind}, {meas.dtype}, "
            f"torch {meas.software.get('torch', '?')}, {meas.date})")
     return fit_residuals(hw, params, residuals, len(pts), src, max_nfev=max_nfev, only=only)
@@ -626,13 +720,14 @@ def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
     rates: dict[float, float] = {}
     for g in meas.gemm:
         flops = 2.0 * g.m * g.n * g.k
-        net = g.median_s - ovh if g.median_s > 2.0 * ovh else g.median_s
+        secs = meas.estimate(g)
+        net = secs - ovh if secs > 2.0 * ovh else secs
         rates[flops] = max(rates.get(flops, 0.0), flops / net)
     cur = float(hw.peak_flops[meas.dtype].value)
     peak = max(cur, max(rates.values()))
     where = (f"measured on {meas.device} {meas.date} by puzzle-nas profile --blocks: "
-             "x @ W^T (torch.nn.functional.linear, the layout of linear layers), median of "
-             f"{meas.repeats} after {meas.warmup} warm-up, m x n x k = "
+             "x @ W^T (torch.nn.functional.linear, the layout of linear layers), "
+             f"{meas.estimator()}, m x n x k = "
              + ", ".join(f"{g.m}x{g.n}x{g.k}" for g in meas.gemm))
     data = hw.model_dump(mode="json")
     if peak > cur:
@@ -671,6 +766,8 @@ class BlockCalibration:
     start: list[Compared]
     after: list[Compared]
     """The timed points priced by the given profile, the start and the profile kept."""
+    traced: bool = False
+    """Whether the points were priced from their op traces (:mod:`costmodels.eager`)."""
 
 
 def calibrate_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRecipe,
@@ -693,7 +790,7 @@ def calibrate_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: Preci
         (rms_log_error(before), "given", hw, before)]
     _, kept, profile, after = min(cands, key=lambda c: c[0])
     return BlockCalibration(profile, kept, res, {c[1]: c[0] for c in cands}, note, before,
-                            start_pts, after)
+                            start_pts, after, traced(meas))
 
 
 def with_attention_curve(hw: HardwareProfile, meas: BlockMeasurements
@@ -714,7 +811,8 @@ def with_attention_curve(hw: HardwareProfile, meas: BlockMeasurements
     peak = float(hw.peak_flops[meas.dtype].value)
     best: dict[float, float] = {}
     for a in meas.attention:
-        net = a.median_s - ovh if a.median_s > 2.0 * ovh else a.median_s
+        secs = meas.estimate(a)
+        net = secs - ovh if secs > 2.0 * ovh else secs
         best[a.flops] = max(best.get(a.flops, 0.0), min(1.0, a.flops / (peak * net)))
     shapes = sorted({(a.heads, a.kv_heads, a.head_dim) for a in meas.attention})
     data = hw.model_dump(mode="json")
@@ -723,8 +821,8 @@ def with_attention_curve(hw: HardwareProfile, meas: BlockMeasurements
         "source": f"achieved fraction of the {meas.dtype} peak vs FLOPs of causal "
         f"scaled_dot_product_attention at the blocks' shapes (heads/kv heads/head_dim "
         + ", ".join(f"{h}/{kv}/{d}" for h, kv, d in shapes)
-        + f"), measured on {meas.device} {meas.date} by puzzle-nas profile --blocks, median of "
-        f"{meas.repeats} after {meas.warmup} warm-up"}
+        + f"), measured on {meas.device} {meas.date} by puzzle-nas profile --blocks, "
+        f"{meas.estimator()}"}
     old = hw.efficiency.attention
     lo, hi = min(best.values()), max(best.values())
     return HardwareProfile.model_validate(data), (

@@ -16,6 +16,10 @@ What is measured (FACTS.md section 6):
 * **Attention**: ``scaled_dot_product_attention`` in bf16 (non-causal, FLOPs =
   ``4*B*H*S*S*D``), as a fraction of the measured bf16 peak.
 * **Kernel overhead**, measured apart: the time of a 1-element add, back to back.
+* **Eager figures** (:class:`hwprofiles.schema.EagerFigures`, what pricing timed eager
+  blocks needs: ``costmodels.eager``): the time of a view (``x.view(1)``, no kernel) back
+  to back, and the bytes per second of an eager elementwise multiply ``a * b`` per dtype
+  (bf16, fp16, fp32) at a few sizes.
 
 Timing: on CUDA, CUDA events around each call after warm-up, the L2 cache flushed (a buffer
 of twice its size zeroed) before every timed call so that weights stream from device memory;
@@ -50,6 +54,7 @@ from typing import Any
 from hwprofiles.errors import InputError
 from hwprofiles.schema import (
     COMPUTE_DTYPES,
+    EagerFigures,
     Efficiency,
     EfficiencyCurve,
     Figure,
@@ -58,7 +63,8 @@ from hwprofiles.schema import (
 )
 
 __all__ = ["DeviceInfo", "ProbePlan", "ProbeResult", "default_plan", "derive", "isotonic",
-           "noise_report", "noisy_points", "past_cache", "probe", "robust", "run_probe"]
+           "median_rse", "noise_report", "noisy_points", "past_cache", "probe", "robust",
+           "run_probe"]
 
 #: dtypes the probe knows how to time (fp32 is timed but is not a profile compute dtype)
 PROBE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
@@ -91,6 +97,9 @@ class ProbePlan:
     """A call slower than this (seconds) is timed once and larger sizes of its kind skipped."""
     launch_iters: int
     """Back-to-back tiny ops per kernel-overhead sample."""
+    elem_sizes: tuple[int, ...] = ()
+    """Elements per operand of the eager elementwise multiply timed per dtype (the eager
+    figures: :class:`hwprofiles.schema.EagerFigures`); () times none."""
 
 
 def default_plan(kind: str, quick: bool = False, memory_bytes: float | None = None) -> ProbePlan:
@@ -112,6 +121,7 @@ def default_plan(kind: str, quick: bool = False, memory_bytes: float | None = No
             attn_shape=(4, 32, 128),
             repeats=10 if quick else 30, warmup=3 if quick else 10,
             min_time_s=0.0, max_call_s=0.5 if quick else 2.0, launch_iters=1000,
+            elem_sizes=(2**20, 2**24),
         )
     else:
         plan = ProbePlan(
@@ -124,7 +134,7 @@ def default_plan(kind: str, quick: bool = False, memory_bytes: float | None = No
             attn_shape=(1, 8, 64),
             repeats=5 if quick else 15, warmup=1 if quick else 3,
             min_time_s=0.002 if quick else 0.02, max_call_s=0.25 if quick else 1.0,
-            launch_iters=200,
+            launch_iters=200, elem_sizes=(2**15, 2**18, 2**20),
         )
     if memory_bytes:
         cap = memory_bytes / 8
@@ -336,7 +346,7 @@ def robust(samples: Sequence[float]) -> tuple[float, float, int]:
     return med, (sig / med if med > 0 else 0.0), len(xs) - len(kept)
 
 
-def _rse(samples: Sequence[float]) -> float:
+def median_rse(samples: Sequence[float]) -> float:
     """Relative standard error of the median of ``samples`` (after :func:`robust`)."""
     med, spread, rejected = robust(samples)
     n = len(samples) - rejected
@@ -399,6 +409,10 @@ def _what(r: dict[str, Any]) -> str:
         return f"{r['op']} {r['buffer_bytes'] / 2**20:g} MiB"
     if r["kind"] == "attention":
         return f"attention S={r['seq']}"
+    if r["kind"] == "elementwise":
+        return f"{r['dtype']} elementwise multiply of {r['elements']} elements"
+    if r["kind"] == "view_overhead":
+        return "view overhead"
     return "kernel overhead"
 
 
@@ -416,7 +430,7 @@ def noise_report(log: Sequence[dict[str, Any]], llc: int | None = None,
     curve's points (GEMMs of one dtype, memory, attention) above it."""
     out = []
     timed = [r for r in log if "spread" in r]
-    key = [r for r in timed if r["kind"] == "kernel_overhead"]
+    key = [r for r in timed if r["kind"] in ("kernel_overhead", "view_overhead")]
     for d in {r["dtype"] for r in timed if r["kind"] == "gemm"}:
         key.append(max((r for r in timed if r["kind"] == "gemm" and r["dtype"] == d),
                        key=lambda r: r["flop_per_s"]))
@@ -560,6 +574,25 @@ def derive(log: Sequence[dict[str, Any]], device: DeviceInfo, *, name: str | Non
                                 "bandwidth; measure collectives to replace it"),
     }
 
+    eager = None
+    views = [r for r in log if r["kind"] == "view_overhead"]
+    elems = [r for r in log if r["kind"] == "elementwise"]
+    if views and elems:
+        rates: dict[str, Figure] = {}
+        for d in dict.fromkeys(r["dtype"] for r in elems):
+            rows = sorted((r for r in elems if r["dtype"] == d), key=lambda r: r["elements"])
+            per = [r["moved_bytes"] / net(r["seconds"]) for r in rows]
+            rates[d] = Figure(value=statistics.median(per), source=(
+                f"{src}: eager {d} multiply a * b (output allocated), bytes read + written "
+                "per second, median over " + ", ".join(
+                    f"{r['elements']} elements ({q / 1e9:.3g} GB/s{_spread(r)})"
+                    for r, q in zip(rows, per)) + net_note))
+        eager = EagerFigures(
+            view_overhead_s=Figure(value=views[-1]["seconds"], source=(
+                f"{src}: median time of x.view(1) issued back to back (a dispatch that runs "
+                f"no kernel, host clock){_spread(views[-1])}")),
+            elementwise_bandwidth=rates)
+
     if gpus_per_node is not None:
         gpn = Figure(value=gpus_per_node, source="given by the user (puzzle-nas profile "
                      f"--gpus-per-node) on {device.date}")
@@ -605,6 +638,7 @@ def derive(log: Sequence[dict[str, Any]], device: DeviceInfo, *, name: str | Non
                         f"puzzle-nas probe: {device.llc_how}") if device.llc else None,
         interconnect=Interconnect.model_validate(ic),
         gpus_per_node=gpn,
+        eager=eager,
     )
 
 
@@ -686,10 +720,10 @@ class _Probe:
         samples: list[float] = []
         while True:
             samples += self._samples(fn, p.repeats, inner)
-            if len(samples) >= MAX_REPEAT_FACTOR * p.repeats or _rse(samples) <= TARGET_RSE:
+            if len(samples) >= MAX_REPEAT_FACTOR * p.repeats or median_rse(samples) <= TARGET_RSE:
                 break
         med, _, rejected = robust(samples)
-        return med, len(samples), _rse(samples), rejected
+        return med, len(samples), median_rse(samples), rejected
 
     def _samples(self, fn: Callable[[], Any], n: int, inner: int) -> list[float]:
         """``n`` timed samples of seconds per call (CUDA: one call between events, the L2
@@ -721,7 +755,7 @@ class _Probe:
         self._sync()
         samples: list[float] = []
         while not samples or (len(samples) < MAX_REPEAT_FACTOR * p.repeats
-                              and _rse(samples) > TARGET_RSE):
+                              and median_rse(samples) > TARGET_RSE):
             for _ in range(p.repeats):
                 if self.kind == "cuda":
                     start = torch.cuda.Event(enable_timing=True)
@@ -737,9 +771,27 @@ class _Probe:
                     for _ in range(p.launch_iters):
                         x.add_(1.0)
                     samples.append((time.perf_counter() - t0) / p.launch_iters)
-        self.launch_spread = _rse(samples)
+        self.launch_spread = median_rse(samples)
         self.launch_samples = len(samples)
         return robust(samples)[0]
+
+    def time_view(self) -> tuple[float, float, int]:
+        """Seconds per view op (``x.view(1)``, no kernel) issued back to back, timed on the
+        host clock on every device (a view is host work only); with its spread and
+        samples."""
+        p = self.plan
+        x = self.torch.zeros(1, device=self.dev)
+        for _ in range(max(p.warmup, 3) * 10):
+            x.view(1)
+        samples: list[float] = []
+        while not samples or (len(samples) < MAX_REPEAT_FACTOR * p.repeats
+                              and median_rse(samples) > TARGET_RSE):
+            for _ in range(p.repeats):
+                t0 = time.perf_counter()
+                for _ in range(p.launch_iters):
+                    x.view(1)
+                samples.append((time.perf_counter() - t0) / p.launch_iters)
+        return robust(samples)[0], median_rse(samples), len(samples)
 
     # -- benchmarks ------------------------------------------------------------------------
 
@@ -817,6 +869,23 @@ class _Probe:
         self.log.append({**rec, "moved_bytes": moved, "seconds": secs, "repeats": reps,
                          "spread": spread, "rejected": rejected, "bytes_per_s": moved / secs})
 
+    def bench_elementwise(self, dtype: str, n: int) -> None:
+        """An eager elementwise multiply ``a * b`` of ``n`` elements per operand in
+        ``dtype``, its output allocated as eager ops allocate it: 3 ``n`` elements moved."""
+        t = self.torch
+        td = self._torch_dtype(dtype)
+        size = t.empty((), dtype=td).element_size()
+        rec: dict[str, Any] = {"kind": "elementwise", "op": "mul", "dtype": dtype,
+                               "elements": n, "moved_bytes": 3 * n * size}
+        try:
+            a, b = (t.randn(n, device=self.dev).to(td) for _ in range(2))
+            secs, reps, spread, rejected = self.time_call(lambda: a * b, f"elem-{dtype}")
+        except RuntimeError as exc:
+            self.log.append({**rec, "kind": "skipped", "reason": str(exc).splitlines()[0][:200]})
+            return
+        self.log.append({**rec, "seconds": secs, "repeats": reps, "spread": spread,
+                         "rejected": rejected, "bytes_per_s": rec["moved_bytes"] / secs})
+
     def bench_attention(self, seq: int) -> None:
         t = self.torch
         b, h, d = self.plan.attn_shape
@@ -858,6 +927,10 @@ class _Probe:
                             partial(self.bench_memory, op, nbytes)))
         for seq in p.attn_seqs:
             out.append((f"attention S={seq}", partial(self.bench_attention, seq)))
+        for d in dict.fromkeys([x for x in self.dtypes if x in ("bf16", "fp16", "fp32")]
+                               + ["fp32"]):
+            for n in p.elem_sizes:
+                out.append((f"{d} elementwise {n}", partial(self.bench_elementwise, d, n)))
         return out
 
     def run(self, *, name: str | None, gpus_per_node: int | None, link_name: str | None,
@@ -870,6 +943,11 @@ class _Probe:
         self.log.append({"kind": "kernel_overhead", "op": "1-element add, back to back",
                          "iters": self.plan.launch_iters, "seconds": overhead,
                          "spread": self.launch_spread, "repeats": self.launch_samples})
+        if self.plan.elem_sizes:
+            view, spread, reps = self.time_view()
+            self.log.append({"kind": "view_overhead", "op": "x.view(1), back to back",
+                             "iters": self.plan.launch_iters, "seconds": view,
+                             "spread": spread, "repeats": reps})
         for i, (note, task) in enumerate(tasks, start=1):
             if self.progress:
                 self.progress(i, total, note)

@@ -132,11 +132,13 @@ class EfficiencyCurve(_OnBound):
         return float(out) if np.isscalar(size) else out
 
 
-def _known_dtypes(v: dict) -> dict:
-    """Reject keys that are not compute dtypes (a validator shared by peaks and curves)."""
-    bad = sorted(set(v) - set(COMPUTE_DTYPES))
+def _known_dtypes(v: dict, fp32: bool = False) -> dict:
+    """Reject keys that are not compute dtypes (a validator shared by peaks and curves);
+    ``fp32``: fp32 is allowed too (an activation dtype, not a GEMM compute dtype)."""
+    known = [*COMPUTE_DTYPES, *(["fp32"] if fp32 and "fp32" not in COMPUTE_DTYPES else [])]
+    bad = sorted(set(v) - set(known))
     if bad:
-        raise ValueError(f"unknown compute dtype(s) {bad}; expected {list(COMPUTE_DTYPES)}")
+        raise ValueError(f"unknown dtype(s) {bad}; expected {known}")
     return v
 
 
@@ -223,6 +225,34 @@ def _refuse_device_engine_fields(data: object) -> object:
     return {k: v for k, v in data.items() if k not in DEVICE_ENGINE_FIELDS}
 
 
+class EagerFigures(BaseModel):
+    """How eager torch runs on the device: one aten op at a time, nothing fused.
+
+    What ``puzzle-nas profile --blocks`` times is eager torch, so pricing its timed blocks
+    (``costmodels.eager``) needs what the fused serving model leaves out: every op the block
+    dispatches pays a host dispatch (``kernel_overhead_s`` per op that runs a kernel,
+    ``view_overhead_s`` per op that runs none), and every elementwise op (norms, RoPE,
+    activations, dtype casts) streams its inputs and output at the eager elementwise rate,
+    which on a CPU without native bf16 is far below the memory bandwidth (each element is
+    converted to fp32 and back)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    view_overhead_s: Figure
+    """Seconds per dispatched op that runs no kernel (a view, transpose, slice or empty
+    allocation)."""
+    elementwise_bandwidth: dict[str, Figure]
+    """Bytes read + written per second by one eager elementwise op, per dtype."""
+
+    @field_validator("elementwise_bandwidth")
+    @classmethod
+    def _rates(cls, v: dict[str, Figure]) -> dict[str, Figure]:
+        _known_dtypes(v, fp32=True)
+        if any(f.value <= 0 for f in v.values()):
+            raise ValueError("elementwise bandwidths must be > 0")
+        return v
+
+
 class HardwareProfile(BaseModel):
     """What one accelerator can do. Units: bytes, bytes/s, FLOP/s (dense), seconds.
 
@@ -253,6 +283,9 @@ class HardwareProfile(BaseModel):
     moe_imbalance: Figure | None = None
     """MoE routing imbalance under expert parallelism: routed tokens on the busiest of the
     ``ep`` GPUs over the mean (>= 1); the busiest GPU sets the step. Absent: 1."""
+    eager: EagerFigures | None = None
+    """Eager torch on this device (measured by ``puzzle-nas profile``); only the pricing of
+    timed eager blocks reads it. Absent: ``costmodels.eager`` says what it assumes."""
 
     @model_validator(mode="before")
     @classmethod

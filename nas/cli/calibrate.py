@@ -219,6 +219,8 @@ def _fmt(label: str, v: float) -> str:
         return f"{v * 1e3:.3f} ms" if v >= 1e-4 else f"{v * 1e6:.2f} us"
     if "imbalance" in label:
         return f"{v:.3f}"
+    if "bandwidth" in label:
+        return f"{v / 1e9:.3g} GB/s"
     return f"{v:.1%}"
 
 
@@ -315,12 +317,15 @@ def calibration_text(cal) -> str:  # noqa: ANN001
                   f"{_fmt(k, hi)}): a mechanism the model lacks, not a device figure"
                   for k, v, lo, hi in res.on_bounds]
         for k, a, b in res.moved:
-            if k == "kernel overhead" and a > 0 and b > 10 * a:
-                lines.append(f"  the fit needs a kernel overhead {b / a:.0f}x the probed launch "
-                             f"overhead ({_fmt(k, a)} -> {_fmt(k, b)}): the model prices these "
-                             "blocks as fused kernels, the blocks run eager ops (per-op "
-                             "dispatch, unfused elementwise work); the fitted figure absorbs "
-                             "that, it is not the device's launch cost")
+            if k in ("kernel overhead", "view overhead") and a > 0 and b > 10 * a:
+                lines.append(f"  the fit needs a {k} {b / a:.0f}x the probed one "
+                             f"({_fmt(k, a)} -> {_fmt(k, b)}): "
+                             + ("the model prices these blocks as fused kernels, the blocks "
+                                "run eager ops (per-op dispatch, unfused elementwise work)"
+                                if not cal.traced else "the blocks spend time per op "
+                                "that their op traces do not show (Python in the modules' "
+                                "forward)") + "; the fitted figure absorbs that, it is not "
+                             "the device's dispatch cost")
     lines.append("analytic vs measured, per block kind (MAPE = mean |predicted / measured - 1|):")
     lines.append(format_mape(before, mape_by_kind(cal.after)))
     return "\n".join(lines)

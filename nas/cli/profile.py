@@ -214,6 +214,15 @@ def run_blocks(args: argparse.Namespace) -> int:
     out = Path(args.output)
     spec, base, _ = load_spec(args.blocks)
     check_output_file(out, "--output")
+    probed = getattr(args, "probed_profile", None)
+    if probed is not None:  # the one-command path: the spec may name the profile it writes
+        named = (base / spec.hw.profile).resolve()
+        if spec.hw.profile.endswith(".json") and (
+                not named.exists() or named == Path(args.profile_output).resolve()):
+            print(f"note: the spec's hardware {spec.hw.profile} is this command's output; its "
+                  f"blocks are resolved against the probed profile {probed}")
+            spec = spec.model_copy(update={"hardware": spec.hw.model_copy(
+                update={"profile": str(Path(probed).resolve())})})
     batches: list[int] = []
     for part in (args.batches or "").split(","):
         if part.strip():
@@ -326,6 +335,7 @@ def run_path(args: argparse.Namespace) -> int:
     print(f"[2/3] timing the blocks of {args.blocks} -> {files['blocks']}")
     timing = copy.copy(args)
     timing.output, timing.calibrate = str(files["blocks"]), False
+    timing.probed_profile, timing.profile_output = str(files["probed"]), str(files["profile"])
     run_blocks(timing)
     print(f"[3/3] calibrating {files['probed'].name} to the timed blocks -> {files['profile']}")
     meas = load_blocks(files["blocks"])

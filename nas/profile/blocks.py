@@ -30,7 +30,14 @@ that adds the bytes of every storage an op creates during the call and subtracts
 the storage is freed, on top of the weights, cache and input alive at the call's start
 (scratch buffers inside a kernel are not tensors and are not counted).
 
-The output file is rewritten (atomically) after every timed point; a run started again
+Op trace per point (:class:`costmodels.eager.OpTrace`): one more call under a dispatch mode
+records what the block ran as eager torch runs it: each GEMM's and attention kernel's shape,
+the other ops that run a kernel and the bytes they read and write, and the metadata ops
+(views, slices, empty allocations); calibration prices the point from it
+(:func:`costmodels.eager.price_trace`).
+
+The output file is rewritten (atomically) after every timed point (on a CPU, after every
+block: its points are timed interleaved, :meth:`BlockTimer.time_points`); a run started again
 with the same output keeps every point already timed and times only the rest (a resumed
 run writes the same file an uninterrupted run would, save for timing noise).
 """
@@ -40,6 +47,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import platform
+import random
 import statistics
 import time
 import weakref
@@ -51,6 +59,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from costmodels.eager import AttentionOp, GemmOp, OpTrace
 from costmodels.measured import (
     AttentionTiming,
     BlockEntry,
@@ -113,6 +122,67 @@ class _LiveBytes(TorchDispatchMode):
                     self.peak = max(self.peak, self.live)
                     weakref.finalize(st, self._free, ptr, n)
         return out
+
+
+_GEMMS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "_int_mm": (0, 1),
+          "_scaled_mm": (0, 1)}
+"""aten matrix products and the positions of their two operands."""
+_METADATA = {"_unsafe_view", "_reshape_alias", "empty", "empty_like", "new_empty",
+             "empty_strided", "new_empty_strided"}
+"""aten ops that run no kernel but are not views by their schema (``OpOverload.is_view``)."""
+
+
+def _tensor_bytes(tree: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree)
+               if isinstance(t, torch.Tensor))
+
+
+class _OpTrace(TorchDispatchMode):
+    """Records what a call dispatches (:class:`costmodels.eager.OpTrace`): each GEMM's and
+    attention kernel's shape, the other ops that run a kernel and the bytes they read and
+    write, and the ops that run none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gemms: dict[tuple[int, int, int], int] = {}
+        self.attention: dict[tuple, int] = {}
+        self.ops = 0
+        self.op_bytes = 0
+        self.metadata = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if name in _GEMMS:
+            i, j = _GEMMS[name]
+            a, b = args[i], args[j]
+            m = math.prod(a.shape[:-1])
+            key = (int(m), int(b.shape[-1]), int(a.shape[-1]))
+            self.gemms[key] = self.gemms.get(key, 0) + 1
+        elif name.startswith("_scaled_dot_product") and name.endswith(
+                ("attention", "attention_for_cpu")):
+            names = [x.name for x in func._schema.arguments]
+            bound = {**dict(zip(names, args)), **kwargs}
+            q, k = bound["query"], bound["key"]
+            key2 = (int(q.shape[0]), int(q.shape[1]), int(k.shape[1]), int(q.shape[2]),
+                    int(k.shape[2]), int(q.shape[3]), bool(bound.get("is_causal", False)))
+            self.attention[key2] = self.attention.get(key2, 0) + 1
+        elif func.is_view or name in _METADATA:
+            self.metadata += 1
+        else:
+            self.ops += 1
+            self.op_bytes += _tensor_bytes((args, kwargs)) + _tensor_bytes(out)
+        return out
+
+    def result(self) -> OpTrace:
+        return OpTrace(
+            gemms=[GemmOp(m=m, n=n, k=k, count=c) for (m, n, k), c in self.gemms.items()],
+            attention=[AttentionOp(batch=b, heads=h, kv_heads=kv, q_len=q, kv_len=s,
+                                   head_dim=d, causal=cz, count=c)
+                       for (b, h, kv, q, s, d, cz), c in self.attention.items()],
+            ops=self.ops, op_bytes=self.op_bytes, metadata_ops=self.metadata)
 
 
 def _storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -258,8 +328,9 @@ class BlockTimer:
         g = torch.Generator(device="cpu").manual_seed(self.seed + 2)
         a = torch.randn(m, k, generator=g).to(device=self.dev, dtype=self.tdtype)
         w = torch.randn(n, k, generator=g).to(device=self.dev, dtype=self.tdtype)
-        med, _, _, _ = self.time_fn(lambda: torch.nn.functional.linear(a, w))
-        return GemmTiming(m=m, n=n, k=k, median_s=med, flop_per_s=2.0 * m * n * k / med)
+        med, fastest, _, _ = self.time_fn(lambda: torch.nn.functional.linear(a, w))
+        return GemmTiming(m=m, n=n, k=k, median_s=med, flop_per_s=2.0 * m * n * k / med,
+                          min_s=fastest)
 
     @torch.no_grad()
     def time_attention(self, batch: int, tokens: int, heads: int, kv_heads: int,
@@ -271,11 +342,12 @@ class BlockTimer:
         k, v = (torch.randn(batch, kv_heads, tokens, head_dim, generator=g) for _ in range(2))
         q, k, v = (t.to(device=self.dev, dtype=self.tdtype) for t in (q, k, v))
         gqa = heads != kv_heads
-        med, _, _, _ = self.time_fn(lambda: torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=tokens > 1, enable_gqa=gqa))
+        med, fastest, _, _ = self.time_fn(
+            lambda: torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=tokens > 1, enable_gqa=gqa))
         flops = 4.0 * head_dim * heads * (tokens * (tokens + 1) / 2) * batch
         return AttentionTiming(batch=batch, tokens=tokens, heads=heads, kv_heads=kv_heads,
-                               head_dim=head_dim, flops=flops, median_s=med)
+                               head_dim=head_dim, flops=flops, median_s=med, min_s=fastest)
 
     # -- one block ------------------------------------------------------------------------
     def build(self, cfg: BlockConfig, arch: ModelArch) -> Block:
@@ -285,9 +357,10 @@ class BlockTimer:
         blk.reset_parameters()
         return blk.to(device=self.dev, dtype=self.tdtype).eval()
 
-    @torch.no_grad()
-    def time_point(self, blk: Block, cfg: BlockConfig, hidden: int, p: Point, base: int) -> Timing:
-        """Time one point of one block."""
+    def prepare(self, blk: Block, cfg: BlockConfig, hidden: int, p: Point
+                ) -> tuple[Callable[[], Any], list[torch.Tensor]]:
+        """One call of ``blk`` at point ``p`` (its input, and for a decode the cache filled
+        by a real prefill, put back before every call) and the tensors it keeps alive."""
         g = torch.Generator(device="cpu").manual_seed(self.seed + 1)
 
         def rand(b: int, n: int) -> torch.Tensor:
@@ -311,11 +384,67 @@ class BlockTimer:
             def fn() -> torch.Tensor:
                 cache.update(filled)
                 return blk(x, cache, ctx)
-        med, lo, hi, n = self.time_fn(fn)
-        resident = [*blk.parameters(), *_cache_tensors(cache), x]
+        return fn, [*blk.parameters(), *_cache_tensors(cache), x]
+
+    def _timing(self, fn: Callable[[], Any], resident: Sequence[torch.Tensor], p: Point,
+                times: tuple[float, float, float, int], base: int) -> Timing:
+        med, lo, hi, n = times
         peak = self.peak_bytes(fn, resident, base)
+        tracer = _OpTrace()
+        with tracer:
+            fn()
         return Timing(mode=p.mode, batch=p.batch, tokens=p.tokens, context=p.context,
-                      median_s=med, min_s=lo, max_s=hi, repeats=n, peak_bytes=peak)
+                      median_s=med, min_s=lo, max_s=hi, repeats=n, peak_bytes=peak,
+                      trace=tracer.result())
+
+    @torch.no_grad()
+    def time_point(self, blk: Block, cfg: BlockConfig, hidden: int, p: Point, base: int) -> Timing:
+        """Time one point of one block."""
+        fn, resident = self.prepare(blk, cfg, hidden, p)
+        return self._timing(fn, resident, p, self.time_fn(fn), base)
+
+    @torch.no_grad()
+    def time_points(self, blk: Block, cfg: BlockConfig, hidden: int, points: Sequence[Point],
+                    base: int) -> list[Timing]:
+        """Time several points of one block. On a CPU the samples are interleaved: each of
+        the ``repeats`` rounds takes one sample (a block of calls of at least
+        ``min_time_s``) of every point in turn, in a new (seeded) order each round, so
+        that a slow spell of a shared core (other
+        tenants on its cache, a clock change) falls on every point of a round alike instead
+        of on all samples of one point; one untimed call before each sample brings the
+        point's tensors back into the caches the previous point used. Every point gets the
+        same rounds (extra rounds for the noisier points alone, as the device probe takes,
+        put their samples in other spells than the rest's: it raised the calibrated MAPE
+        here). On CUDA each point is
+        timed in turn
+        (:meth:`time_point`)."""
+        if self.kind == "cuda" or len(points) < 2:
+            return [self.time_point(blk, cfg, hidden, p, base) for p in points]
+        calls = [self.prepare(blk, cfg, hidden, p) for p in points]
+        inner = []
+        for fn, _ in calls:
+            t0 = time.perf_counter()
+            fn()
+            first = time.perf_counter() - t0
+            for _ in range(self.warmup):
+                fn()
+            inner.append(max(1, min(10_000, math.ceil(self.min_time_s / max(first, 1e-9)))))
+        samples: list[list[float]] = [[] for _ in points]
+        clock = self.clock
+        order = random.Random(self.seed)
+        idx = list(range(len(points)))
+        for _ in range(self.repeats):
+            order.shuffle(idx)  # no point always follows the same one
+            for i in idx:
+                (fn, _), n, out = calls[i], inner[i], samples[i]
+                fn()  # untimed: the point's weights and inputs back in cache after the last
+                t0 = clock()
+                for _ in range(n):
+                    fn()
+                out.append((clock() - t0) / n)
+        return [self._timing(fn, resident, p, (float(statistics.median(ts)), min(ts),
+                                              max(ts), len(ts)), base)
+                for (fn, resident), p, ts in zip(calls, points, samples)]
 
 
 def distinct_blocks(blocks: Sequence[BlockConfig], hidden: int) -> list[tuple[str, BlockConfig]]:
@@ -417,12 +546,11 @@ def profile_blocks(blocks: Sequence[BlockConfig], arch: ModelArch, plan: Sequenc
     if timer.kind == "cuda":
         torch.cuda.synchronize(timer.dev)
         base = int(torch.cuda.memory_allocated(timer.dev))
-    built: dict[str, Block] = {}
+    groups: dict[str, tuple[BlockConfig, list[Point]]] = {}
     for k, cfg, p in todo:
-        blk = built.get(k)
-        if blk is None:
-            built.clear()  # one block on the device at a time
-            blk = built[k] = timer.build(cfg, arch)
+        groups.setdefault(k, (cfg, []))[1].append(p)
+    for k, (cfg, pts) in groups.items():  # one block on the device at a time
+        blk = timer.build(cfg, arch)
         e = table.entry(k)
         if e is None:
             row = block_row(cfg, hidden)
@@ -431,9 +559,18 @@ def profile_blocks(blocks: Sequence[BlockConfig], arch: ModelArch, plan: Sequenc
                 config=cfg.model_dump(mode="json"),
                 weight_bytes=_storage_bytes(list(blk.parameters())))
             table.blocks.append(e)
-        e.timings.append(timer.time_point(blk, cfg, hidden, p, base))
-        atomic_write_json(out, table.model_dump(mode="json"))
-        done += 1
-        if progress:
-            progress(done, total, f"{describe_row(e.row)[:28]} {p.label()}")
+        if timer.kind == "cuda":  # one point at a time, written after each
+            for p in pts:
+                e.timings.append(timer.time_point(blk, cfg, hidden, p, base))
+                atomic_write_json(out, table.model_dump(mode="json"))
+                done += 1
+                if progress:
+                    progress(done, total, f"{describe_row(e.row)[:28]} {p.label()}")
+        else:  # the block's points interleaved (BlockTimer.time_points), written together
+            e.timings.extend(timer.time_points(blk, cfg, hidden, pts, base))
+            atomic_write_json(out, table.model_dump(mode="json"))
+            done += len(pts)
+            if progress:
+                progress(done, total, f"{describe_row(e.row)[:28]} ({len(pts)} points)")
+        del blk
     return table

@@ -1,0 +1,209 @@
+"""Eager torch as a backend (``costmodels.eager``): what a timed block ran, op by op, and
+its price on a device; the probe's eager figures; calibration of timed blocks from their
+op traces. Prices are checked against the roofline written out by hand; the traces of real
+``nas.modules`` blocks against the shapes those blocks must run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from pydantic import ValidationError
+
+import hwprofiles
+from costmodels.eager import AttentionOp, GemmOp, OpTrace, eager_figures, price_trace
+from costmodels.measured import (
+    BlockEntry,
+    BlockMeasurements,
+    Point,
+    Timing,
+    fit_blocks,
+    predict_points,
+    recipe_for,
+    row_key,
+)
+from hwprofiles.probe import derive
+from hwprofiles.schema import HardwareProfile
+
+PEAK, BW, OVH, VIEW, ELEM = 100e12, 2e12, 5e-6, 1e-6, 50e9
+
+
+def _profile(eager: bool = True) -> HardwareProfile:
+    """h100-sxm with constant curves: bf16 GEMMs at 50 % of a 100 TFLOP/s peak, attention
+    at 25 %, memory at 80 % of 2 TB/s; 5 us per kernel; eager: 1 us per view, 50 GB/s
+    elementwise in bf16."""
+    d = hwprofiles.get("h100-sxm").model_dump(mode="json")
+    src = "test figure"
+    d["peak_flops"] = {"bf16": {"value": PEAK, "source": src}}
+    d["memory_bandwidth"] = {"value": BW, "source": src}
+    eff = d["efficiency"]
+    eff["matmul"] = {"bf16": {"points": [[1.0, 0.5]], "source": src}}
+    eff["attention"] = {"points": [[1.0, 0.25]], "source": src}
+    eff["memory"] = {"points": [[1.0, 0.8]], "source": src}
+    eff["attention_decode"] = None
+    d["kernel_overhead_s"] = {"value": OVH, "source": src}
+    d["eager"] = ({"view_overhead_s": {"value": VIEW, "source": src},
+                   "elementwise_bandwidth": {"bf16": {"value": ELEM, "source": src}}}
+                  if eager else None)
+    return HardwareProfile.model_validate(d)
+
+
+def test_a_trace_is_priced_op_by_op_as_the_roofline_says():
+    hw = _profile()
+    tr = OpTrace(gemms=[GemmOp(m=64, n=128, k=256, count=2)],
+                 attention=[AttentionOp(batch=2, heads=8, kv_heads=2, q_len=64, kv_len=64,
+                                        head_dim=32, causal=True),
+                            AttentionOp(batch=2, heads=8, kv_heads=2, q_len=1, kv_len=300,
+                                        head_dim=32, causal=False)],
+                 ops=7, op_bytes=3_000_000, metadata_ops=11)
+    gf, gb = 2 * 64 * 128 * 256, (64 * 256 + 256 * 128 + 64 * 128) * 2
+    gemm = max(gf / (PEAK * 0.5), gb / (BW * 0.8)) + OVH
+    pf = 4 * 32 * 8 * (64 * 65 / 2) * 2  # causal prompt: q(q+1)/2 pairs
+    pb = 2 * 32 * 2 * (2 * 8 * 64 + 2 * 2 * 64)
+    prompt = max(pf / (PEAK * 0.25), pb / (BW * 0.8)) + OVH
+    df, db = 4 * 32 * 8 * 300 * 2, 2 * 32 * 2 * (2 * 8 * 1 + 2 * 2 * 300)
+    step = max(df / (PEAK * 0.25), db / (BW * 0.8)) + OVH  # no decode curve: memory's
+    rest = 7 * OVH + 3_000_000 / ELEM + 11 * VIEW
+    assert price_trace(tr, hw, "bf16") == pytest.approx(2 * gemm + prompt + step + rest,
+                                                        rel=1e-12)
+    assert tr.dispatched == 2 + 2 + 7 + 11
+
+
+def test_a_profile_without_eager_figures_says_what_it_assumes():
+    hw = _profile(eager=False)
+    figs, assumed = eager_figures(hw)
+    assert assumed and "assumed" in figs.view_overhead_s.source
+    assert figs.view_overhead_s.value == OVH
+    assert figs.elementwise_bandwidth["bf16"].value == pytest.approx(BW * 0.8)
+    tr = OpTrace(ops=3, op_bytes=1_600_000, metadata_ops=2)
+    assert price_trace(tr, hw, "bf16") == pytest.approx(3 * OVH + 1_600_000 / (BW * 0.8)
+                                                        + 2 * OVH)
+    assert eager_figures(_profile())[1] is False
+    with pytest.raises(hwprofiles.InputError, match="fp16"):
+        price_trace(tr, _profile(), "fp16")  # the profile has bf16 only
+
+
+def test_eager_figures_are_checked():
+    d = _profile().model_dump(mode="json")
+    d["eager"]["elementwise_bandwidth"]["fp64"] = {"value": 1e9, "source": "x" * 3}
+    with pytest.raises(ValidationError, match="fp64"):
+        HardwareProfile.model_validate(d)
+    d["eager"]["elementwise_bandwidth"] = {"bf16": {"value": 0.0, "source": "xyz"}}
+    with pytest.raises(ValidationError, match="> 0"):
+        HardwareProfile.model_validate(d)
+
+
+def _table(trace: OpTrace | None, seconds: float = 1e-3) -> BlockMeasurements:
+    row = {"kind": 5, "hidden": 64}  # a linear block (costmodels.shapes.Kind.LINEAR)
+    t = Timing(mode="prefill", batch=1, tokens=64, context=0, median_s=seconds,
+               min_s=seconds, max_s=seconds, repeats=3, peak_bytes=1, trace=trace)
+    e = BlockEntry(key=row_key(row), kind="linear", row=row, weight_bytes=8192, timings=[t])
+    return BlockMeasurements(device="AMD EPYC", device_kind="cpu", date="2026-12-03",
+                             software={}, dtype="bf16", threads=1, timing="t", warmup=0,
+                             repeats=3, spec="s", hidden=64, plan=[t.point], blocks=[e])
+
+
+def test_predict_points_prices_a_traced_point_from_its_trace():
+    hw = _profile()
+    tr = OpTrace(gemms=[GemmOp(m=64, n=64, k=64)], ops=9, op_bytes=100_000, metadata_ops=3)
+    (c,) = predict_points(_table(tr), hw, recipe_for(_table(tr)))
+    assert c.predicted_s == pytest.approx(price_trace(tr, hw, "bf16"))
+    (f,) = predict_points(_table(None), hw, recipe_for(_table(None)))  # the fused model
+    assert f.predicted_s != pytest.approx(c.predicted_s)
+
+
+def test_a_traced_cpu_table_fits_the_eager_figures_within_physical_bounds():
+    hw = _profile(eager=False)  # no eager figures: the fit starts from the stated assumptions
+    tr = OpTrace(gemms=[GemmOp(m=64, n=64, k=64)], ops=9, op_bytes=100_000, metadata_ops=3)
+    meas = _table(tr, seconds=price_trace(tr, hw, "bf16") * 3)
+    res = fit_blocks(meas, hw, recipe_for(meas), max_nfev=30)
+    labels = {k for k, _, _ in res.moved} | {k for k, *_ in res.on_bounds}
+    assert labels & {"view overhead", "elementwise bandwidth bf16", "kernel overhead"}
+    assert res.profile.eager is not None
+    (after,) = predict_points(meas, res.profile, recipe_for(meas))
+    assert abs(after.predicted_s / after.measured_s - 1) < 0.05
+
+
+def test_the_probe_derives_eager_figures_from_its_records():
+    from tests.test_probe_derive import H100, _log
+
+    cpu = dataclasses.replace(H100, kind="cpu", visible_gpus=None, threads=1)
+    assert derive(_log(), cpu).eager is None  # an older log: no eager records
+    log = _log() + [
+        {"kind": "view_overhead", "op": "x.view(1)", "iters": 200, "seconds": 8e-7},
+        *({"kind": "elementwise", "op": "mul", "dtype": "bf16", "elements": n,
+           "moved_bytes": 6 * n, "seconds": 6 * n / rate + 5e-6}
+          for n, rate in ((2**15, 30e9), (2**18, 20e9), (2**20, 25e9)))]
+    prof = derive(log, cpu)
+    assert prof.eager is not None
+    assert prof.eager.view_overhead_s.value == 8e-7
+    # the median of the three rates, each net of the 5 us dispatch the log measured
+    assert prof.eager.elementwise_bandwidth["bf16"].value == pytest.approx(25e9)
+    assert "x.view(1)" in prof.eager.view_overhead_s.source
+
+
+def _arch():
+    from nas.hf import from_hf
+
+    return from_hf({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 256, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False})
+
+
+def test_the_trace_of_real_blocks_holds_the_shapes_they_run():
+    pytest.importorskip("torch")
+    from nas.profile.blocks import BlockTimer
+
+    arch = _arch()
+    timer = BlockTimer("cpu", "bf16", warmup=0, repeats=1, min_time_s=0.0)
+    att, ffn = arch.blocks[0], arch.blocks[1]
+    blk = timer.build(att, arch)
+    pre = timer.time_point(blk, att, 64, Point(mode="prefill", batch=2, tokens=8, context=0), 0)
+    # eager torch runs Q, K, V and O apart: 16 tokens x (64 -> 64, 64 -> 32, 64 -> 32, 64 -> 64)
+    assert sorted((g.m, g.n, g.k, g.count) for g in pre.trace.gemms) == [
+        (16, 32, 64, 2), (16, 64, 64, 2)]
+    assert pre.trace.attention == [AttentionOp(batch=2, heads=4, kv_heads=2, q_len=8,
+                                               kv_len=8, head_dim=16, causal=True)]
+    assert pre.trace.ops > 0 and pre.trace.metadata_ops > 0
+    # the norm alone reads and writes the 16 x 64 input: the elementwise bytes are above it
+    assert pre.trace.op_bytes > 2 * 16 * 64 * 2
+    dec = timer.time_point(blk, att, 64, Point(mode="decode", batch=2, tokens=1, context=20),
+                           0)
+    (a,) = dec.trace.attention  # one step over the 20 cached keys and its own
+    assert a.kv_len == 21 and a.flops == pytest.approx(4 * 16 * 4 * 21 * 2)
+    blk = timer.build(ffn, arch)
+    pre = timer.time_point(blk, ffn, 64, Point(mode="prefill", batch=1, tokens=8, context=0), 0)
+    assert not pre.trace.attention
+    assert sum(2 * g.m * g.n * g.k * g.count for g in pre.trace.gemms) == 2 * 8 * 64 * 128 * 3
+
+
+def test_interleaved_points_time_every_point_with_its_trace():
+    pytest.importorskip("torch")
+    from nas.profile.blocks import BlockTimer
+
+    arch = _arch()
+    timer = BlockTimer("cpu", "bf16", warmup=1, repeats=3, min_time_s=0.0)
+    att = arch.blocks[0]
+    blk = timer.build(att, arch)
+    pts = [Point(mode="prefill", batch=1, tokens=8, context=0),
+           Point(mode="decode", batch=2, tokens=1, context=8),
+           Point(mode="decode", batch=1, tokens=1, context=16)]
+    got = timer.time_points(blk, att, 64, pts, 0)
+    assert [t.point for t in got] == pts
+    for t, p in zip(got, pts):
+        assert t.repeats == 3 and 0 < t.min_s <= t.median_s <= t.max_s
+        assert t.trace == timer.time_point(blk, att, 64, p, 0).trace  # the same ops
+
+
+def test_a_cpu_point_stands_for_its_fastest_sample_a_cuda_point_for_its_median():
+    tr = OpTrace(ops=1, op_bytes=0, metadata_ops=0)
+    cpu = _table(tr)
+    t = cpu.blocks[0].timings[0].model_copy(update={"min_s": 4e-4, "max_s": 3e-3})
+    cpu.blocks[0].timings[0] = t
+    assert cpu.estimate(t) == 4e-4 and "fastest" in cpu.estimator()
+    (c,) = predict_points(cpu, _profile(), recipe_for(cpu))
+    assert c.measured_s == 4e-4
+    cuda = cpu.model_copy(update={"device_kind": "cuda"})
+    assert cuda.estimate(t) == t.median_s == 1e-3 and "median" in cuda.estimator()
