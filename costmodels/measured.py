@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from costmodels.blocks import BlockCosts, _workload_columns, price_blocks, serving_shares
 from costmodels.dtypes import PrecisionRecipe, TensorRole
-from costmodels.eager import OpTrace, price_trace
+from costmodels.eager import DTYPE_BYTES, OpTrace, price_trace
 from costmodels.shapes import KIND_NAMES, BlockTable, Kind
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError, first_error, require_file
@@ -712,13 +712,26 @@ def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
     blocks' GEMMs (still "the best rate any GEMM achieved"); the curve becomes the blocks'
     GEMMs' fractions of it vs FLOPs, each time net of the profile's kernel overhead (which
     the cost model adds back per kernel, as the probe does). Only the timed dtype changes.
+
+    A GEMM whose arithmetic intensity (FLOPs per byte of its operands and result) is below
+    the profile's machine balance (peak FLOP/s over memory bandwidth) is bound by its bytes
+    on the roofline: its FLOP rate says how fast it streamed, not what fraction of the peak
+    its math reached, so it stays out of the curve and the roofline's memory term prices
+    such GEMMs (a decode step's few rows: on this CPU a 1-row GEMM's rate put into the curve
+    priced a 2-row one at twice its time).
     """
     if not meas.gemm or meas.dtype not in hw.peak_flops or \
             meas.dtype not in hw.efficiency.matmul:
         return hw, ""
     ovh = float(hw.kernel_overhead_s.value)
+    a = DTYPE_BYTES.get(meas.dtype, 2)
+    balance = float(hw.peak_flops[meas.dtype].value) / hw.memory_bandwidth.value
+    compute_bound = [g for g in meas.gemm if 2.0 * g.m * g.n * g.k
+                     / ((g.m * g.k + g.k * g.n + g.m * g.n) * a) >= balance]
+    if not compute_bound:
+        return hw, ""
     rates: dict[float, float] = {}
-    for g in meas.gemm:
+    for g in compute_bound:
         flops = 2.0 * g.m * g.n * g.k
         secs = meas.estimate(g)
         net = secs - ovh if secs > 2.0 * ovh else secs
@@ -728,7 +741,9 @@ def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
     where = (f"measured on {meas.device} {meas.date} by puzzle-nas profile --blocks: "
              "x @ W^T (torch.nn.functional.linear, the layout of linear layers), "
              f"{meas.estimator()}, m x n x k = "
-             + ", ".join(f"{g.m}x{g.n}x{g.k}" for g in meas.gemm))
+             + ", ".join(f"{g.m}x{g.n}x{g.k}" for g in compute_bound)
+             + f" (the {len(meas.gemm) - len(compute_bound)} below the machine balance of "
+             f"{balance:.3g} FLOP/byte left to the memory roofline)")
     data = hw.model_dump(mode="json")
     if peak > cur:
         data["peak_flops"][meas.dtype] = {
@@ -740,7 +755,8 @@ def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
     lo, hi = min(rates.values()), max(rates.values())
     old = hw.efficiency.matmul[meas.dtype]
     return HardwareProfile.model_validate(data), (
-        f"{meas.dtype} GEMMs from the blocks' layout (x @ W^T, {len(meas.gemm)} shapes): "
+        f"{meas.dtype} GEMMs from the blocks' layout (x @ W^T, {len(compute_bound)} of "
+        f"{len(meas.gemm)} shapes compute-bound): "
         f"peak {cur:.4g} -> {peak:.4g} FLOP/s, curve {lo / peak:.0%}-{hi / peak:.0%} of it "
         f"(the profile's curve was {min(f for _, f in old.points):.0%}-"
         f"{old.peak_fraction:.0%} of {cur:.4g})")

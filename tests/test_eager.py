@@ -207,3 +207,41 @@ def test_a_cpu_point_stands_for_its_fastest_sample_a_cuda_point_for_its_median()
     assert c.measured_s == 4e-4
     cuda = cpu.model_copy(update={"device_kind": "cuda"})
     assert cuda.estimate(t) == t.median_s == 1e-3 and "median" in cuda.estimator()
+
+
+def test_gemms_below_the_machine_balance_stay_out_of_the_gemm_curve():
+    from costmodels.measured import GemmTiming, with_gemm_curve
+
+    hw = _profile()  # balance: 100 TFLOP/s over 2 TB/s = 50 FLOP/byte
+    meas = _table(None)
+
+    def gemm(m: int, secs: float) -> GemmTiming:
+        return GemmTiming(m=m, n=4096, k=4096, median_s=secs,
+                          flop_per_s=2 * m * 4096 * 4096 / secs)
+
+    # bf16 intensity of m x 4096 x 4096 is about m FLOP/byte: m = 1 streams its weights,
+    # m = 512 is compute-bound
+    meas = meas.model_copy(update={"gemm": [gemm(1, 2e-5), gemm(512, 1e-3)]})
+    got, note = with_gemm_curve(hw, meas)
+    pts = got.efficiency.matmul["bf16"].points
+    assert [s for s, _ in pts] == [2.0 * 512 * 4096 * 4096]
+    assert "1 of 2 shapes compute-bound" in note
+    assert "left to the memory roofline" in got.efficiency.matmul["bf16"].source
+    only_small = meas.model_copy(update={"gemm": [gemm(1, 2e-5)]})
+    assert with_gemm_curve(hw, only_small) == (hw, "")  # nothing to learn the curve from
+
+
+def test_a_group_of_blocks_is_timed_interleaved_block_by_block():
+    pytest.importorskip("torch")
+    from nas.profile.blocks import BlockTimer
+
+    arch = _arch()
+    timer = BlockTimer("cpu", "bf16", warmup=0, repeats=2, min_time_s=0.0)
+    att, ffn = arch.blocks[0], arch.blocks[1]
+    a, f = timer.build(att, arch), timer.build(ffn, arch)
+    pa = [Point(mode="prefill", batch=1, tokens=8, context=0)]
+    pf = [Point(mode="prefill", batch=2, tokens=4, context=0),
+          Point(mode="decode", batch=1, tokens=1, context=4)]
+    ta, tf = timer.time_group([(a, att, pa), (f, ffn, pf)], 64, 0)
+    assert [t.point for t in ta] == pa and [t.point for t in tf] == pf
+    assert ta[0].trace.attention and not any(t.trace.attention for t in tf)

@@ -103,8 +103,11 @@ def test_block_table_times_each_distinct_shape_once(tmp_path):
     assert table.gemm and all(g.flop_per_s > 0 for g in table.gemm)
 
 
-def test_resumed_profile_equals_uninterrupted(tmp_path):
+def test_resumed_profile_equals_uninterrupted(tmp_path, monkeypatch):
+    import nas.profile.blocks
+
     full = run_profile(tmp_path / "full.json")
+    monkeypatch.setattr(nas.profile.blocks, "GROUP_BYTES", 1)  # a group per block
 
     class Stop(Exception):
         pass
@@ -121,7 +124,7 @@ def test_resumed_profile_equals_uninterrupted(tmp_path):
         run_profile(part, progress=stop_after(7))
     kept = load_blocks(part)  # the file holds every block timed before the interruption
     n_kept = sum(len(b.timings) for b in kept.blocks)
-    # on a CPU a block's points are timed interleaved and written together: whole blocks
+    # on a CPU a group's points are timed interleaved and written together: whole groups
     assert n_kept == 8 and all(kept.complete(b) for b in kept.blocks)
     assert not (kept.blocks and all(kept.complete(b) for b in kept.blocks)
                 and len(kept.blocks) == len(full.blocks))

@@ -37,7 +37,8 @@ the other ops that run a kernel and the bytes they read and write, and the metad
 (:func:`costmodels.eager.price_trace`).
 
 The output file is rewritten (atomically) after every timed point (on a CPU, after every
-block: its points are timed interleaved, :meth:`BlockTimer.time_points`); a run started again
+group of blocks of up to :data:`GROUP_BYTES` of weights: their points are timed
+interleaved, :meth:`BlockTimer.time_group`); a run started again
 with the same output keeps every point already timed and times only the rest (a resumed
 run writes the same file an uninterrupted run would, save for timing noise).
 """
@@ -406,45 +407,62 @@ class BlockTimer:
     @torch.no_grad()
     def time_points(self, blk: Block, cfg: BlockConfig, hidden: int, points: Sequence[Point],
                     base: int) -> list[Timing]:
-        """Time several points of one block. On a CPU the samples are interleaved: each of
-        the ``repeats`` rounds takes one sample (a block of calls of at least
-        ``min_time_s``) of every point in turn, in a new (seeded) order each round, so
-        that a slow spell of a shared core (other
-        tenants on its cache, a clock change) falls on every point of a round alike instead
-        of on all samples of one point; one untimed call before each sample brings the
-        point's tensors back into the caches the previous point used. Every point gets the
-        same rounds (extra rounds for the noisier points alone, as the device probe takes,
-        put their samples in other spells than the rest's: it raised the calibrated MAPE
-        here). On CUDA each point is
-        timed in turn
-        (:meth:`time_point`)."""
-        if self.kind == "cuda" or len(points) < 2:
-            return [self.time_point(blk, cfg, hidden, p, base) for p in points]
-        calls = [self.prepare(blk, cfg, hidden, p) for p in points]
+        """Time several points of one block (:meth:`time_group` of that one block)."""
+        return self.time_group([(blk, cfg, list(points))], hidden, base)[0]
+
+    @torch.no_grad()
+    def time_group(self, group: Sequence[tuple[Block, BlockConfig, Sequence[Point]]],
+                   hidden: int, base: int) -> list[list[Timing]]:
+        """Time the points of several blocks; per block, its timings in its points' order.
+
+        On a CPU the samples are interleaved: each of the ``repeats`` rounds takes one
+        sample (a block of calls of at least ``min_time_s``) of every point of every block
+        of the group, in a new (seeded) order each round, so that a slow spell of a shared
+        core (other tenants on its cache, a clock change) falls on every point alike
+        instead of on all samples of one point or one block; one untimed call before each
+        sample brings the point's tensors back into the caches the previous point used.
+        Every point gets the same rounds (extra rounds for the noisier points alone, as the
+        device probe takes, put their samples in other spells than the rest's: that raised
+        the calibrated MAPE here). On CUDA each point is timed in turn (:meth:`time_point`).
+        """
+        if self.kind == "cuda":
+            return [[self.time_point(b, c, hidden, p, base) for p in pts]
+                    for b, c, pts in group]
+        calls = [(self.prepare(b, c, hidden, p), p) for b, c, pts in group for p in pts]
         inner = []
-        for fn, _ in calls:
+        for (fn, _), _ in calls:
             t0 = time.perf_counter()
             fn()
             first = time.perf_counter() - t0
             for _ in range(self.warmup):
                 fn()
             inner.append(max(1, min(10_000, math.ceil(self.min_time_s / max(first, 1e-9)))))
-        samples: list[list[float]] = [[] for _ in points]
+        samples: list[list[float]] = [[] for _ in calls]
         clock = self.clock
         order = random.Random(self.seed)
-        idx = list(range(len(points)))
+        idx = list(range(len(calls)))
         for _ in range(self.repeats):
             order.shuffle(idx)  # no point always follows the same one
             for i in idx:
-                (fn, _), n, out = calls[i], inner[i], samples[i]
+                (fn, _), n, dst = calls[i][0], inner[i], samples[i]
                 fn()  # untimed: the point's weights and inputs back in cache after the last
                 t0 = clock()
                 for _ in range(n):
                     fn()
-                out.append((clock() - t0) / n)
-        return [self._timing(fn, resident, p, (float(statistics.median(ts)), min(ts),
-                                              max(ts), len(ts)), base)
-                for (fn, resident), p, ts in zip(calls, points, samples)]
+                dst.append((clock() - t0) / n)
+        flat = [self._timing(fn, resident, p, (float(statistics.median(ts)), min(ts),
+                                               max(ts), len(ts)), base)
+                for ((fn, resident), p), ts in zip(calls, samples)]
+        per_block, k = [], 0
+        for _, _, pts in group:
+            per_block.append(flat[k:k + len(pts)])
+            k += len(pts)
+        return per_block
+
+
+GROUP_BYTES = 1 << 30
+"""CPU: the most weight bytes of blocks timed together, their points interleaved
+(:meth:`BlockTimer.time_group`; the file is written after each group)."""
 
 
 def distinct_blocks(blocks: Sequence[BlockConfig], hidden: int) -> list[tuple[str, BlockConfig]]:
@@ -549,8 +567,8 @@ def profile_blocks(blocks: Sequence[BlockConfig], arch: ModelArch, plan: Sequenc
     groups: dict[str, tuple[BlockConfig, list[Point]]] = {}
     for k, cfg, p in todo:
         groups.setdefault(k, (cfg, []))[1].append(p)
-    for k, (cfg, pts) in groups.items():  # one block on the device at a time
-        blk = timer.build(cfg, arch)
+
+    def entry_for(k: str, cfg: BlockConfig, blk: Block) -> BlockEntry:
         e = table.entry(k)
         if e is None:
             row = block_row(cfg, hidden)
@@ -559,18 +577,43 @@ def profile_blocks(blocks: Sequence[BlockConfig], arch: ModelArch, plan: Sequenc
                 config=cfg.model_dump(mode="json"),
                 weight_bytes=_storage_bytes(list(blk.parameters())))
             table.blocks.append(e)
-        if timer.kind == "cuda":  # one point at a time, written after each
+        return e
+
+    if timer.kind == "cuda":  # one block on the device, one point at a time, written after each
+        for k, (cfg, pts) in groups.items():
+            blk = timer.build(cfg, arch)
+            e = entry_for(k, cfg, blk)
             for p in pts:
                 e.timings.append(timer.time_point(blk, cfg, hidden, p, base))
                 atomic_write_json(out, table.model_dump(mode="json"))
                 done += 1
                 if progress:
                     progress(done, total, f"{describe_row(e.row)[:28]} {p.label()}")
-        else:  # the block's points interleaved (BlockTimer.time_points), written together
-            e.timings.extend(timer.time_points(blk, cfg, hidden, pts, base))
-            atomic_write_json(out, table.model_dump(mode="json"))
-            done += len(pts)
-            if progress:
-                progress(done, total, f"{describe_row(e.row)[:28]} ({len(pts)} points)")
-        del blk
+            del blk
+        return table
+    # CPU: blocks in groups of at most GROUP_BYTES of weights, each group's points
+    # interleaved (BlockTimer.time_group) and written together
+    pending = list(groups.items())
+    while pending:
+        group: list[tuple[str, BlockConfig, Block, list[Point]]] = []
+        held = 0
+        while pending:
+            k, (cfg, pts) = pending[0]
+            blk = timer.build(cfg, arch)
+            size = _storage_bytes(list(blk.parameters()))
+            if group and held + size > GROUP_BYTES:
+                del blk
+                break
+            pending.pop(0)
+            group.append((k, cfg, blk, pts))
+            held += size
+        got = timer.time_group([(b, c, pts) for _, c, b, pts in group], hidden, base)
+        for (k, cfg, blk, _), ts in zip(group, got):
+            entry_for(k, cfg, blk).timings.extend(ts)
+        atomic_write_json(out, table.model_dump(mode="json"))
+        done += sum(len(pts) for *_, pts in group)
+        if progress:
+            progress(done, total, f"{len(group)} blocks, {sum(len(p) for *_, p in group)} "
+                     "points")
+        del group, got
     return table
