@@ -225,6 +225,14 @@ def test_one_command_probes_times_calibrates_and_keeps_the_better_profile(tmp_pa
     p = _cli("profile", "--calibrate", "-o", "Q.json", cwd=tmp_path)
     assert p.returncode == 2 and "--calibrate needs --blocks" in p.stderr
     assert not (tmp_path / "Q.json").exists()
+    # a spec naming a profile file that is neither there nor this command's output: one
+    # line, before anything is probed
+    (tmp_path / "typo.json").write_text(json.dumps(tiny_spec(hardware="nothere.json")))
+    p = _cli("profile", "--blocks", "typo.json", "--calibrate", "--quick", "--device", "cpu",
+             "-o", "Q.json", cwd=tmp_path)
+    assert p.returncode == 2 and "nothere.json" in p.stderr and "file not found" in p.stderr
+    assert "Traceback" not in p.stderr and "[1/3]" not in p.stdout
+    assert not (tmp_path / "Q.probed.json").exists()
 
 
 def test_attention_is_timed_at_the_blocks_shapes_and_becomes_the_curve(tmp_path):

@@ -217,8 +217,7 @@ def run_blocks(args: argparse.Namespace) -> int:
     probed = getattr(args, "probed_profile", None)
     if probed is not None:  # the one-command path: the spec may name the profile it writes
         named = (base / spec.hw.profile).resolve()
-        if spec.hw.profile.endswith(".json") and (
-                not named.exists() or named == Path(args.profile_output).resolve()):
+        if named == Path(args.profile_output).resolve():
             print(f"note: the spec's hardware {spec.hw.profile} is this command's output; its "
                   f"blocks are resolved against the probed profile {probed}")
             spec = spec.model_copy(update={"hardware": spec.hw.model_copy(
@@ -320,6 +319,14 @@ def run_path(args: argparse.Namespace) -> int:
     for flag, f in (("--output", files["profile"]), ("PROFILE.probed.json", files["probed"]),
                     ("PROFILE.blocks.json", files["blocks"])):
         check_output_file(f, flag)
+    from nas.spec import load_spec
+
+    spec, base, _ = load_spec(args.blocks)  # a bad spec is refused before the probe runs
+    named = (base / spec.hw.profile).resolve()
+    if spec.hw.profile.endswith(".json") and not named.exists() and \
+            named != files["profile"].resolve():
+        raise InputError("file not found (the spec's hardware profile; it may also name the "
+                         "profile this command writes, -o)", path=str(named))
     if args.device is None:
         import torch
 
