@@ -125,7 +125,7 @@ def test_a_traced_cpu_table_fits_the_eager_figures_within_physical_bounds():
 
 
 def test_the_probe_derives_eager_figures_from_its_records():
-    from tests.test_probe_derive import H100, _log
+    from test_probe_derive import H100, _log
 
     cpu = dataclasses.replace(H100, kind="cpu", visible_gpus=None, threads=1)
     assert derive(_log(), cpu).eager is None  # an older log: no eager records
