@@ -667,10 +667,11 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
 
     if traced(meas):
         hw = with_eager(hw)
-    pts = predict_points(meas, hw, recipe)
-    if not pts:
+    # the measured side in predict_points' order (its entries, then their timings)
+    measured = np.array([meas.estimate(t) for e in meas.blocks
+                         if e.row.get("kind", 0) != int(Kind.NOOP) for t in e.timings])
+    if not measured.size:
         raise InputError("no timed blocks to fit", field="blocks")
-    measured = np.array([c.measured_s for c in pts])
 
     def residuals(h: HardwareProfile) -> np.ndarray:
         pred = np.array([c.predicted_s for c in predict_points(meas, h, recipe)])
@@ -693,9 +694,10 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
             params.append(Param(f"elementwise bandwidth {meas.dtype}",
                                 ("eager", "elementwise_bandwidth", meas.dtype),
                                 flo * bw, fhi * bw, False))
-    src = (f"{len(pts)} block timings on {meas.device} ({meas.device_kind}, {meas.dtype}, "
-           f"torch {meas.software.get('torch', '?')}, {meas.date})")
-    return fit_residuals(hw, params, residuals, len(pts), src, max_nfev=max_nfev, only=only)
+    src = (f"{measured.size} block timings on {meas.device} ({meas.device_kind}, "
+           f"{meas.dtype}, torch {meas.software.get('torch', '?')}, {meas.date})")
+    return fit_residuals(hw, params, residuals, int(measured.size), src, max_nfev=max_nfev,
+                         only=only)
 
 
 def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements

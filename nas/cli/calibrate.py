@@ -244,9 +244,8 @@ def run_blocks(args: argparse.Namespace) -> int:
     meas = load_blocks(args.blocks)
     hw = hwprofiles.get(args.hw)
     recipe = recipe_for(meas)
-    before_pts = predict_points(meas, hw, recipe)
-    before = mape_by_kind(before_pts)
     if args.report:
+        before = mape_by_kind(predict_points(meas, hw, recipe))
         if args.json:
             print(json.dumps({"device": meas.device, "profile": hw.name, "table": before},
                              indent=2))
