@@ -36,10 +36,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from costmodels import ops
+from costmodels.dtypes import bytes_per_element
 from hwprofiles.errors import InputError
 from hwprofiles.schema import EagerFigures, Figure, HardwareProfile
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+ELEMENTWISE_DTYPES = ("bf16", "fp16", "fp32")
+"""The dtypes the torch blocks run in (``nas.profile.blocks``), the ones an assumed
+elementwise rate is given for."""
 
 
 class GemmOp(BaseModel):
@@ -74,7 +78,7 @@ class AttentionOp(BaseModel):
         """``4 * head_dim * heads * pairs * batch``; a causal prompt attends ``q(q+1)/2``
         pairs (the FLOP count of ``costmodels.ops.attention_prefill``)."""
         if self.causal and self.q_len == self.kv_len:
-            pairs = self.q_len * (self.q_len + 1) / 2.0
+            pairs = float(ops.causal_pairs(self.q_len, 0))
         else:
             pairs = float(self.q_len * self.kv_len)
         return 4.0 * self.head_dim * self.heads * pairs * self.batch
@@ -115,7 +119,8 @@ def eager_figures(hw: HardwareProfile) -> tuple[EagerFigures, bool]:
         view_overhead_s=Figure(value=hw.kernel_overhead_s.value,
                                source="assumed (the profile has no eager figures): the "
                                "kernel overhead"),
-        elementwise_bandwidth={d: Figure(value=bw, source=why) for d in DTYPE_BYTES}), True
+        elementwise_bandwidth={d: Figure(value=bw, source=why)
+                               for d in ELEMENTWISE_DTYPES}), True
 
 
 def price_trace(trace: OpTrace, hw: HardwareProfile, dtype: str) -> float:
@@ -125,12 +130,11 @@ def price_trace(trace: OpTrace, hw: HardwareProfile, dtype: str) -> float:
 
     roof = Roof(hw)
     eager, _ = eager_figures(hw)
-    a = DTYPE_BYTES[dtype]
+    a = bytes_per_element(dtype)
     mm_dtype = dtype if dtype in hw.efficiency.matmul else "bf16"
     t = 0.0
     for g in trace.gemms:
-        f = 2.0 * g.m * g.n * g.k
-        b = (g.m * g.k + g.k * g.n + g.m * g.n) * a
+        f, b = ops.gemm(g.m, g.k, g.n, a, a)
         t += g.count * float(roof.time(f, b, roof.matmul(mm_dtype, f), roof.memory(b), 1))
     eff = hw.efficiency
     for at in trace.attention:

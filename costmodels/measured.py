@@ -52,9 +52,10 @@ from typing import Any, Final, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from costmodels import ops
 from costmodels.blocks import BlockCosts, _workload_columns, price_blocks, serving_shares
-from costmodels.dtypes import PrecisionRecipe, TensorRole
-from costmodels.eager import DTYPE_BYTES, OpTrace, price_trace
+from costmodels.dtypes import PrecisionRecipe, TensorRole, bytes_per_element
+from costmodels.eager import OpTrace, price_trace
 from costmodels.shapes import KIND_NAMES, BlockTable, Kind
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError, first_error, require_file
@@ -520,9 +521,8 @@ def predict_points(meas: BlockMeasurements, hw: HardwareProfile, recipe: Precisi
     entries = [e for e in meas.blocks if e.row.get("kind", 0) != int(Kind.NOOP)]
     if not entries:
         return []
-    fused = [(i, e) for i, e in enumerate(entries) if any(t.trace is None for t in e.timings)]
     costs = col = None
-    if fused:
+    if any(t.trace is None for e in entries for t in e.timings):
         table = BlockTable.from_rows([e.row for e in entries])
         pts = sorted({t.point for e in entries for t in e.timings},
                      key=lambda p: (p.mode, p.tokens, p.context, p.batch))
@@ -665,7 +665,8 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
     of the table's dtype). Returns its ``FitResult`` (``n`` = measured points)."""
     from costmodels.calibrate import Param, fit_residuals, parameters
 
-    if traced(meas):
+    has_traces = traced(meas)
+    if has_traces:
         hw = with_eager(hw)
     # the measured side in predict_points' order (its entries, then their timings)
     measured = np.array([meas.estimate(t) for e in meas.blocks
@@ -679,13 +680,13 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
 
     # engine step / request overheads are not in a block's time; the kernel overhead is per
     # kernel of the cost model's counts, which an eager block exceeds (EAGER_KERNEL_OVERHEAD)
-    lo, hi, _ = TRACED_OP_OVERHEAD if traced(meas) else EAGER_KERNEL_OVERHEAD
+    lo, hi, _ = TRACED_OP_OVERHEAD if has_traces else EAGER_KERNEL_OVERHEAD
     params = [Param(p.label, p.path, lo, hi, p.curve) if p.label == "kernel overhead" else p
               for p in parameters(hw, published=True) if "engine" not in p.label]
     if meas.device_kind == "cpu":  # the windows of BOUNDS are GPU kernels' (CPU_FRACTIONS)
         flo_c, fhi_c, _ = CPU_FRACTIONS
         params = [Param(p.label, p.path, flo_c, fhi_c, True) if p.curve else p for p in params]
-    if traced(meas) and hw.eager is not None:
+    if has_traces and hw.eager is not None:
         vlo, vhi, _ = VIEW_OVERHEAD
         params.append(Param("view overhead", ("eager", "view_overhead_s"), vlo, vhi, False))
         if meas.dtype in hw.eager.elementwise_bandwidth:
@@ -698,6 +699,13 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
            f"{meas.dtype}, torch {meas.software.get('torch', '?')}, {meas.date})")
     return fit_residuals(hw, params, residuals, int(measured.size), src, max_nfev=max_nfev,
                          only=only)
+
+
+def _net(seconds: float, overhead: float) -> float:
+    """A timed kernel's seconds net of the kernel overhead the cost model adds back (left
+    whole when the overhead would be half of it or more: then the timing is mostly
+    overhead and the net figure noise)."""
+    return seconds - overhead if seconds > 2.0 * overhead else seconds
 
 
 def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
@@ -726,18 +734,20 @@ def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
             meas.dtype not in hw.efficiency.matmul:
         return hw, ""
     ovh = float(hw.kernel_overhead_s.value)
-    a = DTYPE_BYTES.get(meas.dtype, 2)
+    a = bytes_per_element(meas.dtype)
     balance = float(hw.peak_flops[meas.dtype].value) / hw.memory_bandwidth.value
-    compute_bound = [g for g in meas.gemm if 2.0 * g.m * g.n * g.k
-                     / ((g.m * g.k + g.k * g.n + g.m * g.n) * a) >= balance]
+
+    def intensity(g: GemmTiming) -> float:
+        f, b = ops.gemm(g.m, g.k, g.n, a, a)
+        return float(f / b)
+
+    compute_bound = [g for g in meas.gemm if intensity(g) >= balance]
     if not compute_bound:
         return hw, ""
     rates: dict[float, float] = {}
     for g in compute_bound:
         flops = 2.0 * g.m * g.n * g.k
-        secs = meas.estimate(g)
-        net = secs - ovh if secs > 2.0 * ovh else secs
-        rates[flops] = max(rates.get(flops, 0.0), flops / net)
+        rates[flops] = max(rates.get(flops, 0.0), flops / _net(meas.estimate(g), ovh))
     cur = float(hw.peak_flops[meas.dtype].value)
     peak = max(cur, max(rates.values()))
     where = (f"measured on {meas.device} {meas.date} by puzzle-nas profile --blocks: "
@@ -829,8 +839,7 @@ def with_attention_curve(hw: HardwareProfile, meas: BlockMeasurements
     peak = float(hw.peak_flops[meas.dtype].value)
     best: dict[float, float] = {}
     for a in meas.attention:
-        secs = meas.estimate(a)
-        net = secs - ovh if secs > 2.0 * ovh else secs
+        net = _net(meas.estimate(a), ovh)
         best[a.flops] = max(best.get(a.flops, 0.0), min(1.0, a.flops / (peak * net)))
     shapes = sorted({(a.heads, a.kv_heads, a.head_dim) for a in meas.attention})
     data = hw.model_dump(mode="json")

@@ -594,15 +594,16 @@ def profile_blocks(blocks: Sequence[BlockConfig], arch: ModelArch, plan: Sequenc
     # CPU: blocks in groups of at most GROUP_BYTES of weights, each group's points
     # interleaved (BlockTimer.time_group) and written together
     pending = list(groups.items())
+    ahead: Block | None = None  # built for a group it did not fit: the next group's first
     while pending:
         group: list[tuple[str, BlockConfig, Block, list[Point]]] = []
         held = 0
         while pending:
             k, (cfg, pts) = pending[0]
-            blk = timer.build(cfg, arch)
+            blk, ahead = ahead or timer.build(cfg, arch), None
             size = _storage_bytes(list(blk.parameters()))
             if group and held + size > GROUP_BYTES:
-                del blk
+                ahead = blk
                 break
             pending.pop(0)
             group.append((k, cfg, blk, pts))
