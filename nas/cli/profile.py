@@ -67,8 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--warmup", type=int, default=None,
                    help="warm-up calls per point (default 10 on CUDA, 2 on CPU)")
     g.add_argument("--repeats", type=int, default=None,
-                   help="timed samples per point, their median is kept (default 30 on CUDA, "
-                   "7 on CPU)")
+                   help="timed samples per point (default 30 on CUDA, whose median stands "
+                   "for the point; 14 on CPU, whose fastest does)")
     g.add_argument("--calibrate", action="store_true",
                    help="with --blocks, the whole path in one command: probe the device "
                    "(PROFILE.probed.json), time the spec's blocks (PROFILE.blocks.json), fit "

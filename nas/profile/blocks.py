@@ -198,6 +198,13 @@ def _cache_tensors(cache: dict[str, Any]) -> list[torch.Tensor]:
     return [v for v in cache.values() if isinstance(v, torch.Tensor)]
 
 
+CPU_REPEATS = 14
+"""Samples per point on a CPU (rounds of :meth:`BlockTimer.time_group`). Measured on 2 shared
+cores (AMD EPYC, the 120 points of examples/measured-cpu, 28 rounds each, two runs): the
+fastest of 7 disjoint rounds differed from the fastest of 7 others by 2.6-4.6 % on average
+and up to 17-46 %; of 14 against 14 others by 2.1-2.2 %, up to 11-12 %."""
+
+
 class BlockTimer:
     """Times blocks on one device in one dtype (see the module docstring)."""
 
@@ -247,7 +254,8 @@ class BlockTimer:
         self.dtype = dtype
         self.tdtype = DTYPES[dtype]
         self.warmup = warmup if warmup is not None else (10 if self.kind == "cuda" else 2)
-        self.repeats = repeats if repeats is not None else (30 if self.kind == "cuda" else 7)
+        self.repeats = repeats if repeats is not None else (30 if self.kind == "cuda"
+                                                            else CPU_REPEATS)
         if self.warmup < 0 or self.repeats < 1:
             raise InputError(f"need warmup >= 0 and repeats >= 1, got {self.warmup}, "
                              f"{self.repeats}", field="repeats")
