@@ -15,7 +15,10 @@ torch dispatch mode, ``nas.profile.blocks``), and :func:`price_trace` prices exa
 
 * every GEMM (``mm``, ``addmm``, ``bmm``) at its own ``m x n x k``: the roofline of
   :class:`costmodels.roofline.Roof` with the profile's GEMM curve of the run's dtype, plus
-  one ``kernel_overhead_s``;
+  the GEMM library's cost per call (``HardwareProfile.eager.gemm_overhead_s`` of the dtype;
+  one ``kernel_overhead_s`` where the profile has none: on this project's CPU a bf16 GEMM
+  call costs ~20 us of oneDNN setup against ~1.5 us for a small elementwise op, so one
+  figure for both over-priced the blocks with few GEMMs per op);
 * every attention kernel (``scaled_dot_product_attention``'s backends) from its shape: a
   prompt (``q_len > 1``) at the profile's attention curve, a decode step (``q_len = 1``)
   as a read of its keys and values at the KV-read curve, plus one ``kernel_overhead_s``;
@@ -133,9 +136,12 @@ def price_trace(trace: OpTrace, hw: HardwareProfile, dtype: str) -> float:
     a = bytes_per_element(dtype)
     mm_dtype = dtype if dtype in hw.efficiency.matmul else "bf16"
     t = 0.0
+    call = eager.gemm_overhead_s.get(dtype)  # the GEMM library's cost per call
+    per_gemm = roof.overhead if call is None else call.value
     for g in trace.gemms:
         f, b = ops.gemm(g.m, g.k, g.n, a, a)
-        t += g.count * float(roof.time(f, b, roof.matmul(mm_dtype, f), roof.memory(b), 1))
+        t += g.count * (float(roof.time(f, b, roof.matmul(mm_dtype, f), roof.memory(b), 0))
+                        + per_gemm)
     eff = hw.efficiency
     for at in trace.attention:
         f = at.flops

@@ -622,6 +622,12 @@ TRACED_OP_OVERHEAD = (0.0, 50e-6, (
     "GPU; 50 us caps a slow shared core"))
 """Bounds of the kernel overhead fitted to traced eager blocks (lo, hi, why), seconds."""
 
+GEMM_CALL_OVERHEAD = (0.0, 100e-6, (
+    "seconds one eager GEMM call costs beyond its roofline time: the GEMM library's fixed "
+    "cost (a kernel launch on a GPU, a few us; oneDNN's primitive setup for a bf16 GEMM on a "
+    "CPU core, ~20-30 us here); 100 us caps a slow shared core"))
+"""Bounds of the fitted GEMM call overhead (lo, hi, why), seconds."""
+
 VIEW_OVERHEAD = (0.0, 20e-6, (
     "seconds per dispatched op that runs no kernel (a view): about 1 us of Python and "
     "dispatcher on a CPU core; 20 us caps a slow shared core"))
@@ -689,6 +695,10 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
     if has_traces and hw.eager is not None:
         vlo, vhi, _ = VIEW_OVERHEAD
         params.append(Param("view overhead", ("eager", "view_overhead_s"), vlo, vhi, False))
+        if meas.dtype in hw.eager.gemm_overhead_s:
+            glo, ghi, _ = GEMM_CALL_OVERHEAD
+            params.append(Param(f"GEMM call overhead {meas.dtype}",
+                                ("eager", "gemm_overhead_s", meas.dtype), glo, ghi, False))
         if meas.dtype in hw.eager.elementwise_bandwidth:
             flo, fhi, _ = ELEMENTWISE_RANGE
             bw = hw.memory_bandwidth.value
@@ -720,8 +730,9 @@ def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
     transposed-weight path is several times faster), the curve the blocks' GEMMs follow is
     the one measured in their layout. The peak becomes the best of the profile's and the
     blocks' GEMMs (still "the best rate any GEMM achieved"); the curve becomes the blocks'
-    GEMMs' fractions of it vs FLOPs, each time net of the profile's kernel overhead (which
-    the cost model adds back per kernel, as the probe does). Only the timed dtype changes.
+    GEMMs' fractions of it vs FLOPs, each time net of what the cost model adds back per GEMM
+    (for a traced table the profile's GEMM call overhead of the dtype where it has one, else
+    its kernel overhead, as the probe does). Only the timed dtype changes.
 
     A GEMM whose arithmetic intensity (FLOPs per byte of its operands and result) is below
     the profile's machine balance (peak FLOP/s over memory bandwidth) is bound by its bytes
@@ -734,6 +745,9 @@ def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
             meas.dtype not in hw.efficiency.matmul:
         return hw, ""
     ovh = float(hw.kernel_overhead_s.value)
+    call = hw.eager.gemm_overhead_s.get(meas.dtype) if hw.eager is not None else None
+    if call is not None and traced(meas):  # what price_trace adds back per GEMM
+        ovh = float(call.value)
     a = bytes_per_element(meas.dtype)
     balance = float(hw.peak_flops[meas.dtype].value) / hw.memory_bandwidth.value
 

@@ -102,6 +102,14 @@ class ProbePlan:
     figures: :class:`hwprofiles.schema.EagerFigures`); () times none."""
 
 
+GEMM_CALL_SIZE = 256
+"""``n = k`` of the 1-row GEMM whose time is the GEMM library's cost per call
+(:meth:`_Probe.bench_gemm_call`): big enough to take the library path the blocks' GEMMs take
+(a bf16 GEMM of under ~4k multiply-adds runs a small-shape path on this project's CPU, 3 us
+against 20-25 us), small enough that its weights (128 KiB in bf16) stay in cache and stream
+in a small part of the call (the whole 1-row call: 21 us in bf16, 9 us in fp32 there)."""
+
+
 def default_plan(kind: str, quick: bool = False, memory_bytes: float | None = None) -> ProbePlan:
     """The plan for device kind ``"cuda"`` or ``"cpu"``; ``quick`` trims sizes and repeats.
 
@@ -587,11 +595,18 @@ def derive(log: Sequence[dict[str, Any]], device: DeviceInfo, *, name: str | Non
                 "per second, median over " + ", ".join(
                     f"{r['elements']} elements ({q / 1e9:.3g} GB/s{_spread(r)})"
                     for r, q in zip(rows, per)) + net_note))
+        calls = {r["dtype"]: Figure(value=r["seconds"], source=(
+            f"{src}: median time of a 1-row {r['dtype']} GEMM in nn.Linear's layout "
+            f"(x[1, {r['k']}] @ W[{r['n']}, {r['k']}]^T, torch.nn.functional.linear, called "
+            f"back to back){_spread(r)}: the GEMM library's cost per call, dispatch included "
+            f"(its {r['weight_bytes'] / 2**10:g} KiB of weights stay in cache and stream in "
+            "a small part of it; nothing is subtracted)"))
+            for r in log if r["kind"] == "gemm_call"}
         eager = EagerFigures(
             view_overhead_s=Figure(value=views[-1]["seconds"], source=(
                 f"{src}: median time of x.view(1) issued back to back (a dispatch that runs "
                 f"no kernel, host clock){_spread(views[-1])}")),
-            elementwise_bandwidth=rates)
+            elementwise_bandwidth=rates, gemm_overhead_s=calls)
 
     if gpus_per_node is not None:
         gpn = Figure(value=gpus_per_node, source="given by the user (puzzle-nas profile "
@@ -886,6 +901,27 @@ class _Probe:
         self.log.append({**rec, "seconds": secs, "repeats": reps, "spread": spread,
                          "rejected": rejected, "bytes_per_s": rec["moved_bytes"] / secs})
 
+    def bench_gemm_call(self, dtype: str) -> None:
+        """One 1-row GEMM in nn.Linear's layout, ``x[1, k] @ W[n, k]^T`` at
+        ``n = k = GEMM_CALL_SIZE`` (``torch.nn.functional.linear``, as the blocks call it):
+        so little work that its time is the GEMM library's cost per call."""
+        t = self.torch
+        td = self._torch_dtype(dtype)
+        s = GEMM_CALL_SIZE
+        size = t.empty((), dtype=td).element_size()
+        rec: dict[str, Any] = {"kind": "gemm_call", "dtype": dtype, "m": 1, "n": s, "k": s,
+                               "weight_bytes": s * s * size}
+        try:
+            x = t.randn(1, s, device=self.dev).to(td)
+            w = t.randn(s, s, device=self.dev).to(td)
+            secs, reps, spread, rejected = self.time_call(
+                lambda: t.nn.functional.linear(x, w), f"gemm-call-{dtype}")
+        except RuntimeError as exc:
+            self.log.append({**rec, "kind": "skipped", "reason": str(exc).splitlines()[0][:200]})
+            return
+        self.log.append({**rec, "seconds": secs, "repeats": reps, "spread": spread,
+                         "rejected": rejected})
+
     def bench_attention(self, seq: int) -> None:
         t = self.torch
         b, h, d = self.plan.attn_shape
@@ -931,6 +967,8 @@ class _Probe:
                                + ["fp32"]):
             for n in p.elem_sizes:
                 out.append((f"{d} elementwise {n}", partial(self.bench_elementwise, d, n)))
+            if p.elem_sizes:
+                out.append((f"{d} GEMM call", partial(self.bench_gemm_call, d)))
         return out
 
     def run(self, *, name: str | None, gpus_per_node: int | None, link_name: str | None,

@@ -243,6 +243,11 @@ class EagerFigures(BaseModel):
     allocation)."""
     elementwise_bandwidth: dict[str, Figure]
     """Bytes read + written per second by one eager elementwise op, per dtype."""
+    gemm_overhead_s: dict[str, Figure] = Field(default_factory=dict)
+    """Seconds one eager GEMM call costs beyond its roofline time, per dtype: the GEMM
+    library's fixed cost per call (on a CPU oneDNN's primitive setup for bf16, ~20 us, far
+    above a 1-element op's dispatch). A dtype without one: ``kernel_overhead_s`` per GEMM,
+    as for any other op (profiles written before the figure existed)."""
 
     @field_validator("elementwise_bandwidth")
     @classmethod
@@ -250,6 +255,14 @@ class EagerFigures(BaseModel):
         _known_dtypes(v, fp32=True)
         if any(f.value <= 0 for f in v.values()):
             raise ValueError("elementwise bandwidths must be > 0")
+        return v
+
+    @field_validator("gemm_overhead_s")
+    @classmethod
+    def _gemm_costs(cls, v: dict[str, Figure]) -> dict[str, Figure]:
+        _known_dtypes(v, fp32=True)
+        if any(f.value < 0 for f in v.values()):
+            raise ValueError("GEMM call overheads must be >= 0 seconds")
         return v
 
 

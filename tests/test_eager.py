@@ -69,6 +69,56 @@ def test_a_trace_is_priced_op_by_op_as_the_roofline_says():
     assert tr.dispatched == 2 + 2 + 7 + 11
 
 
+def test_a_gemm_pays_the_gemm_librarys_call_cost_of_its_dtype():
+    """With a GEMM call overhead for the dtype each GEMM costs its roofline time plus that
+    figure instead of one kernel overhead (a bf16 GEMM on a CPU: ~20 us of oneDNN setup
+    against ~1.5 us of dispatch); the other ops keep the kernel overhead."""
+    call = 20e-6
+    d = _profile().model_dump(mode="json")
+    d["eager"]["gemm_overhead_s"] = {"bf16": {"value": call, "source": "test figure"}}
+    hw = HardwareProfile.model_validate(d)
+    tr = OpTrace(gemms=[GemmOp(m=1, n=512, k=512, count=3)], ops=9, op_bytes=0,
+                 metadata_ops=0)
+    gb = (512 + 512 * 512 + 512) * 2
+    assert price_trace(tr, hw, "bf16") == pytest.approx(3 * (gb / (BW * 0.8) + call)
+                                                        + 9 * OVH, rel=1e-12)
+    without = price_trace(tr, _profile(), "bf16")
+    assert without == pytest.approx(3 * (gb / (BW * 0.8) + OVH) + 9 * OVH, rel=1e-12)
+    d["eager"]["gemm_overhead_s"] = {"bf16": {"value": -1e-6, "source": "test figure"}}
+    with pytest.raises(ValidationError, match=">= 0"):
+        HardwareProfile.model_validate(d)
+
+
+def test_a_traced_table_fits_the_gemm_call_cost_apart_from_the_dispatch():
+    """Blocks with few GEMMs per op and blocks with many (a linear block's 1 GEMM and 9
+    ops, an FFN's 3 and 11) tell the GEMM call cost from the per-op dispatch: the fit
+    recovers both from timings made with them."""
+    d = _profile().model_dump(mode="json")
+    d["eager"]["gemm_overhead_s"] = {"bf16": {"value": 20e-6, "source": "test figure"}}
+    truth = HardwareProfile.model_validate(d)
+    traces = [OpTrace(gemms=[GemmOp(m=1, n=64, k=64, count=g)], ops=o, op_bytes=0,
+                      metadata_ops=0) for g, o in ((1, 9), (3, 11), (4, 19), (1, 2))]
+    rows = [{"kind": 5, "hidden": 64 + 16 * i} for i in range(len(traces))]
+    entries = []
+    for i, (tr, row) in enumerate(zip(traces, rows)):
+        s = price_trace(tr, truth, "bf16")
+        t = Timing(mode="decode", batch=1, tokens=1, context=8 + i, median_s=s, min_s=s,
+                   max_s=s, repeats=3, peak_bytes=1, trace=tr)
+        entries.append(BlockEntry(key=row_key(row), kind="linear", row=row,
+                                  weight_bytes=8192, timings=[t]))
+    meas = BlockMeasurements(device="AMD EPYC", device_kind="cpu", date="2026-12-03",
+                             software={}, dtype="bf16", threads=1, timing="t", warmup=0,
+                             repeats=3, spec="s", hidden=64,
+                             plan=[e.timings[0].point for e in entries], blocks=entries)
+    d["eager"]["gemm_overhead_s"]["bf16"]["value"] = 5e-6  # start away from the truth
+    d["kernel_overhead_s"]["value"] = 12e-6
+    start = HardwareProfile.model_validate(d)
+    res = fit_blocks(meas, start, recipe_for(meas), max_nfev=60,
+                     only=["kernel overhead", "GEMM call overhead bf16"])
+    assert res.profile.eager.gemm_overhead_s["bf16"].value == pytest.approx(20e-6, rel=0.02)
+    assert res.profile.kernel_overhead_s.value == pytest.approx(OVH, rel=0.02)
+
+
 def test_a_profile_without_eager_figures_says_what_it_assumes():
     hw = _profile(eager=False)
     figs, assumed = eager_figures(hw)
@@ -140,6 +190,13 @@ def test_the_probe_derives_eager_figures_from_its_records():
     # the median of the three rates, each net of the 5 us dispatch the log measured
     assert prof.eager.elementwise_bandwidth["bf16"].value == pytest.approx(25e9)
     assert "x.view(1)" in prof.eager.view_overhead_s.source
+    assert prof.eager.gemm_overhead_s == {}  # no GEMM-call record: priced as before
+    call = {"kind": "gemm_call", "dtype": "bf16", "m": 1, "n": 256, "k": 256,
+            "weight_bytes": 131072, "seconds": 2.1e-5, "repeats": 5, "spread": 0.004,
+            "rejected": 1}
+    prof = derive(log + [call], cpu)
+    fig = prof.eager.gemm_overhead_s["bf16"]
+    assert fig.value == 2.1e-5 and "x[1, 256] @ W[256, 256]^T" in fig.source
 
 
 def _arch():
