@@ -641,6 +641,13 @@ ELEMENTWISE_RANGE = (0.01, 10.0, (
 """Bounds of the fitted eager elementwise bandwidth, as multiples of the memory bandwidth."""
 
 
+ELEMENTWISE_KEPT = (
+    "a probed eager elementwise rate is not fitted to timed blocks: their elementwise bytes "
+    "are 2-5 % of their time (examples/measured-cpu), so the fit cannot tell the rate from "
+    "the per-op overhead; fitted there it wandered from 42 to 268 GB/s over six runs and "
+    "once stopped on its 10x bound, while the probe measures it directly (+-0.3-2 %)")
+"""Why :func:`fit_blocks` keeps a probed elementwise rate (an assumed one is fitted)."""
+
 CPU_FRACTIONS = (0.01, 1.0, (
     "an efficiency fraction of a CPU's own measured peak or bandwidth (a probed profile): "
     "physical limits, since the windows of costmodels.calibrate.BOUNDS are published GPU "
@@ -667,11 +674,14 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
                max_nfev: int = 60, only: Sequence[str] | None = None) -> Any:
     """Fit ``hw``'s efficiency fractions and kernel overhead to the measured blocks
     (log errors, physical bounds, :func:`costmodels.calibrate.fit_residuals`); for a table
-    with op traces also the eager figures (the view overhead and the elementwise bandwidth
-    of the table's dtype). Returns its ``FitResult`` (``n`` = measured points)."""
+    with op traces also the eager figures (the view overhead, the GEMM call cost of the
+    table's dtype, and its elementwise bandwidth where the profile only assumed one:
+    :data:`ELEMENTWISE_KEPT`). Returns its ``FitResult`` (``n`` = measured points)."""
     from costmodels.calibrate import Param, fit_residuals, parameters
+    from costmodels.eager import eager_figures
 
     has_traces = traced(meas)
+    probed_eager = hw.eager is not None and not eager_figures(hw)[1]
     if has_traces:
         hw = with_eager(hw)
     # the measured side in predict_points' order (its entries, then their timings)
@@ -699,7 +709,9 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
             glo, ghi, _ = GEMM_CALL_OVERHEAD
             params.append(Param(f"GEMM call overhead {meas.dtype}",
                                 ("eager", "gemm_overhead_s", meas.dtype), glo, ghi, False))
-        if meas.dtype in hw.eager.elementwise_bandwidth:
+        # a probed elementwise rate is kept as measured: the blocks' elementwise bytes are
+        # a few % of their time, too little to determine it (ELEMENTWISE_KEPT)
+        if meas.dtype in hw.eager.elementwise_bandwidth and not probed_eager:
             flo, fhi, _ = ELEMENTWISE_RANGE
             bw = hw.memory_bandwidth.value
             params.append(Param(f"elementwise bandwidth {meas.dtype}",

@@ -24,9 +24,10 @@ What is measured (FACTS.md section 6):
 Timing: on CUDA, CUDA events around each call after warm-up, the L2 cache flushed (a buffer
 of twice its size zeroed) before every timed call so that weights stream from device memory;
 the median over repeats. The flush is queued ahead of the timed call, so the events bracket
-GPU execution only and launch cost is not in them. On CPU, a fixed thread count and
-``time.perf_counter`` around a block of calls (sized to a minimum duration), the median over
-repeats; the per-call dispatch cost *is* in those times, so it is subtracted (as the measured
+GPU execution only and launch cost is not in them. On CPU, a fixed thread count and, around
+a block of calls (sized to a minimum duration), ``time.thread_time`` with one thread (the
+thread's CPU time: another process's turn on the core is not counted, as in the block
+timer) or ``time.perf_counter`` with several, the median over repeats; the per-call dispatch cost *is* in those times, so it is subtracted (as the measured
 kernel overhead) before computing efficiency fractions, as the cost model adds it back.
 
 Derived figures: peak FLOP/s per dtype = best achieved over all GEMM shapes (dense, measured,
@@ -687,6 +688,7 @@ class _Probe:
             self.flush = torch.empty(max(2 * l2, 256 * 2**20), dtype=torch.uint8,
                                      device=self.dev)
             self.threads = None
+            self.clock = time.perf_counter  # host-side timings (views) only
             self.timing = ("CUDA events around each call after warm-up, L2 flushed before "
                            "each timed call; median over repeats")
         else:
@@ -697,7 +699,12 @@ class _Probe:
             self.memory_how = "physical memory, os.sysconf(SC_PHYS_PAGES * SC_PAGE_SIZE)"
             self.llc, self.llc_how = _cpu_llc()
             self.threads = torch.get_num_threads()
-            self.timing = (f"time.perf_counter around blocks of calls, {self.threads} torch "
+            # one thread: its CPU time, which other processes' turns on the core do not
+            # add to (as the block timer, nas.profile.blocks); several: the wall clock
+            self.clock = time.thread_time if self.threads == 1 else time.perf_counter
+            clock = ("time.thread_time (CPU time of the one torch thread)"
+                     if self.threads == 1 else "time.perf_counter")
+            self.timing = (f"{clock} around blocks of calls, {self.threads} torch "
                            "thread(s); median over repeats, dispatch overhead subtracted")
         self.plan = plan or past_cache(default_plan(kind, quick, self.memory_bytes), self.llc,
                                        self.memory_bytes)
@@ -754,11 +761,12 @@ class _Probe:
             self._sync()
             return [s.elapsed_time(e) / 1e3 for s, e in pairs]
         times = []
+        clock = self.clock
         for _ in range(n):
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(inner):
                 fn()
-            times.append((time.perf_counter() - t0) / inner)
+            times.append((clock() - t0) / inner)
         return times
 
     def time_launch(self) -> float:
@@ -782,10 +790,10 @@ class _Probe:
                     self._sync()
                     samples.append(start.elapsed_time(end) / 1e3 / p.launch_iters)
                 else:
-                    t0 = time.perf_counter()
+                    t0 = self.clock()
                     for _ in range(p.launch_iters):
                         x.add_(1.0)
-                    samples.append((time.perf_counter() - t0) / p.launch_iters)
+                    samples.append((self.clock() - t0) / p.launch_iters)
         self.launch_spread = median_rse(samples)
         self.launch_samples = len(samples)
         return robust(samples)[0]
@@ -802,10 +810,10 @@ class _Probe:
         while not samples or (len(samples) < MAX_REPEAT_FACTOR * p.repeats
                               and median_rse(samples) > TARGET_RSE):
             for _ in range(p.repeats):
-                t0 = time.perf_counter()
+                t0 = self.clock()
                 for _ in range(p.launch_iters):
                     x.view(1)
-                samples.append((time.perf_counter() - t0) / p.launch_iters)
+                samples.append((self.clock() - t0) / p.launch_iters)
         return robust(samples)[0], median_rse(samples), len(samples)
 
     # -- benchmarks ------------------------------------------------------------------------

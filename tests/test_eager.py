@@ -174,6 +174,19 @@ def test_a_traced_cpu_table_fits_the_eager_figures_within_physical_bounds():
     assert abs(after.predicted_s / after.measured_s - 1) < 0.05
 
 
+def test_a_probed_elementwise_rate_is_kept_as_measured():
+    """The blocks' elementwise bytes are a few % of their time: a fit would trade the rate
+    against the per-op overhead, so a rate the probe measured stays; the dispatch figures
+    move."""
+    hw = _profile()  # eager figures given (as a probe writes them)
+    tr = OpTrace(gemms=[GemmOp(m=64, n=64, k=64)], ops=9, op_bytes=100_000, metadata_ops=3)
+    meas = _table(tr, seconds=price_trace(tr, hw, "bf16") * 3)
+    res = fit_blocks(meas, hw, recipe_for(meas), max_nfev=30)
+    assert res.profile.eager.elementwise_bandwidth["bf16"].value == ELEM
+    assert "elementwise bandwidth bf16" not in {k for k, _, _ in res.moved}
+    assert {k for k, _, _ in res.moved} & {"view overhead", "kernel overhead"}
+
+
 def test_the_probe_derives_eager_figures_from_its_records():
     from test_probe_derive import H100, _log
 

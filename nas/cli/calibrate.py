@@ -316,7 +316,8 @@ def calibration_text(cal) -> str:  # noqa: ANN001
                   f"{_fmt(k, hi)}): a mechanism the model lacks, not a device figure"
                   for k, v, lo, hi in res.on_bounds]
         for k, a, b in res.moved:
-            if k in ("kernel overhead", "view overhead") and a > 0 and b > 10 * a:
+            if (k in ("kernel overhead", "view overhead")
+                    or k.startswith("GEMM call overhead")) and a > 0 and b > 10 * a:
                 lines.append(f"  the fit needs a {k} {b / a:.0f}x the probed one "
                              f"({_fmt(k, a)} -> {_fmt(k, b)}): "
                              + ("the model prices these blocks as fused kernels, the blocks "
