@@ -242,6 +242,135 @@ def test_table_covers_every_family_and_cites_its_rows():
                 assert len(row.source.commit) == 40
 
 
+HEX40 = re.compile(r"[0-9a-f]{40}")
+
+
+def test_every_entry_read_in_full_cites_every_row():
+    """All 40 (family, engine) entries were read: each says where (a full commit) and which
+    class loads the family; one that serves the family and is not flagged as read in part
+    has every row verified at a full commit (per-block precision, where not read, says
+    so); one that does not serve it lists no type and no row."""
+    assert len(engines.TABLE) == len(engines.FAMILIES) * len(engines.ENGINES) == 40
+    partial = []
+    for (fam, eng), ef in engines.TABLE.items():
+        assert ef.source is not None and HEX40.fullmatch(ef.source.commit), (fam, eng)
+        assert ef.note, (fam, eng)
+        assert set(ef.types) <= set(engines.FAMILIES[fam]), (fam, eng)
+        if not ef.serves:
+            assert ef.types == () and ef.rows == {} and not ef.unread, (fam, eng)
+            continue
+        assert ef.types and ef.rows, (fam, eng)
+        if ef.unread:
+            partial.append((fam, eng))
+        for axis, row in ef.rows.items():
+            assert axis in engines.AXES, (fam, eng, axis)
+            if axis == "precision" and not row.verified:
+                assert row.source is None and "not read" in row.note, (fam, eng)
+                continue
+            assert row.verified and row.source is not None, (fam, eng, axis)
+            assert HEX40.fullmatch(row.source.commit), (fam, eng, axis)
+            assert row.source.path.endswith(".py") and row.note, (fam, eng, axis)
+    assert partial == [("nemotron_h", "transformers")]
+    assert sorted(k for k, ef in engines.TABLE.items() if not ef.serves) == [
+        ("falcon_h1", "trtllm"), ("granitemoehybrid", "trtllm"), ("jamba", "sglang"),
+        ("jamba", "trtllm")]
+    # the subtleties the readers flagged
+    deci = engines.entry("nemotron-nas", "sglang")
+    assert "nemotron-nas" in deci.types
+    assert deci.row("attention.kv_heads").take == "global"
+    assert "get_total_num_kv_heads" in deci.row("attention.kv_heads").note
+    assert deci.row("ffn.width").take == "per_layer" and deci.row("ffn.width").multiple == 256
+    assert deci.row("ffn.noop").take == deci.row("attention.noop").take == "per_layer"
+    assert engines.entry("qwen3_next", "sglang").row("deltanet.swap").take == "none"
+    for e in ("vllm", "trtllm", "transformers"):
+        assert engines.entry("qwen3_next", e).row("deltanet.swap").take == "per_layer", e
+    for e in ("sglang", "trtllm"):  # the Qwen MoE classes build no dense layer
+        assert engines.entry("qwen3_moe", e).row("ffn.width").take == "none", e
+    assert "kimi_k2" not in engines.entry("deepseek_v3", "transformers").types
+    assert engines.serving("kimi_k2") == ["vllm", "trtllm", "sglang"]
+
+
+def test_a_granite_kind_change_is_a_swap_row():
+    """Granite-4.0-H builds each layer by layer_types (Mamba or attention): block_axes
+    files a Mamba block that becomes attention under deltanet.swap, which that row takes."""
+    parent = load_config(EXAMPLES / "configs" / "granite-4.0-h-small.json")
+    att = next(b for b in parent.blocks if b.kind == "attention")
+    i = next(i for i, b in enumerate(parent.blocks) if b.kind == "mamba")
+    assert engines.block_axes(parent.blocks[i], att) == {"deltanet.swap"}
+    blocks = list(parent.blocks)
+    blocks[i] = att
+    child = parent.replace_blocks(blocks)
+    for e in ("vllm", "sglang", "transformers"):
+        assert engines.loads(parent, child, e) == (True, ""), e
+    ok, why = engines.loads(parent, child, "trtllm")
+    assert not ok and "trtllm has no class" in why
+
+
+@pytest.mark.parametrize("family,config,engine", [
+    ("jamba", "jamba-1.5-mini.json", "trtllm"), ("jamba", "jamba-1.5-mini.json", "sglang"),
+    ("falcon_h1", "falcon-h1-7b.json", "trtllm"),
+    ("granitemoehybrid", "granite-4.0-h-small.json", "trtllm")])
+def test_an_engine_that_does_not_serve_the_family_is_refused(family, config, engine):
+    parent = load_config(EXAMPLES / "configs" / config)
+    assert engine not in engines.serving(parent.model_type)
+    with pytest.raises(InputError) as e:
+        engines.tied_axes(parent, [engine])
+    msg = str(e.value)
+    assert "\n" not in msg and "deploy.engines" in msg
+    assert f"{engine} has no class for the parent's type" in msg
+    assert f"does not serve the {family} family" in msg
+
+
+def test_deploy_on_trtllm_refuses_a_jamba_parent():
+    """A spec whose deploy.engines names an engine without a class for the parent's family
+    stops before any pricing, in one line naming the engine, the family and who serves
+    it."""
+    spec = json.loads((EXAMPLES / "jamba-1.5-mini-h100.json").read_text())
+    spec["parent"] = str(EXAMPLES / spec["parent"])
+    spec["deploy"] = {"engines": ["vllm", "trtllm"]}
+    problem = search.resolve(parse_spec(spec), ".")
+    with pytest.raises(InputError) as e:
+        search.alternatives(problem)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "trtllm has no class for the parent's type 'jamba'" in msg
+    assert "does not serve the jamba family" in msg and "engines that do: vllm, transformers" in msg
+
+
+def test_deepseek_child_for_sglang_keeps_mla_and_moe_global():
+    """SGLang's DeepSeek-V3 reads every MLA and MoE shape from the model config: the child
+    for deploy.engines ["sglang"] takes one MLA and one MoE shape (tied choices), where the
+    free child of the same spec mixes them and loads in no engine."""
+    def child(deploy):
+        spec = json.loads((EXAMPLES / "deepseek-v3-8xh200.json").read_text())
+        spec["parent"] = str(EXAMPLES / spec["parent"])
+        spec["solver"].pop("sweep")
+        spec["search_space"]["compare_homogeneous"] = False
+        if deploy is not None:
+            spec["deploy"] = {"engines": deploy}
+        problem = search.resolve(parse_spec(spec), ".")
+        alts = search.alternatives(problem)
+        priced = search.price(problem, alts, progress=False)
+        q, _ = search.score(problem, alts)
+        lib = search.build_library(problem, alts, priced, q)
+        cons = search.constraints(problem, lib, priced)
+        res = search.solve(problem, lib, cons)[0]
+        assert res.status == "optimal", res
+        return problem, cons, res, search.child_arch(problem, lib, res.chosen, alts)
+
+    problem, _, free, c = child(None)
+    shapes = {k: {b for b in c.blocks if b.kind == k} for k in ("mla", "moe")}
+    assert max(len(v) for v in shapes.values()) > 1  # the free child mixes them
+    assert not engines.loads(problem.parent, c, "sglang")[0]
+    problem, cons, res, c = child(["sglang"])
+    assert {t.name.split(" ")[0] for t in cons.ties} >= {
+        "mla.heads", "mla.kv_lora_rank", "mla.q_lora_rank", "moe.experts", "moe.top_k"}
+    assert res.objective >= free.objective - 1e-9
+    assert engines.loads(problem.parent, c, "sglang") == (True, "")
+    for kind in ("mla", "moe", "ffn"):
+        assert len({b for b in c.blocks if b.kind == kind}) == 1, kind
+
+
 def test_docs_print_the_table_and_every_shipped_parent_loads_as_it_is():
     """docs/engines.md holds the table exactly as nas.engines has it; every shipped parent
     config loads in every engine of its family as it is (no global axis it varies)."""
@@ -385,8 +514,8 @@ def test_several_engines_intersect_and_the_report_says_who_loads(tmp_path):
 def test_llama_for_vllm_keeps_no_ops_and_drops_linear():
     """DeciLM in vLLM: KV heads, FFN width (multiples of 256, as ffn_mult writes them) and
     no-ops per layer, no linear blocks; TensorRT-LLM's DeciLM takes linear blocks too, so
-    vllm + trtllm is vLLM's space; with SGLang (its stock Llama: one shape, no no-op) the
-    space is the intersection."""
+    vllm + trtllm is vLLM's space; with SGLang (its DeciLM: no-ops and FFN widths per layer,
+    but one KV head count, which its ModelConfig requires) the space is the intersection."""
     spec = {"name": "t", "parent": str(LLAMA), "hardware": "h100-sxm", "precision": "fp8",
             "workloads": {"chat": {"isl": 128, "osl": 512, "batch": 64}},
             "search_space": {"attention": {"kv_heads": [4, 2], "noop": True, "linear": True},
@@ -405,9 +534,11 @@ def test_llama_for_vllm_keeps_no_ops_and_drops_linear():
     spec["deploy"] = {"engines": ["vllm", "sglang"]}
     problem = search.resolve(parse_spec(spec), ".")
     alts = search.alternatives(problem)
-    assert {a.child.kind for row in alts for a in row} == {"attention", "ffn"}
-    assert set(engines.tied_axes(problem.parent, ["vllm", "sglang"])) >= {
-        "attention.kv_heads", "ffn.width"}
+    assert {a.child.kind for row in alts for a in row} == {"attention", "ffn", "noop"}
+    assert {a.child.width for row in alts for a in row if a.child.kind == "ffn"} == {
+        14336, 7168}
+    assert set(engines.tied_axes(problem.parent, ["vllm", "sglang"])) == {
+        "attention.kv_heads"}  # SGLang's ModelConfig: one KV head count (no VGQA)
 
 
 def test_homogeneous_baseline_keeps_the_ties():
