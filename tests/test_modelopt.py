@@ -1,6 +1,7 @@
 """Parents as NVIDIA and the Hub publish them: ModelOpt FP8 / NVFP4 exports dequantized on
 read (checked by hand and against ModelOpt's own results), and one compute dtype for a
-parent whose non-quantized tensors are bf16, through ``score``, ``build`` and ``distill``."""
+parent whose non-quantized tensors are bf16, through ``score``, ``build`` (from the parent
+and from BLD blocks), ``distill`` and ``iterate``."""
 
 from __future__ import annotations
 
@@ -222,15 +223,17 @@ def _hub_fp8_deepseek_bf16(tmp: Path) -> Path:
 
 
 def _run_every_command(parent: Path, tmp: Path, space: dict, dtype: str | None = None) -> None:
-    """score, build (--parent --calib), distill: each exits 0 on ``parent`` and every
-    model is in one dtype (``dtype``, else the parent's non-quantized bf16)."""
+    """score, build (--parent --calib), distill, iterate and build --blocks (the child of
+    iterate's search, assembled from its stage's BLD blocks): each exits 0 on ``parent`` and
+    every model is in one dtype (``dtype``, else the parent's non-quantized bf16)."""
     flag = [] if dtype is None else ["--dtype", dtype]
     want = getattr(torch, dtype or "bfloat16")
     g = np.random.default_rng(0)
     np.save(tmp / "tokens.npy", g.integers(2, VOCAB, 4096).astype(np.uint16))
+    budgets = [{"metric": "active_params", "max": "99%"}]
     spec = {"name": "hub", "parent": str(parent / "config.json"), "hardware": "h100-sxm",
             "workloads": {"chat": {"isl": 128, "osl": 128, "batch": 1}},
-            "search_space": space}
+            "search_space": space, "budgets": budgets, "stages": [{"budgets": budgets}]}
     (tmp / "spec.json").write_text(json.dumps(spec))
     assert main(["score", str(tmp / "spec.json"), "--parent", str(parent), "--data",
                  str(tmp / "tokens.npy"), "-o", str(tmp / "scores"), "--seq-len", "32",
@@ -245,6 +248,17 @@ def _run_every_command(parent: Path, tmp: Path, space: dict, dtype: str | None =
                  "--seq-len", "32", "--batch", "4", "--eval-tokens", "128"] + flag) == 0
     kd = json.loads((tmp / "kd" / "distill.json").read_text())
     assert kd["settings"].get("dtype") == dtype
+    assert main(["iterate", str(tmp / "spec.json"), "--parent", str(parent), "--data",
+                 str(tmp / "tokens.npy"), "-o", str(tmp / "it"), "--seq-len", "32",
+                 "--max-tokens", "128", "--calib-tokens", "128", "--bld-steps", "2",
+                 "--kd-tokens", "256", "--kd-eval-tokens", "128"] + flag) == 0
+    stage = tmp / "it" / "stage-0"
+    rec = json.loads((stage / "distill" / "distill.json").read_text())
+    assert rec["settings"].get("dtype") == dtype and rec["steps"] > 0
+    assert main(["build", str(stage / "search" / "blueprint.json"), "--parent", str(parent),
+                 "--blocks", str(stage / "scores"), "-o", str(tmp / "assembled")] + flag) == 0
+    child = load_pretrained(tmp / "assembled")
+    assert {p.dtype for p in child.parameters()} == {want}
 
 
 @pytest.mark.parametrize("dtype", [None, "float32"])
@@ -267,3 +281,61 @@ def test_every_command_runs_on_gpt_oss_hub_mxfp4_layout_in_bf16(tmp_path):
     parent = hub_mxfp4_checkpoint(tmp_path / "parent", torch.bfloat16)
     assert {p.dtype for p in load_pretrained(parent).parameters()} == {torch.bfloat16}
     _run_every_command(parent, tmp_path, {"moe": {"top_k": [1]}})
+
+
+def _modelopt_nemotron_h(tmp: Path) -> tuple[Path, Path]:
+    """A tiny random Nemotron-H (Mamba, MoE, attention, MLP layers) exported as NVIDIA
+    ships Nemotron-3-Super: every projection whose input width is a multiple of 16 NVFP4
+    (the routed experts among them), the others FP8, embeddings, norms, router, Mamba
+    convolution and head bf16, with ``hf_quant_config.json``; and the same model holding
+    the weights those tensors stand for."""
+    transformers = pytest.importorskip("transformers")
+    from test_hf_parity import _configs, randomize
+
+    torch.manual_seed(0)
+    m = transformers.AutoModelForCausalLM.from_config(_configs()["nemotron_h"],
+                                                      dtype=torch.float32)
+    randomize(m, 0)
+    src = tmp / "modelopt"
+    m.to(torch.bfloat16).save_pretrained(src)
+    sd = load_file(str(src / "model.safetensors"))
+    ref = dict(sd)
+    layers = {}
+    for k in sorted(sd):
+        if not (k.endswith("proj.weight") and ".layers." in k) or sd[k].dim() != 2:
+            continue
+        w = sd.pop(k)
+        base = k[: -len(".weight")]
+        if w.shape[1] % 16 == 0:
+            packed, s, g, held = _quantize_nvfp4(w)
+            sd[k], sd[k + "_scale"], sd[k + "_scale_2"] = packed, s, g
+            layers[base] = {"quant_algo": "NVFP4", "group_size": 16}
+        else:
+            q, s, held = _quantize_fp8(w)
+            sd[k], sd[k + "_scale"] = q, s
+            layers[base] = {"quant_algo": "FP8"}
+        sd[base + ".input_scale"] = torch.tensor(0.02)
+        ref[k] = held.to(torch.bfloat16)
+    assert any(".experts." in b for b in layers) and any(".mixer.in_proj" in b for b in layers)
+    save_file(sd, str(src / "model.safetensors"), metadata={"format": "pt"})
+    (src / "hf_quant_config.json").write_text(json.dumps({
+        "producer": {"name": "modelopt", "version": "0.47.0"},
+        "quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": layers}}))
+    (tmp / "ref").mkdir()
+    (tmp / "ref" / "config.json").write_text((src / "config.json").read_text())
+    save_file(ref, str(tmp / "ref" / "model.safetensors"), metadata={"format": "pt"})
+    return src, tmp / "ref"
+
+
+def test_a_modelopt_nemotron_h_parent_reads_as_one_bf16_model_and_runs_every_command(
+        tmp_path):
+    """Super's layout on a tiny Nemotron-H: the experts, Mamba and attention projections
+    dequantized on read to exactly the weights they stand for, one bf16 model, and score,
+    build, distill, iterate and build --blocks run on it."""
+    src, ref = _modelopt_nemotron_h(tmp_path / "parent")
+    ours = load_pretrained(src).eval()
+    assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
+    want = load_pretrained(ref).eval()
+    for (k, a), (_, b) in zip(ours.state_dict().items(), want.state_dict().items()):
+        assert torch.equal(a, b), k
+    _run_every_command(src, tmp_path, {"moe": {"top_k": [1]}, "attention": {"noop": True}})

@@ -312,3 +312,42 @@ def test_the_config_class_answers_as_the_engines_read_it(tmp_path):
             layer = cfg.get_nemotron_h_config_for_layer(i)
             assert (layer.n_routed_experts, layer.moe_intermediate_size,
                     layer.num_experts_per_tok) == (b.num_experts, b.expert_width, b.top_k)
+
+
+def test_build_and_distill_outputs_carry_the_modeling_code(tmp_path):
+    """The CLI's own outputs, not only save_pretrained: ``build`` (a heterogeneous Llama
+    child initialized from its parent) and ``distill`` (its ``model/``) each write
+    ``auto_map`` and the modeling files, and load through trust_remote_code with our
+    logits."""
+    import numpy as np
+
+    from nas.cli import main
+    from nas.hf import to_hf
+
+    att = Attention(num_heads=4, num_kv_heads=4, head_dim=16)
+    parent = ModelArch(hidden_size=H, vocab_size=128, model_type="llama", rope_theta=5e5,
+                       blocks=(att, FFN(width=256)) * 4)
+    torch.manual_seed(0)
+    pm = build_model(parent)
+    randomize(pm, 0)
+    save_pretrained(pm, tmp_path / "parent")
+    (tmp_path / "child.json").write_text(json.dumps({"child": to_hf(llama_child())}))
+    np.save(tmp_path / "tokens.npy",
+            np.random.default_rng(0).integers(0, 128, 4096).astype(np.uint16))
+    assert main(["build", str(tmp_path / "child.json"), "--parent", str(tmp_path / "parent"),
+                 "--calib", str(tmp_path / "tokens.npy"), "--calib-len", "32", "-o",
+                 str(tmp_path / "child")]) == 0
+    assert main(["distill", str(tmp_path / "child"), "--teacher", str(tmp_path / "parent"),
+                 "--data", str(tmp_path / "tokens.npy"), "-o", str(tmp_path / "kd"),
+                 "--tokens", "256", "--seq-len", "32", "--batch", "4",
+                 "--eval-tokens", "128"]) == 0
+    for out in (tmp_path / "child", tmp_path / "kd" / "model"):
+        cfg = json.loads((out / "config.json").read_text())
+        assert cfg["model_type"] == "nemotron-nas" and cfg["auto_map"] == AUTO_MAP, out
+        assert set(remote_files(cfg["model_type"])) <= {p.name for p in out.iterdir()}, out
+        ours = load_pretrained(out, dtype=torch.float32).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            out, trust_remote_code=True, dtype=torch.float32).eval()
+        x = _prompt()
+        with torch.no_grad():
+            assert (ours(x) - hf(input_ids=x).logits).abs().max().item() <= 1e-4, out
