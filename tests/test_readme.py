@@ -31,3 +31,17 @@ def test_readme_test_command_is_ci():
     ci = (REPO / ".ci" / "run").read_text()
     cmd = next(line for line in README.splitlines() if "pytest" in line and "pip install" in line)
     assert cmd.strip() in ci
+
+
+def test_the_plan_shown_is_what_the_command_prints(capsys, monkeypatch):
+    """The Nemotron-3-Super plan in the README is the command's own output (configs only:
+    no torch, no checkpoint)."""
+    from nas.cli import main
+
+    monkeypatch.chdir(REPO)
+    assert main(["score", "examples/nemotron3-super-8xb200.json", "--plan", "--nproc", "8",
+                 "--hardware", "h100-sxm", "--bld-steps", "100"]) == 0
+    shown = re.search(r"```text\n(plan: 8 rank.*?)```", README, flags=re.S)
+    assert shown is not None
+    printed = capsys.readouterr().out
+    assert shown.group(1).strip() in printed
