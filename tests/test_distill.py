@@ -407,3 +407,50 @@ def test_the_chunked_loss_equals_the_whole_one(monkeypatch):
         assert float(b.detach()) == pytest.approx(float(a.detach()), rel=1e-6)
     for k, p in student.named_parameters():
         assert torch.allclose(p.grad, g_whole[k], rtol=1e-4, atol=1e-7), k
+
+
+@pytest.mark.parametrize("mixed", [None, "bfloat16"])
+def test_a_rerun_reads_the_recorded_digests_instead_of_hashing(work, tmp_path, monkeypatch,
+                                                               mixed):
+    """The teacher's and the student's digests are hashed at the first start and recorded
+    beside the run; a rerun (or resume) of unchanged checkpoints reads them back and hashes
+    nothing, whole (one process) or sharded (a one-rank FSDP2 group, as under
+    --mixed-precision); a checkpoint file that changed is hashed again."""
+    import os
+
+    import nas.scoring.digest as digest
+    import nas.train.distill as d
+    from nas.train.distill import STUDENT_RECORD, TEACHER_RECORD
+
+    s = DistillSettings(tokens=2 * 8 * SEQ, seq_len=SEQ, batch_size=8, eval_every=2,
+                        eval_tokens=512, checkpoint_every=2, mixed_precision=mixed)
+    data = np.load(work / "tokens.npy").astype(np.int64)
+    out = tmp_path / "kd"
+    first = distill(work / "child", work / "parent", data, out, s, progress=False,
+                    log=lambda m: None)
+    assert (out / TEACHER_RECORD).is_file() and (out / STUDENT_RECORD).is_file()
+
+    def no_hashing(*a, **k):
+        raise AssertionError("a checkpoint was hashed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(d, "weights_digest", no_hashing)
+        m.setattr(digest, "tensor_line", no_hashing)
+        again = distill(work / "child", work / "parent", data, out, s, progress=False,
+                        log=lambda m: None)
+    assert again == first  # the finished run, found by the same key
+    f = work / "child" / "model.safetensors"  # touched: its signature changed
+    st = f.stat()
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    calls = []
+    real = d.weights_digest if mixed is None else digest.tensor_line
+    with monkeypatch.context() as m:
+        def counted(*a, **k):
+            calls.append(1)
+            return real(*a, **k)
+        m.setattr(d, "weights_digest", counted) if mixed is None else \
+            m.setattr(digest, "tensor_line", counted)
+        third = distill(work / "child", work / "parent", data, out, s, progress=False,
+                        log=lambda m: None)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # the shared fixture as it was
+    assert calls and third == first  # hashed again, the same content: the same run

@@ -24,7 +24,8 @@ from hwprofiles.errors import InputError, first_error
 from nas.launch import exit_rank, run_ranks
 from nas.tokens import add_dtype_flag, add_token_flags, lr_list
 
-OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png")
+OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png", "teacher-digest.json",
+                "student-digest.json")
 
 
 def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:

@@ -66,14 +66,15 @@ def _signature(parent_dir: Path) -> dict[str, list[int]]:
     return out
 
 
-def recorded_digest(out_dir: Path, parent_dir: Path, dtype: str) -> str | None:
+def recorded_digest(out_dir: Path, parent_dir: Path, dtype: str,
+                    record: str = PARENT_RECORD) -> str | None:
     """The digest a run in ``out_dir`` recorded for this parent in compute dtype ``dtype``,
     if no file of the parent folder changed since (size and modification time): a resume
     then neither reads nor hashes the parent to know which results are done."""
     import json
 
     try:
-        data = json.loads((Path(out_dir) / PARENT_RECORD).read_text())
+        data = json.loads((Path(out_dir) / record).read_text())
         if data.get("parent") == str(Path(parent_dir).resolve()) and \
                 data.get("files") == _signature(parent_dir):
             d = data.get("digests", {}).get(dtype)
@@ -83,13 +84,15 @@ def recorded_digest(out_dir: Path, parent_dir: Path, dtype: str) -> str | None:
     return None
 
 
-def record_digest(out_dir: Path, parent_dir: Path, dtype: str, digest: str) -> None:
-    """Record ``digest`` beside the run (see :func:`recorded_digest`)."""
+def record_digest(out_dir: Path, parent_dir: Path, dtype: str, digest: str,
+                  record: str = PARENT_RECORD) -> None:
+    """Record ``digest`` beside the run (see :func:`recorded_digest`; ``record``: the file,
+    one per checkpoint a run reads, e.g. a distillation's teacher and student)."""
     import json
 
     from nas.io import atomic_write_json
 
-    path = Path(out_dir) / PARENT_RECORD
+    path = Path(out_dir) / record
     sig = _signature(parent_dir)
     digests: dict[str, str] = {}
     try:

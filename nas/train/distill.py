@@ -80,8 +80,13 @@ from nas.build import load_pretrained
 from nas.io import atomic_write_json, staged_dir
 from nas.modules.model import CausalLM
 from nas.progress import Progress
-from nas.scoring.digest import weights_digest
+from nas.scoring.digest import record_digest, recorded_digest, weights_digest
 from nas.scoring.runner import init_distributed, rank_and_world
+
+TEACHER_RECORD, STUDENT_RECORD = "teacher-digest.json", "student-digest.json"
+"""Beside a distillation run: the teacher's and the student's :func:`weights_digest` per
+compute dtype, with the size and modification time of their files (a resume of unchanged
+checkpoints reads these instead of hashing the checkpoints again)."""
 
 VERSION = "distill v1"
 KILL_ENV = "PUZZLE_NAS_DISTILL_KILL_AFTER"  # fault injection for tests: SIGKILL after step N
@@ -625,7 +630,8 @@ def _read_rows(reader: Any, key: str, dtype: torch.dtype, rank: int, world: int
 
 def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device: str, *,
                  train: bool, mp_dtype: torch.dtype | None = None,
-                 checkpointing: bool = False) -> tuple[CausalLM, str, torch.dtype]:
+                 checkpointing: bool = False, digest: str | None = None
+                 ) -> tuple[CausalLM, str, torch.dtype]:
     """The checkpoint ``path`` as an FSDP2 model sharded over ``mesh`` (every block a unit,
     the embedding one too unless the head is tied to it; the final norm and the head the
     root's), its :func:`weights_digest` and the checkpoint's stored dtype.
@@ -643,7 +649,9 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
     share of one block read whole. The lines gathered give the same digest as one process
     hashing the whole model.
     ``mp_dtype``: compute dtype of FSDP2's mixed precision (the parameters stay in
-    ``dtype``, gradients are reduced in float32)."""
+    ``dtype``, gradients are reduced in float32). ``digest``: the checkpoint's digest as an
+    earlier start recorded it (:func:`nas.scoring.digest.recorded_digest`, the same on
+    every rank): then nothing is hashed and it is returned as is."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -690,7 +698,7 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
             reader.close()  # unmap the files: the pages read would stay resident
             for k in sorted(full):
                 t = full.pop(k)
-                if k in mine:
+                if k in mine and digest is None:
                     lines[k] = tensor_line(k, t)
                 dst = sd[k]
                 if isinstance(dst, DTensor):
@@ -700,10 +708,12 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
                 else:
                     dst.copy_(t)
                 del t
+    model.train(train)
+    if digest is not None:
+        return model, digest, stored
     every: list[dict[str, str]] = [{} for _ in range(world)]
     dist.all_gather_object(every, lines, group=mesh.get_group())
     merged = {k: v for d in every for k, v in d.items()}
-    model.train(train)
     return model, combine_lines([merged[k] for k in order]), stored
 
 
@@ -992,15 +1002,26 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
     out = Path(out_dir)
     dtype = None if s.dtype is None else getattr(torch, s.dtype)
     mp = None if s.mixed_precision is None else getattr(torch, s.mixed_precision)
+    # each checkpoint's digest, hashed at the first start and recorded beside the run: a
+    # resume with unchanged files reads it back instead of hashing the checkpoint again
+    t_key = f"teacher:{mp or dtype or 'stored'}"
+    s_key = f"student:{torch.float32 if mp else dtype or 'stored'}"
+    box: list[Any] = [(recorded_digest(out, teacher_dir, t_key, TEACHER_RECORD),
+                       recorded_digest(out, student_dir, s_key, STUDENT_RECORD))
+                      if rank == 0 else None]
+    if world > 1:
+        dist.broadcast_object_list(box, 0)
+    t_known, s_known = box[0]
     if sharded:
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (world,))
         # the teacher computes in the mixed-precision dtype (no master weights: no training)
-        teacher, t_hash, _ = load_sharded(teacher_dir, mp or dtype, mesh, device, train=False)
+        teacher, t_hash, _ = load_sharded(teacher_dir, mp or dtype, mesh, device, train=False,
+                                          digest=t_known)
         student, s_hash, s_stored = load_sharded(
             student_dir, torch.float32 if mp else dtype, mesh, device, train=True,
-            mp_dtype=mp, checkpointing=checkpointing)
+            mp_dtype=mp, checkpointing=checkpointing, digest=s_known)
         teacher.eval()
         export_dtype = s_stored if mp else student.embed.weight.dtype
     else:
@@ -1012,7 +1033,8 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
             for blk in student.blocks:
                 if blk.mixer is not None:
                     _checkpointed(blk)
-        t_hash, s_hash = weights_digest(teacher), weights_digest(student)
+        t_hash = t_known or weights_digest(teacher)
+        s_hash = s_known or weights_digest(student)
     if student.arch.vocab_size != teacher.arch.vocab_size:
         raise InputError(f"the student's vocabulary ({student.arch.vocab_size}) differs from "
                          f"the teacher's ({teacher.arch.vocab_size})", path=str(student_dir))
@@ -1032,6 +1054,13 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
             rec = None
         if rec is not None and rec.key == key:
             return rec if rank == 0 else None
+
+    if rank == 0:  # the run starts (its checkpoints go here): record what was hashed
+        out.mkdir(parents=True, exist_ok=True)
+        if t_known is None:
+            record_digest(out, teacher_dir, t_key, t_hash, TEACHER_RECORD)
+        if s_known is None:
+            record_digest(out, student_dir, s_key, s_hash, STUDENT_RECORD)
 
     def new_opt(lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr,
