@@ -57,7 +57,7 @@ PARENT_RECORD = "parent-digest.json"
 size and modification time of every file of the parent folder it was computed from."""
 
 
-def _signature(parent_dir: Path) -> dict[str, list[int]]:
+def _signature(parent_dir: str | Path) -> dict[str, list[int]]:
     out = {}
     for f in sorted(Path(parent_dir).iterdir()):
         if f.is_file() and (f.suffix in (".safetensors", ".json")):
@@ -66,7 +66,7 @@ def _signature(parent_dir: Path) -> dict[str, list[int]]:
     return out
 
 
-def recorded_digest(out_dir: Path, parent_dir: Path, dtype: str,
+def recorded_digest(out_dir: str | Path, parent_dir: str | Path, dtype: str,
                     record: str = PARENT_RECORD) -> str | None:
     """The digest a run in ``out_dir`` recorded for this parent in compute dtype ``dtype``,
     if no file of the parent folder changed since (size and modification time): a resume
@@ -84,7 +84,7 @@ def recorded_digest(out_dir: Path, parent_dir: Path, dtype: str,
     return None
 
 
-def record_digest(out_dir: Path, parent_dir: Path, dtype: str, digest: str,
+def record_digest(out_dir: str | Path, parent_dir: str | Path, dtype: str, digest: str,
                   record: str = PARENT_RECORD) -> None:
     """Record ``digest`` beside the run (see :func:`recorded_digest`; ``record``: the file,
     one per checkpoint a run reads, e.g. a distillation's teacher and student)."""
