@@ -13,7 +13,12 @@ step that fails is recorded with its error and the script goes on):
    (``--device``; ``--nproc N`` > 1 runs it sharded over N GPUs on nccl), 16 alternatives,
    8,192 held-out tokens;
 4. **distill**: a child built from that parent (KV heads 8 -> 2, FFN halved) distilled 20
-   steps on the device.
+   steps on the device on FSDP2 with mixed precision (``--mixed-precision bfloat16``: bf16
+   compute, float32 master weights; on one GPU a one-rank nccl group, on ``--nproc N`` GPUs
+   sharded over them).
+
+With one GPU the score step runs in one process (a pipeline of one stage has nothing to
+send; ``--nproc 2`` or more exercises nccl there).
 
 On a CPU (``--device cpu``) the same steps run smaller, as a check of the script itself;
 CI never runs it.
@@ -45,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--output", required=True, help="folder for the figures")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--nproc", type=int, default=1, help="GPUs for the score step")
+    ap.add_argument("--nproc", type=int, default=1, help="GPUs (ranks) for the score and distill steps")
     args = ap.parse_args(argv)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -138,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         s, stdout = _cli("distill", str(out / "child"), "--teacher", str(out / "parent"),
                          "--data", str(out / "tokens.npy"), "-o", str(out / "distill"),
                          "--tokens", str(20 * 8 * 256), "--batch", "8", "--seq-len", "256",
-                         "--device", args.device, env=env)
+                         "--device", args.device, "--nproc", str(args.nproc),
+                         "--mixed-precision", "bfloat16", env=env)
         rec = json.loads((out / "distill" / "distill.json").read_text())
-        return {"steps": 20, "wall_seconds": s, "final": rec.get("final")}
+        return {"steps": rec.get("steps"), "wall_seconds": s, "layout": rec.get("layout"),
+                "world_size": rec.get("world_size"), "initial": rec.get("initial"),
+                "final": rec.get("final"), "peak_rss_mib": rec.get("peak_rss_mib")}
 
     step("probe", probe)
     step("blocks", blocks)
