@@ -348,15 +348,9 @@ def test_deepseek_child_for_sglang_keeps_mla_and_moe_global():
         spec["search_space"]["compare_homogeneous"] = False
         if deploy is not None:
             spec["deploy"] = {"engines": deploy}
-        problem = search.resolve(parse_spec(spec), ".")
-        alts = search.alternatives(problem)
-        priced = search.price(problem, alts, progress=False)
-        q, _ = search.score(problem, alts)
-        lib = search.build_library(problem, alts, priced, q)
-        cons = search.constraints(problem, lib, priced)
-        res = search.solve(problem, lib, cons)[0]
+        problem, _, _, cons, res, child = _solved(spec)
         assert res.status == "optimal", res
-        return problem, cons, res, search.child_arch(problem, lib, res.chosen, alts)
+        return problem, cons, res, child
 
     problem, _, free, c = child(None)
     shapes = {k: {b for b in c.blocks if b.kind == k} for k in ("mla", "moe")}
@@ -430,6 +424,12 @@ def _super(deploy: list[str] | None, throughput: str = "180%"):
     spec["budgets"][1]["min"] = throughput
     if deploy is not None:
         spec["deploy"] = {"engines": deploy}
+    return _solved(spec)
+
+
+def _solved(spec: dict):
+    """The search's steps on ``spec`` (its priors for quality): the problem, its
+    alternatives, library and constraints, the first result and its child."""
     problem = search.resolve(parse_spec(spec), ".")
     alts = search.alternatives(problem)
     priced = search.price(problem, alts, progress=False)

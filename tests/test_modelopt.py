@@ -90,6 +90,25 @@ def _quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return q, s.reshape(()), q.float() * s
 
 
+def _quantize_into(sd: dict, k: str, nvfp4: bool, layers: dict) -> tuple[str, torch.Tensor]:
+    """Replace weight ``k`` of state dict ``sd`` by its ModelOpt export, NVFP4 (packed
+    weight, E4M3 scale per 16, global scale) or FP8 (per-tensor scale), with an activation
+    scale beside it, and note it in ``layers`` (``hf_quant_config.json``'s
+    ``quantized_layers``); returns the layer's name and the weight it stands for."""
+    w = sd.pop(k)
+    base = k[: -len(".weight")]
+    if nvfp4:
+        packed, s, g, held = _quantize_nvfp4(w)
+        sd[k], sd[k + "_scale"], sd[k + "_scale_2"] = packed, s, g
+        layers[base] = {"quant_algo": "NVFP4", "group_size": 16}
+    else:
+        q, s, held = _quantize_fp8(w)
+        sd[k], sd[k + "_scale"] = q, s
+        layers[base] = {"quant_algo": "FP8"}
+    sd[base + ".input_scale"] = torch.tensor(0.02)
+    return base, held
+
+
 def _hub_llama(tmp: Path) -> Path:
     """A tiny random Llama as transformers saves it in bf16."""
     transformers = pytest.importorskip("transformers")
@@ -120,17 +139,7 @@ def modelopt_parent(tmp_path_factory):
     for k in sorted(sd):
         if not (k.endswith("_proj.weight") and ".layers." in k):
             continue
-        w = sd.pop(k)
-        base = k[: -len(".weight")]
-        if ".mlp." in k:
-            packed, s, g, held = _quantize_nvfp4(w)
-            sd[k], sd[k + "_scale"], sd[k + "_scale_2"] = packed, s, g
-            layers[base] = {"quant_algo": "NVFP4", "group_size": 16}
-        else:
-            q, s, held = _quantize_fp8(w)
-            sd[k], sd[k + "_scale"] = q, s
-            layers[base] = {"quant_algo": "FP8"}
-        sd[base + ".input_scale"] = torch.tensor(0.02)
+        base, held = _quantize_into(sd, k, ".mlp." in k, layers)
         if k.endswith(("k_proj.weight", "v_proj.weight")):
             sd[base + "." + k.split(".")[-2][0] + "_scale"] = torch.tensor(1.0)
         ref[k] = held.to(torch.bfloat16)
@@ -304,17 +313,7 @@ def _modelopt_nemotron_h(tmp: Path) -> tuple[Path, Path]:
     for k in sorted(sd):
         if not (k.endswith("proj.weight") and ".layers." in k) or sd[k].dim() != 2:
             continue
-        w = sd.pop(k)
-        base = k[: -len(".weight")]
-        if w.shape[1] % 16 == 0:
-            packed, s, g, held = _quantize_nvfp4(w)
-            sd[k], sd[k + "_scale"], sd[k + "_scale_2"] = packed, s, g
-            layers[base] = {"quant_algo": "NVFP4", "group_size": 16}
-        else:
-            q, s, held = _quantize_fp8(w)
-            sd[k], sd[k + "_scale"] = q, s
-            layers[base] = {"quant_algo": "FP8"}
-        sd[base + ".input_scale"] = torch.tensor(0.02)
+        _, held = _quantize_into(sd, k, sd[k].shape[1] % 16 == 0, layers)
         ref[k] = held.to(torch.bfloat16)
     assert any(".experts." in b for b in layers) and any(".mixer.in_proj" in b for b in layers)
     save_file(sd, str(src / "model.safetensors"), metadata={"format": "pt"})
