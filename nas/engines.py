@@ -502,16 +502,20 @@ _GRANITE_VLLM = {
     "ffn.noop": _r("none", _VLLM_GRANITE, "one MLP rule for every layer"),
     "spans": _r("none", _VLLM_GRANITE, _SPAN_PAIRS),
 }
+_JAMBA_SSM = next(n for n, k in kinds().items() if "jamba" in k.hf_dialects)
+"""The registered kind of Jamba's SSM layers (``nas.kinds``: a kind names the HF types
+whose configs hold it), whose axes the Jamba rows speak of."""
+
 _JAMBA_VLLM = {
     "deltanet.swap": _r("none", _VLLM_JAMBA, "(mamba <-> attention) layers_block_type is an "
                         "HF JambaConfig property of attn_layer_period/offset, not a per-layer "
                         "list: the parent's placement only"),
-    "mamba1.inner_size": _r("global", _VLLM_JAMBA, "MambaMixer(intermediate_size="
+    f"{_JAMBA_SSM}.inner_size": _r("global", _VLLM_JAMBA, "MambaMixer(intermediate_size="
                             "config.mamba_expand * config.hidden_size): one width, a multiple "
                             "of hidden_size"),
-    "mamba1.state_size": _r("global", _VLLM_JAMBA, "MambaMixer(ssm_state_size="
+    f"{_JAMBA_SSM}.state_size": _r("global", _VLLM_JAMBA, "MambaMixer(ssm_state_size="
                             "config.mamba_d_state)"),
-    "mamba1.noop": _r("none", _VLLM_JAMBA, "layers_block_type gives attention or mamba per "
+    f"{_JAMBA_SSM}.noop": _r("none", _VLLM_JAMBA, "layers_block_type gives attention or mamba per "
                       "layer (from attn_layer_period/offset)"),
     "attention.kv_heads": _r("global", _VLLM_JAMBA, "JambaAttentionDecoderLayer: "
                              "config.num_key_value_heads"),
@@ -1036,10 +1040,10 @@ _JAMBA_HF = {
     "deltanet.swap": _r("none", _HF_JAMBA, "(mamba <-> attention) layers_block_type is a "
                         "property of attn_layer_period/offset, not a per-layer list: the "
                         "parent's placement only"),
-    "mamba1.inner_size": _r("global", _HF_JAMBA, "JambaMambaMixer: intermediate_size = "
+    f"{_JAMBA_SSM}.inner_size": _r("global", _HF_JAMBA, "JambaMambaMixer: intermediate_size = "
                             "config.mamba_expand * hidden_size"),
-    "mamba1.state_size": _r("global", _HF_JAMBA, "JambaMambaMixer: config.mamba_d_state"),
-    "mamba1.noop": _r("none", _HF_JAMBA, "ALL_DECODER_LAYER_TYPES[layers_block_type[i]]: "
+    f"{_JAMBA_SSM}.state_size": _r("global", _HF_JAMBA, "JambaMambaMixer: config.mamba_d_state"),
+    f"{_JAMBA_SSM}.noop": _r("none", _HF_JAMBA, "ALL_DECODER_LAYER_TYPES[layers_block_type[i]]: "
                       "attention or mamba only, by the period rule"),
     "attention.kv_heads": _r("global", _HF_JAMBA, "JambaAttention: config.num_key_value_heads"),
     "attention.noop": _r("none", _HF_JAMBA, "attention layers by i % attn_layer_period == "
