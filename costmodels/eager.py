@@ -126,6 +126,13 @@ def eager_figures(hw: HardwareProfile) -> tuple[EagerFigures, bool]:
                                for d in ELEMENTWISE_DTYPES}), True
 
 
+def gemm_call_s(hw: HardwareProfile, dtype: str) -> float:
+    """Seconds one eager GEMM in ``dtype`` costs beyond its roofline time: the profile's
+    GEMM call overhead of the dtype, else one ``kernel_overhead_s`` (as any other op)."""
+    call = hw.eager.gemm_overhead_s.get(dtype) if hw.eager is not None else None
+    return hw.kernel_overhead_s.value if call is None else call.value
+
+
 def price_trace(trace: OpTrace, hw: HardwareProfile, dtype: str) -> float:
     """Seconds of one call of a traced eager block on ``hw``, its tensors in ``dtype``
     (the module docstring's terms)."""
@@ -136,8 +143,7 @@ def price_trace(trace: OpTrace, hw: HardwareProfile, dtype: str) -> float:
     a = bytes_per_element(dtype)
     mm_dtype = dtype if dtype in hw.efficiency.matmul else "bf16"
     t = 0.0
-    call = eager.gemm_overhead_s.get(dtype)  # the GEMM library's cost per call
-    per_gemm = roof.overhead if call is None else call.value
+    per_gemm = gemm_call_s(hw, dtype)  # the GEMM library's cost per call
     for g in trace.gemms:
         f, b = ops.gemm(g.m, g.k, g.n, a, a)
         t += g.count * (float(roof.time(f, b, roof.matmul(mm_dtype, f), roof.memory(b), 0))

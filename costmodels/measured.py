@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from costmodels import ops
 from costmodels.blocks import BlockCosts, _workload_columns, price_blocks, serving_shares
 from costmodels.dtypes import PrecisionRecipe, TensorRole, bytes_per_element
-from costmodels.eager import OpTrace, price_trace
+from costmodels.eager import OpTrace, gemm_call_s, price_trace
 from costmodels.shapes import KIND_NAMES, BlockTable, Kind
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError, first_error, require_file
@@ -678,10 +678,8 @@ def fit_blocks(meas: BlockMeasurements, hw: HardwareProfile, recipe: PrecisionRe
     table's dtype, and its elementwise bandwidth where the profile only assumed one:
     :data:`ELEMENTWISE_KEPT`). Returns its ``FitResult`` (``n`` = measured points)."""
     from costmodels.calibrate import Param, fit_residuals, parameters
-    from costmodels.eager import eager_figures
-
     has_traces = traced(meas)
-    probed_eager = hw.eager is not None and not eager_figures(hw)[1]
+    probed_eager = hw.eager is not None  # measured by a probe, not assumed (eager_figures)
     if has_traces:
         hw = with_eager(hw)
     # the measured side in predict_points' order (its entries, then their timings)
@@ -757,9 +755,8 @@ def with_gemm_curve(hw: HardwareProfile, meas: BlockMeasurements
             meas.dtype not in hw.efficiency.matmul:
         return hw, ""
     ovh = float(hw.kernel_overhead_s.value)
-    call = hw.eager.gemm_overhead_s.get(meas.dtype) if hw.eager is not None else None
-    if call is not None and traced(meas):  # what price_trace adds back per GEMM
-        ovh = float(call.value)
+    if traced(meas):  # what price_trace adds back per GEMM
+        ovh = float(gemm_call_s(hw, meas.dtype))
     a = bytes_per_element(meas.dtype)
     balance = float(hw.peak_flops[meas.dtype].value) / hw.memory_bandwidth.value
 
