@@ -609,3 +609,35 @@ def test_a_finished_run_resumes_without_reading_the_parent(work, scored, monkeyp
     monkeypatch.undo()
     third = run(_job(work, **SETTINGS), work / "plain", progress=False)
     assert third.reused == 25 and third.parent_weights == scored[0].parent_weights
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_teacher_target_is_the_last_hidden_state_not_the_vocabulary(dtype):
+    """The held-out teacher target costs ``hidden_size`` values per token in the compute
+    dtype: at a 32k vocabulary a bf16 parent of hidden size 256 keeps 512 bytes per token,
+    500x less than the float64 probabilities (plus row sum and top-1 token) kept before,
+    and the score summed from it is the one from the full distribution."""
+    from nas.arch import ModelArch
+    from nas.build import build_model
+    from nas.scoring.core import kl_sums
+    from nas.scoring.data import Split
+
+    arch = ModelArch(hidden_size=256, vocab_size=32000, model_type="llama",
+                     blocks=(Attention(num_heads=4, num_kv_heads=2, head_dim=64), FFN(width=512)))
+    parent = build_model(arch, seed=0).to(dtype)
+    rng = np.random.default_rng(0)
+    split = Split(calib=rng.integers(0, 32000, (1, 32)), held=rng.integers(0, 32000, (3, 32)),
+                  source="test")
+    s = Scorer(parent, split, Settings(seq_len=32, batch_size=2), cached=False)
+    tokens = split.held.size
+    per_token = s.held_cache.mem_bytes / tokens
+    assert per_token == 256 * torch.finfo(dtype).bits // 8
+    assert (32000 * 8 + 16) / per_token >= (500 if dtype == torch.bfloat16 else 250)
+    # the cross-entropy summed from the kept state is the full forward's
+    with torch.no_grad():
+        logits = parent(torch.as_tensor(split.held)).double()
+        full = -torch.log_softmax(logits[:, :-1], -1).gather(
+            -1, torch.as_tensor(split.held)[:, 1:, None]).sum()
+        kept = sum(kl_sums(s.head, s.held_cache.hidden(b, 2), None,
+                           torch.as_tensor(split.held[2 * b:2 * b + 2]))[1] for b in range(2))
+    assert float(kept) == pytest.approx(float(full), rel=1e-9)

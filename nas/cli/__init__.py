@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from types import FrameType
 
+from nas.launch import HOLDS_A_MODEL, unpool_large_allocations
+
 # (module under nas.cli) in the order they are listed by --help
 COMMANDS: list[str] = [
     "search",
@@ -51,6 +53,7 @@ def rank_main(command: str, description: str, add_arguments: Callable[..., None]
 
     from hwprofiles.errors import InputError, first_error
 
+    unpool_large_allocations()
     p = argparse.ArgumentParser(prog=f"python -m nas.cli.{command}", description=description)
     add_arguments(p, launcher=False)
     args = p.parse_args(argv)
@@ -125,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(getattr(args, "output", None), str) and not args.output.strip():
                 # Path("") is the current folder: an empty -o would write (or replace) there
                 raise InputError("is empty, expected a path", field="-o/--output")
+            if args.command in HOLDS_A_MODEL:
+                unpool_large_allocations()
             rc = args.func(args)
         except InputError as exc:
             print(f"puzzle-nas {args.command}: error: {exc}", file=sys.stderr)
