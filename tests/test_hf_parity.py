@@ -72,7 +72,7 @@ def _configs() -> dict[str, object]:
             mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=2, conv_kernel=4,
             n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
             moe_shared_expert_intermediate_size=24, moe_latent_size=16,
-            routed_scaling_factor=2.5, time_step_min=0.3),
+            routed_scaling_factor=2.5, time_step_min=0.3, time_step_limit=(0.3, math.inf)),
     }
 
 
@@ -177,8 +177,8 @@ def _to_4x(cfg: dict) -> dict:
         cfg["mtp_hybrid_override_pattern"] = "".join(
             inv[t] for t in cfg.pop("mtp_layers_block_type"))
         cfg["num_hidden_layers"] = len(cfg["hybrid_override_pattern"])
-        cfg["mamba_dt_limit"] = [0.0, 1e20]
-        del cfg["time_step_limit"]
+        lo, hi = cfg.pop("time_step_limit")
+        cfg["mamba_dt_limit"] = [lo, 1e20 if hi in (math.inf, {"__float__": "Infinity"}) else hi]
     cfg["torch_dtype"] = cfg.pop("dtype", "float32")
     return cfg
 
@@ -227,6 +227,24 @@ def test_mamba_time_step_clamp_matters():
                 blk.mixer.dt_limit = (0.0, math.inf)
         b = ours(prompt)
     assert float((a - b).abs().max()) > 1e-2
+
+
+def test_time_step_min_initializes_and_does_not_clamp():
+    """``time_step_min`` is the low end of ``dt_bias``'s initial range, not a clamp: with
+    the default ``time_step_limit`` nothing is clamped (as mamba_ssm and NVIDIA's NemotronH
+    code; transformers from 5.25), and the logits are transformers' where it agrees."""
+    from packaging.version import Version
+
+    from nas.build import from_transformers
+
+    cfg = _hf_model("nemotron_h").config.to_dict()
+    cfg.pop("time_step_limit")
+    theirs = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(**cfg)).eval()
+    ours = from_transformers(theirs).eval()
+    limits = {blk.mixer.dt_limit for blk in ours.blocks if hasattr(blk.mixer, "dt_limit")}
+    assert limits == {(0.0, math.inf)}
+    if Version(transformers.__version__) >= Version("5.25"):
+        _check(ours, theirs, _prompt())
 
 
 @pytest.mark.parametrize("mt", ["qwen3_moe", "nemotron_h"])

@@ -70,11 +70,14 @@ def make_mixer(cfg: BlockConfig, arch: ModelArch) -> nn.Module | None:
                              split=arch.model_type.startswith("qwen3_5"))
     if isinstance(cfg, Mamba | Parallel):
         extra = arch.hf_extra
+        # the clamp is time_step_limit alone, as mamba_ssm's dt_limit and NVIDIA's NemotronH
+        # code; time_step_min is only the low end of dt_bias's initial range (transformers
+        # < 5.25 also clamped NemotronH at it, huggingface/transformers#48989)
         lim = extra.get("time_step_limit") or [0.0, math.inf]
-        lo = max(float(lim[0]), float(extra.get("time_step_min") or 0.0))
+        dt_limit = (float(lim[0]), float(lim[1]))
         if isinstance(cfg, Parallel):  # Falcon-H1: attention + Mamba-2 side by side
-            return ParallelMixer(cfg, arch, dt_limit=(lo, float(lim[1])))
-        return MambaMixer(cfg, h, arch.norm_eps, dt_limit=(lo, float(lim[1])))
+            return ParallelMixer(cfg, arch, dt_limit=dt_limit)
+        return MambaMixer(cfg, h, arch.norm_eps, dt_limit=dt_limit)
     if isinstance(cfg, MoE):
         return GraniteMoEMixer(cfg, h) if arch.model_type == GRANITE else MoEMixer(cfg, h)
     if isinstance(cfg, FFN) and arch.mup is not None:  # Falcon-H1's muP MLP multipliers
