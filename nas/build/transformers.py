@@ -12,25 +12,13 @@ from nas.build.checkpoint import (
     hf_layout,
     load_pretrained,
 )
+from nas.hf.common import hf_floats
 from nas.modules.model import CausalLM
 
 
 # ---------------------------------------------------------------------------------------
 # transformers interop
 # ---------------------------------------------------------------------------------------
-def _floats(v: Any) -> Any:
-    """A config written for JSON, with transformers' spelling of a non-finite float
-    (``{"__float__": "Infinity"}``, which only its file loader decodes) turned back into the
-    float, for a config built in memory (5.25 validates ``time_step_limit`` as floats)."""
-    if isinstance(v, dict):
-        if set(v) == {"__float__"}:
-            return float(v["__float__"])
-        return {k: _floats(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_floats(x) for x in v]
-    return v
-
-
 def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool = True
                     ) -> Any:
     """The equivalent Hugging Face ``transformers`` model instance (same weights, same dtype)
@@ -51,7 +39,8 @@ def to_transformers(model: CausalLM, model_type: str | None = None, copy: bool =
     except ImportError:
         raise InputError("to_transformers needs the transformers package "
                          "(pip install transformers)") from None
-    cfg = _floats(export_config(model, model_type))
+    # a config built in memory: transformers validates time_step_limit's floats (5.25)
+    cfg = hf_floats(export_config(model, model_type))
     mt = cfg["model_type"]
     if "puzzle_layers" in cfg:  # nas.hf.qwen3_next's extension for heterogeneous children
         raise InputError(f"this {mt} child has per-layer shapes (the puzzle_layers "

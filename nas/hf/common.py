@@ -314,6 +314,27 @@ def read_multiplier(r: Reader, key: str, default: float) -> float:
     return float(r.float(key, default))
 
 
+def hf_float(v: Any) -> Any:
+    """``v`` with transformers 5.x's spelling of a non-finite float
+    (``{"__float__": "Infinity"}``) decoded; anything else as it is."""
+    if isinstance(v, dict) and set(v) == {"__float__"}:
+        try:
+            return float(v["__float__"])
+        except (TypeError, ValueError):
+            return v
+    return v
+
+
+def hf_floats(v: Any) -> Any:
+    """:func:`hf_float` through a config's nested dicts and lists (what transformers' file
+    loader decodes; a config built in memory must carry the floats themselves)."""
+    if isinstance(v, dict) and set(v) != {"__float__"}:
+        return {k: hf_floats(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [hf_floats(x) for x in v]
+    return hf_float(v)
+
+
 def read_time_step_limit(r: Reader) -> dict[str, Any]:
     """``{"time_step_limit": [low, high]}`` (the Mamba-2 time-step clamp of ``falcon_h1`` and
     ``granitemoehybrid``, on softplus(dt), dimensionless; transformers 5 writes an infinite

@@ -26,7 +26,14 @@ from collections import Counter
 from typing import Any
 
 from nas.arch import FFN, Attention, BlockConfig, Linear, Mamba, ModelArch, MoE, NoOp
-from nas.hf.common import Reader, base_config, common_fields, head_dim_of, make_block
+from nas.hf.common import (
+    Reader,
+    base_config,
+    common_fields,
+    head_dim_of,
+    hf_float,
+    make_block,
+)
 from nas.hf.registry import Dialect, ExportError, register
 
 NEMOTRON_H = ("nemotron_h", "nemotron_h_puzzle")
@@ -105,16 +112,6 @@ def _alias(r: Reader, key: str, old: str, default: Any) -> Any:
     return get(key, default)
 
 
-def _hf_float(v: Any) -> Any:
-    """transformers 5.x writes infinities as ``{"__float__": "Infinity"}``."""
-    if isinstance(v, dict) and set(v) == {"__float__"}:
-        try:
-            return float(v["__float__"])
-        except (TypeError, ValueError):
-            return v
-    return v
-
-
 def _time_step(r: Reader) -> dict[str, Any]:
     """Mamba time-step clamp fields (both spellings), as ``{"time_step_min": lo,
     "time_step_limit": [lo, hi]}`` (``hi`` may be ``inf``)."""
@@ -124,7 +121,7 @@ def _time_step(r: Reader) -> dict[str, Any]:
     key = "mamba_dt_limit" if r.cfg.get("mamba_dt_limit") is not None else "time_step_limit"
     lim = r.raw(key, [0.0, math.inf])
     r.used.update({"time_step_limit", "mamba_dt_limit"})
-    lim = [_hf_float(v) for v in lim] if isinstance(lim, list | tuple) else lim
+    lim = [hf_float(v) for v in lim] if isinstance(lim, list | tuple) else lim
     if not (isinstance(lim, list) and len(lim) == 2 and all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in lim)
             and 0 <= lim[0] <= lim[1]):
@@ -292,7 +289,8 @@ def _export_nemotron_h(arch: ModelArch) -> dict[str, Any]:
 
 def _time_step_fields(arch: ModelArch, out: dict[str, Any]) -> None:
     """A model built here without an HF config has no Mamba time-step clamp: say so
-    explicitly (transformers would otherwise clamp at its default ``time_step_min`` 0.001)."""
+    explicitly (transformers before 5.25 would otherwise clamp NemotronH at its default
+    ``time_step_min`` 0.001)."""
     if any(b.kind == "mamba" for b in (*arch.blocks, *arch.mtp_blocks)):
         out.setdefault("time_step_min", 0.0)
 
