@@ -4,6 +4,7 @@ HiGHS' model status to the statuses the solve steps read."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import os
@@ -117,11 +118,22 @@ def _log_to_stderr(e: Any) -> None:
 _SCHEDULER: list[int | None] = [None]  # thread count HiGHS' global scheduler was started with
 
 
+def _stop_scheduler(h: Any) -> None:
+    """At exit, before the interpreter finalizes: stop HiGHS' global scheduler's worker
+    threads (blocking). Left running into finalization, a native worker can touch Python
+    there, and the process aborts ("PyThreadState_Get: ... GIL is released", exit -6) after
+    its work is done: seen twice in full suites, in a search ended by SIGTERM."""
+    with contextlib.suppress(BaseException):
+        h.resetGlobalScheduler(True)
+
+
 def _sync_scheduler(h: Any, threads: int | None) -> None:
     """HiGHS keeps one global thread scheduler per process and fails a run (model status
     "Not Set") whose ``threads`` differs from the one it started with: restart it when the
     requested count changes."""
     want = 0 if threads is None else int(threads)
+    if _SCHEDULER[0] is None:
+        atexit.register(_stop_scheduler, h)
     if _SCHEDULER[0] is not None and _SCHEDULER[0] != want:
         h.resetGlobalScheduler(True)
     _SCHEDULER[0] = want
