@@ -216,12 +216,12 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc == 1:
         return run_local(args, job)
     if not args.replicas:  # bad input: one line and exit 2 here, before any rank starts
-        from nas.scoring.stages import stage_bounds
+        from nas.scoring.stages import placement
 
         if args.naive:
             raise InputError("--naive runs every alternative through the whole parent on "
                              "one rank: with --nproc N > 1 add --replicas")
-        stage_bounds(job.parent_arch, args.nproc, job.alts)  # the ranks can split the blocks
+        placement(job.parent_arch, args.nproc, job.alts)  # the ranks can split the blocks
     return run_ranks("nas.cli.score", args.nproc, _forward(args))
 
 

@@ -1,13 +1,13 @@
 """``puzzle-nas score --plan``: memory per rank and time per phase of a scoring run, before
 anything is loaded (no torch).
 
-Memory per rank (bytes), for the stages :func:`nas.scoring.stages.stage_bounds` cuts:
+Memory per rank (bytes), for the segments :func:`nas.scoring.stages.placement` places:
 
-* **weights**: the rank's blocks (rank 0 also the embedding, final norm and LM head) in the
+* **weights**: the blocks of the rank's segments (rank 0 also the embedding, final norm and LM head) in the
   compute dtype;
 * **cache**: the prefix cache of :mod:`nas.scoring.cache` (in memory up to ``--cache-gib``,
   the rest spilled to the output folder, reported apart): held-out rows at the inputs of
-  the rank's blocks, calibration rows at those and the stage's last boundary (BLD's
+  the rank's blocks, calibration rows at those and each segment's last boundary (BLD's
   target), and on rank 0 the teacher target (the last boundary of the held-out rows);
 * **activations**: one batch in flight through the widest block of the rank
   (``costmodels``' workspace bytes per token), the float64 logits of one chunk of
@@ -33,7 +33,7 @@ from costmodels.shapes import params as block_params
 from hwprofiles.schema import HardwareProfile
 from nas.arch import ModelArch, blocks_table
 from nas.scoring.job import Settings
-from nas.scoring.stages import stage_bounds
+from nas.scoring.stages import placement, rank_ranges
 from nas.space import Alternative
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -42,10 +42,10 @@ CHUNK_BYTES = 16 * 2**20  # nas.scoring.core.CHUNK_BYTES (torch-free copy, check
 
 @dataclass(frozen=True)
 class RankPlan:
-    """One rank's share: its blocks ``[a, b)`` and bytes of each kind."""
+    """One rank's share: its block ranges ``[a, b)`` and bytes of each kind."""
 
     rank: int
-    blocks: tuple[int, int]
+    blocks: tuple[tuple[int, int], ...]
     weights: float
     cache: float
     """Prefix-cache bytes held in memory (up to ``--cache-gib``)."""
@@ -80,10 +80,11 @@ class Plan:
         out = [f"plan: {len(self.ranks)} rank(s), {self.items} alternatives, "
                f"{self.held_tokens:,} held-out + {self.calib_tokens:,} calibration tokens, "
                f"{self.dtype}; memory in GiB (2^30 bytes)"]
-        out.append(f"{'rank':>4} {'blocks':>9} {'weights':>9} {'cache':>8} {'activ.':>8} "
+        out.append(f"{'rank':>4} {'blocks':>13} {'weights':>9} {'cache':>8} {'activ.':>8} "
                    f"{'optim.':>8} {'total':>8} {'on disk':>8}")
         for r in self.ranks:
-            out.append(f"{r.rank:>4} {f'{r.blocks[0]}-{r.blocks[1] - 1}':>9} "
+            blocks = ",".join(f"{a}-{b - 1}" for a, b in r.blocks)
+            out.append(f"{r.rank:>4} {blocks:>13} "
                        f"{r.weights / gib:9.2f} {r.cache / gib:8.2f} "
                        f"{r.activations / gib:8.2f} {r.optimizer / gib:8.2f} "
                        f"{r.total / gib:8.2f} {r.spilled / gib:8.2f}")
@@ -116,7 +117,7 @@ def plan(arch: ModelArch, alts: list[list[Alternative]], settings: Settings, wor
     seq, bs = settings.seq_len, settings.batch_size
     held = settings.max_tokens // seq * seq
     calib = settings.calib_tokens // seq * seq
-    bounds = [(0, L)] if world == 1 else stage_bounds(arch, world, alts)
+    segments = [(0, 0, L)] if world == 1 else placement(arch, world, alts)
     mem = arch.block_params().astype(float)
     act = arch.block_params(active=True).astype(float)
     nonblock = float(sum(arch.nonblock_role_params().values()))
@@ -131,27 +132,29 @@ def plan(arch: ModelArch, alts: list[list[Alternative]], settings: Settings, wor
         return float(peak.matmul(cdt, flops) * flops) if flops else 0.0
 
     ranks, busy = [], {"prefix cache": 0.0, "BLD": 0.0, "held-out": 0.0}
-    for r, (a, b) in enumerate(bounds):
-        own = [it for it in items if a <= it.block < b]
-        weights = (mem[a:b].sum() + (nonblock if r == 0 else 0.0)) * e
+    for r in range(world):
+        rr = rank_ranges(segments, r)
+        idx = np.concatenate([np.arange(a, b) for a, b in rr])
+        own = [it for it in items if any(a <= it.block < b for a, b in rr)]
+        weights = (mem[idx].sum() + (nonblock if r == 0 else 0.0)) * e
         if world == 1:
             cache: float = (held + calib) * h * e * (L + 1)
         else:
-            cache = held * h * e * (b - a) + calib * h * e * (b - a + 1) + \
+            cache = held * h * e * len(idx) + calib * h * e * (len(idx) + len(rr)) + \
                 (held * h * e if r == 0 else 0.0)
-        acts = bs * seq * float(work_tok[a:b].max()) + 2 * two * held * h * e
+        acts = bs * seq * float(work_tok[idx].max()) + 2 * two * held * h * e
         if r == 0:
             acts += 3 * CHUNK_BYTES  # float64 log-softmaxes of teacher and student, + logits
         optim = 0.0
         if settings.bld_steps and own:
             big = max(_alt_params(it, h) for it in own)
-            optim = 5 * big * e + 3 * settings.bld_batch * seq * float(work_tok[a:b].max())
-        ranks.append(RankPlan(r, (a, b), weights, min(cache, cache_bytes),
+            optim = 5 * big * e + 3 * settings.bld_batch * seq * float(work_tok[idx].max())
+        ranks.append(RankPlan(r, tuple(rr), weights, min(cache, cache_bytes),
                               max(0.0, cache - cache_bytes), acts, optim))
         through = sum(two * held * 2 * act[max(a, it.stop):b].sum()
-                      + (two * held * 2 * _alt_params(it, h) if a <= it.block < b else 0.0)
-                      for it in items if it.block < b)
-        fill = (held + calib) * 2 * act[a:b].sum()
+                      for a, b in rr for it in items if it.block < b) + \
+            sum(two * held * 2 * _alt_params(it, h) for it in own)
+        fill = (held + calib) * 2 * act[idx].sum()
         bld = sum(settings.bld_steps * settings.bld_batch * seq * 6 * _alt_params(it, h)
                   for it in own)
         if r == 0:

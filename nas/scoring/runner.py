@@ -244,9 +244,9 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
                  log: Any, left_out: str | None) -> RunRecord | None:
     """:func:`run` with the parent sharded over the ranks (:mod:`nas.scoring.pipeline`)."""
     from nas.scoring.pipeline import PipelineScorer, Stage
-    from nas.scoring.stages import stage_bounds
+    from nas.scoring.stages import placement, rank_ranges
 
-    bounds = stage_bounds(job.parent_arch, world, job.alts)
+    segments = placement(job.parent_arch, world, job.alts)
     side = dist.new_group(backend="gloo")
     dname = job.settings.dtype or "stored"
     box: list[Any] = [recorded_digest(out, job.parent_dir, dname) if rank == 0 else None]
@@ -254,7 +254,7 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
     phash = box[0]
     stage = None
     if phash is None:  # (a resume with unchanged parent files neither reads nor hashes it)
-        stage = Stage(CheckpointReader(job.parent_dir), bounds, rank, job.settings, dtype,
+        stage = Stage(CheckpointReader(job.parent_dir), segments, rank, job.settings, dtype,
                       device, side)
         phash = stage.digest()
         if rank == 0:
@@ -274,7 +274,7 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
     held_elements = 0
     if todo:
         if stage is None:
-            stage = Stage(CheckpointReader(job.parent_dir), bounds, rank, job.settings,
+            stage = Stage(CheckpointReader(job.parent_dir), segments, rank, job.settings,
                           dtype, device, side, hash_weights=False)
         held_elements = stage.held_elements
         scorer = PipelineScorer(stage, job.split, job.settings, cache_bytes=cache_bytes,
@@ -298,7 +298,7 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    dist.all_gather_object(per_rank, {"blocks": list(bounds[rank]),
+    dist.all_gather_object(per_rank, {"blocks": [list(r) for r in rank_ranges(segments, rank)],
                                       "elements_held": held_elements,
                                       "peak_rss_bytes": peak, **stats}, group=side)
     dist.barrier(group=side)
