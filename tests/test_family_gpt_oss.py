@@ -371,7 +371,11 @@ def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
 
 
 def test_sink_attention_query_chunks_are_exact(monkeypatch):
-    """Chunking the queries (bounded score memory) gives the same output as one product."""
+    """Chunking the queries (bounded score memory) gives the same output as one product,
+    up to float32 summation order: the chunks are GEMMs of other shapes, for which the BLAS
+    may pick other kernels (a difference of 1.19e-6, one float32 step at logits of ~10, was
+    measured under MKL_ENABLE_INSTRUCTIONS=SSE4_2), so the bound is a few float32 steps at
+    the logits' scale, not an absolute figure below one step."""
     torch = pytest.importorskip("torch")
     import nas.modules.gpt_oss as go
     from nas.build import from_transformers
@@ -382,7 +386,8 @@ def test_sink_attention_query_chunks_are_exact(monkeypatch):
         whole = ours(prompt)
         monkeypatch.setattr(go, "QUERY_CHUNK", 4)
         chunked = ours(prompt)
-    assert float((whole - chunked).abs().max()) < 1e-6
+    step = torch.finfo(torch.float32).eps * float(whole.abs().max())  # one float32 step
+    assert float((whole - chunked).abs().max()) <= 8 * step
 
 
 def test_absent_fields_take_transformers_defaults():

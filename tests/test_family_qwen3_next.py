@@ -276,7 +276,11 @@ def test_init_swap_copies_the_nearest_block_scaled():
     scalar onto the replaced attention's output: its block-output error on the calibration
     activations is at most a no-op's and minimal over the scale. (Whether it beats a random
     init needs a trained parent: on random weights the copy is uncorrelated with the
-    replaced block and the scale comes out near 0.)"""
+    replaced block and the scale comes out near 0.) With the scale near 0 (about 1e-3) the
+    three errors differ by only a few float32 steps of their size (~0.93): halving the scale
+    costs 1.6 to 2.7 steps, depending on the BLAS kernels MKL picks (SSE4.2, AVX2, AVX-512),
+    and rounding moves each error by about a step, so the comparisons allow 4 float32 steps
+    of the no-op's error."""
     from test_hf_parity import _prompt
 
     from nas.build import init_from_parent
@@ -302,12 +306,13 @@ def test_init_swap_copies_the_nearest_block_scaled():
         def err(blk):
             return float(((blk(x) - x) - want).square().mean())
 
-        best = err(child.blocks[2])
-        assert best <= float(want.square().mean()) + 1e-7  # no worse than a no-op
+        best, noop = err(child.blocks[2]), float(want.square().mean())
+        tol = 4 * torch.finfo(torch.float32).eps * noop  # a few float32 steps of the errors
+        assert best <= noop + tol  # no worse than a no-op
         w = child.blocks[2].mixer.out_proj.weight
         for f in (0.5, 2.0):  # and the least-squares scale is the best one
             w.mul_(f)
-            assert err(child.blocks[2]) >= best - 1e-7
+            assert err(child.blocks[2]) >= best - tol
             w.div_(f)
 
 

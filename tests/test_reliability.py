@@ -439,19 +439,107 @@ def test_an_empty_output_path_is_refused(tmp_path, capsys, monkeypatch, argv):
     assert sorted(os.listdir(tmp_path)) == [spec.name]
 
 
-def test_a_huge_learning_rate_warns_and_a_diverged_run_stops(tmp_path, writers, capsys):
-    """``distill --lr 1e6``: a warning line up front, and the run stops with one line when
-    the loss becomes NaN (exit 2 naming --lr) instead of writing a NaN child."""
-    argv = [str(tmp_path / "d") if a == "OUT" else a for a in writers["distill"][0]]
-    assert main([*argv, "--lr", "1e6"]) == 2
+@pytest.fixture(scope="module")
+def peaked(tmp_path_factory):
+    """``(argv, folder)``: a ``distill`` command line (output ``OUT``) whose teacher is the
+    frozen trained parent (held-out LM loss 2.63 nats against ln 256 = 5.55 for the uniform
+    guess: its predictions are far from uniform, so a student that collapses to uniform
+    is far from it) and whose student is that parent with half-width FFNs, built from it:
+    held-out KL 0.0009 nats at the start, as a pruned child's is."""
+    pytest.importorskip("torch")
+    import numpy as np
+    from tiny_parent import FROZEN, PARENT, english_bytes
+
+    from nas.arch import FFN
+    from nas.hf import to_hf
+
+    folder = tmp_path_factory.mktemp("peaked")
+    tokens = folder / "tokens.npy"
+    np.save(tokens, np.frombuffer(english_bytes(), dtype=np.uint8).astype(np.int32))
+    child = PARENT.replace_blocks([FFN(width=b.width // 2) if isinstance(b, FFN) else b
+                                   for b in PARENT.blocks])
+    (folder / "child.json").write_text(json.dumps(to_hf(child)))
+    assert main(["build", str(folder / "child.json"), "--parent", str(FROZEN), "--calib",
+                 str(tokens), "--calib-len", "64", "-o", str(folder / "child")]) == 0
+    return (["distill", str(folder / "child"), "--teacher", str(FROZEN), "--data", str(tokens),
+             "-o", "OUT", "--tokens", "5120", "--seq-len", "64", "--batch", "8",
+             "--eval-tokens", "2048", "--eval-every", "5", "--checkpoint-every", "5"], folder)
+
+
+@pytest.mark.parametrize("lr", ["1e3", "1e6"])
+def test_a_huge_learning_rate_warns_and_a_diverged_run_stops(tmp_path, peaked, capsys, lr):
+    """``distill --lr 1e3`` / ``1e6`` on a teacher far from uniform: a warning line up
+    front, then the run stops with one line naming --lr (exit 2) and writes no child. (On a
+    near-uniform teacher a student blown up to the uniform guess looked *better* than its
+    start; here it cannot.)"""
+    argv = [str(tmp_path / "d") if a == "OUT" else a for a in peaked[0]]
+    assert main([*argv, "--lr", lr]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert "Traceback" not in "\n".join(err) and len(err) == 2, err
-    assert err[0].startswith("puzzle-nas distill: warning: --lr 1e+06 is far above")
-    assert err[1].startswith("puzzle-nas distill: error: --lr: training diverged: the loss "
-                             "is nan at step"), err[1]
+    assert err[0].startswith(f"puzzle-nas distill: warning: --lr {float(lr):g} is far above")
+    assert err[1].startswith("puzzle-nas distill: error: --lr: training diverged: "), err[1]
     assert not (tmp_path / "d" / "model").exists()
-    assert main([*argv, "--lr", "2e-3"]) == 0  # a usual rate: no warning
-    assert "warning" not in capsys.readouterr().err
+
+
+def test_a_usual_learning_rate_trains_without_a_word(tmp_path, peaked, capsys):
+    """The default rate (3e-4) on the same pair: no warning, no note, a lower held-out KL
+    kept (0.0009 -> 0.0001 nats when measured)."""
+    argv = [str(tmp_path / "d") if a == "OUT" else a for a in peaked[0]]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in err and "collapsed" not in out and "unchanged" not in out, out
+    rec = json.loads((tmp_path / "d" / "distill.json").read_text())
+    assert rec["final"]["kl_div"] < rec["initial"]["kl_div"] and rec["notes"] == []
+    # the best constant guess agrees with the peaked teacher on far fewer positions than
+    # the student does
+    assert rec["chance_agreement"] < 0.5 < rec["final"]["top1_agreement"]
+
+
+def test_a_student_equal_to_its_teacher_is_kept_unchanged_and_says_so(tmp_path, peaked,
+                                                                       capsys):
+    """Distilling the parent into itself: KL 0 at step 0 can't be beaten, so the child kept
+    is the unchanged start, and the summary says so in one line."""
+    from tiny_parent import FROZEN
+
+    argv = [str(tmp_path / "d") if a == "OUT" else a for a in peaked[0]]
+    argv[1] = str(FROZEN)
+    assert main([*argv, "--lr", "1e-3"]) == 0
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if "unchanged:" in ln]
+    assert len(notes) == 1 and "the child kept is the unchanged start" in notes[0], notes
+    rec = json.loads((tmp_path / "d" / "distill.json").read_text())
+    assert rec["kept_step"] == 0 and rec["final"]["kl_div"] == 0.0
+
+
+def test_the_divergence_rule():
+    """A run has diverged when its loss is not finite, or has risen above its first step's
+    loss by more than the uniform guess can lose ((1 + lm_weight) ln V); a transient
+    rise of 42x from a tiny start (the trained parent at lr 1e-3, recovered) is not."""
+    import math
+
+    from nas.train.distill import diverged, uniform_loss_bound
+
+    ln = math.log(256)
+    assert uniform_loss_bound(0.0, 256) == ln and uniform_loss_bound(0.5, 256) == 1.5 * ln
+    assert diverged([0.0009, 0.0009 * 42, 0.001], 0.0, 256) is None
+    assert "the loss is nan" in diverged([0.5, float("nan")], 0.0, 256)
+    assert "the loss is inf" in diverged([0.5, float("inf")], 0.0, 256)
+    assert diverged([0.5, 0.5 + ln * 0.999], 0.0, 256) is None
+    assert "rose from 0.5 to" in diverged([0.5, 0.5 + ln * 1.001], 0.0, 256)
+    assert diverged([0.5, 0.5 + ln * 1.2], 0.5, 256) is None  # the LM term's share too
+
+
+def test_run_notes_name_a_collapse_and_an_unchanged_child():
+    from nas.train.distill import CurvePoint, run_notes
+
+    def pt(step: int, kl: float, agree: float) -> CurvePoint:
+        return CurvePoint(step=step, tokens=step, kl_div=kl, lm_loss=1.0, accuracy=0.1,
+                          top1_agreement=agree, train_loss=None)
+
+    start, fine, flat = pt(0, 0.1, 0.9), pt(10, 0.05, 0.95), pt(10, 2.0, 0.02)
+    assert run_notes([start, fine], fine, 0.03) == []
+    notes = run_notes([start, flat], start, 0.03)
+    assert [n.split(":")[0] for n in notes] == ["collapsed", "unchanged"], notes
+    assert run_notes([start, flat], start, None)[0].startswith("unchanged")
 
 
 def test_a_too_small_time_limit_says_so(tmp_path, capsys):

@@ -257,6 +257,8 @@ def run_local(args: argparse.Namespace) -> int:
           f"-> {f.kl_div:.4f} nats/token, LM loss {rec.curve[0].lm_loss:.4f} -> "
           f"{f.lm_loss:.4f} (teacher {t.lm_loss:.4f}), accuracy {f.accuracy:.4f} "
           f"(teacher {t.accuracy:.4f})")
+    for note in rec.notes:  # a collapse, an unchanged child: one line each
+        print(f"  {note}")
     return 0
 
 
@@ -292,7 +294,7 @@ def lr_warning(lr: float, flag: str = "--lr") -> str | None:
     if lr > LR_WARN:
         return (f"warning: {flag} {lr:g} is far above the usual AdamW range for distillation "
                 "(1e-5 to 1e-3); the run will likely diverge (it stops if the loss becomes "
-                "NaN or infinite)")
+                "NaN or infinite, or worse than knowing nothing)")
     return None
 
 

@@ -159,7 +159,12 @@ class CausalLM(nn.Module):
         self.arch = arch
         self.scalars = scalars_of(arch)  # Granite's multipliers (the identity elsewhere)
         h, v = arch.hidden_size, arch.vocab_size
-        self.embed = nn.Embedding(v, h)
+        # on the meta device (a checkpoint's skeleton) skip the default init: normal_ on
+        # meta tensors runs through torch._refs, whose first call imports torch._dynamo and
+        # sympy (~70 MiB resident in every process that reads a checkpoint)
+        meta = torch.empty(0).device.type == "meta"
+        self.embed = nn.Embedding(v, h, _weight=torch.empty(v, h)) if meta else \
+            nn.Embedding(v, h)
         self.blocks = nn.ModuleList(Block(b, arch) for b in arch.blocks)
         self.norm = RMSNorm(h, arch.norm_eps, arch.norm_unit_offset) if arch.final_norm \
             else None

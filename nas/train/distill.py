@@ -58,7 +58,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -233,6 +233,13 @@ class DistillRecord(BaseModel):
     """Per rank: [student, teacher] parameter and buffer elements held (local shards)."""
     peak_rss_mib: list[float] = []
     """Per rank: peak resident memory of the process (MiB, ``getrusage``)."""
+    chance_agreement: float | None = None
+    """The held-out top-1 agreement of the best constant guess (the share of positions
+    whose teacher argmax is its most frequent one): a student at or below it ranks tokens no
+    better than knowing nothing."""
+    notes: list[str] = []
+    """One line each for what the figures alone may hide: a collapse to chance, a kept
+    child that is the unchanged start."""
 
 
 class _State(BaseModel):
@@ -253,6 +260,7 @@ class _State(BaseModel):
     world: int | None = None
     settings: str | None = None
     """:meth:`DistillSettings.digest` (a launcher tells a resume in another layout by it)."""
+    chance_agreement: float | None = None
 
 
 # ---- data -------------------------------------------------------------------------------
@@ -387,7 +395,10 @@ def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: in
     """Held-out figures of ``student`` against ``teacher`` (float64 sums over every position
     with a next token; rows sharded over ranks and summed): ``kl_div`` (mean KL(teacher ||
     student), nats), ``lm_loss`` (mean cross-entropy, nats), ``accuracy`` (next-token top-1
-    accuracy), ``top1_agreement`` (argmax equal to the teacher's). ``lockstep``: every rank
+    accuracy), ``top1_agreement`` (argmax equal to the teacher's), ``chance_agreement`` (the
+    top-1 agreement of the best constant guess: the share of positions whose teacher argmax
+    is the teacher's most frequent one; a student at or below it has learnt nothing of the
+    teacher's ranking). ``lockstep``: every rank
     runs as many forward passes (a rank out of rows runs one row and drops it), as sharded
     models need: each pass gathers parameters from every rank."""
     rank, world = rank_and_world()
@@ -395,6 +406,8 @@ def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: in
     student.eval()
     dev = student.embed.weight.device
     sums = torch.zeros(5, dtype=torch.float64)
+    # how often the teacher's top-1 is each token: the best constant guess's agreement
+    hist = torch.zeros(teacher.arch.vocab_size, dtype=torch.float64)
     mine = held[rank::world]
     passes = math.ceil(math.ceil(len(held) / world) / batch) if lockstep else \
         math.ceil(len(mine) / batch)
@@ -417,13 +430,43 @@ def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: in
             sums[2] += float((zs.argmax(-1) == y).sum())
             sums[3] += float((zs.argmax(-1) == zt.argmax(-1)).sum())
             sums[4] += y.numel()
+            hist += torch.bincount(zt.argmax(-1).flatten().cpu(),
+                                   minlength=len(hist)).double()
         _reshard_roots(student, teacher)
     if world > 1:
         dist.all_reduce(sums)
+        dist.all_reduce(hist)
     student.train(was)
     n = float(sums[4])
     return {"kl_div": float(sums[0]) / n, "lm_loss": float(sums[1]) / n,
-            "accuracy": float(sums[2]) / n, "top1_agreement": float(sums[3]) / n}
+            "accuracy": float(sums[2]) / n, "top1_agreement": float(sums[3]) / n,
+            "chance_agreement": float(hist.max()) / n}
+
+
+def uniform_loss_bound(lm_weight: float, vocab_size: int) -> float:
+    """The most the loss of a student that predicts every token alike can be, nats:
+    ``KL(p || uniform) = ln V - H(p) <= ln V`` for any teacher ``p``, and its LM loss is
+    ``ln V``, so ``(1 + lm_weight) ln V``."""
+    return (1.0 + lm_weight) * math.log(vocab_size)
+
+
+def diverged(losses: Sequence[float], lm_weight: float, vocab_size: int) -> str | None:
+    """Why a run whose training losses so far (one per step, from the run's first step) are
+    ``losses`` has diverged, or None: the last loss is not finite, or it lies above the
+    first by more than :func:`uniform_loss_bound`: the student has moved further from the
+    teacher than knowing nothing at all can put it. A rise below that bound is a transient
+    a healthy run recovers from: on the tiny trained parent at a learning rate of 1e-3 the
+    loss rose 42x over its start (from 0.0009 nats) and came back, while every run that
+    wrecked its student rose past the bound (``docs/training.md``, "When a run diverges",
+    has the measurements)."""
+    last = losses[-1]
+    if not math.isfinite(last):
+        return f"the loss is {last}"
+    bound = uniform_loss_bound(lm_weight, vocab_size)
+    if last > losses[0] + bound:
+        return (f"the loss rose from {losses[0]:.4g} to {last:.4g} nats, more than a "
+                f"student that predicts every token alike can lose ({bound:.4g})")
+    return None
 
 
 # ---- checkpoints ------------------------------------------------------------------------
@@ -908,6 +951,7 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
 # ---- the run ----------------------------------------------------------------------------
 def _point(step: int, s: DistillSettings, ev: dict[str, float],
            train_loss: float | None) -> CurvePoint:
+    ev = {k: v for k, v in ev.items() if k != "chance_agreement"}
     return CurvePoint(step=step, tokens=step * s.batch_size * s.seq_len, train_loss=train_loss,
                       **ev)
 
@@ -1108,10 +1152,12 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
                 dist.all_reduce(lv)
                 lv /= world
             losses.append(float(lv))
-            if not math.isfinite(losses[-1]):  # every rank holds the same (all-reduced) loss
-                raise InputError(f"training diverged: the loss is {losses[-1]} at step "
-                                 f"{step + 1} of {run.steps} (learning rate "
-                                 f"{lr_at(step, run):.3g}); lower the learning rate",
+            # every rank holds the same (all-reduced) loss, so every rank stops together
+            why = diverged(losses, run.lm_weight, teacher.arch.vocab_size)
+            if why is not None:
+                raise InputError(f"training diverged: {why} at step {step + 1} of "
+                                 f"{run.steps} (learning rate {lr_at(step, run):.3g}); lower "
+                                 "the learning rate",
                                  field="--lr-sweep" if s.lr_sweep else "--lr")
             if on_step is not None:
                 on_step(step, float(lv))
@@ -1120,7 +1166,9 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         return evaluate(m, teacher, ho, lockstep=sharded)
 
     if state is None:
-        teacher_eval = _point(0, s, ev(teacher), None)
+        t_ev = ev(teacher)
+        chance: float | None = t_ev["chance_agreement"]
+        teacher_eval = _point(0, s, t_ev, None)
         curve = [_point(0, s, ev(student), None)]
         start, losses, best_step, since_best = 0, [], 0, 0
         sweep: list[SweepTrial] = []
@@ -1153,6 +1201,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         teacher_eval, curve, start, losses = (state.teacher_eval, list(state.curve), state.step,
                                               list(state.losses))
         best_step, since_best = state.best_step, state.since_best
+        chance = state.chance_agreement
         sweep, lr = list(state.sweep), state.lr if state.lr is not None else s.lr
         if rank == 0:
             log(f"resuming from step {start} of {s.steps} ({ckpt})"
@@ -1203,7 +1252,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
                 st = _State(key=key, step=n, curve=curve, teacher_eval=teacher_eval,
                             losses=losses, lr=lr, sweep=sweep, best_step=best_step,
                             since_best=since_best, layout=layout, world=world,
-                            settings=s.digest())
+                            settings=s.digest(), chance_agreement=chance)
                 keep = best if best_step != n else None
                 if sharded:
                     _save_sharded(ckpt, student, opt, st, keep)
@@ -1245,12 +1294,32 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         seconds=time.perf_counter() - t0, parameters=student.num_stored(), initial=curve[0],
         last=last, kept_step=kept.step, stopped_early_at=stopped, lr=lr, sweep=sweep,
         layout=layout, activation_checkpointing=checkpointing,
-        held_elements=[f[0] for f in figures], peak_rss_mib=[f[1] for f in figures])
+        held_elements=[f[0] for f in figures], peak_rss_mib=[f[1] for f in figures],
+        chance_agreement=chance, notes=run_notes(curve, kept, chance))
     plot_curve(out / "kd_curve.png", record)
     atomic_write_json(done, record.model_dump())
     if world > 1:
         dist.barrier()
     return record
+
+
+def run_notes(curve: Sequence[CurvePoint], kept: CurvePoint, chance: float | None
+              ) -> list[str]:
+    """One line each for what a run's figures may hide: its last evaluation agrees with
+    the teacher's top-1 no better than a constant guess (``chance``: the run collapsed),
+    or the weights kept are the student as given (no evaluation beat step 0)."""
+    out = []
+    last = curve[-1]
+    if chance is not None and last.step > 0 and last.top1_agreement <= chance:
+        out.append(f"collapsed: at step {last.step} the student's top-1 agrees with the "
+                   f"teacher's on {last.top1_agreement:.4f} of held-out positions, no better "
+                   f"than a constant guess ({chance:.4f}); the learning rate is likely too "
+                   "high")
+    if kept.step == 0 and last.step > 0:
+        out.append(f"unchanged: no evaluation beat the student as given, so the child kept "
+                   f"is the unchanged start (held-out KL {kept.kl_div:.4g}; the last, at step "
+                   f"{last.step}, {last.kl_div:.4g})")
+    return out
 
 
 def load_record(out_dir: str | Path) -> DistillRecord:
