@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -558,7 +559,11 @@ def test_a_sharded_run_killed_mid_run_resumes_on_one_rank(work, scored):
     env[KILL_ENV] = "2"  # the rank that commits its third row is killed before committing it
     p = subprocess.run(_score_cmd(work, out, SETTINGS, "--nproc", "2"), env=env,
                        capture_output=True, text=True, timeout=600)
-    assert p.returncode != 0 and not (out / "scores.csv").exists()
+    assert p.returncode == 1 and not (out / "scores.csv").exists()
+    # one line names the rank that died; the other's failed collectives say nothing
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert re.search(r"puzzle-nas score: error: rank \d of 2 \(pid \d+\) was killed by "
+                     "SIGKILL; ", p.stderr.splitlines()[-1]), p.stderr[-3000:]
     rec = run(_job(work, **SETTINGS), out, progress=False)
     assert rec.reused >= 2 and rec.reused + rec.scored_now == 25
     _close_metrics(out / "scores.csv", work / "plain" / "scores.csv")
@@ -625,7 +630,12 @@ def test_the_teacher_target_is_the_last_hidden_state_not_the_vocabulary(dtype):
     """The held-out teacher target costs ``hidden_size`` values per token in the compute
     dtype: at a 32k vocabulary a bf16 parent of hidden size 256 keeps 512 bytes per token,
     500x less than the float64 probabilities (plus row sum and top-1 token) kept before,
-    and the score summed from it is the one from the full distribution."""
+    and the score summed from it is the one from the full distribution, up to rounding: the
+    two sides compute the logits in ``dtype`` through matmuls of other shapes (batches of 2
+    rows, position chunks, vs all 3 rows at once), which MKL's AVX2 kernels round
+    differently (up to 5 float32 steps of the largest logit; 0 under SSE4.2 and AVX-512).
+    Each token's cross entropy moves by about one such step, of either sign, so the n-token
+    sum is held to 4 sqrt(n) steps (measured: 4.4 under AVX2)."""
     from nas.arch import ModelArch
     from nas.build import build_model
     from nas.scoring.core import kl_sums
@@ -649,4 +659,6 @@ def test_the_teacher_target_is_the_last_hidden_state_not_the_vocabulary(dtype):
             -1, torch.as_tensor(split.held)[:, 1:, None]).sum()
         kept = sum(kl_sums(s.head, s.held_cache.hidden(b, 2), None,
                            torch.as_tensor(split.held[2 * b:2 * b + 2]))[1] for b in range(2))
-    assert float(kept) == pytest.approx(float(full), rel=1e-9)
+    n = split.held[:, 1:].size  # positions with a next token
+    step = torch.finfo(dtype).eps * float(logits.abs().max())  # one step of the largest logit
+    assert abs(float(kept) - float(full)) <= 4 * n ** 0.5 * step, (float(kept), float(full))

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
 
-from nas.launch import HOLDS_A_MODEL, unpool_large_allocations
+from nas.launch import HOLDS_A_MODEL, Terminated, unpool_large_allocations
 
 # (module under nas.cli) in the order they are listed by --help
 COMMANDS: list[str] = [
@@ -36,36 +37,111 @@ EXIT_SIGINT = 128 + signal.SIGINT    # 130, as shells report a Ctrl-C
 EXIT_SIGTERM = 128 + signal.SIGTERM  # 143
 
 
-class Terminated(BaseException):
-    """Raised in the main thread on SIGTERM, so that ``finally`` / ``except BaseException``
-    clean-ups run (temp files and staged folders are removed) as they do on Ctrl-C."""
-
-
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
+def _peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that failed because another rank is gone (its
+    process died: gloo's connection to it closed)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and isinstance(cur, getattr(dist, "DistError", ())):
+            return True
+        # DCP gathers every rank's error: one that lists only other ranks is theirs
+        failures = getattr(cur, "failures", None)
+        if isinstance(failures, dict) and dist is not None and dist.is_initialized() and \
+                dist.get_rank() not in failures:
+            return True
+        text = str(cur)
+        if any(m in text for m in ("Connection closed by peer", "Connection reset by peer",
+                                   "Broken pipe", "Socket Timeout")):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def _watch_launcher(interval: float = 0.5) -> None:
+    """End this rank (as SIGTERM does: clean-ups run) if its launcher dies, so that no rank
+    outlives it even when the launcher is SIGKILLed and cannot stop its ranks."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="puzzle-nas-launcher-watch", daemon=True).start()
+
+
 def rank_main(command: str, description: str, add_arguments: Callable[..., None],
               run_local: Callable[[argparse.Namespace], int], argv: list[str] | None) -> int:
-    """One torchrun rank of ``puzzle-nas COMMAND`` (``python -m nas.cli.COMMAND``: its
-    arguments without ``--nproc``); bad input is one line and its exit code, as in the CLI."""
-    from pydantic import ValidationError
+    """One rank of ``puzzle-nas COMMAND`` (``python -m nas.cli.COMMAND``: its arguments
+    without ``--nproc``); bad input is one line and its exit code, as in the CLI. A SIGINT
+    or SIGTERM (the launcher's, on the way down) ends it silently with 130 or 143 once its
+    clean-ups ran, as does its launcher's death; a collective that fails because another
+    rank died ends it silently with :data:`nas.launch.EXIT_PEER_LOST`: the launcher names
+    the rank that died, in one line."""
+    # torch's import runs Python inside C++ calls, where an exception raised by a signal
+    # handler aborts the process ("terminate called after throwing ..."): a signal that
+    # lands while torch loads is held until it has loaded
+    held: list[int] = []
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, lambda signum, frame: held.append(signum))
+    import torch.distributed  # noqa: F401
 
-    from hwprofiles.errors import InputError, first_error
+    if held:
+        return EXIT_SIGINT if held[0] == signal.SIGINT else EXIT_SIGTERM
 
-    unpool_large_allocations()
-    p = argparse.ArgumentParser(prog=f"python -m nas.cli.{command}", description=description)
-    add_arguments(p, launcher=False)
-    args = p.parse_args(argv)
+    def stop(signum: int, frame: FrameType | None) -> None:
+        held.append(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, stop)
     try:
-        return run_local(args)
-    except InputError as exc:
-        print(f"puzzle-nas {command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except ValidationError as exc:
-        loc, msg = first_error(exc)
-        print(f"puzzle-nas {command}: error: {loc}: {msg}", file=sys.stderr)
-        return 2
+        from pydantic import ValidationError
+
+        from hwprofiles.errors import InputError, first_error
+
+        unpool_large_allocations()
+        _watch_launcher()
+        p = argparse.ArgumentParser(prog=f"python -m nas.cli.{command}",
+                                    description=description)
+        add_arguments(p, launcher=False)
+        args = p.parse_args(argv)
+        try:
+            return run_local(args)
+        except InputError as exc:
+            print(f"puzzle-nas {command}: error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        except ValidationError as exc:
+            loc, msg = first_error(exc)
+            print(f"puzzle-nas {command}: error: {loc}: {msg}", file=sys.stderr)
+            return 2
+        except (KeyboardInterrupt, Terminated, SystemExit):
+            raise
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            sig = _signal_in_chain(exc)
+            if sig is not None:
+                raise sig from None
+            if held:  # the signal's exception, wrapped where the chain does not show it
+                return EXIT_SIGINT if held[0] == signal.SIGINT else EXIT_SIGTERM
+            if _peer_lost(exc):
+                from nas.launch import EXIT_PEER_LOST
+
+                return EXIT_PEER_LOST
+            raise
+    except KeyboardInterrupt:
+        return EXIT_SIGINT
+    except Terminated:
+        return EXIT_SIGTERM
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -233,13 +233,16 @@ def distill_argv(child: Path, teacher: Path, data: str | Path, out: Path, settin
 
 
 def _ranks(k: int, what: str, module: str, nproc: int, argv: list[str]) -> None:
-    """Run one stage's step as ``nproc`` ranks under torchrun; a failure is one line (the
-    ranks printed why above it)."""
-    from nas.launch import run_ranks
+    """Run one stage's step as ``nproc`` ranks (:func:`nas.launch.run_ranks`); a failure is
+    one line (a rank that exited on its own printed why above it)."""
+    from nas.launch import RanksFailed, run_ranks
 
-    rc = run_ranks(module, nproc, argv)
+    try:
+        rc = run_ranks(module, nproc, argv)
+    except RanksFailed as exc:
+        raise RanksFailed(f"stage {k}: the {what}: {exc}") from None
     if rc != 0:
-        raise InputError(f"stage {k}: the {what} on {nproc} ranks failed (torchrun exit "
+        raise InputError(f"stage {k}: the {what} on {nproc} ranks failed (exit status "
                          f"{rc}; the ranks' error is above); rerun the same command to "
                          "resume")
 
