@@ -33,6 +33,20 @@ def test_readme_test_command_is_ci():
     assert cmd.strip() in ci
 
 
+def test_the_install_line_installs_what_the_commands_shown_need():
+    """A new user who copies the install line can run every command the README and the
+    docs' front page show: those that hold a model need the torch extra."""
+    torch_commands = {"score", "build", "distill", "iterate", "profile"}
+    for page in (README, (REPO / "docs" / "index.md").read_text()):
+        install = next(line for line in page.splitlines()
+                       if "pip install -e" in line and "pytest" not in line)
+        extras = set(re.search(r"\.\[([a-z,]+)\]", install).group(1).split(","))
+        shown = set(re.findall(r"puzzle-nas (\w+)", page))
+        if shown & torch_commands:
+            assert "torch" in extras, (install, shown & torch_commands)
+        assert extras <= {"torch", "plot", "text"}  # not the test or docs tooling
+
+
 def test_the_plan_shown_is_what_the_command_prints(capsys, monkeypatch):
     """The Nemotron-3-Super plan in the README is the command's own output (configs only:
     no torch, no checkpoint)."""

@@ -115,6 +115,24 @@ def test_child_loads_through_trust_remote_code_with_equal_logits(kind, tmp_path)
         assert set(f.keys()) == names
 
 
+@pytest.mark.parametrize("kind", sorted(CHILDREN))
+def test_generate_on_a_remote_code_child_decodes_as_puzzle_nas_does(kind, tmp_path):
+    """transformers' ``generate`` on the child loaded through trust_remote_code: greedy,
+    the same tokens as puzzle-nas' own cached decoding, and sampling runs."""
+    model, out = _saved(kind, tmp_path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True,
+                                                           dtype=torch.float32)
+    x = _prompt()
+    with torch.no_grad():
+        theirs = hf.generate(x, max_new_tokens=8, do_sample=False)
+        ours = model.generate(x, 8)
+    assert theirs.shape == (2, 24 + 8) and torch.equal(theirs, ours)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        sampled = hf.generate(x, max_new_tokens=4, do_sample=True, top_k=5)
+    assert sampled.shape == (2, 28) and torch.equal(sampled[:, :24], x)
+
+
 def _from_family_test(module: str, attr: str = "_hf_config") -> ModelArch:
     """The tiny transformers config of a family test, with its first MLP slot a no-op."""
     import importlib

@@ -342,6 +342,21 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(work, bld_score
         assert len(keys) == 25 and not read_all(out, keys)
 
 
+def test_a_run_logged_to_a_file_prints_progress_lines(work):
+    """Run with stderr to a log, ``score`` writes plain progress lines (count, rate, time
+    left; one a minute by default, every item here) instead of a bar or nothing."""
+    env = dict(_env(), PUZZLE_NAS_LOG_EVERY="0")
+    p = subprocess.run(_score_cmd(work, work / "logged", SETTINGS), env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [x for x in p.stderr.splitlines() if x.startswith("scoring: ")]
+    assert "\r" not in p.stderr
+    assert len(lines) == 25 + 1, p.stderr[-3000:]
+    assert re.match(r"scoring: 1/25 \(4 %\), \S+(/s| s each), ETA \d+:\d\d:\d\d, block ",
+                    lines[0]), lines[0]
+    assert re.fullmatch(r"scoring: 25/25 \(100 %\) in \d+:\d\d:\d\d", lines[-1])
+
+
 def test_two_ranks_under_torchrun_equal_one_rank(work, scored):
     out = work / "two"
     p = subprocess.run(_score_cmd(work, out, SETTINGS, "--nproc", "2", "--json"), env=_env(),
@@ -439,6 +454,12 @@ def test_bad_input_is_one_line_and_exit_2(work, tmp_path, capsys):
     assert "config.json: does not match the spec's parent: block 6 is ffn 256" in err
     err = _bad(work, tmp_path, capsys, "--data", str(work / "tokens.npy"), "--seq-len", "1")
     assert "--seq-len" in err
+    # data shorter than the held-out and calibration tokens asked for: refused, not shrunk
+    n = len(np.load(work / "tokens.npy"))
+    err = _bad(work, tmp_path, capsys, "--data", str(work / "tokens.npy"), "--seq-len", "64",
+               "--max-tokens", str(n), "--calib-tokens", "64")
+    assert "tokens.npy" in err and f"--max-tokens {n:,} held out" in err
+    assert err.endswith("lower them or give more data")
     (tmp_path / "o").write_text("a file")
     capsys.readouterr()
     assert cli(["score", str(work / "spec.json"), "--parent", str(work / "parent"), "--data",

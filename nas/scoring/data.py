@@ -52,9 +52,9 @@ def split_tokens(tokens: np.ndarray, vocab_size: int, seq_len: int, max_tokens: 
                  calib_tokens: int, source: str = "data") -> Split:
     """Cut ``tokens`` into rows and split them (see the module docstring).
 
-    The held-out split takes the last ``ceil(max_tokens / seq_len)`` rows (at most what is
-    left after one calibration row); the calibration split the first
-    ``ceil(calib_tokens / seq_len)`` rows (at most the rows not held out).
+    The held-out split takes the last ``ceil(max_tokens / seq_len)`` rows, the calibration
+    split the first ``ceil(calib_tokens / seq_len)`` rows; data with fewer rows than the two
+    together is refused (:class:`InputError`), never silently scored on less.
     """
     if seq_len < 2:
         raise InputError(f"--seq-len must be >= 2 (got {seq_len})")
@@ -73,7 +73,14 @@ def split_tokens(tokens: np.ndarray, vocab_size: int, seq_len: int, max_tokens: 
         bad = int(np.flatnonzero((tokens < 0) | (tokens >= vocab_size))[0])
         raise InputError(f"token id {int(tokens[bad])} at position {bad} is outside the "
                          f"parent's vocabulary [0, {vocab_size})", path=source)
+    want_held, want_calib = math.ceil(max_tokens / seq_len), math.ceil(calib_tokens / seq_len)
+    if n < want_held + want_calib:  # shrinking a split would score on less than asked
+        raise InputError(
+            f"holds {len(tokens):,} tokens = {n:,} rows of --seq-len {seq_len}; --max-tokens "
+            f"{max_tokens:,} held out ({want_held:,} rows) and --calib-tokens {calib_tokens:,} "
+            f"({want_calib:,} rows) need {want_held + want_calib:,} rows "
+            f"({(want_held + want_calib) * seq_len:,} tokens): lower them or give more data",
+            path=source)
     rows = tokens[: n * seq_len].reshape(n, seq_len)
-    n_held = min(math.ceil(max_tokens / seq_len), n - 1)
-    n_calib = min(math.ceil(calib_tokens / seq_len), n - n_held)
+    n_held, n_calib = want_held, want_calib
     return Split(rows[:n_calib].copy(), rows[n - n_held:].copy(), source)

@@ -197,9 +197,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
             for n, it in enumerate(todo):
                 res, block = scorer.score(it)
                 _commit(store, out, it, res, block, phash, kill=n == kill_after)
-                el = time.perf_counter() - t1
-                eta = el / (n + 1) * (len(todo) - n - 1)
-                bar.update(1, f"ETA {eta:5.0f}s  block {it.block} {it.alt.label[:28]}")
+                bar.update(1, f"block {it.block} {it.alt.label[:28]}")  # the bar has the ETA
             scoring_s = time.perf_counter() - t1
         store.close()
         scorer.close()

@@ -13,8 +13,9 @@ stacks (a copy per call; gradients flow to each expert).
 ``forward(input_ids, labels=...)`` returns ``logits`` and, with labels, the mean
 next-token cross-entropy over labels other than -100 (computed in float32), as transformers'
 causal LMs do; HF ``Trainer`` trains it. Padding is not modeled: an ``attention_mask`` with
-zeros is refused. No KV cache is exposed to ``generate``; puzzle-nas' ``CausalLM.generate``
-and the serving engines decode.
+zeros is refused. transformers' ``generate`` works (greedy, sampling, beams) but keeps no
+KV cache: each step runs the whole sequence so far (quadratic in its length); puzzle-nas'
+``CausalLM.generate`` and the serving engines decode through caches.
 
 Written by puzzle-nas (``nas/hf/remote``); needs torch and transformers only.
 """
@@ -22,7 +23,7 @@ Written by puzzle-nas (``nas/hf/remote``); needs torch and transformers only.
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_puzzle_nas import PuzzleNasConfig
@@ -77,7 +78,7 @@ def _resolve(root, path):
     return root
 
 
-class PuzzleNasForCausalLM(PreTrainedModel):
+class PuzzleNasForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = PuzzleNasConfig
     base_model_prefix = "puzzle_nas_no_base_model"
     supports_gradient_checkpointing = False
@@ -147,6 +148,11 @@ class PuzzleNasForCausalLM(PreTrainedModel):
 
     def get_output_embeddings(self):
         return None  # puzzle-nas' CausalLM ties (or not) by itself
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
+        """Every step of ``generate`` runs the whole sequence so far: no KV cache is kept,
+        so the forward pass must see every token, not only the new one."""
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
 
     def forward(self, input_ids=None, attention_mask=None, labels=None, return_dict=None,
                 **kwargs):
