@@ -9,8 +9,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 from hwprofiles.errors import InputError
 
@@ -75,15 +76,15 @@ def _launching() -> Iterator[None]:
             signal.signal(s, h)
 
 
-def _cause(failures: dict[int, object]) -> tuple[int, object]:
+def _cause(failures: Mapping[int, Any]) -> tuple[int, Any]:
     """The failure to report: a rank killed by a signal before one that exited on its own
     (the others are its consequence), one that lost a peer last; the earliest, then the
     lowest rank."""
-    def order(item: tuple[int, object]) -> tuple[int, float, int]:
+    def order(item: tuple[int, Any]) -> tuple[int, float, int]:
         rank, f = item
-        code = f.exitcode  # type: ignore[attr-defined]
+        code = f.exitcode
         kind = 0 if code < 0 else 2 if code == EXIT_PEER_LOST else 1
-        return kind, f.timestamp, rank  # type: ignore[attr-defined]
+        return kind, f.timestamp, rank
     return min(failures.items(), key=order)
 
 
@@ -121,7 +122,7 @@ def run_ranks(module: str, nproc: int, argv: list[str]) -> int:
             raise Terminated from None
         except ChildFailedError as exc:
             rank, f = _cause(exc.failures)
-            code = f.exitcode  # type: ignore[attr-defined]
+            code = f.exitcode
             if code == EXIT_PEER_LOST:
                 raise RanksFailed(f"rank {rank} of {nproc} lost contact with another rank "
                                   "(a collective failed); rerun the same command to "
@@ -132,7 +133,7 @@ def run_ranks(module: str, nproc: int, argv: list[str]) -> int:
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
                 how = f"ended with status {code}"
-            pid = f.pid  # type: ignore[attr-defined]
+            pid = f.pid
             raise RanksFailed(f"rank {rank} of {nproc} (pid {pid}) {how}; the other ranks were "
                               "stopped, and every output is as it was or complete: rerun the "
                               "same command to resume") from None

@@ -22,13 +22,16 @@ _SCRATCH: list[str] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Keep the suite from writing into the checkout: hypothesis' example database and
-    pytest-benchmark's storage go to a scratch folder removed at the end (the user's own
+    """Keep the suite from writing into the checkout or the user's cache: hypothesis'
+    example database, pytest-benchmark's storage and puzzle-nas' cache go to a scratch folder removed at the end (the user's own
     ``HYPOTHESIS_STORAGE_DIRECTORY`` or ``--benchmark-storage`` win). pytest-randomly
     shuffles the order but leaves the random seeds to ``pytest_runtest_setup``."""
     scratch = tempfile.mkdtemp(prefix="puzzle-nas-tests-")
     _SCRATCH.append(scratch)
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", os.path.join(scratch, "hypothesis"))
+    # this machine's puzzle-nas cache (digests, converted GGUF parents): the suite's own,
+    # never the user's (commands run as subprocesses inherit it)
+    os.environ["PUZZLE_NAS_CACHE"] = os.path.join(scratch, "cache")
     if getattr(config.option, "randomly_reset_seed", None) is not None:
         # pytest-randomly decides the order only: its per-test reseeding would draw every
         # test's random inputs from the run's seed; pytest_runtest_setup seeds them fixed
@@ -137,6 +140,31 @@ def tiny_llama_checkpoint(folder: Path, **save: object) -> tuple:
     cfg = folder / "child.json"
     cfg.write_text(json.dumps(to_hf(child)))
     return pdir, cfg, parent, child
+
+
+def write_tokenizer(folder: Path, words: tuple[str, ...] = ("the", "quick", "fox")) -> dict:
+    """An HF tokenizer in checkpoint folder ``folder``: a word-level ``tokenizer.json``
+    (``[UNK]`` = 0, then ``words``; written as the ``tokenizers`` package saves one),
+    ``tokenizer_config.json`` and ``generation_config.json``. Returns ``{name: bytes}``."""
+    import json
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    files = {
+        "tokenizer.json": {"version": "1.0", "truncation": None, "padding": None,
+                           "added_tokens": [], "normalizer": None,
+                           "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
+                           "decoder": None,
+                           "model": {"type": "WordLevel", "vocab": vocab,
+                                     "unk_token": "[UNK]"}},
+        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
+                                  "unk_token": "[UNK]"},
+        "generation_config.json": {"eos_token_id": 0},
+    }
+    out = {}
+    for name, obj in files.items():
+        (folder / name).write_text(json.dumps(obj))
+        out[name] = (folder / name).read_bytes()
+    return out
 
 
 def tiny_parent_of(hf_model) -> tuple:

@@ -60,7 +60,24 @@ def test_the_commands_that_hold_a_model_set_it():
 
 
 # ---- ranks that never outlive their launcher ---------------------------------------------
-torch_tests = pytest.mark.torch
+def ranks_tests(test):
+    """A test of ranks: needs torch, and Linux (:func:`linux`)."""
+    return pytest.mark.torch(pytest.mark.usefixtures("linux")(test))
+
+
+@pytest.fixture
+def linux():
+    """The rank tests find ranks through /proc (Linux)."""
+    if not Path("/proc/self/cmdline").exists():
+        pytest.skip("reads /proc (Linux)")
+
+
+def _started(work: Path, out: Path, moment: str) -> subprocess.Popen:
+    """``distill --nproc 2`` into ``out``, returned at ``moment`` (:data:`MOMENTS`)."""
+    p = _distill(work, out)
+    _wait_for(lambda: MOMENTS[moment](out, p) or p.poll() is not None)
+    assert p.poll() is None, p.communicate()[1][-3000:]
+    return p
 KD = ["--tokens", "40960", "--seq-len", "64", "--batch", "8", "--lr", "2e-3", "--eval-every",
       "5", "--eval-tokens", "1024", "--checkpoint-every", "3", "--nproc", "2"]
 
@@ -88,7 +105,9 @@ def kd_work(trained_parent, tmp_path_factory):
 
 
 def _distill(work: Path, out: Path) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    # a cache of its own: the checkpoints are hashed and their records written beside the
+    # run ("loaded" below), not read from the digests another test recorded
+    env = dict(os.environ, OMP_NUM_THREADS="1", PUZZLE_NAS_CACHE=str(out) + "-cache",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "nas", "distill", str(work / "child"), "--teacher",
            str(work / "parent"), "--data", str(work / "tokens.npy"), "-o", str(out), *KD]
@@ -157,8 +176,7 @@ MOMENTS = {
 }
 
 
-@torch_tests
-@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc (Linux)")
+@ranks_tests
 @pytest.mark.parametrize("sig,moment", [("TERM", "start"), ("INT", "loaded"),
                                         ("TERM", "training"), ("INT", "training")])
 def test_a_signal_stops_every_rank_and_leaves_the_output_whole(kd_work, tmp_path, sig,
@@ -169,9 +187,7 @@ def test_a_signal_stops_every_rank_and_leaves_the_output_whole(kd_work, tmp_path
     import signal
 
     out = tmp_path / "kd"
-    p = _distill(kd_work, out)
-    _wait_for(lambda: MOMENTS[moment](out, p) or p.poll() is not None)
-    assert p.poll() is None, p.communicate()[1][-3000:]
+    p = _started(kd_work, out, moment)
     p.send_signal(getattr(signal, f"SIG{sig}"))
     _, err = p.communicate(timeout=60)
     assert p.returncode == {"TERM": 143, "INT": 130}[sig], err[-3000:]
@@ -183,15 +199,13 @@ def test_a_signal_stops_every_rank_and_leaves_the_output_whole(kd_work, tmp_path
         _resumes(kd_work, out)
 
 
-@torch_tests
-@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc (Linux)")
+@ranks_tests
 def test_a_killed_rank_is_one_line_and_the_run_resumes(kd_work, tmp_path):
     import re
     import signal
 
     out = tmp_path / "kd"
-    p = _distill(kd_work, out)
-    _wait_for(lambda: MOMENTS["training"](out, p) or p.poll() is not None)
+    p = _started(kd_work, out, "training")
     ranks = _ranks_of(out)
     assert len(ranks) == 2, p.communicate()[1][-3000:]
     os.kill(ranks[-1], signal.SIGKILL)
@@ -205,15 +219,13 @@ def test_a_killed_rank_is_one_line_and_the_run_resumes(kd_work, tmp_path):
     _resumes(kd_work, out)
 
 
-@torch_tests
-@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc (Linux)")
+@ranks_tests
 def test_ranks_end_when_their_launcher_is_killed(kd_work, tmp_path):
     """A SIGKILLed launcher cannot stop its ranks: they see it gone and end themselves."""
     import signal
 
     out = tmp_path / "kd"
-    p = _distill(kd_work, out)
-    _wait_for(lambda: MOMENTS["loaded"](out, p) or p.poll() is not None)
+    p = _started(kd_work, out, "loaded")
     p.send_signal(signal.SIGKILL)
     p.communicate(timeout=60)
     assert _no_rank_left(out)

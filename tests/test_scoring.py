@@ -342,6 +342,39 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(work, bld_score
         assert len(keys) == 25 and not read_all(out, keys)
 
 
+def test_a_parent_is_hashed_once_per_machine(work, tmp_path, monkeypatch):
+    """The parent's digest, recorded by one run, serves another output folder and a
+    distillation reading the same files as its teacher; a changed file is hashed again."""
+    import nas.scoring.runner as runner
+    from nas.scoring.digest import record_digest, recorded_digest
+
+    monkeypatch.setenv("PUZZLE_NAS_CACHE", str(tmp_path / "cache"))
+    first = run(_job(work, **SETTINGS), tmp_path / "a", progress=False)
+    assert recorded_digest(tmp_path / "elsewhere", work / "parent", "stored") == \
+        first.parent_weights
+    # what distill looks up for its teacher (as held: stored) finds it too
+    assert recorded_digest(tmp_path / "kd", work / "parent", "teacher:stored") == \
+        first.parent_weights
+    assert recorded_digest(tmp_path / "kd", work / "parent", "teacher:torch.bfloat16") is None
+
+    def never(model):
+        raise AssertionError("the parent was hashed again")
+
+    monkeypatch.setattr(runner, "weights_digest", never)
+    again = run(_job(work, **SETTINGS), tmp_path / "b", progress=False)
+    assert again.parent_weights == first.parent_weights and again.scored_now == 25
+    # a file of the parent changed (its modification time): the record no longer holds
+    copy = tmp_path / "parent-copy"
+    copy.mkdir()
+    for f in (work / "parent").iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    record_digest(tmp_path / "c", copy, "stored", "d" * 64)
+    assert recorded_digest(tmp_path / "d", copy, "stored") == "d" * 64
+    cfg = copy / "config.json"
+    os.utime(cfg, ns=(cfg.stat().st_atime_ns, cfg.stat().st_mtime_ns + 10**9))
+    assert recorded_digest(tmp_path / "d", copy, "stored") is None
+
+
 def test_a_run_logged_to_a_file_prints_progress_lines(work):
     """Run with stderr to a log, ``score`` writes plain progress lines (count, rate, time
     left; one a minute by default, every item here) instead of a bar or nothing."""

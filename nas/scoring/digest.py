@@ -66,15 +66,27 @@ def _signature(parent_dir: str | Path) -> dict[str, list[int]]:
     return out
 
 
-def recorded_digest(out_dir: str | Path, parent_dir: str | Path, dtype: str,
-                    record: str = PARENT_RECORD) -> str | None:
-    """The digest a run in ``out_dir`` recorded for this parent in compute dtype ``dtype``,
-    if no file of the parent folder changed since (size and modification time): a resume
-    then neither reads nor hashes the parent to know which results are done."""
+def _machine_key(dtype: str) -> str:
+    """The dtype part of a record's key (``"teacher:torch.bfloat16"`` -> ``"bfloat16"``):
+    scoring's ``"bfloat16"`` and a distillation's ``"teacher:torch.bfloat16"`` hash the same
+    tensors, so this machine's record serves both."""
+    return dtype.rpartition(":")[2].removeprefix("torch.")
+
+
+def _machine_record(parent_dir: str | Path) -> Path:
+    """This machine's record of the parent folder ``parent_dir`` (:func:`nas.cache.cache_dir`,
+    ``digests/``; named by the SHA-256 of its resolved path)."""
+    from nas.cache import cache_dir
+
+    key = hashlib.sha256(str(Path(parent_dir).resolve()).encode()).hexdigest()[:32]
+    return cache_dir("digests") / f"{key}.json"
+
+
+def _read(path: Path, parent_dir: str | Path, dtype: str) -> str | None:
     import json
 
     try:
-        data = json.loads((Path(out_dir) / record).read_text())
+        data = json.loads(path.read_text())
         if data.get("parent") == str(Path(parent_dir).resolve()) and \
                 data.get("files") == _signature(parent_dir):
             d = data.get("digests", {}).get(dtype)
@@ -84,15 +96,25 @@ def recorded_digest(out_dir: str | Path, parent_dir: str | Path, dtype: str,
     return None
 
 
-def record_digest(out_dir: str | Path, parent_dir: str | Path, dtype: str, digest: str,
-                  record: str = PARENT_RECORD) -> None:
-    """Record ``digest`` beside the run (see :func:`recorded_digest`; ``record``: the file,
-    one per checkpoint a run reads, e.g. a distillation's teacher and student)."""
+def recorded_digest(out_dir: str | Path, parent_dir: str | Path, dtype: str,
+                    record: str = PARENT_RECORD) -> str | None:
+    """The digest recorded for this parent in compute dtype ``dtype``, if no file of the
+    parent folder changed since (size and modification time): by a run in ``out_dir``, or
+    by any command on this machine (:func:`nas.cache.cache_dir`, ``digests/``). A resume,
+    another output folder, a later stage or another command (score, then distill with
+    that parent as teacher) then neither reads nor hashes the parent to know its digest:
+    a parent is hashed once per machine."""
+    found = _read(Path(out_dir) / record, parent_dir, dtype)
+    if found is None:
+        found = _read(_machine_record(parent_dir), parent_dir, _machine_key(dtype))
+    return found
+
+
+def _write(path: Path, parent_dir: str | Path, dtype: str, digest: str) -> None:
     import json
 
     from nas.io import atomic_write_json
 
-    path = Path(out_dir) / record
     sig = _signature(parent_dir)
     digests: dict[str, str] = {}
     try:
@@ -104,3 +126,18 @@ def record_digest(out_dir: str | Path, parent_dir: str | Path, dtype: str, diges
     digests[dtype] = digest
     atomic_write_json(path, {"parent": str(Path(parent_dir).resolve()), "files": sig,
                              "digests": digests})
+
+
+def record_digest(out_dir: str | Path, parent_dir: str | Path, dtype: str, digest: str,
+                  record: str = PARENT_RECORD) -> None:
+    """Record ``digest`` beside the run and in this machine's cache (see
+    :func:`recorded_digest`; ``record``: the file beside the run, one per checkpoint a run
+    reads, e.g. a distillation's teacher and student). A cache that cannot be written
+    (read-only home, full disk) is skipped: it only saves time."""
+    _write(Path(out_dir) / record, parent_dir, dtype, digest)
+    path = _machine_record(parent_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, parent_dir, _machine_key(dtype), digest)
+    except OSError:
+        pass

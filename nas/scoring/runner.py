@@ -170,8 +170,8 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     if phash is None:  # (a resume with unchanged parent files neither reads nor hashes it)
         parent = load_pretrained(job.parent_dir, dtype=dtype).to(device).eval()
         phash = weights_digest(parent)
-        if rank == 0:
-            record_digest(out, job.parent_dir, dname, phash)
+    if rank == 0:  # beside the run too when this machine's cache had it
+        record_digest(out, job.parent_dir, dname, phash)
     items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings,
                        base_recipe=job.base_recipe)
     keys = [it.key for it in items]
@@ -255,8 +255,8 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
         stage = Stage(CheckpointReader(job.parent_dir), segments, rank, job.settings, dtype,
                       device, side)
         phash = stage.digest()
-        if rank == 0:
-            record_digest(out, job.parent_dir, dname, phash)
+    if rank == 0:  # beside the run too when this machine's cache had it
+        record_digest(out, job.parent_dir, dname, phash)
     items = make_items(job.parent_arch, job.alts, phash, job.split.digest, job.settings,
                        base_recipe=job.base_recipe)
     keys = [it.key for it in items]
