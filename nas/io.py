@@ -11,6 +11,8 @@
   writable, not holding foreign files) before any work starts.
 * :func:`output_lock`: one run at a time per output location; a second is refused at once
   (the last to finish would otherwise replace the other's results without a word).
+* :func:`remove_dir`: a folder deleted whole (renamed aside first, so a cut-short deletion
+  never leaves a half-deleted folder under its name).
 * Temp entries are named ``.NAME.<pid>-<random>.tmp`` (or ``.old``) after their writer
   (:func:`temp_prefix`): a killed run's (SIGKILL, a crash: no clean-up ran) are removed by
   the next run that checks the location (:func:`remove_stale_temps`), once their writer's
@@ -347,6 +349,22 @@ def swap_in_dir(staged: Path, path: Path) -> None:
         os.rename(path, old)
         os.rename(staged, path)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_dir(path: str | Path) -> bool:
+    """Delete folder ``path`` whole or not at all: it is first renamed to a temp entry
+    beside it (``.NAME.<pid>-*.old``, one rename, signals held), then deleted; a deletion
+    cut short leaves only that entry, which the next run that checks the place removes
+    (:func:`remove_stale_temps`). False when there was no such folder."""
+    path = Path(path)
+    if not path.is_dir() or path.is_symlink():
+        return False
+    with _signals_held():
+        old = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".old", dir=path.parent))
+        os.rmdir(old)
+        os.rename(path, old)
+    shutil.rmtree(old, ignore_errors=True)
+    return True
 
 
 @contextlib.contextmanager

@@ -17,11 +17,16 @@ Formats, by extension:
 
 A file is never read as another format than its extension says, and text is never
 tokenized without ``--tokenizer``: a ``.npy`` read as bytes would turn its header into ids.
+
+A checkpoint folder's tokenizer (:data:`TOKENIZER_FILES`) travels with the models made
+from it: ``build`` copies the parent's into the child, ``distill`` the student's (else the
+teacher's) into ``model/`` (:func:`copy_tokenizer`).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -197,5 +202,35 @@ def token_rows(path: str | Path, length: int, tokenizer: str | Path | None = Non
     return arr[: n * length].reshape(n, length)
 
 
-__all__ = ["BIN_DTYPES", "BYTES", "COMPUTE_DTYPES", "add_dtype_flag", "add_token_flags", "read_tokens",
-           "token_rows", "token_stream"]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "generation_config.json", "chat_template.jinja")
+"""The files of an HF tokenizer (and the generation defaults) a checkpoint folder may hold
+beside its weights; a child or a distilled model gets a copy of those its source has."""
+
+
+def tokenizer_files(folder: str | Path) -> list[Path]:
+    """The :data:`TOKENIZER_FILES` that checkpoint folder ``folder`` holds (regular files;
+    none when ``folder`` is not a folder)."""
+    folder = Path(folder)
+    return [folder / n for n in TOKENIZER_FILES if (folder / n).is_file()]
+
+
+def copy_tokenizer(sources: Iterable[str | Path], dest: str | Path) -> list[str]:
+    """Copy the tokenizer files of the first folder of ``sources`` that holds any
+    (:func:`tokenizer_files`) into folder ``dest`` (a staged checkpoint, before its swap);
+    the names copied (none when no source has a tokenizer)."""
+    import shutil
+
+    for src in sources:
+        files = tokenizer_files(src)
+        if files:
+            for f in files:
+                shutil.copyfile(f, Path(dest) / f.name)
+            return [f.name for f in files]
+    return []
+
+
+__all__ = ["BIN_DTYPES", "BYTES", "COMPUTE_DTYPES", "TOKENIZER_FILES", "add_dtype_flag",
+           "add_token_flags", "copy_tokenizer", "read_tokens", "token_rows", "token_stream",
+           "tokenizer_files"]

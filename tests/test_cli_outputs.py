@@ -161,15 +161,16 @@ def test_build_replaces_an_existing_checkpoint_whole(tmp_path, tiny, capsys):
     assert main(["build", str(pdir / "config.json"), "-o", str(out)]) == 0
     assert "weights: RANDOM (seed 0)" in capsys.readouterr().out
     (out / "model-00009-of-00009.safetensors").write_bytes(b"stale shard")
+    # another child into the folder replaces it only with --force
     assert main(["build", str(cfg), "--parent", str(pdir), "--calib", str(calib),
-                 "-o", str(out)]) == 0
+                 "-o", str(out), "--force"]) == 0
     assert "RANDOM" not in capsys.readouterr().out
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == ["build.json", "config.json", "model.safetensors"]
     assert json.loads((out / "config.json").read_text())["intermediate_size"] == 32
     assert load_pretrained(out).num_stored() > 0
-    (out / "tokenizer.json").write_text("{}")
-    assert main(["build", str(cfg), "-o", str(out)]) == 2
-    assert "tokenizer.json" in _one_line(capsys.readouterr().err)
+    (out / "notes.txt").write_text("mine")  # a file build does not write: never deleted
+    assert main(["build", str(cfg), "-o", str(out), "--force"]) == 2
+    assert "notes.txt" in _one_line(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -191,7 +192,7 @@ def test_build_interrupted_at_the_swap_keeps_the_old_checkpoint(tmp_path, tiny, 
     monkeypatch.setattr(bc, "swap_in_dir", signalled)
     capsys.readouterr()
     assert main(["build", str(cfg), "--parent", str(pdir), "--calib", str(calib),
-                 "-o", str(out)]) == code
+                 "-o", str(out), "--force"]) == code
     assert "interrupted" in _one_line(capsys.readouterr().err) or code == 143
     assert _snapshot(out) == before
     assert sorted(os.listdir(tmp_path)) == sorted(["out", "parent", "child.json",
@@ -225,7 +226,7 @@ def test_build_interrupted_during_the_swap_leaves_one_whole_checkpoint(tmp_path,
 
     monkeypatch.setattr(nas.io, "_exchange", signalled)
     assert main(["build", str(cfg), "--parent", str(pdir), "--calib", str(calib),
-                 "-o", str(out)]) == 130
+                 "-o", str(out), "--force"]) == 130
     assert "interrupted" in _one_line(capsys.readouterr().err)
     assert json.loads((out / "config.json").read_text())["intermediate_size"] == 32
     assert load_pretrained(out).num_stored() > 0  # the new set, whole and loadable

@@ -47,11 +47,14 @@ def _env(**kw: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def work(trained_parent, tmp_path_factory):
-    """The trained tiny parent, a child of it (an FFN dropped, a MoE at half its experts)
-    initialized from it, and the English bytes as token ids."""
+    """The trained tiny parent (with a tokenizer), a child of it (an FFN dropped, a MoE at
+    half its experts) initialized from it, and the English bytes as token ids."""
+    from conftest import write_tokenizer
+
     model, calib, _, data = trained_parent
     d = tmp_path_factory.mktemp("distill")
     save_pretrained(model, d / "parent")
+    write_tokenizer(d / "parent")
     blocks = list(PARENT.blocks)
     blocks[1] = NoOp()
     blocks[3] = blocks[3].model_copy(update={"num_experts": 4})
@@ -239,6 +242,13 @@ def _held_about_one_nth(rec, work: Path) -> None:
 
 def test_two_gloo_ranks_match_one_rank_at_the_same_global_batch(work, one_rank, two_ranks):
     _curves_agree(one_rank, two_ranks)
+    for out in (one_rank, two_ranks):  # finished: the resume state deleted, by rank 0
+        assert not (out / "checkpoint").exists()
+        assert not [n for n in os.listdir(out) if n.startswith(".")]
+        # the student has no tokenizer: the teacher's is copied (streamed export too)
+        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            assert (out / "model" / name).read_bytes() == \
+                (work / "parent" / name).read_bytes(), (out, name)
     rec = load_record(two_ranks)
     assert rec.world_size == 2
     _held_about_one_nth(rec, work)
@@ -287,8 +297,11 @@ def test_activation_checkpointing_and_mixed_precision(work, two_ranks, tmp_path)
     without it bit for bit. Mixed precision (bf16 compute, float32 master weights) trains
     as well, on one process (a one-rank FSDP2 group) as on two ranks, and writes the
     child's dtype."""
-    p = _cli(work, tmp_path / "ac", "--nproc", "2", "--activation-checkpointing")
+    p = _cli(work, tmp_path / "ac", "--nproc", "2", "--activation-checkpointing",
+             "--keep-checkpoint")  # forwarded to the ranks: the sharded state is kept
     assert p.returncode == 0, p.stderr[-3000:]
+    state = json.loads((tmp_path / "ac" / "checkpoint" / "state.json").read_text())
+    assert state["layout"] == "sharded" and state["world"] == 2 and state["step"] == 9
     assert _same(_weights(two_ranks), _weights(tmp_path / "ac"))
     assert load_record(tmp_path / "ac").activation_checkpointing
     for n in ("1", "2"):
@@ -328,6 +341,47 @@ def test_a_keep_last_run_resumes_past_a_better_early_evaluation(work, tmp_path):
         p = _cli(work, out, *bad, "--nproc", n)
         assert p.returncode == 0 and "resuming from step 4" in p.stderr, p.stderr[-2000:]
         assert load_record(out).kept_step == 10
+
+
+def test_a_finished_run_deletes_its_checkpoint_unless_kept(work, tmp_path, capsys):
+    """Once distill.json and model/ are written, checkpoint/ (the resume state) is deleted;
+    a rerun of the finished command exits 0 with the same record; --keep-checkpoint keeps
+    it. model/ carries the student's tokenizer when it has one (else the teacher's)."""
+    import shutil
+
+    from conftest import write_tokenizer
+
+    from nas.cli import main as cli
+
+    student = tmp_path / "student"
+    shutil.copytree(work / "child", student)
+    files = write_tokenizer(student, words=("a", "b"))  # not the teacher's
+    argv = ["distill", str(student), "--teacher", str(work / "parent"), "--data",
+            str(work / "tokens.npy"), *KD, "--json"]
+    out = tmp_path / "kd"
+    assert cli([*argv, "-o", str(out)]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["steps"] == 10 and rec["resumed_from_step"] == 0
+    left = os.listdir(out)
+    assert {"distill.json", "kd_curve.png", "model"} <= set(left)
+    assert "checkpoint" not in left and not [n for n in left if n.startswith(".")], left
+    for name, data in files.items():
+        assert (out / "model" / name).read_bytes() == data, name
+    assert cli([*argv, "-o", str(out)]) == 0  # the finished run, read back
+    assert json.loads(capsys.readouterr().out) == rec
+    assert not (out / "checkpoint").exists()
+
+    kept = tmp_path / "kept"
+    assert cli([*argv, "-o", str(kept), "--keep-checkpoint"]) == 0
+    assert json.loads(capsys.readouterr().out)["curve"] == rec["curve"]
+    state = json.loads((kept / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 9 and (kept / "checkpoint" / "optimizer.pt").is_file()
+    # a checkpoint left beside a finished record (a run stopped right after writing it)
+    # goes at the next rerun, which reads the record back
+    assert cli([*argv, "-o", str(kept)]) == 0
+    assert json.loads(capsys.readouterr().out)["curve"] == rec["curve"]
+    assert not (kept / "checkpoint").exists()
+    assert not [n for n in os.listdir(kept) if n.startswith(".")]
 
 
 # ---- bad input ----------------------------------------------------------------------------
@@ -422,6 +476,9 @@ def test_a_rerun_reads_the_recorded_digests_instead_of_hashing(work, tmp_path, m
     import nas.train.distill as d
     from nas.train.distill import STUDENT_RECORD, TEACHER_RECORD
 
+    # a machine cache of its own: the first run hashes (another test's run recorded these
+    # checkpoints' digests in the suite's cache, which would spare the hashing)
+    monkeypatch.setenv("PUZZLE_NAS_CACHE", str(tmp_path / "cache"))
     s = DistillSettings(tokens=2 * 8 * SEQ, seq_len=SEQ, batch_size=8, eval_every=2,
                         eval_tokens=512, checkpoint_every=2, mixed_precision=mixed)
     data = np.load(work / "tokens.npy").astype(np.int64)

@@ -234,7 +234,7 @@ def test_sigkilled_build_leftovers_are_removed_by_the_next_run(tmp_path, tiny_bu
     assert main(["build", str(cfg), "-o", str(out)]) == 0
     assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".")) == sorted(
         [live.name, foreign.name])
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == ["build.json", "config.json", "model.safetensors"]
 
 
 # ---- a full disk: RLIMIT_FSIZE for every command that writes ---------------------------
@@ -276,8 +276,9 @@ def writers(tmp_path_factory):
                    20000),
         "search-small": (["search", str(spec_file(tmp_path, "pool")), "-o", "OUT", "--quiet"],
                          100),
-        "build": (["build", str(cfg), "-o", "OUT"], 5000),
-        "build-small": (["build", str(cfg), "-o", "OUT"], 100),
+        # --force: the same build again would find its child built and write nothing
+        "build": (["build", str(cfg), "-o", "OUT", "--force"], 5000),
+        "build-small": (["build", str(cfg), "-o", "OUT", "--force"], 100),
         "distill": (["distill", str(child), "--teacher", str(pdir), "--data", str(tokens),
                      "-o", "OUT", "--tokens", "1024", "--seq-len", "32", "--batch", "4",
                      "--eval-tokens", "256", "--checkpoint-every", "4", "--eval-every", "8"],
@@ -367,7 +368,7 @@ def test_a_damaged_distill_checkpoint_says_what_to_delete(tmp_path, writers, cap
     delete (exit 2), no traceback; once it is deleted the run starts over and completes."""
     argv = [str(tmp_path / "d") if a == "OUT" else a for a in writers["distill"][0]]
     out = tmp_path / "d"
-    assert main(argv) == 0  # 8 steps, a checkpoint kept at step 4
+    assert main([*argv, "--keep-checkpoint"]) == 0  # 8 steps, a checkpoint kept at step 4
     ckpt = out / "checkpoint"
     assert (ckpt / "state.json").is_file()
     (out / "distill.json").unlink()  # unfinished again: the next run resumes at step 4

@@ -59,6 +59,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,7 @@ from nas.io import check_output_dir, swap_in_dir, temp_prefix
 from nas.kinds import hf_module
 from nas.modules.granite import GRANITE
 from nas.modules.model import CausalLM
+from nas.tokens import TOKENIZER_FILES
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -300,9 +302,14 @@ def _shard_plan(model: CausalLM, model_type: str, max_shard_bytes: int
     return shards
 
 
-CHECKPOINT_FILES = (CONFIG, WEIGHTS, INDEX, "model-*-of-*.safetensors", *REMOTE_FILES)
-"""What :func:`save_pretrained` writes; an existing output folder may hold only these (the
-save replaces the folder whole)."""
+BUILD_RECORD = "build.json"
+"""What ``puzzle-nas build`` records beside the child it wrote
+(:class:`nas.cli.build.BuildRecord`)."""
+CHECKPOINT_FILES = (CONFIG, WEIGHTS, INDEX, "model-*-of-*.safetensors", *REMOTE_FILES,
+                    *TOKENIZER_FILES, BUILD_RECORD)
+"""What :func:`save_pretrained` writes (with the tokenizer files and the build record its
+callers add, ``extra``); an existing output folder may hold only these (the save replaces
+the folder whole)."""
 
 
 def is_checkpoint_file(name: str) -> bool:
@@ -315,7 +322,8 @@ def is_checkpoint_file(name: str) -> bool:
 
 def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = None,
                     max_shard_bytes: int = MAX_SHARD_BYTES,
-                    remote_code: bool | None = None) -> Path:
+                    remote_code: bool | None = None,
+                    extra: Callable[[Path], object] | None = None) -> Path:
     """Write ``config.json`` and the weights into folder ``path``: ``model.safetensors``, or
     ``model-0000k-of-0000n.safetensors`` shards of at most ``max_shard_bytes`` (default 5 GB)
     plus ``model.safetensors.index.json`` when larger, as transformers writes them.
@@ -332,6 +340,10 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
     True: always, False: never) also gets ``auto_map`` and its modeling code
     (:mod:`nas.hf.remote`), so ``AutoModelForCausalLM.from_pretrained(path,
     trust_remote_code=True)`` builds the same model.
+
+    ``extra(folder)``, when given, writes more files into the staged folder once the
+    checkpoint's are complete, before the swap (a tokenizer, :func:`nas.tokens.copy_tokenizer`;
+    the build record), so they arrive with it or not at all.
     """
     from safetensors.torch import save_file
 
@@ -361,7 +373,7 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
                     DIGESTS_KEY: json.dumps({k: _digest(v) for k, v in tensors.items()})}
             save_file(tensors, str(tmp / fname), metadata=meta)
             del tensors
-        finish_checkpoint(tmp, path, cfg, wmap if len(shards) > 1 else None, total)
+        finish_checkpoint(tmp, path, cfg, wmap if len(shards) > 1 else None, total, extra)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -369,13 +381,15 @@ def save_pretrained(model: CausalLM, path: str | Path, model_type: str | None = 
 
 
 def finish_checkpoint(tmp: Path, path: Path, cfg: dict[str, Any],
-                      weight_map: dict[str, str] | None, total: int) -> None:
+                      weight_map: dict[str, str] | None, total: int,
+                      extra: Callable[[Path], object] | None = None) -> None:
     """Complete a checkpoint written into the temp folder ``tmp`` (its safetensors files
     already there) and swap it in as ``path``: the shard index (``weight_map`` None: one
-    file, no index), ``config.json``, permissions as ``open()`` would give (``mkdtemp``
-    made the folder private), then one swap, so a reader sees the old checkpoint or the new
-    one, never new weights beside an old config (an older checkpoint's stale shards and
-    index go with the old folder)."""
+    file, no index), ``config.json``, the files ``extra(tmp)`` writes (a tokenizer, a
+    record), permissions as ``open()`` would give (``mkdtemp`` made the folder private),
+    then one swap, so a reader sees the old checkpoint or the new one, never new weights
+    beside an old config (an older checkpoint's stale shards and index go with the old
+    folder)."""
     if weight_map is not None:
         (tmp / INDEX).write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
@@ -383,6 +397,8 @@ def finish_checkpoint(tmp: Path, path: Path, cfg: dict[str, Any],
     if REMOTE_KEY in cfg:  # the modeling code its auto_map names (nas.hf.remote)
         for fname, text in remote_files(cfg["model_type"]).items():
             (tmp / fname).write_text(text)
+    if extra is not None:
+        extra(tmp)
     umask = os.umask(0)
     os.umask(umask)
     for f in tmp.iterdir():

@@ -3,7 +3,8 @@
 Global knowledge distillation of a built child from its parent (torch extra): logit KL
 (plus ``--lm-weight`` times the LM loss), AdamW with warm-up and cosine decay, held-out KL,
 LM loss and accuracy logged every ``--eval-every`` steps, a checkpoint every
-``--checkpoint-every`` steps (rerunning the same command resumes from it). ``--nproc N``
+``--checkpoint-every`` steps (rerunning the same command resumes from it; deleted once the
+run has finished unless ``--keep-checkpoint``). ``--nproc N``
 runs ``torchrun --standalone --nproc-per-node N -m nas.cli.distill`` with the same
 arguments (gloo on CPU, nccl with ``--device cuda``): teacher and student sharded over the
 ranks with FSDP2, sharded resumable checkpoints (``--replicas``: a whole copy of each per
@@ -57,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--eval-tokens", type=int, default=16384, help="held-out tokens evaluated")
     p.add_argument("--checkpoint-every", type=int, default=50,
                    help="steps between checkpoints (default 50)")
+    p.add_argument("--keep-checkpoint", action="store_true",
+                   help="keep DIR/checkpoint/ (the resume state: the student and the "
+                   "optimizer state) after the run finishes; by default it is deleted once "
+                   "distill.json and model/ are written")
     p.add_argument("--lr-sweep", type=lr_list, default=(), metavar="LR,LR,...",
                    help="try these peak learning rates first, each for --sweep-steps steps from "
                    "the child as given, and train with the one of lowest held-out KL (--lr "
@@ -225,6 +230,9 @@ def _check_resume(args: argparse.Namespace, nproc: int) -> None:
 
 def run_local(args: argparse.Namespace) -> int:
     """Distill in this process (one rank when launched by torchrun)."""
+    from nas.hf.gguf import resolve_parent
+
+    args.teacher = resolve_parent(args.teacher, "teacher")  # ranks started by hand
     _check(args)
     import os
 
@@ -243,7 +251,8 @@ def run_local(args: argparse.Namespace) -> int:
                                                        args.bin_dtype)
     rec = distill(args.child, args.teacher, train, args.output, settings_of(args), held=held,
                   data_source=args.data, eval_source=args.eval_data, device=args.device,
-                  replicas=args.replicas, checkpointing=args.activation_checkpointing)
+                  replicas=args.replicas, checkpointing=args.activation_checkpointing,
+                  keep_checkpoint=args.keep_checkpoint)
     if rec is None:
         return 0
     if args.json:
@@ -277,7 +286,7 @@ def forward_args(args: argparse.Namespace) -> list[str]:
         out += ["--lr-sweep", ",".join(repr(x) for x in args.lr_sweep)]
     if args.sweep_steps is not None:
         out += ["--sweep-steps", str(args.sweep_steps)]
-    for flag in ("keep_last", "replicas", "activation_checkpointing"):
+    for flag in ("keep_last", "replicas", "activation_checkpointing", "keep_checkpoint"):
         if getattr(args, flag):
             out.append("--" + flag.replace("_", "-"))
     if args.json:
@@ -307,6 +316,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--nproc must be >= 1")
     if args.plan:
         return _print_plan(args)
+    from nas.hf.gguf import resolve_parent
+
+    args.teacher = resolve_parent(args.teacher, "teacher")  # a .gguf: converted once
     _check(args)
     _check_fits(args, args.nproc)
     # one run at a time per output folder (two would train into the same checkpoint): a

@@ -1,9 +1,11 @@
-"""``puzzle-nas inspect CONFIG``: parameters, weight bytes, KV and state sizes."""
+"""``puzzle-nas inspect CONFIG``: parameters, weight bytes, KV and state sizes (CONFIG: a
+``config.json``, a folder holding one, or a ``.gguf`` file, read by :mod:`nas.hf.gguf`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from hwprofiles.units import gb_gib
 
@@ -13,7 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Exact total/active parameters, a per-kind breakdown, weight "
                        "bytes under a precision recipe, KV bytes per token and SSM state bytes "
                        "per sequence of an HF config.json.")
-    p.add_argument("config", help="HF config.json (or a folder holding one)")
+    p.add_argument("config", help="HF config.json (or a folder holding one, or a .gguf "
+                   "file: gguf extra)")
     p.add_argument("--precision", default="bf16",
                    help="recipe name (bf16, fp8, nvfp4) or a recipe JSON file (default bf16)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
@@ -27,8 +30,14 @@ def _b(n: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from costmodels.dtypes import get_recipe
     from nas.hf import load_config
+    from nas.hf.gguf import is_gguf, read_info
 
     arch = load_config(args.config)
+    if is_gguf(args.config):
+        info = read_info(args.config)
+        print(f"{args.config}: GGUF ({info.quant}), architecture {info.architecture!r}: config "
+              "read by transformers from its metadata, no weights loaded (commands that load "
+              "them dequantize them to float32)", file=sys.stderr)
     recipe = get_recipe(args.precision)
     s = arch.summary(recipe)
     if args.json:

@@ -27,12 +27,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run the spec's stages: per stage score, search, build from BLD blocks, "
         "distill; the distilled child is the next stage's parent (torch extra).")
     p.add_argument("spec", help="search spec JSON with a 'stages' list")
-    p.add_argument("--parent", required=True, help="parent checkpoint folder")
+    p.add_argument("--parent", required=True, help="parent checkpoint folder, or a .gguf "
+                   "file (gguf extra)")
     p.add_argument("--data", required=True, help="training / scoring tokens (.npy, .bin, or "
                    "text with --tokenizer)")
     p.add_argument("--eval-data", help="held-out tokens for the distillation's evaluation")
     p.add_argument("-o", "--output", required=True, help="output folder (resumable)")
-    p.add_argument("--teacher", help="distillation teacher (default: --parent)")
+    p.add_argument("--teacher", help="distillation teacher, a folder or a .gguf file "
+                   "(default: --parent)")
     p.add_argument("--parent-scores", help="an existing `puzzle-nas score` folder of --parent "
                    "for stage 0")
     add_token_flags(p)
@@ -95,6 +97,15 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--kd-mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is visible")
+    from nas.hf.gguf import is_gguf, read_info, resolve_parent
+
+    # a .gguf parent or teacher: converted once to a checkpoint folder, read as one (both
+    # files checked before either is converted)
+    for path in (args.parent, args.teacher):
+        if is_gguf(path):
+            read_info(path)
+    args.parent = resolve_parent(args.parent)
+    args.teacher = resolve_parent(args.teacher, "teacher")
     if not (Path(args.parent) / "config.json").is_file():
         raise InputError("not a checkpoint folder (config.json + safetensors)",
                          path=args.parent, field="--parent")

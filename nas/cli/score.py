@@ -23,8 +23,8 @@ from nas.tokens import add_dtype_flag, add_token_flags
 def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("spec", help="search spec JSON (its search space gives the alternatives)")
     p.add_argument("--parent", help="parent checkpoint folder (config.json + safetensors, "
-                   "sharded or not); must match the spec's parent (required unless --plan: "
-                   "then the spec's parent config)")
+                   "sharded or not) or a .gguf file (gguf extra); must match the spec's "
+                   "parent (required unless --plan: then the spec's parent config)")
     p.add_argument("--data", help="tokens: .npy (integers), .bin (raw, with --bin-dtype) or "
                    "UTF-8 text with --tokenizer (required unless --plan)")
     p.add_argument("-o", "--output", help="output folder (resumable; required unless --plan)")
@@ -96,16 +96,20 @@ def _plan(args: argparse.Namespace, nproc: int):
     import hwprofiles
     from nas import space
     from nas.hf import from_hf, load_config
+    from nas.hf.gguf import gguf_config, is_gguf
     from nas.scoring.plan import plan
     from nas.spec import load_spec
 
     spec, base, _ = load_spec(args.spec)
-    if args.parent:
+    if args.parent and is_gguf(args.parent):  # its config alone: nothing is dequantized
+        arch, cfg = load_config(args.parent), gguf_config(args.parent)
+    elif args.parent:
         arch = load_config(args.parent)
         cfg = json.loads((Path(args.parent) / "config.json").read_text())
     elif isinstance(spec.parent, str):
         pp = Path(spec.parent) if Path(spec.parent).is_absolute() else base / spec.parent
-        arch, cfg = load_config(pp), json.loads(pp.read_text())
+        arch = load_config(pp)
+        cfg = gguf_config(pp) if is_gguf(pp) else json.loads(pp.read_text())
     else:
         arch, cfg = from_hf(spec.parent, source=f"{args.spec}: parent"), dict(spec.parent)
     dtype = args.dtype or {"bfloat16": "bfloat16", "float16": "float16"}.get(
@@ -179,8 +183,10 @@ def _job(args: argparse.Namespace):
 
 def run_local(args: argparse.Namespace, job=None) -> int:
     """Score in this process (one rank when launched by torchrun)."""
+    from nas.hf.gguf import resolve_parent
     from nas.scoring.runner import run as run_scoring
 
+    args.parent = resolve_parent(args.parent)  # a .gguf: its converted folder
     job = job or _job(args)
     if args.device == "cuda":
         import torch
@@ -211,6 +217,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--nproc must be >= 1")
     if args.plan:
         return _print_plan(args, args.nproc)
+    from nas.hf.gguf import resolve_parent
+
+    # a .gguf parent: converted once here, before the ranks start (they get the folder)
+    args.parent = resolve_parent(args.parent)
     job = _job(args)
     _check_fits(args, job)
     if args.nproc == 1:

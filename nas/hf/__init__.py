@@ -66,8 +66,13 @@ __all__ = ["DIALECTS", "Dialect", "ExportError", "FAMILIES", "GENERIC_EXPORTS", 
 
 
 def load_config(path: str | Path) -> ModelArch:
-    """Read an HF ``config.json`` (or a folder holding one) as a :class:`ModelArch`."""
+    """Read an HF ``config.json`` (or a folder holding one, or a ``.gguf`` file: its config
+    as transformers reads it, :func:`nas.hf.gguf.gguf_config`) as a :class:`ModelArch`."""
     path = Path(path)
+    if path.suffix.lower() == ".gguf":
+        from nas.hf.gguf import load_gguf_arch
+
+        return load_gguf_arch(path)
     if path.is_dir():
         path = path / "config.json"
     return from_hf(read_json(path), source=str(path))

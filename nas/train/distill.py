@@ -45,8 +45,12 @@ checkpointing** (``checkpointing``) recomputes each block in the backward pass
 
 Outputs in ``DIR``: ``model/`` (the distilled child: ``config.json`` + ``model.safetensors``,
 a checkpoint :func:`nas.build.load_pretrained` reads and ``puzzle-nas score`` takes as a
-parent), ``distill.json`` (:class:`DistillRecord`: settings, hashes, the KD curve),
-``kd_curve.png``, and ``checkpoint/`` (while running and after, for resuming).
+parent, with the student's tokenizer files, else the teacher's:
+:func:`nas.tokens.copy_tokenizer`), ``distill.json`` (:class:`DistillRecord`: settings,
+hashes, the KD curve), ``kd_curve.png``, and ``checkpoint/`` while the run is going (for
+resuming): once ``distill.json`` and ``model/`` are written it is deleted (it can be as
+large as the model plus the optimizer state), unless ``keep_checkpoint``. A rerun of a
+finished run reads ``distill.json`` back and needs no checkpoint.
 """
 
 from __future__ import annotations
@@ -77,11 +81,12 @@ from pydantic import (
 
 from hwprofiles.errors import InputError, first_error, read_json
 from nas.build import load_pretrained
-from nas.io import atomic_write_json, staged_dir
+from nas.io import atomic_write_json, remove_dir, staged_dir
 from nas.modules.model import CausalLM
 from nas.progress import Progress
 from nas.scoring.digest import record_digest, recorded_digest, weights_digest
 from nas.scoring.runner import init_distributed, rank_and_world
+from nas.tokens import copy_tokenizer
 
 TEACHER_RECORD, STUDENT_RECORD = "teacher-digest.json", "student-digest.json"
 """Beside a distillation run: the teacher's and the student's :func:`weights_digest` per
@@ -846,13 +851,16 @@ def _st_header(header: dict[str, Any], digests: dict[str, str]) -> bytes:
 
 
 def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
-                   max_shard_bytes: int | None = None) -> None:
+                   max_shard_bytes: int | None = None,
+                   extra: Callable[[Path], object] | None = None) -> None:
     """Write a sharded model as a checkpoint folder (``config.json`` + safetensors, as
     :func:`nas.build.save_pretrained` writes it, digests included), gathering one tensor
     at a time (a collective: every rank calls it; rank 0 writes). The safetensors files
     are streamed: the header (offsets from the shapes, digests as placeholders of their
     fixed length) first, then each tensor's bytes as it is gathered, then the header again
-    with the digests. Parameters are written in ``dtype``, buffers as they are (float32)."""
+    with the digests. Parameters are written in ``dtype``, buffers as they are (float32).
+    ``extra(folder)`` writes more files (a tokenizer) into the staged folder on rank 0
+    before the swap."""
     import hashlib as _hl
     import shutil
     import tempfile
@@ -940,7 +948,7 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
                     fh.close()
         last = None
         if tmp is not None:
-            finish_checkpoint(tmp, path, cfg, wmap if len(files) > 1 else None, total)
+            finish_checkpoint(tmp, path, cfg, wmap if len(files) > 1 else None, total, extra)
             tmp = None
     finally:
         if tmp is not None:
@@ -1007,7 +1015,8 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             out_dir: str | Path, settings: DistillSettings, *, held: np.ndarray | None = None,
             data_source: str = "data", eval_source: str | None = None, device: str = "cpu",
             progress: bool | None = None, log: Callable[[str], None] | None = None,
-            replicas: bool = False, checkpointing: bool = False) -> DistillRecord | None:
+            replicas: bool = False, checkpointing: bool = False,
+            keep_checkpoint: bool = False) -> DistillRecord | None:
     """Distill the checkpoint ``student_dir`` from ``teacher_dir`` on token array ``train``
     (held-out rows from ``held``, else the end of ``train``) into ``out_dir`` (see the
     module docstring). Resumes from ``out_dir/checkpoint`` when it belongs to the same run;
@@ -1016,7 +1025,9 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
 
     Under torchrun the teacher and student are sharded over the ranks (FSDP2) unless
     ``replicas`` (a whole copy of each per rank, DDP); ``checkpointing`` recomputes each
-    block's activations in the backward pass (same weights, less memory)."""
+    block's activations in the backward pass (same weights, less memory).
+    ``keep_checkpoint``: leave ``out_dir/checkpoint`` once the run is finished (by default
+    rank 0 deletes it after every rank is done)."""
     s = settings
     if replicas and s.mixed_precision:
         raise InputError("--mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
@@ -1024,7 +1035,8 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     solo = layout_of(world, s, replicas) == "sharded" and _solo_group(device)
     try:
         return _distill(student_dir, teacher_dir, train, out_dir, s, held, data_source,
-                        eval_source, device, progress, log, replicas, checkpointing)
+                        eval_source, device, progress, log, replicas, checkpointing,
+                        keep_checkpoint)
     finally:
         if solo:
             dist.destroy_process_group()
@@ -1033,8 +1045,8 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
 def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
              out_dir: str | Path, s: DistillSettings, held: np.ndarray | None,
              data_source: str, eval_source: str | None, device: str, progress: bool | None,
-             log: Callable[[str], None] | None, replicas: bool, checkpointing: bool
-             ) -> DistillRecord | None:
+             log: Callable[[str], None] | None, replicas: bool, checkpointing: bool,
+             keep_checkpoint: bool = False) -> DistillRecord | None:
     t0 = time.perf_counter()
     log = log if log is not None else (lambda m: print(m, file=sys.stderr))
     rank, world = rank_and_world()
@@ -1097,14 +1109,14 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         except ValidationError:
             rec = None
         if rec is not None and rec.key == key:
+            if rank == 0 and not keep_checkpoint:  # left by a run stopped just after it ended
+                remove_dir(out / "checkpoint")
             return rec if rank == 0 else None
 
-    if rank == 0:  # the run starts (its checkpoints go here): record what was hashed
-        out.mkdir(parents=True, exist_ok=True)
-        if t_known is None:
-            record_digest(out, teacher_dir, t_key, t_hash, TEACHER_RECORD)
-        if s_known is None:
-            record_digest(out, student_dir, s_key, s_hash, STUDENT_RECORD)
+    if rank == 0:  # the run starts (its checkpoints go here): record the digests beside it
+        out.mkdir(parents=True, exist_ok=True)  # (and in this machine's cache)
+        record_digest(out, teacher_dir, t_key, t_hash, TEACHER_RECORD)
+        record_digest(out, student_dir, s_key, s_hash, STUDENT_RECORD)
 
     def new_opt(lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=lr,
@@ -1216,7 +1228,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
     kill_after = int(os.environ.get(KILL_ENV, "-1"))
     stopped = None
     with Progress(s.steps, "distilling", progress if rank == 0 else False) as bar:
-        bar.update(start)
+        bar.skip(start)  # a resume: the steps done before count, not in the rate
 
         def on_step(step: int, lv: float) -> None:
             bar.update(1, f"loss {lv:.4f}")
@@ -1275,15 +1287,19 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
     figures: list[Any] = [(held_el, rss)] * world
     if world > 1:
         dist.all_gather_object(figures, (held_el, rss))
+
+    def tokenizer(folder: Path) -> None:  # the student's tokenizer, else the teacher's
+        copy_tokenizer([student_dir, teacher_dir], folder)
+
     if sharded:
-        export_sharded(student, out / "model", export_dtype)
+        export_sharded(student, out / "model", export_dtype, extra=tokenizer)
     if rank != 0:
         dist.barrier()
         return None
     if not sharded:
         from nas.build import save_pretrained
 
-        save_pretrained(student, out / "model")
+        save_pretrained(student, out / "model", extra=tokenizer)
     record = DistillRecord(
         version=VERSION, key=key, student=str(student_dir), teacher=str(teacher_dir),
         teacher_weights=t_hash, student_init_weights=s_hash, data=data_source,
@@ -1299,7 +1315,9 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
     plot_curve(out / "kd_curve.png", record)
     atomic_write_json(done, record.model_dump())
     if world > 1:
-        dist.barrier()
+        dist.barrier()  # every rank is done (with the checkpoint too)
+    if not keep_checkpoint:  # the finished run is distill.json + model/; a rerun reads those
+        remove_dir(ckpt)
     return record
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -211,9 +212,11 @@ def score_argv(spec: Path, parent: Path, data: str | Path, out: Path, settings: 
 def distill_argv(child: Path, teacher: Path, data: str | Path, out: Path, settings: Any,
                  eval_data: str | Path | None, tokenizer: str | Path | None,
                  bin_dtype: str | None, device: str, replicas: bool,
-                 checkpointing: bool) -> list[str]:
+                 checkpointing: bool, keep_checkpoint: bool = False) -> list[str]:
     """The rank command line of ``torchrun -m nas.cli.distill`` for one stage's
-    distillation (every field of :class:`nas.train.distill.DistillSettings` as its flag)."""
+    distillation (every field of :class:`nas.train.distill.DistillSettings` as its flag;
+    ``keep_checkpoint``: ``--keep-checkpoint``, the stage's ``distill/checkpoint/`` kept
+    after it finishes)."""
     s = settings
     argv = [str(child), "--teacher", str(teacher), "--data", str(data), "-o", str(out)]
     argv += _flag("batch", s.batch_size)
@@ -226,7 +229,8 @@ def distill_argv(child: Path, teacher: Path, data: str | Path, out: Path, settin
     argv += _flag("eval_data", eval_data) + _flag("tokenizer", tokenizer)
     argv += _flag("bin_dtype", bin_dtype) + ["--device", device]
     for flag, on in (("--keep-last", not s.keep_best), ("--replicas", replicas),
-                     ("--activation-checkpointing", checkpointing)):
+                     ("--activation-checkpointing", checkpointing),
+                     ("--keep-checkpoint", keep_checkpoint)):
         if on:
             argv.append(flag)
     return argv
@@ -260,14 +264,15 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
                 parent_scores: str | Path | None = None, progress: bool | None = None,
                 log: Callable[[str], None] | None = None, nproc: int = 1,
                 device: str = "cpu", replicas: bool = False,
-                checkpointing: bool = False) -> IterateRecord:
+                checkpointing: bool = False, keep_checkpoint: bool = False) -> IterateRecord:
     """Run every stage of ``spec_path`` (see the module docstring) on the checkpoint
     ``parent_dir``; ``data`` trains (BLD calibration and scoring come from it too),
     ``eval_data`` is the distillation's held-out set. ``teacher`` defaults to the parent.
     ``parent_scores``: an existing ``puzzle-nas score`` folder of the parent (with the same
     settings) that stage 0 reuses. ``nproc``, ``device``, ``replicas``: the ranks each
     stage's scoring and distillation run on (see the module docstring); ``checkpointing``:
-    the distillation's activation checkpointing."""
+    the distillation's activation checkpointing; ``keep_checkpoint``: keep each stage's
+    ``distill/checkpoint/`` once its distillation finished (deleted by default)."""
     import sys
 
     import torch
@@ -278,6 +283,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
     from nas.scoring import run as run_scoring
     from nas.scoring.bld import assemble_child
     from nas.scoring.data import load_tokens
+    from nas.tokens import copy_tokenizer
     from nas.train.distill import distill
 
     t0 = time.perf_counter()
@@ -350,7 +356,8 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         child_arch = from_hf(bp.child, source=str(sdir / "search" / "blueprint.json"))
         dtype = None if score_settings.dtype is None else getattr(torch, score_settings.dtype)
         child = assemble_child(child_arch, current, scores, dtype)  # one block at a time
-        save_pretrained(child, sdir / "child")
+        save_pretrained(child, sdir / "child",  # with its parent's tokenizer
+                        extra=partial(copy_tokenizer, [current]))
         # 4. distill
         dist_dir = sdir / "distill"
         if nproc > 1:
@@ -362,14 +369,14 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
                 raise InputError(f"stage {k}: {why}")
             _ranks(k, "distillation", "nas.cli.distill", nproc, distill_argv(
                 sdir / "child", teacher, data, dist_dir, distill_settings, eval_data,
-                tokenizer, bin_dtype, device, replicas, checkpointing))
+                tokenizer, bin_dtype, device, replicas, checkpointing, keep_checkpoint))
             rec_d: DistillRecord | None = load_record(dist_dir)
         else:
             rec_d = distill(sdir / "child", teacher, train, dist_dir, distill_settings,
                             held=held, data_source=str(data),
                             eval_source=None if eval_data is None else str(eval_data),
                             progress=progress, log=log, device=device,
-                            checkpointing=checkpointing)
+                            checkpointing=checkpointing, keep_checkpoint=keep_checkpoint)
         assert rec_d is not None
         rec = StageRecord(
             version=VERSION, index=k, name=st.name or f"stage {k}", parent=str(current),
