@@ -115,6 +115,16 @@ def test_stage_command_lines_carry_every_setting():
                                      None, None, "cuda", False, True))
     assert cli_distill.settings_of(args) == ds
     assert args.device == "cuda" and args.activation_checkpointing and not args.replicas
+    assert not args.keep_checkpoint  # a finished stage's resume state is removed by default
+    kept = p.parse_args(distill_argv(Path("c"), Path("t"), "d.npy", Path("o"), ds, "e.npy",
+                                     None, None, "cpu", False, False, True))
+    assert kept.keep_checkpoint and not kept.activation_checkpointing
+    from nas.cli import build_parser
+
+    it = ["iterate", "s.json", "--parent", "p", "--data", "d.npy", "-o", "o", "--kd-tokens",
+          "1000"]
+    assert not build_parser().parse_args(it).keep_checkpoint
+    assert build_parser().parse_args([*it, "--keep-checkpoint"]).keep_checkpoint
     assert args.eval_data == "e.npy" and args.teacher == "t"
     ss = Settings(seq_len=32, batch_size=3, max_tokens=999, calib_tokens=128, bld_steps=4,
                   bld_lr=2.5e-4, bld_batch=2, seed=3, dtype="bfloat16")

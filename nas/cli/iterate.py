@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "--mixed-precision)")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="KD: recompute each block's activations in the backward pass")
+    p.add_argument("--keep-checkpoint", action="store_true",
+                   help="KD: keep each stage's distill/checkpoint/ (the resume state) after "
+                   "the stage's distillation has finished (default: removed)")
     p.add_argument("--nproc", type=int, default=1, help="ranks (processes on this node, "
                    "torchrun) each stage's scoring and distillation run on (default 1)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -128,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
                       bin_dtype=args.bin_dtype, teacher=args.teacher,
                       parent_scores=args.parent_scores, nproc=args.nproc,
                       device=args.device, replicas=args.replicas,
-                      checkpointing=args.activation_checkpointing)
+                      checkpointing=args.activation_checkpointing,
+                      keep_checkpoint=args.keep_checkpoint)
     if args.json:
         print(json.dumps(rec.model_dump(), indent=2))
         return 0
