@@ -91,6 +91,28 @@ def trained_parent():
     return frozen_parent()
 
 
+def distill_folder(trained, folder: Path) -> Path:
+    """``folder`` holding what the distillation tests run on: the trained tiny parent
+    (``trained``: the :func:`trained_parent` tuple) and a child of it (an FFN dropped, a MoE
+    at half its experts) initialized from it, as checkpoints, and the English bytes as
+    token ids (``tokens.npy``)."""
+    import numpy as np
+    from tiny_parent import PARENT
+
+    from nas.arch import NoOp
+    from nas.build import init_from_parent, save_pretrained
+
+    model, calib, _, data = trained
+    save_pretrained(model, folder / "parent")
+    blocks = list(PARENT.blocks)
+    blocks[1] = NoOp()
+    blocks[3] = blocks[3].model_copy(update={"num_experts": 4})
+    save_pretrained(init_from_parent(PARENT.replace_blocks(blocks), model, calib),
+                    folder / "child")
+    np.save(folder / "tokens.npy", data.numpy().astype(np.uint16))
+    return folder
+
+
 def kl_div(parent, child, tokens) -> float:
     """Mean KL(parent || child) over every position of ``tokens`` (nats, float64 softmax):
     how far a built or inherited child is from its parent in the builder tests."""

@@ -22,7 +22,7 @@ pytest.importorskip("safetensors")
 from tiny_parent import PARENT, SEQ  # noqa: E402
 
 from nas.arch import NoOp  # noqa: E402
-from nas.build import init_from_parent, load_pretrained, save_pretrained  # noqa: E402
+from nas.build import load_pretrained  # noqa: E402
 from nas.train.distill import (  # noqa: E402
     KILL_ENV,
     DistillSettings,
@@ -49,18 +49,10 @@ def _env(**kw: str) -> dict[str, str]:
 def work(trained_parent, tmp_path_factory):
     """The trained tiny parent (with a tokenizer), a child of it (an FFN dropped, a MoE at
     half its experts) initialized from it, and the English bytes as token ids."""
-    from conftest import write_tokenizer
+    from conftest import distill_folder, write_tokenizer
 
-    model, calib, _, data = trained_parent
-    d = tmp_path_factory.mktemp("distill")
-    save_pretrained(model, d / "parent")
+    d = distill_folder(trained_parent, tmp_path_factory.mktemp("distill"))
     write_tokenizer(d / "parent")
-    blocks = list(PARENT.blocks)
-    blocks[1] = NoOp()
-    blocks[3] = blocks[3].model_copy(update={"num_experts": 4})
-    child = init_from_parent(PARENT.replace_blocks(blocks), model, calib)
-    save_pretrained(child, d / "child")
-    np.save(d / "tokens.npy", data.numpy().astype(np.uint16))
     return d
 
 

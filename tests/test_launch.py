@@ -87,21 +87,9 @@ def kd_work(trained_parent, tmp_path_factory):
     """The trained tiny parent, a child of it (an FFN dropped, a MoE at half its experts)
     and the English bytes as token ids, as checkpoints and a token file."""
     pytest.importorskip("torch")
-    import numpy as np
-    from tiny_parent import PARENT
+    from conftest import distill_folder
 
-    from nas.arch import NoOp
-    from nas.build import init_from_parent, save_pretrained
-
-    model, calib, _, data = trained_parent
-    d = tmp_path_factory.mktemp("ranks")
-    save_pretrained(model, d / "parent")
-    blocks = list(PARENT.blocks)
-    blocks[1] = NoOp()
-    blocks[3] = blocks[3].model_copy(update={"num_experts": 4})
-    save_pretrained(init_from_parent(PARENT.replace_blocks(blocks), model, calib), d / "child")
-    np.save(d / "tokens.npy", data.numpy().astype(np.uint16))
-    return d
+    return distill_folder(trained_parent, tmp_path_factory.mktemp("ranks"))
 
 
 def _distill(work: Path, out: Path) -> subprocess.Popen:

@@ -12,7 +12,7 @@ import importlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from nas.launch import HOLDS_A_MODEL, Terminated, unpool_large_allocations
@@ -44,10 +44,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def _peer_lost(exc: BaseException) -> bool:
     """Whether ``exc`` is a collective that failed because another rank is gone (its
     process died: gloo's connection to it closed)."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        dist = sys.modules.get("torch.distributed")
+    dist = sys.modules.get("torch.distributed")
+    for cur in _chain(exc):
         if dist is not None and isinstance(cur, getattr(dist, "DistError", ())):
             return True
         # DCP gathers every rank's error: one that lists only other ranks is theirs
@@ -55,12 +53,9 @@ def _peer_lost(exc: BaseException) -> bool:
         if isinstance(failures, dict) and dist is not None and dist.is_initialized() and \
                 dist.get_rank() not in failures:
             return True
-        text = str(cur)
-        if any(m in text for m in ("Connection closed by peer", "Connection reset by peer",
-                                   "Broken pipe", "Socket Timeout")):
+        if any(m in str(cur) for m in ("Connection closed by peer", "Connection reset by peer",
+                                       "Broken pipe", "Socket Timeout")):
             return True
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
     return False
 
 
@@ -158,16 +153,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _signal_in_chain(exc: BaseException) -> BaseException | None:
-    """The KeyboardInterrupt or :class:`Terminated` that ``exc`` was raised from, if any."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from (``__cause__``, else ``__context__``),
+    each once."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, (KeyboardInterrupt, Terminated)):
-            return cur
+        yield cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
-    return None
+
+
+def _signal_in_chain(exc: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or :class:`Terminated` that ``exc`` was raised from, if any."""
+    return next((e for e in _chain(exc) if isinstance(e, (KeyboardInterrupt, Terminated))),
+                None)
 
 
 def _who(args: argparse.Namespace) -> str:
