@@ -31,6 +31,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--draft-tokens", type=int, default=None, metavar="D",
                    help="tokens the MTP head drafts per step for every workload (overrides the "
                    "spec's draft_tokens; a workload that drafts none needs it with --acceptance)")
+    r = p.add_argument_group(
+        "realize the pool (torch)",
+        "Build every child of the pool (the spec's solver.diverse solutions), measure its "
+        "held-out KL to the parent, write realized.json and blueprint-realized.json (the "
+        "child with the lowest measured KL) beside the blueprints")
+    r.add_argument("--realize", metavar="DATA", default=None,
+                   help="held-out tokens to measure the children on (.npy, .bin, or text with "
+                   "--tokenizer); the last --realize-tokens of them")
+    r.add_argument("--realize-tokens", type=int, default=16384, metavar="N",
+                   help="tokens measured (default 16384)")
+    r.add_argument("--realize-parent", default=None, metavar="PATH",
+                   help="parent checkpoint folder or .gguf (default: the spec's parent)")
+    r.add_argument("--realize-scores", default=None, metavar="DIR",
+                   help="scoring run whose BLD blocks build the children (default: the folder "
+                   "of the spec's quality.scores when it holds blocks/index.json; else the "
+                   "children are initialized from the parent)")
+    r.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
+    r.add_argument("--tokenizer", default=None, metavar="TOKENIZER_JSON|bytes",
+                   help="how to tokenize a text --realize file")
     p.set_defaults(func=run)
     s = sub.add_parser("schema", help="print the JSON schema of search specs")
     s.set_defaults(func=run_schema)
@@ -61,6 +80,63 @@ def _speculative(path: Path, draft_tokens: int | None, acceptance: float | None)
     return parse_spec(data, str(path)), path.resolve().parent, spec_hash(data)
 
 
+def _realize_inputs(args: argparse.Namespace, spec, base: Path  # noqa: ANN001
+                    ) -> tuple[Path, Path | None]:
+    """The parent folder and the BLD scoring folder of ``--realize``, checked before the
+    search runs (one line naming the flag otherwise)."""
+    from hwprofiles.errors import InputError
+
+    if args.realize_tokens < args.seq_len:
+        raise InputError(f"{args.realize_tokens} is under one row of --seq-len {args.seq_len}",
+                         field="--realize-tokens")
+    raw = args.realize_parent
+    if raw is None:
+        if not isinstance(spec.parent, str):
+            raise InputError("the spec's parent is an inline config (no weights): give the "
+                             "checkpoint", field="--realize-parent")
+        pp = Path(spec.parent)
+        pp = pp if pp.is_absolute() else base / pp
+        raw = str(pp.parent if pp.name == "config.json" else pp)
+    from nas.hf.gguf import resolve_parent
+
+    parent = Path(resolve_parent(raw) or raw)
+    if not (parent / "config.json").is_file():
+        raise InputError("expected a checkpoint folder (config.json + safetensors) or a .gguf",
+                         field="--realize-parent", path=str(parent))
+    if args.realize_scores is not None:
+        scores: Path | None = Path(args.realize_scores)
+        if not (Path(args.realize_scores) / "blocks" / "index.json").is_file():
+            raise InputError("holds no BLD blocks (blocks/index.json): a `puzzle-nas score` "
+                             "output folder", field="--realize-scores", path=str(scores))
+    else:
+        q = spec.quality.scores
+        qp = None if q is None else (Path(q) if Path(q).is_absolute() else base / q)
+        scores = qp.parent if qp is not None and \
+            (qp.parent / "blocks" / "index.json").is_file() else None
+    return parent, scores
+
+
+def _realize(args: argparse.Namespace, out: Path, parent: Path, scores: Path | None) -> None:
+    """``--realize``: build and measure the pool (nas.scoring.realize), print the table."""
+    import sys
+
+    from nas.scoring.data import load_tokens
+    from nas.scoring.realize import realize, summary
+
+    ids = load_tokens(args.realize, args.tokenizer)
+    ids = ids[-args.realize_tokens:]
+    if not args.json:
+        print(f"realizing the pool on the last {len(ids):,} tokens of {args.realize} "
+              f"(children from {'the BLD blocks of ' + str(scores) if scores else 'the parent'})"
+              " ...", file=sys.stderr)
+    rec = realize(out, parent, ids, scores, seq_len=args.seq_len, data_source=str(args.realize),
+                  log=(lambda s: None) if args.quiet or args.json else None)
+    if not args.json:
+        for line in summary(rec):
+            print(line)
+        print()
+
+
 def _ms(v: float) -> str:
     return f"{v * 1e3:,.2f} ms"
 
@@ -85,8 +161,11 @@ def run(args: argparse.Namespace) -> int:
     progress = False if (args.quiet or args.json) else None
     if not (args.json or args.quiet):
         print(f"searching {spec.name} ({path}) ...", file=sys.stderr)
+    realize = _realize_inputs(args, spec, base) if args.realize else None  # before the search
     res = run_search(spec, base, out, digest, progress=progress)
     bp = res.blueprints[0]
+    if realize is not None:
+        _realize(args, out, *realize)
     if args.json:
         print(json.dumps(bp.model_dump(), indent=2))
         return 0

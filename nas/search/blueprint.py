@@ -382,7 +382,7 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None,
 
 
 SEARCH_OUTPUTS = ("blueprint.json", "blueprint-*.json", "report.md", "library.json",
-                  "sweep.json", "slo_sweep.json", "pareto.png")
+                  "sweep.json", "slo_sweep.json", "pareto.png", "realized.json")
 """The files a search writes (an existing output folder may hold only these: the run
 replaces the folder whole)."""
 

@@ -1,0 +1,125 @@
+"""The SmolLM2-135M study end to end at smoke sizes (``examples/smollm2-135m/run.py
+--smoke``) on a tiny Llama written as a GGUF file: every phase completes, the data splits
+never share a file, every child meets its budget, the baselines are what they claim, and a
+rerun computes nothing again. Nothing here asserts which method wins (the full run's
+results.md reports that)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gguf")
+pytest.importorskip("accelerate")
+pytest.importorskip("tokenizers")
+pytest.importorskip("matplotlib")
+pytestmark = pytest.mark.torch
+
+from test_gguf import write_gguf  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "nas" / "examples" / "smollm2-135m"
+
+
+def _script():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("smollm2_run", EXAMPLE / "run.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["smollm2_run"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    d = tmp_path_factory.mktemp("smollm2")
+    old = os.environ.get("PUZZLE_NAS_CACHE")
+    os.environ["PUZZLE_NAS_CACHE"] = str(d / "cache")
+    try:
+        gg = write_gguf(d / "tiny.gguf", tokenizer=True)
+        run = _script()
+        rc = run.main(["--smoke", "--parent", str(gg), "-o", str(d / "out"), "--threads", "1"])
+        res = json.loads((d / "out" / "results.json").read_text())
+        yield run, d, rc, res
+    finally:
+        if old is None:
+            os.environ.pop("PUZZLE_NAS_CACHE", None)
+        else:
+            os.environ["PUZZLE_NAS_CACHE"] = old
+
+
+def test_every_phase_runs_and_writes_its_report(smoke):
+    run, d, rc, res = smoke
+    assert rc == 0
+    assert set(res["timings"]) == set(run.PHASES)
+    assert (d / "out" / "results.md").is_file() and (d / "out" / "results.png").is_file()
+    text = (d / "out" / "results.md").read_text()
+    assert "## Verdict" in text and "Spearman" in text
+
+
+def test_the_splits_are_by_file_and_never_overlap(smoke):
+    run, d, _, _ = smoke
+    split = json.loads((d / "out" / "data" / "split.json").read_text())["splits"]
+    files = {k: set(v["files_read"]) for k, v in split.items()}
+    assert files["eval"] and files["calib"] and files["distill"]
+    assert not files["eval"] & files["calib"] and not files["eval"] & files["distill"]
+    assert not files["calib"] & files["distill"]
+    for k, fs in files.items():
+        assert all(run.split_of(f) == k for f in fs)
+
+
+def test_every_child_meets_its_budget_and_is_measured(smoke):
+    run, _, _, res = smoke
+    cfg = run.SMOKE
+    for b in cfg.budgets:
+        rows = [r for r in res["children"] if r["budget"] == b]
+        assert {"a", "d", "e"} <= {r["method"] for r in rows}
+        for r in rows:
+            assert r["predicted_throughput_x"] >= b * (1 - 1e-6), r["name"]
+            assert r["measured_ours_throughput_x"] > 0 and "hf_error" not in r["speed"]
+            assert r["quality"]["kl_div"] >= 0 and "0" in r["distilled"]
+        pool = res["pools"][f"x{b:g}"]
+        assert pool["chosen"] == ["blueprint.json", *[f"blueprint-{k}.json" for k in
+                                                      range(2, 1 + len(pool["measured_kl"]))]
+                                  ][min(range(len(pool["measured_kl"])),
+                                        key=lambda k: pool["measured_kl"][k])]
+    # (a) and the best baseline of each budget got every seed
+    for r in res["children"]:
+        if r["method"] == "a" or r["name"] == res["best_baseline"][f"x{r['budget']:g}"]:
+            assert set(r["distilled"]) == {str(s) for s in cfg.seeds}, r["name"]
+
+
+def test_the_depth_baseline_drops_whole_layers_of_lowest_influence(smoke):
+    _, _, _, res = smoke
+    infl = res["block_influence"]
+    for r in res["children"]:
+        if r["method"] != "d":
+            continue
+        gone = r["dropped_layers"]
+        assert max(infl[i] for i in gone) <= min(
+            (infl[i] for i in range(len(infl)) if i not in gone), default=float("inf"))
+        for b, ch in enumerate(r["choices"]):
+            assert (ch == "noop") == (b // 2 in gone)
+
+
+def test_the_uniform_baseline_is_one_choice_per_kind(smoke):
+    _, _, _, res = smoke
+    for r in res["children"]:
+        if r["method"] == "c":
+            assert len(set(r["choices"][0::2])) == 1 and len(set(r["choices"][1::2])) == 1
+            assert "noop" not in r["choices"]
+
+
+def test_a_rerun_computes_nothing_again(smoke, capsys):
+    run, d, _, res = smoke
+    before = {p: p.stat().st_mtime_ns for p in (d / "out").rglob("measured.json")}
+    assert run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(d / "out"),
+                     "--threads", "1"]) == 0
+    after = {p: p.stat().st_mtime_ns for p in (d / "out").rglob("measured.json")}
+    assert before == after and len(before) >= len(res["children"]) + 1
+    again = json.loads((d / "out" / "results.json").read_text())
+    assert again["children"] == res["children"]
