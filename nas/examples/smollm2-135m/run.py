@@ -78,7 +78,8 @@ class Config:
     kv_heads: tuple[int, ...]
     ffn_fractions: tuple[float, ...]
     budgets: tuple[float, ...]   # decode throughput, x the parent's
-    pool: int                    # MIP solutions realized per budget
+    pool: int                    # MIP solutions realized per pool
+    attention_keep: tuple[int, ...]  # a pool per bound: at least this many attention blocks
     min_distance: int
     n_random: int
     speed_prompt: int            # prefill tokens of the speed measurement
@@ -96,13 +97,15 @@ class Config:
 
 FULL = Config(seq_len=256, calib_tokens=4096, score_tokens=4096, distill_tokens=400_000,
               eval_tokens=16_384, bld_steps=16, bld_lr=1e-4, kv_heads=(1,),
-              ffn_fractions=(0.75, 0.5, 0.375, 0.25, 0.125), budgets=(1.5, 2.0), pool=8,
+              ffn_fractions=(0.75, 0.5, 0.375, 0.25, 0.125), budgets=(1.5, 2.0), pool=6,
+              attention_keep=(10, 15, 20, 25),
               min_distance=4, n_random=5, speed_prompt=128, speed_new=64, speed_repeats=5,
               kd_tokens=32_768, kd_batch=4, kd_lr_sweep=(1e-4, 3e-4, 1e-3), kd_eval_every=8,
               kd_eval_tokens=4096, seeds=(0, 1, 2))
 SMOKE = Config(seq_len=32, calib_tokens=256, score_tokens=256, distill_tokens=4096,
                eval_tokens=512, bld_steps=2, bld_lr=1e-4, kv_heads=(1,),
-               ffn_fractions=(0.5, 0.25), budgets=(1.2, 1.5), pool=3, min_distance=1,
+               ffn_fractions=(0.5, 0.25), budgets=(1.2, 1.5), pool=3,
+               attention_keep=(1,), min_distance=1,
                n_random=2, speed_prompt=16, speed_new=8, speed_repeats=2,
                kd_tokens=256, kd_batch=2, kd_lr_sweep=(1e-4, 1e-3), kd_eval_every=2,
                kd_eval_tokens=128, seeds=(0, 1),
@@ -431,7 +434,7 @@ def make_children(cfg: Config, out: Path, parent: Path, profile: Path, data: Pat
     realized pool."""
     from nas.scoring.job import Settings, prepare
     from nas.scoring.realize import load_record as load_realized
-    from nas.scoring.realize import realize
+    from nas.scoring.realize import realize, spearman
 
     scores = out / "scores"
     sspec = out / "specs" / "score.json"
@@ -451,38 +454,50 @@ def make_children(cfg: Config, out: Path, parent: Path, profile: Path, data: Pat
     kids: list[Child] = []
     for speed in cfg.budgets:
         bdir = out / "children" / f"x{speed:g}"
-        # (a) the MIP's diverse pool, realized
-        sp = write_spec(bdir / "a" / "spec.json", cfg, parent, profile, speed, quality)
-        spec = json.loads(sp.read_text())
-        spec["solver"] = {"diverse": cfg.pool, "min_distance": cfg.min_distance}
-        _write_json(sp, spec)
-        pool = solve(sp, bdir / "a" / "search")
-        rpath = bdir / "a" / "search" / "realized.json"
-        if rpath.is_file():
-            rec = load_realized(bdir / "a" / "search")
-        else:
-            rec = realize(bdir / "a" / "search", parent, sel, scores, seq_len=cfg.seq_len,
-                          data_source="calib.npy (the scoring held-out tokens)", log=log)
-        realized = []
-        for c_rec, bp in zip(rec.children, pool):
-            c = Child("a", speed, f"a-pool-{c_rec.pool_rank}", bp,
-                      bdir / "a" / f"pool-{c_rec.pool_rank}",
-                      extra={"selection": c_rec.measured, "pool_rank": c_rec.pool_rank})
-            realized.append(c)
-        best = next(c for c in realized if c.extra["pool_rank"] ==
-                    next(r.pool_rank for r in rec.children if r.file == rec.chosen))
+        # (a) the MIP's diverse pools, realized: one with the budget alone, one more per
+        # bound on the attention blocks kept (a per-kind bound the sum cannot see a need
+        # for); every child measured, the lowest measured KL chosen
+        realized: list[Child] = []
+        pools: dict[str, Any] = {}
+        for keep in (None, *cfg.attention_keep):
+            tag = "budget" if keep is None else f"keep-attention-{keep}"
+            sp = write_spec(bdir / "a" / tag / "spec.json", cfg, parent, profile, speed,
+                            quality)
+            spec = json.loads(sp.read_text())
+            spec["solver"] = {"diverse": cfg.pool, "min_distance": cfg.min_distance}
+            if keep is not None:
+                spec["budgets"].append({"metric": "kept_blocks", "kind": "attention",
+                                        "min": keep})
+            _write_json(sp, spec)
+            pool = solve(sp, bdir / "a" / tag / "search")
+            if not pool:
+                continue
+            sdir = bdir / "a" / tag / "search"
+            rec = load_realized(sdir) if (sdir / "realized.json").is_file() else realize(
+                sdir, parent, sel, scores, seq_len=cfg.seq_len,
+                data_source="calib.npy (the scoring held-out tokens)", log=log)
+            for r, bp in zip(rec.children, pool):
+                realized.append(Child("a", speed, f"a-{tag}-{r.pool_rank}", bp,
+                                      bdir / "a" / tag / f"pool-{r.pool_rank}",
+                                      extra={"selection": r.measured, "pool": tag,
+                                             "pool_rank": r.pool_rank}))
+            pools[tag] = {"predicted_sum": [r.predicted for r in rec.children],
+                          "measured_kl": [r.measured["kl_div"] for r in rec.children],
+                          "spearman": rec.spearman, "chosen": rec.chosen}
         first = realized[0]
+        best = min(realized, key=lambda c: c.extra["selection"]["kl_div"])
         if best is not first:
-            first.extra["role"] = "mip-first"
-            best.extra["role"] = "realized-best"
+            first.extra["role"] = "MIP's first"
+            best.extra["role"] = "realized best"
             kids += [first, best]
         else:
-            first.extra["role"] = "mip-first = realized-best"
+            first.extra["role"] = "MIP's first = realized best"
             kids.append(first)
+        pk = [c.blueprint["quality"]["value"] for c in realized]
+        mk = [c.extra["selection"]["kl_div"] for c in realized]
         res.setdefault("pools", {})[f"x{speed:g}"] = {
-            "predicted_sum": [r.predicted for r in rec.children],
-            "measured_kl": [r.measured["kl_div"] for r in rec.children],
-            "spearman": rec.spearman, "chosen": rec.chosen}
+            "pools": pools, "chosen": best.name, "spearman_all": spearman(pk, mk),
+            "n": len(realized)}
         # (c) Minitron-style uniform width: no no-ops, one choice per kind for every layer
         sp = write_spec(bdir / "c" / "spec.json", cfg, parent, profile, speed, quality,
                         attention={"kv_heads": list(cfg.kv_heads), "noop": False},
@@ -811,14 +826,18 @@ def report(res: dict[str, Any], results: Path, cfg: Config) -> None:
                 f"{_fmt(_post(r, 'accuracy'))} | {_fmt(_post(r, 'close_acc', 'tasks'))} |")
         pool = res.get("pools", {}).get(f"x{b:g}")
         if pool:
-            rho = pool["spearman"]
-            lines += ["", f"(a)'s pool of {len(pool['measured_kl'])} MIP solutions, realized: "
-                      "predicted (sum of block KLs) -> measured child KL on the calibration "
-                      "split's held-out tokens: " + ", ".join(
-                          f"{p:.3f} -> {m:.3f}" for p, m in zip(pool["predicted_sum"],
-                                                                pool["measured_kl"]))
-                      + f"; Spearman {'n/a' if rho is None else f'{rho:.3f}'}; chosen "
-                      f"{pool['chosen']}.", ""]
+            lines += ["", "(a)'s pools, every child realized and measured on the calibration "
+                      "split's held-out tokens (predicted sum of block KLs -> measured child "
+                      "KL):", ""]
+            for tag, pl in pool["pools"].items():
+                rho = pl["spearman"]
+                lines.append(f"- {tag}: " + ", ".join(
+                    f"{p:.3g} -> {m:.3g}" for p, m in zip(pl["predicted_sum"],
+                                                          pl["measured_kl"]))
+                    + f" (Spearman {'n/a' if rho is None else f'{rho:.2f}'})")
+            rho = pool["spearman_all"]
+            lines += [f"- all {pool['n']} together: Spearman "
+                      f"{'n/a' if rho is None else f'{rho:.3f}'}; chosen {pool['chosen']}.", ""]
     lines += ["## Verdict", ""] + [f"- {v}" for v in res["verdict"]] + [""]
     results.mkdir(parents=True, exist_ok=True)
     tmp = results / "results.md.tmp"
