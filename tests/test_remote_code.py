@@ -115,22 +115,101 @@ def test_child_loads_through_trust_remote_code_with_equal_logits(kind, tmp_path)
         assert set(f.keys()) == names
 
 
-@pytest.mark.parametrize("kind", sorted(CHILDREN))
-def test_generate_on_a_remote_code_child_decodes_as_puzzle_nas_does(kind, tmp_path):
-    """transformers' ``generate`` on the child loaded through trust_remote_code: greedy,
-    the same tokens as puzzle-nas' own cached decoding, and sampling runs."""
-    model, out = _saved(kind, tmp_path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True,
-                                                           dtype=torch.float32)
-    x = _prompt()
-    with torch.no_grad():
-        theirs = hf.generate(x, max_new_tokens=8, do_sample=False)
-        ours = model.generate(x, 8)
-    assert theirs.shape == (2, 24 + 8) and torch.equal(theirs, ours)
+N_NEW = 16
+"""New tokens of the generate tests."""
+
+
+def _load(out):
+    return transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True,
+                                                             dtype=torch.float32)
+
+
+def _inner_calls(hf) -> list[tuple[int, bool]]:
+    """Filled as the child's inner puzzle-nas ``CausalLM`` runs: (tokens, with a cache)."""
+    calls: list[tuple[int, bool]] = []
+    hf.puzzle_nas_model.register_forward_pre_hook(
+        lambda _, args: calls.append((args[0].shape[1], len(args) > 1 and args[1] is not None)))
+    return calls
+
+
+def _generate(hf, x, **kw):
+    """``hf.generate`` from seed 0; the mask given, as a prompt token may be the config's
+    pad token (from which transformers would infer padding, which the child refuses)."""
     torch.manual_seed(0)
     with torch.no_grad():
-        sampled = hf.generate(x, max_new_tokens=4, do_sample=True, top_k=5)
-    assert sampled.shape == (2, 28) and torch.equal(sampled[:, :24], x)
+        return hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=N_NEW, **kw)
+
+
+@pytest.mark.parametrize("kind", sorted(CHILDREN))
+def test_generate_on_a_remote_code_child_decodes_through_puzzle_nas_caches(kind, tmp_path):
+    """transformers' greedy ``generate`` on the child loaded through trust_remote_code
+    (per-layer KV heads, FFN widths, no-op attention; nemotron_h: Mamba and MoE too) runs
+    the prompt once, then one token a step through puzzle-nas' caches, and gives the tokens
+    of puzzle-nas' own cached decoding and of transformers' uncached whole-sequence path."""
+    model, out = _saved(kind, tmp_path)
+    hf = _load(out)
+    calls = _inner_calls(hf)
+    x = _prompt()
+    cached = _generate(hf, x, do_sample=False)
+    steps = list(calls)
+    calls.clear()
+    whole = _generate(hf, x, do_sample=False, use_cache=False)
+    with torch.no_grad():
+        ours = model.generate(x, N_NEW)
+    assert steps == [(24, True)] + [(1, True)] * (N_NEW - 1)
+    assert calls == [(24 + i, False) for i in range(N_NEW)]
+    assert cached.shape == (2, 24 + N_NEW)
+    assert torch.equal(cached, ours) and torch.equal(whole, ours)
+
+
+@pytest.mark.parametrize("kind", sorted(CHILDREN))
+def test_sampling_and_beam_search_through_the_caches(kind, tmp_path, monkeypatch):
+    """Sampling (seeded) and beam search (2 beams, the cache's rows reordered as beams
+    overtake each other) through the caches give what the uncached path gives."""
+    _, out = _saved(kind, tmp_path)
+    hf = _load(out)
+    x = _prompt()
+    sampled = _generate(hf, x, do_sample=True, top_k=5)
+    assert sampled.shape == (2, 24 + N_NEW) and torch.equal(sampled[:, :24], x)
+    assert torch.equal(sampled, _generate(hf, x, do_sample=True, top_k=5, use_cache=False))
+    assert not torch.equal(sampled, _generate(hf, x, do_sample=False))
+    cache_cls = sys.modules[type(hf).__module__].PuzzleNasCache
+    orders = []
+    reorder = cache_cls.reorder_cache
+
+    def recorded(self, beam_idx):
+        orders.append(beam_idx.clone())
+        return reorder(self, beam_idx)
+
+    monkeypatch.setattr(cache_cls, "reorder_cache", recorded)
+    calls = _inner_calls(hf)
+    beams = _generate(hf, x, num_beams=2, do_sample=False)
+    assert calls == [(24, True)] + [(1, True)] * (N_NEW - 1)
+    assert any(not torch.equal(o, torch.arange(4)) for o in orders)  # a beam overtook
+    assert torch.equal(beams, _generate(hf, x, num_beams=2, do_sample=False, use_cache=False))
+
+
+@pytest.mark.parametrize("kind", sorted(CHILDREN))
+def test_forward_continues_from_a_cache_past_its_capacity(kind, tmp_path):
+    """``forward(use_cache=True)`` returns a cache sized for its tokens; continuing token by
+    token past that size (the buffers grow) gives the whole sequence's logits. A plain
+    forward builds no cache; a transformers cache is refused."""
+    _, out = _saved(kind, tmp_path)
+    hf = _load(out)
+    x = _prompt()
+    with torch.no_grad():
+        full = hf(input_ids=x)
+        assert full.cache is None
+        step = hf(input_ids=x[:, :4], use_cache=True)
+        cache, logits = step.cache, [step.logits]
+        for i in range(4, 24):  # under either name
+            step = hf(input_ids=x[:, i:i + 1], **{"cache" if i % 2 else "past_key_values": cache})
+            assert step.cache is cache
+            logits.append(step.logits)
+        assert cache.get_seq_length() == 24
+        assert (torch.cat(logits, 1) - full.logits).abs().max().item() <= 1e-4
+        with pytest.raises(TypeError, match="puzzle-nas"):
+            hf(input_ids=x, cache=transformers.DynamicCache())
 
 
 def _from_family_test(module: str, attr: str = "_hf_config") -> ModelArch:
@@ -177,13 +256,17 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("mt", sorted(FAMILIES))
-def test_a_heterogeneous_child_of_every_other_family_loads_with_equal_logits(mt, tmp_path):
+def _saved_family(mt: str, tmp_path):
     arch = FAMILIES[mt]()
     torch.manual_seed(0)
     model = build_model(arch)
     randomize(model, 0)
-    out = save_pretrained(model, tmp_path / "child")
+    return arch, model, save_pretrained(model, tmp_path / "child")
+
+
+@pytest.mark.parametrize("mt", sorted(FAMILIES))
+def test_a_heterogeneous_child_of_every_other_family_loads_with_equal_logits(mt, tmp_path):
+    arch, model, out = _saved_family(mt, tmp_path)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == mt and cfg["auto_map"] == AUTO_MAP
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(
@@ -195,6 +278,37 @@ def test_a_heterogeneous_child_of_every_other_family_loads_with_equal_logits(mt,
     assert ours.abs().max() > 1.0
     assert (ours - theirs).abs().max().item() <= 1e-4
 
+
+
+@pytest.mark.parametrize("mt", sorted(FAMILIES))
+def test_generate_through_the_caches_of_every_other_family(mt, tmp_path):
+    """Through transformers, a child of every other family decodes one token a step from
+    its caches (MLA latents, a sliding-window ring shorter than the prompt, DeltaNet and
+    Mamba-1 states, Falcon-H1's attention + Mamba): greedy gives puzzle-nas' tokens; the
+    cache's rows, reordered as beam search does, continue as a cache of the reordered
+    prompts would; beam search gives the uncached path's tokens. Except Falcon-H1's: its
+    Mamba clamps dt to ``time_step_limit`` over a sequence but not in the one-token step
+    (as transformers and mamba_ssm do; ``nas/modules/mamba.py``), so there cached and
+    uncached decoding differ by design."""
+    arch, model, out = _saved_family(mt, tmp_path)
+    hf = _load(out)
+    calls = _inner_calls(hf)
+    x = torch.randint(0, arch.vocab_size, (4, 24), generator=torch.Generator().manual_seed(1))
+    greedy = _generate(hf, x[:2], do_sample=False)
+    assert calls == [(24, True)] + [(1, True)] * (N_NEW - 1)
+    with torch.no_grad():
+        assert torch.equal(greedy, model.generate(x[:2], N_NEW))
+        perm, nxt = torch.tensor([2, 0, 3, 1]), x[:, :1]
+        cache = hf(input_ids=x, use_cache=True).cache
+        cache.reorder_cache(perm)
+        reordered = hf(input_ids=nxt, cache=cache).logits
+        fresh = hf(input_ids=nxt, cache=hf(input_ids=x[perm], use_cache=True).cache).logits
+        assert (reordered - fresh).abs().max().item() <= 1e-5
+    beams = _generate(hf, x[:2], num_beams=2, do_sample=False)
+    assert beams.shape == (2, 24 + N_NEW) and torch.equal(beams[:, :24], x[:2])
+    if mt != "falcon_h1":
+        assert torch.equal(beams, _generate(hf, x[:2], num_beams=2, do_sample=False,
+                                            use_cache=False))
 
 def test_written_code_needs_neither_nas_nor_pydantic(tmp_path):
     model, out = _saved("nemotron_h", tmp_path)
