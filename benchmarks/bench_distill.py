@@ -26,6 +26,10 @@ the interpreter) does not shrink with the ranks, and at that size it is a third 
 a quarter of the 1-rank weights, gradients, AdamW state and AdamW's temporaries, plus
 about 100 MiB (the blocks being gathered).
 
+The goals are asserted (after the figures are printed): the test fails naming each goal
+missed and the ratio measured, and when the final KLs of 2 and 4 ranks differ from one
+rank's.
+
 Run: ``pytest benchmarks/bench_distill.py --benchmark-only -s``. Memory is the figure
 that matters here; on a shared 2-core machine the seconds are noisy.
 """
@@ -55,6 +59,8 @@ CHILD = PARENT.replace_blocks((BLOCKS[0], FFN(width=2048)) * LAYERS)
 FLAGS = ["--tokens", str(2 * 4 * 32), "--seq-len", "32", "--batch", "4", "--lr", "1e-4",
          "--eval-every", "2", "--eval-tokens", "128", "--checkpoint-every", "100"]
 REPO = Path(__file__).resolve().parents[1]
+GOALS = {2: 0.6, 4: 0.35}
+"""Peak RSS of the largest rank at N ranks over one rank's, at most (issue 28)."""
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +90,8 @@ def _run(d: Path, nproc: int) -> dict:
 
 @pytest.mark.benchmark(group="distill-sharded")
 def test_sharded_distill_memory(benchmark, work, capsys):
-    """Peak RSS of the largest rank at 1, 2 and 4 ranks (goals: <= 0.6x and <= 0.35x of
-    one rank); the runs agree on the loss curve."""
+    """Peak RSS of the largest rank at 1, 2 and 4 ranks (goals, asserted: <= 0.6x and
+    <= 0.35x of one rank); the runs agree on the loss curve."""
     runs: dict[int, dict] = {}
 
     def once():
@@ -95,8 +101,6 @@ def test_sharded_distill_memory(benchmark, work, capsys):
     benchmark.pedantic(once, rounds=1, iterations=1)
     peak = {n: max(r["record"]["peak_rss_mib"]) for n, r in runs.items()}
     kl = {n: r["record"]["final"]["kl_div"] for n, r in runs.items()}
-    for n in (2, 4):
-        assert kl[n] == pytest.approx(kl[1], rel=1e-4)
     info = {"peak_mib_1": peak[1], "peak_mib_2": peak[2], "peak_mib_4": peak[4],
             "peak_2_over_1": peak[2] / peak[1], "peak_4_over_1": peak[4] / peak[1],
             **{f"wall_s_{n}": r["wall"] for n, r in runs.items()}}
@@ -112,3 +116,10 @@ def test_sharded_distill_memory(benchmark, work, capsys):
               + "; ".join(f"{n}: {', '.join(f'{x:,.0f}' for x in r['record']['peak_rss_mib'])}"
                           for n, r in runs.items())
               + "; wall " + ", ".join(f"{r['wall']:.0f} s" for r in runs.values()))
+    for n in (2, 4):
+        assert kl[n] == pytest.approx(kl[1], rel=1e-4), \
+            f"final KL on {n} ranks {kl[n]!r} != 1 rank's {kl[1]!r} (rel 1e-4)"
+    missed = [f"peak RSS of the largest rank at {n} ranks / 1 rank: goal <= {goal}x, measured "
+              f"{peak[n] / peak[1]:.3f}x ({peak[n]:,.0f} / {peak[1]:,.0f} MiB)"
+              for n, goal in GOALS.items() if peak[n] / peak[1] > goal]
+    assert not missed, "bench_distill missed its goals: " + "; ".join(missed)

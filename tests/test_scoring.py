@@ -716,3 +716,29 @@ def test_the_teacher_target_is_the_last_hidden_state_not_the_vocabulary(dtype):
     n = split.held[:, 1:].size  # positions with a next token
     step = torch.finfo(dtype).eps * float(logits.abs().max())  # one step of the largest logit
     assert abs(float(kept) - float(full)) <= 4 * n ** 0.5 * step, (float(kept), float(full))
+
+
+@pytest.mark.parametrize("cache_gib", ["4", "0"])  # in memory; spilled to disk
+def test_the_record_reports_the_teacher_target_bytes_it_kept(tmp_path, cache_gib):
+    """``scores.json``'s ``cache.teacher_target_bytes`` is what the run kept of the held-out
+    teacher target: the parent's last hidden state, hidden_size values per held-out token
+    in the compute dtype (read from the cache, spilled batches from their file headers)."""
+    from conftest import tiny_llama_checkpoint
+
+    pdir, _, arch, _ = tiny_llama_checkpoint(tmp_path)
+    np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 64, 1024))
+    (tmp_path / "spec.json").write_text(json.dumps({
+        "name": "t", "parent": str(pdir), "hardware": "h100-sxm",
+        "workloads": {"w": {"isl": 8, "osl": 8, "batch": 1}},
+        "search_space": {"attention": {"noop": True}, "ffn": {"fractions": [0.5]}}}))
+    for dtype, size in (("float32", 4), ("bfloat16", 2)):
+        out = tmp_path / f"out-{dtype}-{cache_gib}"
+        assert cli(["score", str(tmp_path / "spec.json"), "--parent", str(pdir), "--data",
+                    str(tmp_path / "tokens.npy"), "-o", str(out), "--seq-len", "32",
+                    "--max-tokens", "256", "--calib-tokens", "128", "--batch-size", "2",
+                    "--dtype", dtype, "--cache-gib", cache_gib]) == 0
+        rec = json.loads((out / "scores.json").read_text())
+        assert rec["cache"]["teacher_target_bytes"] == \
+            rec["held_rows"] * 32 * arch.hidden_size * size
+        if cache_gib == "0":
+            assert rec["cache"]["batches_on_disk"] > 0

@@ -20,6 +20,7 @@ boundary of its own blocks.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -103,6 +104,18 @@ class PrefixCache:
     def all_hidden(self, i: int) -> torch.Tensor:
         """Boundary ``i`` of every batch, concatenated along the batch dimension."""
         return torch.cat([self.hidden(b, i) for b in range(len(self.batches))])
+
+    def tensor_bytes(self, name: str) -> int:
+        """Bytes kept of tensor ``name`` (``h<i>``) over every batch, in memory and spilled
+        (a spilled tensor's size is read from its file's header, the tensor is not loaded)."""
+        n = sum(_nbytes({name: ts[name]}) for ts in self.mem.values() if name in ts)
+        for f in self.files.values():
+            with open(f, "rb") as fh:
+                header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+            if name in header:
+                a, b = header[name]["data_offsets"]
+                n += b - a
+        return n
 
     @property
     def stats(self) -> dict[str, float]:

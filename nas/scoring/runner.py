@@ -64,6 +64,10 @@ class RunRecord(BaseModel):
     reused: int
     world_size: int
     cache: dict[str, float]
+    """Rank 0's prefix cache: bytes in memory and spilled to disk, batches in each, and
+    ``teacher_target_bytes``, the held-out teacher target it keeps (the parent's last
+    hidden state in the compute dtype, :mod:`nas.scoring.cache`). Empty when nothing was
+    left to score."""
     seconds: float
     most_sensitive: list[dict[str, Any]]
     summary: list[str]
@@ -77,7 +81,8 @@ class RunRecord(BaseModel):
     stages: list[dict[str, Any]] | None = None
     """A sharded run's ranks (:mod:`nas.scoring.pipeline`): each one's blocks ``[a, b)``,
     the parameter and buffer elements it held, its peak resident memory (bytes) and its
-    prefix-cache figures; ``None`` on one rank or with replicas."""
+    prefix-cache figures (:attr:`cache`; ``teacher_target_bytes`` is 0 on the ranks that
+    keep no teacher target); ``None`` on one rank or with replicas."""
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -187,7 +192,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
             parent = load_pretrained(job.parent_dir, dtype=dtype).to(device).eval()
         scorer = Scorer(parent, job.split, job.settings, cache_bytes=cache_bytes,
                         spill_dir=out / "cache" / f"rank-{rank}", cached=cached)
-        stats = scorer.cache_stats
+        stats = _with_target(scorer, len(parent.blocks))
         tokens = scorer.tokens
         _log_spill(rank, stats, out, log)
         store = Store(out / "store" / f"rank-{rank}.sqlite")
@@ -207,6 +212,14 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
         return None
     return _outputs(job, out, items, len(done), phash, tokens, stats, world, t0, left_out,
                     log, scoring_s=scoring_s)
+
+
+def _with_target(scorer: Scorer, num_blocks: int) -> dict[str, float]:
+    """``scorer``'s prefix-cache figures, with the bytes of the held-out teacher target
+    (boundary ``h<L>``, the last block's output) that it keeps."""
+    stats = dict(scorer.cache_stats)
+    stats["teacher_target_bytes"] = float(scorer.held_cache.tensor_bytes(f"h{num_blocks}"))
+    return stats
 
 
 def _log_spill(rank: int, stats: dict[str, float], out: Path, log: Any) -> None:
@@ -277,7 +290,7 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
         held_elements = stage.held_elements
         scorer = PipelineScorer(stage, job.split, job.settings, cache_bytes=cache_bytes,
                                 spill_dir=out / "cache" / f"rank-{rank}")
-        stats, tokens = scorer.cache_stats, scorer.tokens
+        stats, tokens = _with_target(scorer, stage.L), scorer.tokens
         _log_spill(rank, stats, out, log)
         store = Store(out / "store" / f"rank-{rank}.sqlite")
         count = [0]
