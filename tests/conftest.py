@@ -5,6 +5,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -256,3 +257,18 @@ def check_cached_decode(model, tokens, prefill: int, tol: float = 1e-5):
     diff = float((torch.cat(steps, 1) - full).abs().max())
     assert diff < tol, f"cached decode differs from the full forward by {diff:.3g}"
     return full, cache
+
+
+def example_script(folder: str, module: str) -> ModuleType:
+    """The ``run.py`` of ``nas/examples/<folder>`` loaded as module ``module`` (registered
+    in ``sys.modules``: dataclasses look their module up there)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "nas" / "examples" / folder / "run.py"
+    spec = importlib.util.spec_from_file_location(module, path)
+    assert spec is not None and spec.loader is not None, path
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[module] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -6,11 +6,8 @@ results.md reports that)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,17 +18,12 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("matplotlib")
 pytestmark = pytest.mark.torch
 
+from conftest import example_script  # noqa: E402
 from test_gguf import write_gguf  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "nas" / "examples" / "smollm2-135m"
 
-
-def _script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("smollm2_run", EXAMPLE / "run.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["smollm2_run"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+def _script():  # type: ignore[no-untyped-def]  # the example module, untyped
+    return example_script("smollm2-135m", "smollm2_run")
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,7 @@ asserts which method wins (the full run's results.md reports that)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +15,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tokenizers")
 pytest.importorskip("matplotlib")
 
+from conftest import example_script  # noqa: E402
+
 pytestmark = pytest.mark.torch
 EXAMPLE = Path(__file__).resolve().parents[1] / "nas" / "examples" / "tiny-hybrid"
 
 
-def _script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("tiny_hybrid_run", EXAMPLE / "run.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["tiny_hybrid_run"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
+def _script():  # type: ignore[no-untyped-def]  # the example module, untyped
+    return example_script("tiny-hybrid", "tiny_hybrid_run")
 
 
 @pytest.fixture(scope="module")
