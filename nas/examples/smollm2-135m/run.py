@@ -607,8 +607,9 @@ def speed_ratios(child: dict[str, Any], parent: dict[str, Any], bp: dict[str, An
 
 
 def measure(cfg: Config, out: Path, parent: Path, data: Path, kids: list[Child],
-            res: dict[str, Any]) -> None:
-    """Quality on the held-out files and measured speed of the parent and every child."""
+            res: dict[str, Any], save: Any = None) -> None:
+    """Quality on the held-out files and measured speed of the parent and every child
+    (``save()`` after each child: results.json as far as measured)."""
     import torch
 
     from nas.build import load_pretrained
@@ -634,18 +635,20 @@ def measure(cfg: Config, out: Path, parent: Path, data: Path, kids: list[Child],
 
     res["parent_measured"] = one("parent", parent, out / "children")
     pspeed = res["parent_measured"]["speed"]
-    rows = []
+    rows: list[dict[str, Any]] = []
+    res["children"] = rows  # filled child by child: --report-only shows what is measured
     for c in kids:
         fig = one(c.name + f" x{c.budget:g}", c.folder / "model", c.folder)
         rows.append(c.row() | fig | speed_ratios(fig["speed"], pspeed, c.blueprint)
                     | {"predicted_kl": predicted_kl(out / "scores" / "scores.csv",
                                                     c.blueprint)})
-    res["children"] = rows
+        if save is not None:
+            save()
     for speed in cfg.budgets:
         sub = [r for r in rows if r["budget"] == speed]
         res.setdefault("spearman", {})[f"x{speed:g}"] = {
-            "quality_sum_vs_eval_kl": spearman([r["quality_sum"] for r in sub],
-                                               [r["quality"]["kl_div"] for r in sub])}
+            "predicted_kl_vs_eval_kl": spearman([r["predicted_kl"] for r in sub],
+                                                [r["quality"]["kl_div"] for r in sub])}
 
 
 # ---- 7. distillation ---------------------------------------------------------------------
@@ -981,7 +984,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     t0 = time.perf_counter()
-    measure(cfg, out, parent, data, kids, res)
+    measure(cfg, out, parent, data, kids, res, save=lambda: _write_json(res_path, res))
     if done("measure", t0):
         return 0
 
