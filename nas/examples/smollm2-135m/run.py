@@ -694,9 +694,10 @@ def distill_child(cfg: Config, row: dict[str, Any], parent: Path, data: Path, se
 
 
 def distill_all(cfg: Config, parent: Path, data: Path, res: dict[str, Any],
-                seeds: tuple[int, ...], which: Any) -> None:
+                seeds: tuple[int, ...], which: Any, save: Any = None) -> None:
     """Distill every child ``which(row)`` selects with each of ``seeds``; the figures go
-    into the row's ``distilled`` (by seed)."""
+    into the row's ``distilled`` (by seed), and ``save()`` runs after each (results.json
+    as far as distilled)."""
     from nas.build import load_pretrained
 
     parent_model = load_pretrained(parent).eval()
@@ -707,6 +708,18 @@ def distill_all(cfg: Config, parent: Path, data: Path, res: dict[str, Any],
         for seed in seeds:
             fig = distill_child(cfg, row, parent, data, seed, ev, parent_model)
             row.setdefault("distilled", {})[str(seed)] = fig
+            if save is not None:
+                save()
+
+
+def searched_child(res: dict[str, Any], budget: float) -> str | None:
+    """The searched child (a) at ``budget``: of the realized pools' children, the one of
+    lowest measured held-out KL before distillation, as ``search --realize`` chooses;
+    never chosen by what distillation later made of it."""
+    rows = [r for r in res.get("children", []) if r["budget"] == budget and r["method"] == "a"]
+    if not rows:
+        return None
+    return min(rows, key=lambda r: r["quality"]["kl_div"])["name"]
 
 
 def best_baseline(res: dict[str, Any], budget: float) -> str | None:
@@ -776,10 +789,11 @@ def verdict(res: dict[str, Any], budgets: tuple[float, ...]) -> list[str]:
             rho2 = spearman(pre_kl, post_kl)
             lines.append(f"{tag}: Spearman(pre-, post-distillation KL) over {len(post)} children = "
                          f"{'n/a' if rho2 is None else f'{rho2:.3f}'}")
-            a = [r for r in post if r["method"] == "a"]
+            chosen = searched_child(res, b)
+            a = [r for r in post if r["name"] == chosen]
             base = [r for r in post if r["method"] != "a"]
             if a and base:
-                best_a = min(a, key=lambda r: statistics.mean(_post(r, "kl_div")))
+                best_a = a[0]
                 rand = [statistics.mean(_post(r, "kl_div")) for r in base if r["method"] == "e"]
                 others = {m: min((statistics.mean(_post(r, "kl_div")) for r in base
                                   if r["method"] == m), default=None) for m in "cd"}
@@ -792,6 +806,14 @@ def verdict(res: dict[str, Any], budgets: tuple[float, ...]) -> list[str]:
                 lines.append(f"{tag}: after distillation, searched {best_a['name']} KL {akl:.4f} vs "
                              + ", ".join(parts) + (": the searched child wins" if wins
                                                    else ": the searched child does NOT win"))
+                bb = min(base, key=lambda r: statistics.mean(_post(r, "kl_div")))
+                sa, sb = _post(best_a, "kl_div"), _post(bb, "kl_div")
+                if len(sa) > 1 and len(sb) > 1:
+                    apart = max(sa) < min(sb) or max(sb) < min(sa)
+                    lines.append(f"{tag}: seed ranges ({len(sa)} / {len(sb)} seeds): searched "
+                                 f"{min(sa):.4f}-{max(sa):.4f}, best baseline {bb['name']} "
+                                 f"{min(sb):.4f}-{max(sb):.4f}: "
+                                 + ("they do not overlap" if apart else "they OVERLAP"))
     return lines
 
 
@@ -989,15 +1011,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     t0 = time.perf_counter()
-    distill_all(cfg, parent, data, res, (cfg.seeds[0],), lambda r: True)
+    def save() -> None:
+        _write_json(res_path, res)
+        if results.resolve() != out.resolve():
+            _write_json(results / "results.json", res)
+
+    distill_all(cfg, parent, data, res, (cfg.seeds[0],), lambda r: True, save)
     if done("distill", t0):
         return 0
 
     t0 = time.perf_counter()
     res["best_baseline"] = {f"x{b:g}": best_baseline(res, b) for b in cfg.budgets}
+    res["searched"] = {f"x{b:g}": searched_child(res, b) for b in cfg.budgets}
     extra = cfg.seeds[1:]
-    distill_all(cfg, parent, data, res, extra, lambda r: r["method"] == "a" or
-                r["name"] == res["best_baseline"][f"x{r['budget']:g}"])
+    distill_all(cfg, parent, data, res, extra, lambda r: r["name"] in (
+        res["searched"][f"x{r['budget']:g}"], res["best_baseline"][f"x{r['budget']:g}"]), save)
     if done("seeds", t0):
         return 0
 
