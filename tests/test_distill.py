@@ -107,6 +107,44 @@ def test_distillation_lowers_held_out_kl_and_writes_a_loadable_child(work, tmp_p
     assert again == rec
 
 
+def test_a_bf16_checkpoint_trains_from_float32_masters_by_default(work, tmp_path):
+    """Mixed precision is the default for 16-bit checkpoints: a bf16 child and parent train
+    from float32 master weights (FSDP2, a one-rank group) and the child is written in bf16;
+    ``dtype="bfloat16"`` (``--pure-bf16``) trains in pure bf16, whole."""
+    from nas.build import save_pretrained
+    from nas.tokens import copy_tokenizer
+
+    for name in ("child", "parent"):
+        save_pretrained(load_pretrained(work / name, dtype=torch.bfloat16), tmp_path / name)
+    copy_tokenizer([work / "parent"], tmp_path / "parent")
+    data = np.load(work / "tokens.npy").astype(np.int64)
+    kw = dict(tokens=2 * 8 * SEQ, seq_len=SEQ, batch_size=8, lr=2e-3, eval_every=2,
+              eval_tokens=512, checkpoint_every=2)
+    runs = {}
+    for tag, s in (("mixed", DistillSettings(**kw)),
+                   ("pure", DistillSettings(**kw, dtype="bfloat16"))):
+        rec = distill(tmp_path / "child", tmp_path / "parent", data, tmp_path / tag, s,
+                      progress=False, log=lambda m: None)
+        assert rec is not None
+        runs[tag] = rec
+    assert runs["mixed"].settings["mixed_precision"] == "bfloat16"
+    assert runs["mixed"].layout == "sharded"
+    assert runs["pure"].settings.get("mixed_precision") is None
+    assert runs["pure"].layout == "full"
+    from safetensors import safe_open
+
+    def dtypes(folder: Path) -> dict[str, str]:
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            return {k: f.get_slice(k).get_dtype() for k in f.keys()}
+
+    given = dtypes(tmp_path / "child")
+    assert "BF16" in given.values()
+    for tag in runs:  # written in the child's stored dtypes
+        assert json.loads((tmp_path / tag / "model" / "config.json").read_text()
+                          )["torch_dtype"] == "bfloat16"
+        assert dtypes(tmp_path / tag / "model") == given
+
+
 def test_row_sampling_and_schedule_depend_on_the_step_only():
     s = DistillSettings(tokens=100 * 4 * 8, seq_len=8, batch_size=4, lr=1e-3, warmup_steps=10,
                         min_lr_fraction=0.1)

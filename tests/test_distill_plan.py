@@ -146,3 +146,70 @@ def test_a_run_whose_plan_does_not_fit_is_refused_before_anything_loads(tmp_path
                        "--seq-len", "64", "--batch", "8", "--device-memory", "0.001"])
     assert rc == 2 and "the plan does not fit" in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_precision_resolves_to_mixed_for_16_bit_checkpoints():
+    """``auto``: a 16-bit checkpoint trains from float32 master weights in its dtype, a
+    float32 one in float32, none when a dtype is given; replicas with 16 bits refused."""
+    from nas.train.plan import resolve_mixed_precision as r
+
+    assert r("auto", None, "bfloat16", "bfloat16") == "bfloat16"
+    assert r("auto", None, "float32", "float16") == "float16"
+    assert r("auto", None, "float32", "float32") is None
+    assert r("auto", "bfloat16", "bfloat16", "bfloat16") is None  # pure bf16
+    assert r(None, None, "bfloat16", "bfloat16") is None
+    assert r("float16", None, "float32", "float32") == "float16"
+    assert r("auto", None, "float32", "float32", replicas=True) is None
+    with pytest.raises(ValueError, match="--replicas"):
+        r("auto", None, "bfloat16", "bfloat16", replicas=True)
+
+
+def _bf16_configs(tmp_path: Path) -> tuple[Path, Path]:
+    from nas.hf import to_hf
+
+    parent = tmp_path / "parent.json"
+    parent.write_text(json.dumps({**to_hf(ARCH), "torch_dtype": "bfloat16"}))
+    child = ARCH.replace_blocks([*ARCH.blocks[:1], *ARCH.blocks[2:]])
+    blueprint = tmp_path / "blueprint.json"
+    blueprint.write_text(json.dumps({"child": {**to_hf(child), "torch_dtype": "bfloat16"}}))
+    return blueprint, parent
+
+
+def test_a_bf16_plan_states_float32_masters_by_default_and_pure_bf16_on_request(tmp_path):
+    """The plan of a bf16 parent holds float32 master weights and AdamW state unless
+    ``--pure-bf16``: the student's weights, gradients and optimizer state halve, and the
+    first line says which precision the plan assumes."""
+    child, parent = _bf16_configs(tmp_path)
+    base = ["distill", str(child), "--teacher", str(parent), "--plan", "--tokens", "65536",
+            "--seq-len", "256", "--batch", "8", "--nproc", "2"]
+    rc, mixed, err = _cli(base)
+    assert rc == 0, err
+    assert "teacher in bfloat16, student master weights float32, compute bfloat16" in mixed
+    rc, pure, err = _cli([*base, "--pure-bf16"])
+    assert rc == 0, err
+    assert "teacher in bfloat16, student master weights bfloat16, compute bfloat16" in pure
+
+    from nas.cli import build_parser
+    from nas.cli.distill import plan_of
+
+    mp, pb = (plan_of(build_parser().parse_args(argv), 2) for argv in (base, [*base, "--pure-bf16"]))
+    assert mp.dtypes == ("bfloat16", "float32", "bfloat16")
+    assert pb.dtypes == ("bfloat16", "bfloat16", "bfloat16")
+    assert mp.student_weights > 0 and mp.teacher_weights == pb.teacher_weights
+    for key in ("student", "gradients", "optimizer"):
+        assert mp.figures()[key] == 2 * pb.figures()[key]
+    rc, none, err = _cli([*base, "--mixed-precision", "none"])
+    assert rc == 0 and none == pure, err
+    rc, _, err = _cli([*base, "--pure-bf16", "--mixed-precision", "float16"])
+    assert rc == 2 and err.count("\n") == 1 and "--pure-bf16" in err, err
+    rc, _, err = _cli([*base, "--replicas"])
+    assert rc == 2 and err.count("\n") == 1 and "--replicas" in err and \
+        "mixed precision" in err, err
+    rc, out, err = _cli([*base, "--replicas", "--pure-bf16"])
+    assert rc == 0 and "replicas" in out, err
+    # a float32 child config (a blueprint's) is trained in bf16 with --pure-bf16 too
+    f32 = tmp_path / "f32.json"
+    f32.write_text(json.dumps({"child": {k: v for k, v in json.loads(child.read_text())[
+        "child"].items() if k != "torch_dtype"}}))
+    rc, out, err = _cli([*base[:1], str(f32), *base[2:], "--pure-bf16"])
+    assert rc == 0 and "student master weights bfloat16, compute bfloat16" in out, err

@@ -9,9 +9,12 @@ runs ``torchrun --standalone --nproc-per-node N -m nas.cli.distill`` with the sa
 arguments (gloo on CPU, nccl with ``--device cuda``): teacher and student sharded over the
 ranks with FSDP2, sharded resumable checkpoints (``--replicas``: a whole copy of each per
 rank, DistributedDataParallel); multi-node runs call torchrun themselves with their
-rendezvous flags and ``-m nas.cli.distill``. ``--mixed-precision bfloat16`` computes in
-bf16 from float32 master weights; ``--activation-checkpointing`` recomputes each block's
-activations in the backward pass.
+rendezvous flags and ``-m nas.cli.distill``. Precision: a checkpoint stored in bf16 (or
+fp16) trains by default in mixed precision, computing in its dtype from float32 master
+weights and AdamW state (``--mixed-precision auto``); ``--pure-bf16`` keeps master weights
+and AdamW state in bf16 too (half the memory of the weights, gradients and optimizer state,
+at bf16's rounding of every update); float32 checkpoints train in float32.
+``--activation-checkpointing`` recomputes each block's activations in the backward pass.
 """
 
 from __future__ import annotations
@@ -76,10 +79,16 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the row sampling")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cpu (gloo) or cuda (nccl; rank r uses cuda:LOCAL_RANK)")
-    p.add_argument("--mixed-precision", choices=("bfloat16", "float16"),
+    p.add_argument("--mixed-precision", choices=("auto", "bfloat16", "float16", "none"),
+                   default="auto",
                    help="compute in this dtype from float32 master weights and AdamW state "
                    "(FSDP2 mixed precision; the teacher is held in it); the model is written "
-                   "in the child's stored dtype")
+                   "in the child's stored dtype. auto (default): a checkpoint stored in 16 "
+                   "bits computes in its dtype, float32 ones in float32, none with --dtype; "
+                   "none: every tensor in the checkpoint's dtype (or --dtype)")
+    p.add_argument("--pure-bf16", action="store_true",
+                   help="pure bf16 training: compute, master weights and AdamW state all in "
+                   "bfloat16 (--dtype bfloat16 --mixed-precision none)")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each block's activations in the backward pass instead of "
                    "keeping them (same weights, less memory)")
@@ -117,6 +126,7 @@ def settings_of(args: argparse.Namespace):
 
     from nas.train.distill import DistillSettings
 
+    mixed = _mixed_flag(args)  # first: --pure-bf16 sets --dtype
     kw = dict(tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch, lr=args.lr,
               min_lr_fraction=args.min_lr_fraction, warmup_steps=args.warmup_steps,
               weight_decay=args.weight_decay, grad_clip=args.grad_clip,
@@ -124,20 +134,58 @@ def settings_of(args: argparse.Namespace):
               eval_tokens=args.eval_tokens, checkpoint_every=args.checkpoint_every,
               seed=args.seed, dtype=args.dtype, lr_sweep=args.lr_sweep,
               sweep_steps=args.sweep_steps, patience=args.patience,
-              keep_best=not args.keep_last, mixed_precision=args.mixed_precision)
+              keep_best=not args.keep_last, mixed_precision=mixed)
     flags = {"batch_size": "--batch"}
     try:
-        return DistillSettings(**kw)
+        s = DistillSettings(**kw)
     except ValidationError as exc:
         loc, msg = first_error(exc)
         name = loc.split(".")[0] or ("mixed_precision" if "mixed_precision" in msg else "")
         raise InputError(f"{flags.get(name, '--' + name.replace('_', '-'))}: {msg}") from None
+    return _resolved(s, args)
 
 
-def _config_dtype(cfg: dict) -> str:
-    """A config's non-quantized dtype as the loader reads it (float32 when unstated)."""
-    d = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
-    return d if d in ("bfloat16", "float16") else "float32"
+def _mixed_flag(args: argparse.Namespace) -> str | None:
+    """``--mixed-precision`` / ``--pure-bf16`` as the settings' field (``--pure-bf16`` sets
+    ``args.dtype``)."""
+    mixed = getattr(args, "mixed_precision", "auto")
+    if getattr(args, "pure_bf16", False):
+        if mixed not in ("auto", "none"):
+            raise InputError(f"--pure-bf16 with --mixed-precision {mixed}: pure bf16 keeps "
+                             "the master weights in bfloat16; give one of the two")
+        if args.dtype not in (None, "bfloat16"):
+            raise InputError(f"--pure-bf16 with --dtype {args.dtype}: give one of the two")
+        args.dtype = "bfloat16"
+        return None
+    return None if mixed == "none" else mixed
+
+
+def _resolved(s, args: argparse.Namespace):
+    """``s`` with ``--mixed-precision auto`` resolved from the two checkpoints' configs (a
+    folder, a config.json or a blueprint.json; float32 when not found)."""
+    from nas.train.plan import resolve_mixed_precision, stored_dtype
+
+    if s.mixed_precision != "auto":
+        return s
+    dts = []
+    for d in (args.child, args.teacher):
+        try:
+            dts.append(stored_dtype(_read_config(Path(d))))
+        except InputError:
+            dts.append("float32")  # refused later, by the check that names it
+    try:
+        mp = resolve_mixed_precision("auto", s.dtype, dts[0], dts[1], args.replicas)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return s.model_copy(update={"mixed_precision": mp})
+
+
+def _read_config(path: Path) -> dict:
+    from nas.cli.build import read_child_config
+
+    if not (path / "config.json").is_file() and not path.is_file():
+        raise InputError("not found", path=str(path))
+    return read_child_config(path)[0]
 
 
 def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None):
@@ -145,7 +193,7 @@ def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None)
     import hwprofiles
     from nas.cli.build import read_child_config
     from nas.hf import from_hf
-    from nas.train.plan import distill_plan
+    from nas.train.plan import distill_plan, stored_dtype
 
     s = settings_of(args)
     models = []
@@ -165,8 +213,8 @@ def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None)
     return distill_plan(
         child, teacher, world=nproc, replicas=args.replicas, batch=s.batch_size,
         seq_len=s.seq_len, tokens=s.tokens, eval_every=s.eval_every,
-        eval_tokens=s.eval_tokens, teacher_dtype=s.dtype or _config_dtype(t_cfg),
-        student_dtype=s.dtype or _config_dtype(c_cfg), mixed_precision=s.mixed_precision,
+        eval_tokens=s.eval_tokens, teacher_dtype=s.dtype or stored_dtype(t_cfg),
+        student_dtype=s.dtype or stored_dtype(c_cfg), mixed_precision=s.mixed_precision,
         keep_best=s.keep_best, lr_sweep=len(s.lr_sweep), sweep_steps=s.sweep_steps,
         checkpointing=args.activation_checkpointing, hw=hw, capacity=capacity)
 
@@ -275,7 +323,7 @@ def forward_args(args: argparse.Namespace) -> list[str]:
     """The rank command line for ``args`` (everything but ``--nproc``)."""
     out = [args.child, "--teacher", args.teacher, "--data", args.data, "-o", args.output]
     for name in ("eval_data", "tokenizer", "bin_dtype", "dtype", "mixed_precision"):
-        if getattr(args, name):
+        if getattr(args, name) and getattr(args, name) != "auto":
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     for name in ("tokens", "seq_len", "batch", "lr", "min_lr_fraction", "warmup_steps",
                  "weight_decay", "grad_clip", "lm_weight", "eval_every", "eval_tokens",
@@ -286,8 +334,9 @@ def forward_args(args: argparse.Namespace) -> list[str]:
         out += ["--lr-sweep", ",".join(repr(x) for x in args.lr_sweep)]
     if args.sweep_steps is not None:
         out += ["--sweep-steps", str(args.sweep_steps)]
-    for flag in ("keep_last", "replicas", "activation_checkpointing", "keep_checkpoint"):
-        if getattr(args, flag):
+    for flag in ("keep_last", "replicas", "activation_checkpointing", "keep_checkpoint",
+                 "pure_bf16"):
+        if getattr(args, flag, False):
             out.append("--" + flag.replace("_", "-"))
     if args.json:
         out.append("--json")

@@ -57,9 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kd-patience", type=int, default=0,
                    help="KD: evaluations without a lower held-out KL before stopping")
     p.add_argument("--seed", type=int, default=0, help="seed of BLD and KD sampling")
-    p.add_argument("--kd-mixed-precision", choices=("bfloat16", "float16"),
+    p.add_argument("--kd-mixed-precision", choices=("auto", "bfloat16", "float16", "none"),
+                   default="auto",
                    help="KD: compute in this dtype from float32 master weights (see distill "
-                   "--mixed-precision)")
+                   "--mixed-precision; auto, the default: a 16-bit checkpoint computes in its "
+                   "dtype, float32 ones in float32; none: pure, the checkpoint's dtype)")
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="KD: recompute each block's activations in the backward pass")
     p.add_argument("--keep-checkpoint", action="store_true",
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kd_batch % args.nproc:
         raise InputError(f"--kd-batch {args.kd_batch} (the global batch) must be a multiple "
                          f"of the {args.nproc} ranks (--nproc)")
-    if args.replicas and args.kd_mixed_precision:
+    if args.replicas and args.kd_mixed_precision not in ("auto", "none"):
         raise InputError("--kd-mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise InputError("--device cuda: no CUDA device is visible")
@@ -122,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
                              eval_tokens=args.kd_eval_tokens, seed=args.seed,
                              dtype=args.dtype, lr_sweep=args.kd_lr_sweep,
                              patience=args.kd_patience,
-                             mixed_precision=args.kd_mixed_precision)
+                             mixed_precision=None if args.kd_mixed_precision == "none"
+                             else args.kd_mixed_precision)
     except ValidationError as exc:
         loc, msg = first_error(exc)
         raise InputError(f"{loc}: {msg}") from None

@@ -132,14 +132,18 @@ class DistillSettings(BaseModel):
                                         "(lr is then not used)")
     sweep_steps: int | None = Field(default=None, ge=1, description="steps of each sweep "
                                     "trial (default: a quarter of the run, at least 1)")
-    mixed_precision: Literal["bfloat16", "float16"] | None = Field(
-        default=None, description="FSDP2 mixed precision: the student computes in this dtype "
-        "from float32 master weights (AdamW state float32, gradients reduced in float32); "
-        "the teacher is held and run in it (None: no mixed precision)")
+    mixed_precision: Literal["auto", "bfloat16", "float16"] | None = Field(
+        default="auto", description="FSDP2 mixed precision: the student computes in this "
+        "dtype from float32 master weights (AdamW state float32, gradients reduced in "
+        "float32); the teacher is held and run in it. None: none (every tensor in the "
+        "checkpoint's dtype, or dtype: with a 16-bit checkpoint, pure 16-bit training). "
+        "'auto' (default): a checkpoint stored in 16 bits trains in mixed precision, a "
+        "float32 one in float32, and none when dtype is given "
+        "(nas.train.plan.resolve_mixed_precision; resolved before the run is keyed)")
 
     @model_validator(mode="after")
     def _master_weights(self) -> DistillSettings:
-        if self.mixed_precision is not None and self.dtype not in (None, "float32"):
+        if self.mixed_precision not in (None, "auto") and self.dtype not in (None, "float32"):
             raise ValueError(f"dtype {self.dtype} with mixed_precision: the master weights "
                              "are float32 (leave dtype unset)")
         return self
@@ -161,6 +165,9 @@ class DistillSettings(BaseModel):
         return min(self.steps, self.sweep_steps or max(1, self.steps // 4))
 
     def digest(self) -> str:
+        if self.mixed_precision == "auto":
+            raise ValueError("mixed_precision 'auto' is resolved before a run is keyed "
+                             "(resolve_precision)")
         # unset fields left out: a run started before a field existed resumes
         keep = self.model_dump(exclude={"eval_every", "checkpoint_every"}, exclude_none=True)
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
@@ -968,10 +975,34 @@ LAYOUTS = {"full": "written whole by one process (1 rank, or --replicas)",
            "sharded": "sharded over the ranks (FSDP2, torch.distributed.checkpoint)"}
 
 
+def resolve_precision(settings: DistillSettings, student_dir: str | Path,
+                      teacher_dir: str | Path, replicas: bool = False) -> DistillSettings:
+    """``settings`` with ``mixed_precision="auto"`` resolved from the two checkpoints'
+    stored dtypes (:func:`nas.train.plan.resolve_mixed_precision`); an
+    :class:`InputError` for a 16-bit checkpoint on replicas."""
+    from nas.train.plan import resolve_mixed_precision, stored_dtype
+
+    if settings.mixed_precision != "auto":
+        return settings
+    dts = []
+    for d in (student_dir, teacher_dir):
+        path = Path(d)
+        cfg = path if path.suffix == ".json" else path / "config.json"
+        dts.append(stored_dtype(read_json(cfg)) if cfg.is_file() else "float32")
+    try:
+        mp = resolve_mixed_precision("auto", settings.dtype, dts[0], dts[1], replicas)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return settings.model_copy(update={"mixed_precision": mp})
+
+
 def layout_of(world: int, settings: DistillSettings, replicas: bool = False
               ) -> Literal["full", "sharded"]:
     """The checkpoint layout a run writes: ``sharded`` (FSDP2) with more than one rank unless
-    ``replicas``, and always with mixed precision; else ``full``."""
+    ``replicas``, and always with mixed precision; else ``full``. ``settings`` resolved
+    (:func:`resolve_precision`)."""
+    if settings.mixed_precision == "auto":
+        raise ValueError("mixed_precision 'auto' is resolved first (resolve_precision)")
     return "sharded" if (world > 1 and not replicas) or settings.mixed_precision else "full"
 
 
@@ -1028,7 +1059,7 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     block's activations in the backward pass (same weights, less memory).
     ``keep_checkpoint``: leave ``out_dir/checkpoint`` once the run is finished (by default
     rank 0 deletes it after every rank is done)."""
-    s = settings
+    s = resolve_precision(settings, student_dir, teacher_dir, replicas)
     if replicas and s.mixed_precision:
         raise InputError("--mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
     rank, world, device = init_distributed(device)

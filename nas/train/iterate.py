@@ -222,8 +222,10 @@ def distill_argv(child: Path, teacher: Path, data: str | Path, out: Path, settin
     argv += _flag("batch", s.batch_size)
     for name in ("tokens", "seq_len", "lr", "min_lr_fraction", "warmup_steps", "weight_decay",
                  "grad_clip", "lm_weight", "eval_every", "eval_tokens", "checkpoint_every",
-                 "seed", "dtype", "mixed_precision", "patience", "sweep_steps"):
+                 "seed", "dtype", "patience", "sweep_steps"):
         argv += _flag(name, getattr(s, name))
+    # None travels as "none": the rank's flag defaults to "auto"
+    argv += _flag("mixed_precision", s.mixed_precision or "none")
     if s.lr_sweep:
         argv += ["--lr-sweep", ",".join(repr(x) for x in s.lr_sweep)]
     argv += _flag("eval_data", eval_data) + _flag("tokenizer", tokenizer)
@@ -361,10 +363,15 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         # 4. distill
         dist_dir = sdir / "distill"
         if nproc > 1:
-            from nas.train.distill import layout_of, load_record, resume_conflict
+            from nas.train.distill import (
+                layout_of,
+                load_record,
+                resolve_precision,
+                resume_conflict,
+            )
 
-            why = resume_conflict(dist_dir, distill_settings,
-                                  layout_of(nproc, distill_settings, replicas))
+            ds = resolve_precision(distill_settings, sdir / "child", teacher, replicas)
+            why = resume_conflict(dist_dir, ds, layout_of(nproc, ds, replicas))
             if why is not None:
                 raise InputError(f"stage {k}: {why}")
             _ranks(k, "distillation", "nas.cli.distill", nproc, distill_argv(

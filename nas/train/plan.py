@@ -78,6 +78,75 @@ KL_FLOAT32_TENSORS = 7  # kd_loss' float32 tensors of the vocabulary's size per 
 CHUNK_BYTES = 64 * 2**20  # nas.train.distill.CHUNK_BYTES (torch-free copy, checked in the tests)
 
 
+HALF = ("bfloat16", "float16")
+
+
+def stage_ranges(block_params: np.ndarray | list[float], world: int, first: float = 0.0
+                 ) -> list[tuple[int, int]]:
+    """Contiguous ranges ``[a, b)`` of blocks, one per rank, that minimize the largest
+    rank's parameters (``first``: what rank 0 holds besides its blocks, the embedding of
+    an untied teacher). An exact linear partition (binary search on the bound, greedy
+    check); a rank may get no block when there are fewer blocks than ranks."""
+    w = [float(x) for x in block_params]
+    n = len(w)
+
+    def cut(bound: float) -> list[tuple[int, int]] | None:
+        out, a, load = [], 0, first
+        for i, x in enumerate(w):
+            if load + x > bound and (i > a or load > 0):
+                out.append((a, i))
+                a, load = i, 0.0
+                if load + x > bound:
+                    return None
+            load += x
+        out.append((a, n))
+        return out if len(out) <= world else None
+
+    lo, hi = max([first, *w]), first + sum(w)
+    best = cut(hi)
+    for _ in range(100):  # bisection to within one parameter
+        if hi - lo <= 0.5:
+            break
+        mid = (lo + hi) / 2
+        got = cut(mid)
+        if got is None:
+            lo = mid
+        else:
+            hi, best = mid, got
+    assert best is not None
+    return best + [(n, n)] * (world - len(best))
+
+
+def stored_dtype(cfg: dict) -> str:
+    """A checkpoint config's non-quantized dtype as the loader reads it (float32 when
+    unstated)."""
+    d = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+    return d if d in HALF else "float32"
+
+
+def resolve_mixed_precision(mixed: str | None, dtype: str | None, student_stored: str,
+                            teacher_stored: str, replicas: bool = False) -> str | None:
+    """The mixed-precision dtype a distillation runs with, ``mixed`` resolved.
+
+    ``"auto"`` (the default): with ``dtype`` given, none (that dtype holds the master
+    weights and computes: ``dtype="bfloat16"`` is pure bf16); else a checkpoint stored in
+    16 bits (the student's dtype first, then the teacher's) computes in its dtype from
+    float32 master weights and AdamW state; float32 checkpoints train in float32. An
+    explicit dtype or None passes through. Mixed precision runs on FSDP2, so ``replicas``
+    with a 16-bit checkpoint under ``"auto"`` is refused (:class:`ValueError`)."""
+    if mixed != "auto":
+        return mixed
+    if dtype is not None:
+        return None
+    half = next((d for d in (student_stored, teacher_stored) if d in HALF), None)
+    if half is not None and replicas:
+        raise ValueError(
+            f"a {half} checkpoint trains by default in mixed precision (float32 master "
+            "weights and AdamW state), which runs on FSDP2, not on replicas: drop "
+            f"--replicas, or train in pure {half} (--mixed-precision none)")
+    return half
+
+
 @dataclass(frozen=True)
 class DistillPlan:
     """A distillation's plan per rank (every rank holds the same share; see the module
@@ -206,7 +275,11 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     """The plan of distilling ``child`` from ``teacher`` on ``world`` ranks.
 
     ``teacher_dtype`` / ``student_dtype``: the dtypes each is loaded in (``--dtype`` or the
-    checkpoint's non-quantized dtype); ``lr_sweep``: the number of rates tried."""
+    checkpoint's non-quantized dtype); ``mixed_precision``: resolved
+    (:func:`resolve_mixed_precision`), not ``"auto"``; ``lr_sweep``: the number of rates
+    tried."""
+    if mixed_precision == "auto":
+        raise ValueError("mixed_precision 'auto' is resolved first (resolve_mixed_precision)")
     layout = "whole" if world == 1 else ("replicas" if replicas else "sharded")
     share = 1.0 / world if layout == "sharded" else 1.0
     e_t = DTYPE_BYTES[mixed_precision or teacher_dtype]
@@ -244,7 +317,8 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     if keep_best or lr_sweep:
         hints.append("--keep-last without --lr-sweep (no kept copy)")
     if mixed_precision:
-        hints.append("drop --mixed-precision (its master weights are float32)")
+        hints.append("--mixed-precision none (pure 16-bit: master weights and AdamW state "
+                     "in the compute dtype, not float32)")
     elif student_dtype == "float32":
         hints.append("--dtype bfloat16")
     phases: dict[str, float] = {}
