@@ -33,6 +33,7 @@ from pydantic_core import ErrorDetails
 from costmodels.serving import parse_slo
 from hwprofiles.errors import InputError, read_json
 from nas.arch import MAX_BLOCKS, MAX_CONTEXT, MAX_DIM, MAX_EXPERTS, MAX_HEADS
+from nas.deployspec import DeployCandidates
 from nas.kinds import AxisSpace, kinds
 from nas.units import UNITS
 
@@ -556,17 +557,27 @@ class DeploySpec(_Model):
     ``deploy`` searches exactly what it did before this field existed (``docs/engines.md``
     explains the choice)."""
 
-    engines: list[Literal["vllm", "trtllm", "sglang", "transformers"]] = Field(
-        min_length=1, max_length=4, description="engines the child must load: vllm, trtllm "
-        "(TensorRT-LLM), sglang, transformers (stock classes); the space is what all of them "
-        "take (docs/engines.md)")
+    engines: list[Literal["vllm", "trtllm", "sglang", "transformers"]] | None = Field(
+        default=None, min_length=1, max_length=4, description="engines the child must load: "
+        "vllm, trtllm (TensorRT-LLM), sglang, transformers (stock classes); the space is what "
+        "all of them take (docs/engines.md)")
+    candidates: DeployCandidates | None = Field(
+        default=None, description="deployments searched together with the child (devices, "
+        "parallel layouts, attention DP, engines, MTP drafts, prices): the search picks one "
+        "deployment and one alternative per block at once (nas.deployspec, nas.search.deploy)")
 
     @field_validator("engines")
     @classmethod
-    def _unique(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
+    def _unique(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and len(set(v)) != len(v):
             raise ValueError(f"engines lists an engine twice: {v}")
         return v
+
+    @model_validator(mode="after")
+    def _some(self) -> DeploySpec:
+        if self.engines is None and self.candidates is None:
+            raise ValueError("give engines or candidates (or leave deploy out)")
+        return self
 
 
 class SearchSpec(_Model):

@@ -210,6 +210,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {n}")
     for line in engine_lines(bp):
         print(f"engine {line}")
+    if res.deploy is not None:  # deploy.candidates: the child and its deployment together
+        from nas.search.deploy import summary_lines
+
+        print()
+        for line in summary_lines(res.deploy):
+            print(line)
+        print()
     changed = sum(1 for c in bp.choices if c["change"] != "parent")
     print(f"{changed} of {len(bp.choices)} blocks changed; "
           f"{len(res.blueprints)} blueprint(s); total {res.timings['total_s']:.2f} s")

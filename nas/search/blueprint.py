@@ -243,7 +243,7 @@ def engines_section(problem: Any, cons: Any, child: ModelArch,
     from nas.mip import SolverError
 
     deploy = getattr(problem.spec, "deploy", None)
-    targets = list(deploy.engines) if deploy is not None else []
+    targets = list(deploy.engines or []) if deploy is not None else []
     pa = problem.parent
     load: list[dict[str, Any]] = []
     if eng.family_of(pa.model_type) is not None:
@@ -382,7 +382,7 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None,
 
 
 SEARCH_OUTPUTS = ("blueprint.json", "blueprint-*.json", "report.md", "library.json",
-                  "sweep.json", "slo_sweep.json", "pareto.png", "realized.json")
+                  "sweep.json", "slo_sweep.json", "pareto.png", "realized.json", "deploy.json")
 """The files a search writes (an existing output folder may hold only these: the run
 replaces the folder whole)."""
 

@@ -146,7 +146,7 @@ def _measured_rows(problem: Problem, flat: list[space.Alternative], table: Any,
 def deploy_engines(problem: Problem) -> list[str]:
     """The engines the child must load (``deploy.engines``; empty: none required)."""
     d = problem.spec.deploy
-    return list(d.engines) if d is not None else []
+    return list(d.engines or []) if d is not None else []
 
 
 def _space(problem: Problem) -> list[list[space.Alternative]]:

@@ -45,6 +45,10 @@ def _run(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash:
     t0 = time.perf_counter()
     # the output folder is checked before any work (created, writable, no foreign files)
     check_output_dir(out_dir, bpm.is_search_output, "output folder")
+    if spec.deploy is not None and spec.deploy.candidates is not None:
+        from nas.search.deploy import run_joint  # the child and its deployment together
+
+        return run_joint(spec, base_dir, out_dir, spec_hash, progress)
     problem = resolve(spec, base_dir, spec_hash)
     alts = alternatives(problem)
     t["space_s"] = time.perf_counter() - t0

@@ -55,6 +55,8 @@ class SearchOutcome:
     sweep: dict[str, Any] | None
     files: list[Path]
     timings: dict[str, float]
+    deploy: Any | None = None
+    """With ``deploy.candidates``: the joint search's ``nas.search.deploy.DeployResult``."""
 
 
 _SWEEP_UNITS = {"memory": ("GiB", 2**30), "weight_memory": ("GiB", 2**30),
