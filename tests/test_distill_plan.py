@@ -184,10 +184,10 @@ def test_a_bf16_plan_states_float32_masters_by_default_and_pure_bf16_on_request(
             "--seq-len", "256", "--batch", "8", "--nproc", "2"]
     rc, mixed, err = _cli(base)
     assert rc == 0, err
-    assert "teacher in bfloat16, student master weights float32, compute bfloat16" in mixed
+    assert "teacher in bfloat16 (pipelined), student master weights float32, compute bfloat16" in mixed
     rc, pure, err = _cli([*base, "--pure-bf16"])
     assert rc == 0, err
-    assert "teacher in bfloat16, student master weights bfloat16, compute bfloat16" in pure
+    assert "teacher in bfloat16 (pipelined), student master weights bfloat16, compute bfloat16" in pure
 
     from nas.cli import build_parser
     from nas.cli.distill import plan_of

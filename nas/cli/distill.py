@@ -95,6 +95,10 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--replicas", action="store_true", help="with --nproc N: a whole teacher "
                    "and student on every rank (DistributedDataParallel), for models that fit "
                    "one rank; default: both sharded over the ranks (FSDP2)")
+    p.add_argument("--teacher-layout", choices=("pipelined", "sharded"), default="pipelined",
+                   help="with --nproc N (sharded ranks): pipelined (default) places the "
+                   "teacher's blocks over the ranks and passes hidden states between them; "
+                   "sharded shards it with FSDP2, which gathers every block at every step")
     p.add_argument("--json", action="store_true", help="print distill.json")
     p.add_argument("--plan", action="store_true", help="print the memory per rank (weights, "
                    "gradients, optimizer state, kept copies, gathered units, activations, "
@@ -216,7 +220,9 @@ def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None)
         eval_tokens=s.eval_tokens, teacher_dtype=s.dtype or stored_dtype(t_cfg),
         student_dtype=s.dtype or stored_dtype(c_cfg), mixed_precision=s.mixed_precision,
         keep_best=s.keep_best, lr_sweep=len(s.lr_sweep), sweep_steps=s.sweep_steps,
-        checkpointing=args.activation_checkpointing, hw=hw, capacity=capacity)
+        checkpointing=args.activation_checkpointing, hw=hw, capacity=capacity,
+        teacher_layout=getattr(args, "teacher_layout", "pipelined"),
+        backend="nccl" if args.device == "cuda" or args.hardware else "gloo")
 
 
 def _print_plan(args: argparse.Namespace) -> int:
@@ -300,6 +306,7 @@ def run_local(args: argparse.Namespace) -> int:
     rec = distill(args.child, args.teacher, train, args.output, settings_of(args), held=held,
                   data_source=args.data, eval_source=args.eval_data, device=args.device,
                   replicas=args.replicas, checkpointing=args.activation_checkpointing,
+                  teacher_layout=args.teacher_layout,
                   keep_checkpoint=args.keep_checkpoint)
     if rec is None:
         return 0
@@ -322,7 +329,8 @@ def run_local(args: argparse.Namespace) -> int:
 def forward_args(args: argparse.Namespace) -> list[str]:
     """The rank command line for ``args`` (everything but ``--nproc``)."""
     out = [args.child, "--teacher", args.teacher, "--data", args.data, "-o", args.output]
-    for name in ("eval_data", "tokenizer", "bin_dtype", "dtype", "mixed_precision"):
+    for name in ("eval_data", "tokenizer", "bin_dtype", "dtype", "mixed_precision",
+                 "teacher_layout"):
         if getattr(args, name) and getattr(args, name) != "auto":
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     for name in ("tokens", "seq_len", "batch", "lr", "min_lr_fraction", "warmup_steps",

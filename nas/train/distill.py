@@ -64,7 +64,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -87,6 +87,11 @@ from nas.progress import Progress
 from nas.scoring.digest import record_digest, recorded_digest, weights_digest
 from nas.scoring.runner import init_distributed, rank_and_world
 from nas.tokens import copy_tokenizer
+
+if TYPE_CHECKING:
+    from nas.train.teacher import PipelinedTeacher
+
+    Teacher = CausalLM | PipelinedTeacher
 
 TEACHER_RECORD, STUDENT_RECORD = "teacher-digest.json", "student-digest.json"
 """Beside a distillation run: the teacher's and the student's :func:`weights_digest` per
@@ -241,10 +246,22 @@ class DistillRecord(BaseModel):
     """``sharded``: teacher and student sharded over the ranks (FSDP2); ``full``: a whole
     copy per process (one rank, or DDP replicas)."""
     activation_checkpointing: bool = False
+    teacher_layout: Literal["whole", "sharded", "pipelined"] | None = None
+    """How the teacher was held: ``whole`` per process, ``sharded`` (FSDP2, gathered block by
+    block every step) or ``pipelined`` (its blocks placed over the ranks,
+    :mod:`nas.train.teacher`); None in records written before the field."""
     held_elements: list[list[int]] = []
     """Per rank: [student, teacher] parameter and buffer elements held (local shards)."""
     peak_rss_mib: list[float] = []
     """Per rank: peak resident memory of the process (MiB, ``getrusage``)."""
+    base_rss_mib: list[float] = []
+    """Per rank: resident memory when the run started, before either model was read (MiB):
+    the runtime's floor (torch, the process group, the interpreter), which
+    ``peak_rss_mib`` minus it leaves out."""
+    sent_bytes_per_step: list[float | None] = []
+    """Per rank: the median over this process's training steps of the bytes it sent
+    (``wchar`` of ``/proc/self/io``: gloo's TCP writes, and the few of a progress line;
+    None where the file is missing). Evaluations and checkpoints are not steps."""
     chance_agreement: float | None = None
     """The held-out top-1 agreement of the best constant guess (the share of positions
     whose teacher argmax is its most frequent one): a student at or below it ranks tokens no
@@ -339,7 +356,7 @@ def chunk_positions(rows: int, vocab: int, item: int = 4) -> int:
     return max(1, CHUNK_BYTES // (item * vocab * max(rows, 1)))
 
 
-def _chunk_sums(student: CausalLM, teacher: CausalLM, hs: torch.Tensor, ht: torch.Tensor,
+def _chunk_sums(student: CausalLM, teacher: Teacher, hs: torch.Tensor, ht: torch.Tensor,
                 y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sums over a chunk of positions of KL(teacher || student) and of the student's
     cross-entropy, from the final hidden states ``hs`` / ``ht`` (float32 log-softmax)."""
@@ -366,7 +383,7 @@ def _reshard_roots(*models: torch.nn.Module) -> None:
             m.reshard()  # type: ignore[operator]  # FSDP2's reshard, found with hasattr; nn.Module's __getattr__ types it Tensor
 
 
-def kd_loss_hidden(student: CausalLM, teacher: CausalLM, hs: torch.Tensor, ht: torch.Tensor,
+def kd_loss_hidden(student: CausalLM, teacher: Teacher, hs: torch.Tensor, ht: torch.Tensor,
                    tokens: torch.Tensor, lm_weight: float
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`kd_loss` of the logits of final hidden states ``hs`` (student, with grad) and
@@ -402,7 +419,7 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tokens: 
 
 
 @torch.no_grad()
-def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: int = 8,
+def evaluate(student: Teacher, teacher: Teacher, held: torch.Tensor, batch: int = 8,
              lockstep: bool = False) -> dict[str, float]:
     """Held-out figures of ``student`` against ``teacher`` (float64 sums over every position
     with a next token; rows sharded over ranks and summed): ``kl_div`` (mean KL(teacher ||
@@ -416,7 +433,7 @@ def evaluate(student: CausalLM, teacher: CausalLM, held: torch.Tensor, batch: in
     rank, world = rank_and_world()
     was = student.training
     student.eval()
-    dev = student.embed.weight.device
+    dev = student.head_weight().device
     sums = torch.zeros(5, dtype=torch.float64)
     # how often the teacher's top-1 is each token: the best constant guess's agreement
     hist = torch.zeros(teacher.arch.vocab_size, dtype=torch.float64)
@@ -622,11 +639,13 @@ def _checkpointed(blk: torch.nn.Module) -> None:
 
 
 def _held(model: torch.nn.Module) -> int:
-    """Parameter and buffer elements this rank holds (a DTensor's local shard only)."""
+    """Parameter and buffer elements this rank holds (a DTensor's local shard only; a
+    pipelined teacher's tensors of other ranks, on the meta device, not)."""
     from torch.distributed.tensor import DTensor
 
+    seen = {id(t): t for t in model.state_dict(keep_vars=True).values() if not t.is_meta}
     return sum(t.to_local().numel() if isinstance(t, DTensor) else t.numel()
-               for t in model.state_dict(keep_vars=True).values())
+               for t in seen.values())
 
 
 def _sliceable(reader: Any, key: str) -> bool:
@@ -1036,6 +1055,29 @@ def _solo_group(device: str) -> bool:
     return True
 
 
+def _bytes_written() -> int | None:
+    """This process's ``wchar`` (bytes passed to write calls: files, pipes and sockets, so
+    gloo's sends), or None off Linux."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now (MiB, ``/proc/self/statm``; the peak so far where
+    that file is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return _peak_rss_mib()
+
+
 def _peak_rss_mib() -> float:
     import resource
 
@@ -1047,7 +1089,9 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             data_source: str = "data", eval_source: str | None = None, device: str = "cpu",
             progress: bool | None = None, log: Callable[[str], None] | None = None,
             replicas: bool = False, checkpointing: bool = False,
-            keep_checkpoint: bool = False) -> DistillRecord | None:
+            keep_checkpoint: bool = False,
+            teacher_layout: Literal["pipelined", "sharded"] = "pipelined"
+            ) -> DistillRecord | None:
     """Distill the checkpoint ``student_dir`` from ``teacher_dir`` on token array ``train``
     (held-out rows from ``held``, else the end of ``train``) into ``out_dir`` (see the
     module docstring). Resumes from ``out_dir/checkpoint`` when it belongs to the same run;
@@ -1058,7 +1102,10 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     ``replicas`` (a whole copy of each per rank, DDP); ``checkpointing`` recomputes each
     block's activations in the backward pass (same weights, less memory).
     ``keep_checkpoint``: leave ``out_dir/checkpoint`` once the run is finished (by default
-    rank 0 deletes it after every rank is done)."""
+    rank 0 deletes it after every rank is done). ``teacher_layout`` (sharded runs on more
+    than one rank): ``pipelined`` (the default) places the teacher's blocks over the ranks
+    and passes hidden states (:mod:`nas.train.teacher`), ``sharded`` shards it with FSDP2,
+    which gathers every block at every step; the figures are the same."""
     s = resolve_precision(settings, student_dir, teacher_dir, replicas)
     if replicas and s.mixed_precision:
         raise InputError("--mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
@@ -1067,7 +1114,7 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     try:
         return _distill(student_dir, teacher_dir, train, out_dir, s, held, data_source,
                         eval_source, device, progress, log, replicas, checkpointing,
-                        keep_checkpoint)
+                        keep_checkpoint, teacher_layout)
     finally:
         if solo:
             dist.destroy_process_group()
@@ -1077,8 +1124,10 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
              out_dir: str | Path, s: DistillSettings, held: np.ndarray | None,
              data_source: str, eval_source: str | None, device: str, progress: bool | None,
              log: Callable[[str], None] | None, replicas: bool, checkpointing: bool,
-             keep_checkpoint: bool = False) -> DistillRecord | None:
+             keep_checkpoint: bool = False, teacher_layout: str = "pipelined"
+             ) -> DistillRecord | None:
     t0 = time.perf_counter()
+    rss0 = _rss_mib()
     log = log if log is not None else (lambda m: print(m, file=sys.stderr))
     rank, world = rank_and_world()
     layout = layout_of(world, s, replicas)
@@ -1104,14 +1153,24 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
 
         mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (world,))
         # the teacher computes in the mixed-precision dtype (no master weights: no training)
-        teacher, t_hash, _ = load_sharded(teacher_dir, mp or dtype, mesh, device, train=False,
-                                          digest=t_known)
+        t_layout: Literal["whole", "sharded", "pipelined"] = \
+            "pipelined" if world > 1 and teacher_layout == "pipelined" else "sharded"
+        teacher: Teacher
+        if t_layout == "pipelined":
+            from nas.train.teacher import load_pipelined
+
+            teacher, t_hash, _ = load_pipelined(teacher_dir, mp or dtype, device,
+                                                digest=t_known)
+        else:
+            teacher, t_hash, _ = load_sharded(teacher_dir, mp or dtype, mesh, device,
+                                              train=False, digest=t_known)
         student, s_hash, s_stored = load_sharded(
             student_dir, torch.float32 if mp else dtype, mesh, device, train=True,
             mp_dtype=mp, checkpointing=checkpointing, digest=s_known)
         teacher.eval()
         export_dtype = s_stored if mp else student.embed.weight.dtype
     else:
+        t_layout = "whole"
         teacher = load_pretrained(teacher_dir, dtype=dtype).to(device).eval()
         for p in teacher.parameters():
             p.requires_grad_(False)
@@ -1168,6 +1227,8 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         model = DDP(student)  # every parameter is used (experts are stacked tensors)
     local = s.batch_size // world
 
+    sent: list[int] = []  # bytes written per training step (gloo's sends)
+
     def train_steps(run: DistillSettings, optim: torch.optim.Optimizer, start: int, stop: int,
                     losses: list[float],
                     on_step: Callable[[int, float], None] | None = None) -> None:
@@ -1175,6 +1236,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         after each)."""
         student.train()
         for step in range(start, stop):
+            w0 = _bytes_written()
             idx = step_rows(step, len(tr), run)[rank * local:(rank + 1) * local]
             t = tr[idx].to(device)
             with torch.no_grad():
@@ -1195,6 +1257,9 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
                 dist.all_reduce(lv)
                 lv /= world
             losses.append(float(lv))
+            w1 = _bytes_written()
+            if w0 is not None and w1 is not None:
+                sent.append(w1 - w0)
             # every rank holds the same (all-reduced) loss, so every rank stops together
             why = diverged(losses, run.lm_weight, teacher.arch.vocab_size)
             if why is not None:
@@ -1205,7 +1270,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
             if on_step is not None:
                 on_step(step, float(lv))
 
-    def ev(m: CausalLM) -> dict[str, float]:
+    def ev(m: Teacher) -> dict[str, float]:
         return evaluate(m, teacher, ho, lockstep=sharded)
 
     if state is None:
@@ -1315,9 +1380,10 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         kept = next(c for c in curve if c.step == best_step)
     del best
     held_el, rss = [_held(student), _held(teacher)], _peak_rss_mib()
-    figures: list[Any] = [(held_el, rss)] * world
+    med = float(np.median(sent)) if sent else None
+    figures: list[Any] = [(held_el, rss, med, rss0)] * world
     if world > 1:
-        dist.all_gather_object(figures, (held_el, rss))
+        dist.all_gather_object(figures, (held_el, rss, med, rss0))
 
     def tokenizer(folder: Path) -> None:  # the student's tokenizer, else the teacher's
         copy_tokenizer([student_dir, teacher_dir], folder)
@@ -1340,8 +1406,9 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         teacher_eval=teacher_eval, curve=curve, final=kept, resumed_from_step=start,
         seconds=time.perf_counter() - t0, parameters=student.num_stored(), initial=curve[0],
         last=last, kept_step=kept.step, stopped_early_at=stopped, lr=lr, sweep=sweep,
-        layout=layout, activation_checkpointing=checkpointing,
+        layout=layout, activation_checkpointing=checkpointing, teacher_layout=t_layout,
         held_elements=[f[0] for f in figures], peak_rss_mib=[f[1] for f in figures],
+        sent_bytes_per_step=[f[2] for f in figures], base_rss_mib=[f[3] for f in figures],
         chance_agreement=chance, notes=run_notes(curve, kept, chance))
     plot_curve(out / "kd_curve.png", record)
     atomic_write_json(done, record.model_dump())

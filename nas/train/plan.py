@@ -147,6 +147,12 @@ def resolve_mixed_precision(mixed: str | None, dtype: str | None, student_stored
     return half
 
 
+def teacher_stages(teacher: ModelArch, world: int) -> list[tuple[int, int]]:
+    """The blocks each rank holds of a pipelined teacher (:mod:`nas.train.teacher`): ranges
+    balanced by parameters, rank 0's embedding (untied) counted with its blocks."""
+    return stage_ranges(teacher.block_params(), world, _root_and_embed(teacher)[1])
+
+
 @dataclass(frozen=True)
 class DistillPlan:
     """A distillation's plan per rank (every rank holds the same share; see the module
@@ -172,6 +178,10 @@ class DistillPlan:
     capacity: float | None
     hints: tuple[str, ...] = ()
     """Settings of the run that would lower the memory (for the refusal)."""
+    teacher_layout: str = "whole"
+    """``whole`` (one rank, replicas), ``sharded`` (FSDP2) or ``pipelined``."""
+    sent_per_step: float = 0.0
+    """Bytes the busiest rank sends per training step (:func:`step_bytes_sent`)."""
 
     @property
     def total(self) -> float:
@@ -200,14 +210,19 @@ class DistillPlan:
         gib = 2**30
         t, m, c = self.dtypes
         out = [f"plan: {self.world} rank(s), {self.layout}, {self.steps:,} steps, "
-               f"{self.tokens:,} training tokens; teacher in {t}, student master weights "
-               f"{m}, compute {c}; memory per rank in GiB (2^30 bytes)"]
+               f"{self.tokens:,} training tokens; teacher in {t}"
+               + (f" ({self.teacher_layout})" if self.world > 1 else "")
+               + f", student master weights {m}, compute {c}; memory per rank in GiB "
+               "(2^30 bytes)"]
         for k, v in self.figures().items():
             out.append(f"  {k:<12} {v / gib:9.2f}")
         out.append(f"  {'total':<12} {self.total / gib:9.2f}")
         if self.capacity is not None:
             out.append(f"capacity per rank: {self.capacity / gib:.2f} GiB "
                        f"({'fits' if self.fits() else 'does not fit'})")
+        if self.world > 1:
+            out.append(f"sent per training step by the busiest rank: "
+                       f"{self.sent_per_step / 1e9:,.3f} GB (1e9 bytes)")
         if self.hardware is not None:
             ph = ", ".join(f"{k} {v:,.1f} s" for k, v in self.phases.items())
             out.append(f"time on {self.hardware} (roofline lower bound per rank; FSDP2 "
@@ -271,9 +286,11 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
                  teacher_dtype: str, student_dtype: str, mixed_precision: str | None,
                  keep_best: bool, lr_sweep: int, sweep_steps: int | None,
                  checkpointing: bool, hw: HardwareProfile | None = None,
-                 capacity: float | None = None) -> DistillPlan:
+                 capacity: float | None = None, teacher_layout: str = "pipelined",
+                 backend: str = "nccl") -> DistillPlan:
     """The plan of distilling ``child`` from ``teacher`` on ``world`` ranks.
 
+    ``backend``: the collectives' (``nccl``, or ``gloo`` on the CPU), for the bytes sent;
     ``teacher_dtype`` / ``student_dtype``: the dtypes each is loaded in (``--dtype`` or the
     checkpoint's non-quantized dtype); ``mixed_precision``: resolved
     (:func:`resolve_mixed_precision`), not ``"auto"``; ``lr_sweep``: the number of rates
@@ -282,6 +299,7 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
         raise ValueError("mixed_precision 'auto' is resolved first (resolve_mixed_precision)")
     layout = "whole" if world == 1 else ("replicas" if replicas else "sharded")
     share = 1.0 / world if layout == "sharded" else 1.0
+    piped = layout == "sharded" and teacher_layout == "pipelined"
     e_t = DTYPE_BYTES[mixed_precision or teacher_dtype]
     e_m = 4 if mixed_precision else DTYPE_BYTES[student_dtype]
     e_c = DTYPE_BYTES[mixed_precision or student_dtype]
@@ -293,13 +311,21 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     local = batch // world * seq_len  # tokens per rank and step
 
     weights_t, weights_s = p_t * e_t * share, p_s * e_m * share
+    if piped:  # the largest rank's range of blocks, the head and final norm on every rank
+        ranges = teacher_stages(teacher, world)
+        bp = teacher.block_params().astype(float)
+        loads = [float(bp[a:b].sum()) + (embed_t if r == 0 else 0.0)
+                 for r, (a, b) in enumerate(ranges)]
+        weights_t = (max(loads) + root_t) * e_t
     grads, optim = p_s * e_m * share, 2 * p_s * e_m * share
     copies = float(keep_best or lr_sweep > 0) * p_s * e_m * share
     gathered = 0.0
     if layout == "sharded":
         top_s = np.sort(np.append(child.block_params().astype(float), embed_s))[-2:].sum()
         top_t = np.sort(np.append(teacher.block_params().astype(float), embed_t))[-2:].sum()
-        gathered = (root_s + top_s) * e_c * 2 + (root_t + top_t) * e_t
+        gathered = (root_s + top_s) * e_c * 2
+        if not piped:
+            gathered += (root_t + top_t) * e_t
     saved = saved_values_per_token(child)
     if checkpointing:
         acts = local * e_c * (child.hidden_size * np.count_nonzero(saved)
@@ -325,19 +351,55 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     if hw is not None:
         phases = _phases(child, teacher, hw, world, layout, local, steps, eval_every,
                          eval_tokens, lr_sweep, sweep_steps, checkpointing, p_s, p_t,
-                         e_t, e_c, e_m, mixed_precision)
+                         e_t, e_c, e_m, mixed_precision, piped, batch * seq_len, backend)
     return DistillPlan(world, layout, weights_t, weights_s, grads, optim, copies, gathered,
                        float(acts), float(logits), phases, steps, steps * batch * seq_len,
                        (mixed_precision or teacher_dtype,
                         "float32" if mixed_precision else student_dtype,
                         mixed_precision or student_dtype),
-                       None if hw is None else hw.name, capacity, tuple(hints))
+                       None if hw is None else hw.name, capacity, tuple(hints),
+                       "pipelined" if piped else ("sharded" if layout == "sharded" else "whole"),
+                       step_bytes_sent(child, teacher, world, layout, batch * seq_len, e_t, e_c,
+                                       e_m, bool(mixed_precision), piped, backend))
+
+
+def step_bytes_sent(child: ModelArch, teacher: ModelArch, world: int, layout: str,
+                    global_tokens: int, e_t: int, e_c: int, e_m: int, mixed: bool,
+                    piped: bool, backend: str = "nccl") -> float:
+    """Bytes the busiest rank sends in one training step (evaluations and checkpoints
+    apart), as the run moves them: ring collectives send ``(N - 1) / N`` of what they
+    gather or reduce.
+
+    * **replicas** (DDP): the gradients' all-reduce, twice the student in its dtype;
+    * **sharded student** (FSDP2): its parameters gathered for the forward and again for
+      the backward in the compute dtype, its gradients reduce-scattered (float32 under
+      mixed precision): ``(N - 1) / N`` of them on nccl, but ``2 (N - 1) / N`` on gloo,
+      whose reduce-scatter sends what an all-reduce does (measured here: 200 MB sent per
+      rank for a 200 MB reduce-scatter on 2 ranks, 300 MB on 4, as its all-reduce);
+    * **sharded teacher**: gathered once, in its dtype;
+    * **pipelined teacher** (:mod:`nas.train.teacher`): a stage's output for every rank's
+      rows, ``global_tokens * hidden`` values in the teacher's dtype (the last stage sends
+      ``(N - 1) / N`` of that back to the ranks instead), and its rows' token ids to rank 0
+      (8 bytes each)."""
+    if world == 1:
+        return 0.0
+    p_s = float(child.block_params().sum() + sum(child.nonblock_role_params().values()))
+    p_t = float(teacher.block_params().sum() + sum(teacher.nonblock_role_params().values()))
+    ring = (world - 1) / world
+    if layout != "sharded":
+        return 2 * p_s * e_m * ring
+    rs = 2.0 if backend == "gloo" else 1.0
+    sent = (2 * p_s * e_c + rs * p_s * (4 if mixed else e_m)) * ring
+    if piped:
+        return sent + global_tokens * teacher.hidden_size * e_t + global_tokens / world * 8
+    return sent + p_t * e_t * ring
 
 
 def _phases(child: ModelArch, teacher: ModelArch, hw: HardwareProfile, world: int,
             layout: str, local: int, steps: int, eval_every: int, eval_tokens: int,
             lr_sweep: int, sweep_steps: int | None, checkpointing: bool, p_s: float,
-            p_t: float, e_t: int, e_c: int, e_m: int, mixed_precision: str | None
+            p_t: float, e_t: int, e_c: int, e_m: int, mixed_precision: str | None,
+            piped: bool = False, global_tokens: int = 0, backend: str = "nccl"
             ) -> dict[str, float]:
     from costmodels.roofline import Roof
 
@@ -352,7 +414,10 @@ def _phases(child: ModelArch, teacher: ModelArch, hw: HardwareProfile, world: in
     a_s = float(child.block_params(active=True).sum())
     a_t = float(teacher.block_params(active=True).sum())
     hv_s, hv_t = child.hidden_size * child.vocab_size, teacher.hidden_size * teacher.vocab_size
-    per_step = local * (2 * (a_t + hv_t) + (8 if checkpointing else 6) * a_s + 6 * hv_s)
+    # a pipelined teacher: GPipe's forward-only schedule runs N microbatches over N stages
+    # in 2N - 1 slots of a stage's share, (2N - 1) / N of the rank's own teacher forward
+    t_fwd = local * 2 * a_t * ((2 * world - 1) / world if piped else 1.0)
+    per_step = t_fwd + local * (2 * hv_t + (8 if checkpointing else 6) * a_s + 6 * hv_s)
     evals = steps // eval_every + 1
     per_eval = math.ceil(eval_tokens / world) * 2 * (a_t + hv_t + a_s + hv_s)
     trial = sweep_steps if sweep_steps is not None else max(1, steps // 4)
@@ -361,9 +426,8 @@ def _phases(child: ModelArch, teacher: ModelArch, hw: HardwareProfile, world: in
         out["sweep"] = lr_sweep * (seconds(per_step) * trial
                                    + seconds(per_eval) * (trial // eval_every + 1))
     if world > 1:
-        moved = (p_t * e_t + 2 * p_s * e_c + p_s * (4 if mixed_precision else e_m)) \
-            if layout == "sharded" else 2 * p_s * e_m
-        moved *= (world - 1) / world
+        moved = step_bytes_sent(child, teacher, world, layout, global_tokens, e_t, e_c, e_m,
+                                bool(mixed_precision), piped, backend)
         bw = hw.interconnect.bandwidth.value * float(hw.efficiency.link.at(moved))
         out["communication"] = moved / bw * (steps + (lr_sweep * trial if lr_sweep else 0))
     return out
