@@ -80,10 +80,38 @@ def test_every_child_meets_its_budget_and_is_measured(smoke):
         chosen = next(r for r in rows if r["name"] == pool["chosen"])
         assert "realized best" in chosen["role"]
         assert chosen["selection"]["kl_div"] == min(measured)
-    # (a) and the best baseline of each budget got every seed
+    # the searched child (the realized pools' lowest pre-distillation KL) and the best
+    # baseline of each budget got every seed
+    for b in cfg.budgets:
+        tag = f"x{b:g}"
+        a = [r for r in res["children"] if r["budget"] == b and r["method"] == "a"]
+        assert res["searched"][tag] == min(a, key=lambda r: r["quality"]["kl_div"])["name"]
     for r in res["children"]:
-        if r["method"] == "a" or r["name"] == res["best_baseline"][f"x{r['budget']:g}"]:
+        tag = f"x{r['budget']:g}"
+        if r["name"] in (res["searched"][tag], res["best_baseline"][tag]):
             assert set(r["distilled"]) == {str(s) for s in cfg.seeds}, r["name"]
+
+
+def test_the_iterative_child_runs_two_stages_at_the_same_token_budget(smoke):
+    """(b): two stages (the midpoint budget, then the budget), half the distillation tokens
+    each, the final child within the budget against the original parent, measured before
+    and after its last distillation."""
+    run, d, _, res = smoke
+    cfg = run.SMOKE
+    for b in cfg.budgets:
+        rows = [r for r in res["children"] if r["budget"] == b and r["method"] == "b"]
+        assert len(rows) == 1
+        r = rows[0]
+        assert r["stage_budgets"] == [1 + (b - 1) / 2, b]
+        assert r["predicted_throughput_x"] >= b * (1 - 1e-6)
+        assert r["predicted_kl"] is None and r["quality"]["kl_div"] >= 0
+        post = r["distilled"]["0"]
+        assert len(post["stages"]) == 2
+        assert post["tokens_trained"] <= cfg.kd_tokens
+        rec = json.loads((d / "out" / "iterative" / f"x{b:g}" / "seed-0" / "iterate.json")
+                         .read_text())
+        assert [st["index"] for st in rec["stages"]] == [0, 1]
+    assert "(b) iterative Puzzle" in (d / "out" / "results.md").read_text()
 
 
 def test_the_depth_baseline_drops_whole_layers_of_lowest_influence(smoke):

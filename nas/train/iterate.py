@@ -266,10 +266,13 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
                 parent_scores: str | Path | None = None, progress: bool | None = None,
                 log: Callable[[str], None] | None = None, nproc: int = 1,
                 device: str = "cpu", replicas: bool = False,
-                checkpointing: bool = False, keep_checkpoint: bool = False) -> IterateRecord:
+                checkpointing: bool = False, keep_checkpoint: bool = False,
+                score_data: str | Path | None = None) -> IterateRecord:
     """Run every stage of ``spec_path`` (see the module docstring) on the checkpoint
-    ``parent_dir``; ``data`` trains (BLD calibration and scoring come from it too),
-    ``eval_data`` is the distillation's held-out set. ``teacher`` defaults to the parent.
+    ``parent_dir``; ``data`` trains (BLD calibration and scoring come from it too, unless
+    ``score_data`` is given: then scoring and BLD read that instead, so that the
+    distillation's tokens and the calibration's can be kept apart), ``eval_data`` is the
+    distillation's held-out set. ``teacher`` defaults to the parent.
     ``parent_scores``: an existing ``puzzle-nas score`` folder of the parent (with the same
     settings) that stage 0 reuses. ``nproc``, ``device``, ``replicas``: the ranks each
     stage's scoring and distillation run on (see the module docstring); ``checkpointing``:
@@ -317,7 +320,8 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         if ds_dump.get("mixed_precision") is None:  # keys of runs made before the field
             ds_dump.pop("mixed_precision", None)
         key = _key(VERSION, sdata, str(current), score_settings.model_dump(), ds_dump,
-                   str(teacher), str(data), str(eval_data))
+                   str(teacher), str(data), str(eval_data),
+                   *([] if score_data is None else [str(score_data)]))
         done = sdir / "stage.json"
         if done.is_file():
             try:
@@ -339,11 +343,12 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         if reuse is None:
             log(f"stage {k}: scoring {current}"
                 + (f" on {nproc} ranks" if nproc > 1 else ""))
-            job = prepare(sdir / "spec.json", current, data, score_settings, tokenizer,
+            sd = data if score_data is None else score_data
+            job = prepare(sdir / "spec.json", current, sd, score_settings, tokenizer,
                           bin_dtype)
             if nproc > 1:
                 _ranks(k, "scoring", "nas.cli.score", nproc, score_argv(
-                    sdir / "spec.json", current, data, scores, score_settings, tokenizer,
+                    sdir / "spec.json", current, sd, scores, score_settings, tokenizer,
                     bin_dtype, device, replicas))
             else:
                 run_scoring(job, scores, progress=progress, log=log, device=device)

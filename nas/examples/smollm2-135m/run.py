@@ -34,6 +34,14 @@ Phases (``--until`` stops after one):
 6. ``measure``: every child (and the parent) on the held-out files: KL to the parent, LM
    loss, next-token accuracy, the close-bracket / line-start task accuracies; prefill and
    decode tokens/s measured in bfloat16 on this CPU beside the cost model's prediction.
+7. ``distill``: every child of (a), (c), (d), (e) with the same schedule (seed 0).
+8. ``iterate``: (b) iterative Puzzle at each budget (``nas.train.iterate``): two stages
+   (the midpoint budget, then the budget), each scored (stage 0 reuses phase 4's scores;
+   scoring and BLD on the calibration split), searched, built and distilled with half the
+   distillation tokens; measured as every child is. Seed 0 only: each seed is another
+   scoring pass per stage (about an hour here).
+9. ``seeds``: the searched child and the best baseline with the other seeds.
+10. ``report``: ``results.md`` / ``.png`` with the issue's bars as verdict lines.
 
 Outputs in ``-o`` (default ``out/smollm2-135m``): every intermediate folder and
 ``results.json``; ``--results`` (default: this folder) gets ``results.json`` too, so each
@@ -61,8 +69,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 TINY = HERE.parent / "tiny-hybrid" / "run.py"
-PHASES = ("data", "parent", "profile", "score", "children", "measure", "distill", "seeds",
-          "report")
+PHASES = ("data", "parent", "profile", "score", "children", "measure", "distill", "iterate",
+          "seeds", "report")
 
 
 @dataclass(frozen=True)
@@ -722,18 +730,111 @@ def searched_child(res: dict[str, Any], budget: float) -> str | None:
     return min(rows, key=lambda r: r["quality"]["kl_div"])["name"]
 
 
+BASELINES = ("c", "d", "e")
+"""The published-style baselines: uniform width, depth, random."""
+
+
 def best_baseline(res: dict[str, Any], budget: float) -> str | None:
     """The baseline child ((c), (d) or (e)) with the lowest held-out KL after its seed-0
     distillation at ``budget``."""
-    rows = [r for r in res["children"] if r["budget"] == budget and r["method"] != "a"
+    rows = [r for r in res["children"] if r["budget"] == budget and r["method"] in BASELINES
             and "0" in r.get("distilled", {})]
     if not rows:
         return None
     return min(rows, key=lambda r: r["distilled"]["0"]["quality"]["kl_div"])["name"]
 
 
-# ---- 8. report -------------------------------------------------------------------------
-METHOD_NAMES = {"a": "(a) searched", "c": "(c) uniform width (Minitron-style)",
+# ---- 8. (b) iterative Puzzle -----------------------------------------------------------
+def iterate_child(cfg: Config, out: Path, parent: Path, profile: Path, data: Path,
+                  res: dict[str, Any], speed: float, parent_pred: dict[str, Any],
+                  parent_model: Any, seed: int = 0) -> dict[str, Any]:
+    """(b) at ``speed``: ``puzzle-nas iterate`` in two stages (decode throughput >= the
+    midpoint, then >= ``speed`` x the parent's, both relative to the original parent), each
+    scored (stage 0 reuses the one-shot scores), searched, built from its BLD blocks and
+    distilled with half the distillation tokens, so that (b) gets the token budget and
+    schedule every child gets. Its row: the final stage's child before and after its own
+    distillation, measured as every child is."""
+    import torch
+
+    from nas.scoring import Settings
+    from nas.train.iterate import run_iterate
+
+    folder = out / "iterative" / f"x{speed:g}"
+    mid = 1 + (speed - 1) / 2
+    sp = write_spec(out / "specs" / f"b-x{speed:g}.json", cfg, parent, profile, speed,
+                    {"scores": str((out / "scores" / "scores.csv").resolve()),
+                     "metric": "kl_div"})
+    spec = json.loads(sp.read_text())
+    spec["stages"] = [{"budgets": [{"metric": "throughput", "workload": "decode",
+                                    "min": f"{100 * x:g}%"}]} for x in (mid, speed)]
+    _write_json(sp, spec)
+    held = data / "kd_held.npy"  # the distillation's own held-out tokens (calibration split)
+    if not held.is_file():
+        np.save(held, np.load(data / "calib.npy")[-cfg.kd_eval_tokens:])
+    ss = Settings(seq_len=cfg.seq_len, calib_tokens=cfg.calib_tokens,
+                  max_tokens=cfg.score_tokens, bld_steps=cfg.bld_steps, bld_lr=cfg.bld_lr)
+    kd = kd_settings(cfg, seed).model_copy(update={"tokens": cfg.kd_tokens // 2})
+    log(f"iterate x{speed:g}: stages at {mid:g}x and {speed:g}x")
+    rec = run_iterate(sp, parent, data / "distill.npy", folder / f"seed-{seed}", ss, kd,
+                      eval_data=held, parent_scores=out / "scores", progress=None, log=log,
+                      score_data=data / "calib.npy")
+    last = rec.stages[-1]
+    bp = json.loads(Path(last.blueprint).read_text())
+    child_dir, kd_dir = Path(last.child), Path(last.distilled)
+    ev = np.load(data / "eval.npy")
+    tdata = {"tokenizer.json": parent / "tokenizer.json", "held.npy": data / "eval.npy"}
+    path = folder / f"seed-{seed}" / "measured.json"
+    if path.is_file():
+        fig = json.loads(path.read_text())
+    else:
+        with torch.no_grad():
+            before = measured_kl(child_dir, parent_model, ev, cfg.seq_len)
+            after = measured_kl(kd_dir, parent_model, ev, cfg.seq_len)
+        drec = json.loads((kd_dir.parent / "distill.json").read_text())
+        fig = {"quality": before,
+               "tasks": _tiny().task_figures(child_dir, tdata, cfg.seq_len),
+               "speed": speed_of(kd_dir, cfg, parent_model.arch.vocab_size),
+               "distilled": {str(seed): {
+                   "quality": after, "tasks": _tiny().task_figures(kd_dir, tdata, cfg.seq_len),
+                   "lr": drec.get("lr"), "kept_step": drec.get("kept_step"),
+                   "tokens_trained": sum(st.kd_curve[-1]["tokens"] for st in rec.stages),
+                   "stages": [{"params": st.params["child_total"],
+                               "changed": st.changed_blocks} for st in rec.stages]}}}
+        _write_json(path, fig)
+    # speed against the original parent: the final child's prediction over the parent's
+    pred = {"predicted": {"decode": {"parent": parent_pred,
+                                     "child": bp["predicted"]["decode"]["child"]}}}
+    row = {"method": "b", "budget": speed, "name": "b-iterative", "folder": str(folder),
+           "predicted_speedup": bp["predicted"]["decode"]["child"]["throughput_tok_s"]
+           / parent_pred["throughput_tok_s"],
+           "quality_sum": None, "params": bp["params"]["child_total"],
+           "choices": [c["change"] for c in bp["choices"]], "predicted_kl": None,
+           "stage_budgets": [mid, speed]}
+    return row | {k: fig[k] for k in ("quality", "tasks", "speed", "distilled")} | \
+        speed_ratios(fig["speed"], res["parent_measured"]["speed"], pred)
+
+
+def iterate_all(cfg: Config, out: Path, parent: Path, profile: Path, data: Path,
+                res: dict[str, Any], kids: list[Child], save: Any = None) -> None:
+    """(b) at every budget (seed 0: each seed is another scoring pass per stage), its row
+    added to ``res["children"]``."""
+    from nas.build import load_pretrained
+
+    parent_model = load_pretrained(parent).eval()
+    for speed in cfg.budgets:
+        if any(r["method"] == "b" and r["budget"] == speed for r in res["children"]):
+            continue
+        a = next(c for c in kids if c.method == "a" and c.budget == speed)
+        row = iterate_child(cfg, out, parent, profile, data, res, speed,
+                            a.blueprint["predicted"]["decode"]["parent"], parent_model)
+        res["children"].append(row)
+        if save is not None:
+            save()
+
+
+# ---- 9. report -------------------------------------------------------------------------
+METHOD_NAMES = {"a": "(a) searched", "b": "(b) iterative Puzzle",
+                "c": "(c) uniform width (Minitron-style)",
                 "d": "(d) depth (ShortGPT-style)", "e": "(e) random at budget"}
 
 
@@ -771,10 +872,12 @@ def verdict(res: dict[str, Any], budgets: tuple[float, ...]) -> list[str]:
         if not rows:
             continue
         tag = f"x{b:g}"
-        pk = [r["predicted_kl"] for r in rows]
-        mk = [r["quality"]["kl_div"] for r in rows]
+        # (b)'s blocks are its last stage's parent's: no sum of the original scores predicts it
+        known = [r for r in rows if r.get("predicted_kl") is not None]
+        pk = [r["predicted_kl"] for r in known]
+        mk = [r["quality"]["kl_div"] for r in known]
         rho = spearman(pk, mk)
-        lines.append(f"{tag}: Spearman(predicted child KL, measured child KL) over {len(rows)} "
+        lines.append(f"{tag}: Spearman(predicted child KL, measured child KL) over {len(known)} "
                      f"children = {'n/a' if rho is None else f'{rho:.3f}'} (bar 0.8)")
         errs = [abs(r["predicted_throughput_x"] / r["measured_ours_throughput_x"] - 1)
                 for r in rows if "measured_ours_throughput_x" in r]
@@ -791,7 +894,7 @@ def verdict(res: dict[str, Any], budgets: tuple[float, ...]) -> list[str]:
                          f"{'n/a' if rho2 is None else f'{rho2:.3f}'}")
             chosen = searched_child(res, b)
             a = [r for r in post if r["name"] == chosen]
-            base = [r for r in post if r["method"] != "a"]
+            base = [r for r in post if r["method"] in BASELINES]
             if a and base:
                 best_a = a[0]
                 rand = [statistics.mean(_post(r, "kl_div")) for r in base if r["method"] == "e"]
@@ -806,6 +909,12 @@ def verdict(res: dict[str, Any], budgets: tuple[float, ...]) -> list[str]:
                 lines.append(f"{tag}: after distillation, searched {best_a['name']} KL {akl:.4f} vs "
                              + ", ".join(parts) + (": the searched child wins" if wins
                                                    else ": the searched child does NOT win"))
+                for r in (r for r in post if r["method"] == "b"):
+                    bkl = statistics.mean(_post(r, "kl_div"))
+                    lines.append(f"{tag}: (b) iterative Puzzle (stages "
+                                 + " -> ".join(f"{x:g}x" for x in r.get("stage_budgets", []))
+                                 + f") KL after distillation {bkl:.4f} vs the searched "
+                                 f"(a) {akl:.4f}")
                 bb = min(base, key=lambda r: statistics.mean(_post(r, "kl_div")))
                 sa, sb = _post(best_a, "kl_div"), _post(bb, "kl_div")
                 if len(sa) > 1 and len(sb) > 1:
@@ -846,7 +955,8 @@ def report(res: dict[str, Any], results: Path, cfg: Config) -> None:
             role = f" ({r['role']})" if r.get("role") else ""
             hf = r.get("measured_hf_throughput_x")
             lines.append(
-                f"| {r['name']}{role} | {r['params']:,} | {r['predicted_kl']:.4f} | "
+                f"| {r['name']}{role} | {r['params']:,} | "
+                f"{'-' if r.get('predicted_kl') is None else format(r['predicted_kl'], '.4f')} | "
                 f"{r['predicted_throughput_x']:.3f}x | {r.get('measured_ours_throughput_x', float('nan')):.3f}x / "
                 f"{'-' if hf is None else f'{hf:.3f}x'} | {r['quality']['kl_div']:.4f} | "
                 f"{_fmt(_post(r, 'kl_div'))} | {_fmt(_post(r, 'lm_loss'))} | "
@@ -884,7 +994,8 @@ def plot(res: dict[str, Any], path: Path, cfg: Config) -> None:
         return
     fig, axes = plt.subplots(1, len(cfg.budgets), figsize=(6 * len(cfg.budgets), 4.5),
                              squeeze=False)
-    marks = {"a": ("o", "C0"), "c": ("s", "C1"), "d": ("^", "C2"), "e": ("x", "C3")}
+    marks = {"a": ("o", "C0"), "b": ("D", "C4"), "c": ("s", "C1"), "d": ("^", "C2"),
+             "e": ("x", "C3")}
     for ax, b in zip(axes[0], cfg.budgets):
         for r in res.get("children", []):
             if r["budget"] != b or "measured_ours_throughput_x" not in r:
@@ -1016,8 +1127,13 @@ def main(argv: list[str] | None = None) -> int:
         if results.resolve() != out.resolve():
             _write_json(results / "results.json", res)
 
-    distill_all(cfg, parent, data, res, (cfg.seeds[0],), lambda r: True, save)
+    distill_all(cfg, parent, data, res, (cfg.seeds[0],), lambda r: r["method"] != "b", save)
     if done("distill", t0):
+        return 0
+
+    t0 = time.perf_counter()
+    iterate_all(cfg, out, parent, profile, data, res, kids, save)
+    if done("iterate", t0):
         return 0
 
     t0 = time.perf_counter()
