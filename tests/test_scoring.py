@@ -652,6 +652,29 @@ def test_plan_prints_memory_per_rank_and_refuses_what_does_not_fit(capsys):
                           capture_output=True).returncode == 0
 
 
+def test_plan_resolves_the_specs_profile_as_the_search_does(tmp_path, capsys):
+    """A spec whose profile is an alias (``h100``) or a profile file beside it plans as it
+    searches (it used to fail as ``unknown device '<spec folder>/h100'``)."""
+    import shutil
+
+    from nas.search.problem import resolve_profile
+
+    spec = json.loads((REPO / "examples" / "llama3.1-70b-8xh100.json").read_text())
+    (tmp_path / "configs").mkdir()
+    shutil.copy(REPO / "examples" / "configs" / "llama-3.1-70b.json", tmp_path / "configs")
+    for hw in ("h100", "H100-SXM", "mine.json"):
+        if hw.endswith(".json"):
+            shutil.copy(REPO / "hwprofiles" / "data" / "h200-sxm.json", tmp_path / hw)
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(dict(spec, hardware=hw)))
+        capsys.readouterr()
+        assert cli(["score", str(path), "--plan", "--nproc", "8"]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        want = resolve_profile(hw, tmp_path)
+        assert f"time on {want.name} " in out
+        assert f"capacity per rank: {want.memory_bytes.value / 2**30:.2f} GiB" in out
+
+
 def test_a_finished_run_resumes_without_reading_the_parent(work, scored, monkeypatch):
     """The parent's digest is recorded beside the run (with its files' sizes and times):
     rerunning a finished job neither loads nor hashes the parent; touching a parent file

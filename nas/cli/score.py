@@ -114,11 +114,12 @@ def _plan(args: argparse.Namespace, nproc: int):
         arch, cfg = from_hf(spec.parent, source=f"{args.spec}: parent"), dict(spec.parent)
     dtype = args.dtype or {"bfloat16": "bfloat16", "float16": "float16"}.get(
         str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), "float32")
-    name = args.hardware or (spec.hardware if isinstance(spec.hardware, str)
-                             else spec.hardware.profile)
-    if name not in hwprofiles.available() and not Path(name).is_absolute():
-        name = str(base / name)  # a profile file beside the spec
-    hw = hwprofiles.get(name)
+    from nas.search.problem import resolve_profile
+
+    # --hardware as given (relative to the working folder); the spec's as the search
+    # resolves it (a file beside the spec, else a shipped name or alias)
+    hw = hwprofiles.get(args.hardware) if args.hardware else resolve_profile(spec.hw.profile,
+                                                                             base)
     cap = args.device_memory * 2**30 if args.device_memory else hw.memory_bytes.value
     alts = space.alternatives(arch, spec.search_space)
     return plan(arch, alts, _settings(args), 1 if args.replicas else nproc, hw, dtype, cap,

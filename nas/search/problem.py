@@ -81,6 +81,14 @@ class Problem:
         return any(w.draft_tokens > 0 for w in self.workloads.values())
 
 
+def resolve_profile(profile: str, base_dir: str | Path = ".") -> HardwareProfile:
+    """The hardware profile a spec names: a ``.json`` file beside the spec (relative to
+    ``base_dir``) when one is there, else a shipped profile's name or alias (``h100``), or
+    a profile file path. The one rule every command resolves a spec's profile by."""
+    pp = Path(base_dir) / profile
+    return hwprofiles.get(str(pp) if profile.endswith(".json") and pp.exists() else profile)
+
+
 def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -> Problem:
     """Load the parent, the hardware profile and the recipe a spec names."""
     base = Path(base_dir)
@@ -90,9 +98,7 @@ def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -
     else:
         parent = from_hf(spec.parent, source="spec: parent")
     parent.check_tp(spec.hw.tp, "hardware.tp", attention=not spec.hw.attention_dp)
-    prof = spec.hw.profile
-    pp = base / prof
-    hw = hwprofiles.get(str(pp) if prof.endswith(".json") and pp.exists() else prof)
+    hw = resolve_profile(spec.hw.profile, base)
     if isinstance(spec.precision, str):
         pr = base / spec.precision
         recipe = get_recipe(str(pr) if spec.precision.endswith(".json") else spec.precision)
