@@ -525,6 +525,55 @@ class CheckpointReader:
             self._digests[file] = json.loads(raw) if raw else {}
         return self._handles[file]
 
+    def sliceable(self, key: str) -> bool:
+        """Whether this rank's rows of internal tensor ``key`` can be read alone: plain stored
+        tensors (stacked experts included); a packed or scaled (FP8, MXFP4, ModelOpt) one is
+        dequantized from the whole tensor."""
+        names = [n for k, n, _ in self.layout if k == key]
+        scaled = set(self.packed) | set(self.fp8_scales)
+        if self.modelopt is not None:
+            scaled |= set(self.modelopt.scales)
+        return bool(names) and not any(n in scaled for n in names)
+
+    def read_rows(self, key: str, dtype: torch.dtype, rank: int, world: int) -> torch.Tensor:
+        """Rows ``[a, b)`` of internal tensor ``key`` (its dim-0 chunk for ``rank``, as
+        ``torch.chunk`` and FSDP2 cut it), read from the safetensors file alone, checked
+        (shape, floating point, finite) and cast to ``dtype``. Stacked experts: experts
+        ``a..b-1``, each stored tensor read whole."""
+        shape = self._shapes[key]
+        c = -(-shape[0] // world)
+        a, b = min(rank * c, shape[0]), min((rank + 1) * c, shape[0])
+        rows = [(n, j) for k, n, j in self.layout if k == key]
+        parts = []
+        for name, j in rows:
+            if j is not None and not a <= j < b:
+                continue
+            file = self.files[name]
+            try:
+                sl = self._handle(file).get_slice(name)
+                want = tuple(shape[1:]) if j is not None else tuple(shape)
+                got = tuple(sl.get_shape())
+                if got != want:
+                    raise InputError(f"tensor {name} has shape {list(got)} but config.json "
+                                     f"implies {list(want)}", path=str(file))
+                t = sl[:] if j is not None else sl[a:b]
+            except InputError:
+                raise
+            except Exception as exc:
+                raise InputError(f"cannot read tensor {name}: {exc}", path=str(file)) from None
+            if not t.is_floating_point():
+                raise InputError(f"tensor {name} is stored as {str(t.dtype)[6:]}, expected "
+                                 "floating-point weights (bf16, fp16, fp32, fp8)", path=str(file))
+            bad = count_non_finite(t)
+            if bad:
+                raise InputError(f"tensor {name} holds {bad:,} NaN or infinite values in rows "
+                                 f"{a}-{b}; a child would inherit them: repair or re-export the "
+                                 "checkpoint", path=str(file))
+            parts.append(t.to(dtype))
+        if rows[0][1] is not None:
+            return torch.stack(parts) if parts else torch.empty((0, *shape[1:]), dtype=dtype)
+        return parts[0]
+
     def tensors(self, keys: set[str] | None = None, dtype: torch.dtype | None = None
                 ) -> dict[str, torch.Tensor]:
         """Internal state_dict entries ``keys`` (default all), read, checked and cast to

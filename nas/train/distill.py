@@ -648,60 +648,6 @@ def _held(model: torch.nn.Module) -> int:
                for t in seen.values())
 
 
-def _sliceable(reader: Any, key: str) -> bool:
-    """Whether this rank's rows of internal tensor ``key`` can be read alone: plain stored
-    tensors (stacked experts included); a packed or scaled (FP8, MXFP4, ModelOpt) one is
-    dequantized from the whole tensor."""
-    names = [n for k, n, _ in reader.layout if k == key]
-    scaled = set(reader.packed) | set(reader.fp8_scales)
-    if reader.modelopt is not None:
-        scaled |= set(reader.modelopt.scales)
-    return bool(names) and not any(n in scaled for n in names)
-
-
-def _read_rows(reader: Any, key: str, dtype: torch.dtype, rank: int, world: int
-               ) -> torch.Tensor:
-    """Rows ``[a, b)`` of internal tensor ``key`` (its dim-0 chunk for ``rank``, as
-    ``torch.chunk`` and FSDP2 cut it), read from the safetensors file alone, checked
-    (shape, floating point, finite) and cast to ``dtype``. Stacked experts: experts
-    ``a..b-1``, each stored tensor read whole."""
-    from nas.build.checkpoint import count_non_finite
-
-    shape = reader._shapes[key]
-    c = -(-shape[0] // world)
-    a, b = min(rank * c, shape[0]), min((rank + 1) * c, shape[0])
-    rows = [(n, j) for k, n, j in reader.layout if k == key]
-    parts = []
-    for name, j in rows:
-        if j is not None and not a <= j < b:
-            continue
-        file = reader.files[name]
-        try:
-            sl = reader._handle(file).get_slice(name)
-            want = tuple(shape[1:]) if j is not None else tuple(shape)
-            got = tuple(sl.get_shape())
-            if got != want:
-                raise InputError(f"tensor {name} has shape {list(got)} but config.json "
-                                 f"implies {list(want)}", path=str(file))
-            t = sl[:] if j is not None else sl[a:b]
-        except InputError:
-            raise
-        except Exception as exc:
-            raise InputError(f"cannot read tensor {name}: {exc}", path=str(file)) from None
-        if not t.is_floating_point():
-            raise InputError(f"tensor {name} is stored as {str(t.dtype)[6:]}, expected "
-                             "floating-point weights (bf16, fp16, fp32, fp8)", path=str(file))
-        bad = count_non_finite(t)
-        if bad:
-            raise InputError(f"tensor {name} holds {bad:,} NaN or infinite values in rows "
-                             f"{a}-{b}; a child would inherit them: repair or re-export the "
-                             "checkpoint", path=str(file))
-        parts.append(t.to(dtype))
-    if rows[0][1] is not None:
-        return torch.stack(parts) if parts else torch.empty((0, *shape[1:]), dtype=dtype)
-    return parts[0]
-
-
 def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device: str, *,
                  train: bool, mp_dtype: torch.dtype | None = None,
                  checkpointing: bool = False, digest: str | None = None
@@ -717,7 +663,7 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
     a normal load: shapes, recorded SHA-256, finite values, dequantization), which hashes
     it for the run's key and keeps its own dim-0 slice (:func:`distribute_tensor` with
     ``src_data_rank=None``: a local slice, no communication); the other ranks read only
-    their rows of it from the file (:func:`_read_rows`: shape, dtype and finite values
+    their rows of it from the file (:meth:`CheckpointReader.read_rows`: shape, dtype and finite values
     checked), except packed or scaled tensors, which every rank dequantizes whole. So a
     rank reads about 2/N of the checkpoint and holds its shards plus, for the moment, its
     share of one block read whole. The lines gathered give the same digest as one process
@@ -765,10 +711,10 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
             if not keys:
                 continue
             whole = {k for k in keys if k in mine or not isinstance(sd[k], DTensor)
-                     or not _sliceable(reader, k)}
+                     or not reader.sliceable(k)}
             full = reader.tensors(whole, dt) if whole else {}
             for k in sorted(keys - whole):  # this rank's rows only, straight from the file
-                sd[k].to_local().copy_(_read_rows(reader, k, dt, rank, world))
+                sd[k].to_local().copy_(reader.read_rows(k, dt, rank, world))
             reader.close()  # unmap the files: the pages read would stay resident
             for k in sorted(full):
                 t = full.pop(k)
