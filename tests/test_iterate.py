@@ -171,10 +171,12 @@ def test_iterate_on_two_ranks_scores_and_distills_sharded(tmp_path):
             "budgets": [{"metric": "total_params", "max": "85%"}],
             "stages": [{"budgets": [{"metric": "total_params", "max": "85%"}]}]}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    np.save(tmp_path / "t.npy", np.frombuffer(english_bytes()[:40000], dtype=np.uint8)
-            .astype(np.uint16))
+    text = np.frombuffer(english_bytes()[:60000], dtype=np.uint8).astype(np.uint16)
+    np.save(tmp_path / "t.npy", text[:40000])
+    np.save(tmp_path / "calib.npy", text[40000:])  # scoring's own tokens (--score-data)
     argv = ["iterate", str(tmp_path / "spec.json"), "--parent", str(FROZEN), "--data",
-            str(tmp_path / "t.npy"), "-o", str(tmp_path / "out"), "--seq-len", "64",
+            str(tmp_path / "t.npy"), "--score-data", str(tmp_path / "calib.npy"),
+            "-o", str(tmp_path / "out"), "--seq-len", "64",
             "--max-tokens", "512", "--calib-tokens", "256", "--bld-steps", "2",
             "--kd-tokens", str(4 * 8 * 64), "--kd-eval-every", "2", "--kd-eval-tokens", "512",
             "--nproc", "2"]
@@ -182,9 +184,10 @@ def test_iterate_on_two_ranks_scores_and_distills_sharded(tmp_path):
     assert rc == 0, err[-3000:]
     stage = tmp_path / "out" / "stage-0"
     scores = json.loads((stage / "scores" / "scores.json").read_text())
-    assert scores["world_size"] == 2
+    assert scores["world_size"] == 2 and scores["data"] == str(tmp_path / "calib.npy")
     rec = json.loads((stage / "distill" / "distill.json").read_text())
     assert rec["world_size"] == 2 and rec["layout"] == "sharded" and rec["steps"] == 4
+    assert rec["data"] == str(tmp_path / "t.npy")
     assert rec["final"]["kl_div"] <= rec["initial"]["kl_div"]
     rc, err = _cli(argv)
     assert rc == 0 and "stage 0: done before" in err, err[-2000:]

@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", required=True, help="training / scoring tokens (.npy, .bin, or "
                    "text with --tokenizer)")
     p.add_argument("--eval-data", help="held-out tokens for the distillation's evaluation")
+    p.add_argument("--score-data", help="tokens each stage's scoring and BLD calibrate on "
+                   "(default: --data), so that they and the distillation's never overlap")
     p.add_argument("-o", "--output", required=True, help="output folder (resumable)")
     p.add_argument("--teacher", help="distillation teacher, a folder or a .gguf file "
                    "(default: --parent)")
@@ -135,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                       parent_scores=args.parent_scores, nproc=args.nproc,
                       device=args.device, replicas=args.replicas,
                       checkpointing=args.activation_checkpointing,
-                      keep_checkpoint=args.keep_checkpoint)
+                      keep_checkpoint=args.keep_checkpoint, score_data=args.score_data)
     if args.json:
         print(json.dumps(rec.model_dump(), indent=2))
         return 0
