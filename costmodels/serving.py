@@ -209,12 +209,27 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
 
 # -- arrival processes ------------------------------------------------------------------
 
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
 @dataclass
 class ArrivalPoint:
-    """Serving figures under an arrival process (``Workload.arrival`` ``staggered`` or
-    ``poisson``; :func:`arrival_figures`). Seconds; throughput in output tok/s **per GPU**;
-    ``in_flight``: mean requests in the engine (Little's law: ``rate * latency``);
-    ``utilization``: the share of GPU time spent on prompts (>= 1: the queue grows)."""
+    """Serving figures under an arrival process (``Workload.arrival`` ``staggered``,
+    ``poisson`` or ``fixed``; :func:`arrival_figures`). Seconds, requests/s; throughput in
+    output tok/s **per GPU** of the requests actually served.
+
+    ``rate_per_s``: the offered rate (a closed loop: the rate it runs at);
+    ``capacity_per_s``: the most the ``slots`` serve (all busy, a waiting request admitted
+    as another ends); ``served_per_s``: the offered rate when ``stable``, else the capacity;
+    ``slots``: requests admitted at once (``min(concurrency, max_num_seqs)``, and in an open
+    loop no more than the KV cache holds at ``isl + osl``); ``in_flight``: mean requests
+    admitted (Little's law: ``served * admitted latency``); ``queued`` / ``queue_wait_s``:
+    mean requests waiting for a slot and mean wait (``inf``: the queue grows without
+    bound); ``ttft_s``: arrival to first token, the wait included; ``admitted_ttft_s``: the
+    same less the wait; ``latency_s``: ``ttft_s + (osl - 1) * tpot_s``; ``utilization``:
+    offered rate over capacity (>= 1: overloaded; a closed loop: 1, its slots always busy);
+    ``prefill_share``: the share of GPU time spent on prompts."""
 
     workload: Workload
     rate_per_s: float
@@ -224,16 +239,45 @@ class ArrivalPoint:
     latency_s: float
     throughput_tok_s: float
     utilization: float
+    served_per_s: float
+    capacity_per_s: float
+    slots: int
+    queued: float
+    queue_wait_s: float
+    admitted_ttft_s: float
+    prefill_share: float
+    stable: bool
 
     @property
-    def stable(self) -> bool:
-        return self.utilization < 1.0
+    def overloaded(self) -> bool:
+        """More is offered than the slots can serve (an open loop at ``utilization >= 1``)."""
+        return not self.stable
+
+    def message(self) -> str:
+        """One line: the offered and served rates, and whether the slots keep up."""
+        if self.workload.open_loop and not self.stable:
+            return (f"overloaded: offered {self.rate_per_s:,.4g} req/s, serves at most "
+                    f"{self.capacity_per_s:,.4g} req/s ({self.slots} slots); the queue grows "
+                    "without bound, TTFT and latency are unbounded")
+        if self.workload.open_loop:
+            return (f"{self.workload.arrival} arrivals at {self.rate_per_s:,.4g} req/s: load "
+                    f"{self.utilization:.2f} of the {self.capacity_per_s:,.4g} req/s that "
+                    f"{self.slots} slots serve; {self.in_flight:,.1f} in flight, "
+                    f"{self.queued:,.2f} waiting {self.queue_wait_s * 1e3:,.1f} ms for a slot")
+        return (f"staggered closed loop of {self.slots}: {self.served_per_s:,.4g} req/s")
 
     def to_dict(self) -> dict:
-        return {"workload": self.workload.name, "rate_per_s": self.rate_per_s,
-                "in_flight": self.in_flight, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
-                "latency_s": self.latency_s, "throughput_tok_s": self.throughput_tok_s,
-                "utilization": self.utilization, "stable": self.stable}
+        """JSON-ready: an unbounded figure (overload) is ``None``."""
+        return {"workload": self.workload.name, "arrival": self.workload.arrival,
+                "rate_per_s": self.rate_per_s, "served_per_s": self.served_per_s,
+                "capacity_per_s": self.capacity_per_s, "slots": self.slots,
+                "in_flight": self.in_flight, "queued": _finite(self.queued),
+                "queue_wait_s": _finite(self.queue_wait_s), "ttft_s": _finite(self.ttft_s),
+                "admitted_ttft_s": _finite(self.admitted_ttft_s),
+                "tpot_s": _finite(self.tpot_s), "latency_s": _finite(self.latency_s),
+                "throughput_tok_s": self.throughput_tok_s, "utilization": self.utilization,
+                "prefill_share": self.prefill_share, "stable": self.stable,
+                "overloaded": self.overloaded, "message": self.message()}
 
 
 def _step_times(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
@@ -281,14 +325,17 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
                     draft: np.ndarray | Sequence[bool] | None = None,
                     engine: str | None = None,
                     engines: Mapping[str, EngineProfile] | None = None,
-                    iterations: int = 60) -> ArrivalPoint:
+                    iterations: int = 60,
+                    reserve_bytes: float = DEFAULT_RESERVE_BYTES) -> ArrivalPoint:
     """TTFT, TPOT and throughput when requests arrive one by one (``workload.arrival``):
 
     * ``staggered``: a closed loop of B = ``concurrency`` requests with spread-out end times
       (random lengths, as ``sglang.bench_serving`` / ``vllm bench serve`` draw them): a new
       request arrives as another ends, at ``rate = B / latency``, and finds B - 1 running;
-    * ``poisson``: an open loop at ``rate`` requests/s; ``B = rate * latency`` in flight
-      (Little's law), capped at ``concurrency``.
+    * ``poisson`` / ``fixed``: an open loop at ``rate`` requests/s (independent arrivals /
+      one every ``1 / rate`` s) into ``c`` slots (``min(concurrency, max_num_seqs)`` and the
+      most whose KV cache fits at ``isl + osl`` with ``reserve_bytes`` held back); a request
+      that finds every slot busy waits in a queue.
 
     Per engine step the running requests decode (``d(B)`` GPU seconds, plus the engine's
     step overhead, hidden behind the GPU when it overlaps), and each arriving prompt adds
@@ -296,29 +343,51 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
     serially. With the others' prompts at ``rate_o`` per second the prompt work takes a
     share ``u = rate_o * (p + r)`` of the time, so a request's tokens come every ``d / (1 -
     u)`` seconds (TPOT, per accepted token with speculative decoding); its own prompt waits
-    for the step under way (``t / 2`` for Poisson arrivals, none in a closed loop, whose
-    arrival is the end of a step), then queues behind the others' prompts as in an M/D/1
-    queue (``u / (2 (1 - u)) * (p + r)``), then runs (``p + r``, in a step that also carries
-    the decodes when the engine mixes them), over ``ceil(S / budget)`` steps; the engine's
-    front-end latency (``request_latency_s``) comes on top. The latency
-    ``TTFT + (O - 1) * TPOT`` closes the loop (``rate`` or ``B``), solved by fixed-point
-    iteration."""
+    for the step under way (``t / 2`` for an open loop's arrivals, none in a closed loop,
+    whose arrival is the end of a step), then queues behind the others' prompts (M/D/1:
+    ``u / (2 (1 - u)) * (p + r)``; none for fixed-rate arrivals, D/D/1), then runs (``p +
+    r``, in a step that also carries the decodes when the engine mixes them), over ``ceil(S
+    / budget)`` steps; the engine's front-end latency (``request_latency_s``) comes on top.
+    The latency ``TTFT + (O - 1) * TPOT`` closes the loop (``rate`` or ``B``).
+
+    An open loop's **capacity** is the rate of a closed loop of ``c`` (all slots busy, a
+    waiting request admitted as another ends, as ``staggered`` prices it). Below it the
+    mean busy slots ``B`` solve ``B = rate * latency(B)`` (Little's law, by bisection), and a
+    request waits for a slot as in a GI/D/c queue of ``c`` servers each holding a request
+    ``c / capacity`` seconds (:func:`costmodels.queueing.gc_wait`: Allen-Cunneen with
+    Cosmetatos' correction; Poisson ``ca2 = 1``, fixed rate ``ca2 = 0``; fixed lengths
+    ``cs2 = 0``); the wait adds to TTFT. At or above it the system is **overloaded**
+    (``stable`` false): the served rate and throughput are the capacity, the slots stay
+    full (TPOT is the full slots' own), and the wait, TTFT and latency are unbounded
+    (``inf``)."""
+    from costmodels.queueing import gc_wait
+
     wl = parse_workload(workload)
     if wl.arrival == "closed":
-        raise InputError("arrival_figures prices arrival=staggered or poisson", field="arrival")
-    kw = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft, engine=engine)
-    nkw = dict(tp=tp, attention_dp=attention_dp, draft=draft is not None and bool(np.any(draft)),
-               engine=engine, engines=engines)
+        raise InputError("arrival_figures prices arrival=staggered, poisson or fixed",
+                         field="arrival")
+    kw: dict[str, Any] = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft,
+                              engine=engine)
+    nkw: dict[str, Any] = dict(tp=tp, attention_dp=attention_dp,
+                               draft=draft is not None and bool(np.any(draft)),
+                               engine=engine, engines=engines)
     so, ro, overlap = engine_figures(hw, engine, dict(engines) if engines else None)
     off = no_overlap_rows(table, engine, [wl], dict(engines) if engines else None)  # a kind
     # the engine cannot overlap for (EngineProfile.no_overlap) turns the overlap off
     overlap = overlap and not (off is not None and bool(off.any()))
     front = engine_latency(engine, engines)
     cap = int(wl.sequences)
-    if wl.arrival == "staggered":
-        grid = [cap]
-    else:
-        grid = concurrency_grid(cap)
+    if wl.open_loop:  # no more slots than the KV cache holds at isl + osl
+        probe = [wl.with_sequences(1)]
+        fit = max_concurrency(price_blocks(table, hw, recipe, probe, **kw),
+                              price_nonblock(nonblock, hw, recipe, probe, **nkw),
+                              hw, wl.max_context, reserve_bytes=reserve_bytes, workload=wl)
+        cap = min(cap, int(fit.max_concurrency))
+        if cap < 1:  # not one request fits: nothing is served
+            inf = math.inf
+            return ArrivalPoint(wl, float(wl.rate or 0.0), 0.0, inf, inf, inf, 0.0, inf, 0.0,
+                                0.0, 0, inf, inf, inf, 0.0, False)
+    grid = [cap] if wl.arrival == "staggered" else concurrency_grid(cap)
     dec_g, prm_g = _step_times(table, nonblock, hw, recipe, wl, grid, kw, nkw)
     gx = np.asarray(grid, dtype=np.float64)
 
@@ -331,7 +400,11 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
     S, osl, A = float(wl.isl), float(wl.osl), float(wl.acceptance)
     budget = float(wl.max_num_batched_tokens)
 
-    def figures(b: float, rate_o: float) -> tuple[float, float, float, float]:
+    def figures(b: float, rate_o: float, opened: bool = False,
+                ca2: float = 1.0) -> tuple[float, float, float, float]:
+        """TTFT from admission, TPOT, latency from admission, prompt share: ``b`` running,
+        the others' prompts at ``rate_o`` (``ca2``: their interarrival times' squared
+        coefficient of variation); ``opened``: an open loop's arrival (mid-step)."""
         g_d, g_p = at(b)
         d = step(g_d)
         p = (step(g_d + g_p) - d if wl.mixed_prefill else step(g_p)) + ro
@@ -341,34 +414,60 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
         tpot = t / A
         room = budget - (b if wl.mixed_prefill else 0.0)
         m = max(1.0, math.ceil(S / max(room, 1.0)))
-        wait = t / 2.0 if wl.arrival == "poisson" else 0.0
-        ttft = front + wait + uc / (2.0 * (1.0 - uc)) * p + p \
+        wait = t / 2.0 if opened else 0.0
+        # the others' prompts queue as M/D/1 (Poisson-like arrivals), D/D/1 at a fixed rate
+        ttft = front + wait + ca2 * uc / (2.0 * (1.0 - uc)) * p + p \
             + (d if wl.mixed_prefill else 0.0) + (m - 1.0) * t
         return ttft, tpot, ttft + (osl - 1.0) * tpot, u
 
-    if wl.arrival == "staggered":
-        b = float(cap)
+    def closed_loop(b: float) -> tuple[float, float, float, float, float]:
+        """rate, TTFT, TPOT, latency, prompt share of a closed loop of ``b`` whose requests
+        end at spread-out times (fixed-point iteration on the latency)."""
         lat = figures(b, 0.0)[2]
         for _ in range(iterations):
             rate = b / lat
             lat = 0.5 * lat + 0.5 * figures(b, rate * (b - 1.0) / b)[2]
         rate = b / lat
-        ttft, tpot, lat, u = figures(b, rate * (b - 1.0) / b)
-    else:
-        assert wl.rate is not None  # Workload: arrival=poisson comes with a rate
-        rate = float(wl.rate)
+        return (rate, *figures(b, rate * (b - 1.0) / b))
+
+    if wl.arrival == "staggered":
+        b = float(cap)
+        rate, ttft, tpot, lat, u = closed_loop(b)
+        if wl.requests is not None and wl.requests > cap:
+            ttft = _with_first_wave(ttft, table, nonblock, hw, recipe, wl, kw, nkw, so, ro,
+                                    overlap, front)
+        served = min(rate, b / lat)
+        return ArrivalPoint(wl, rate, b, ttft, tpot, lat, served * osl / tp, 1.0, served, rate,
+                            cap, 0.0, 0.0, ttft, u, True)
+
+    assert wl.rate is not None  # Workload: an open loop comes with a rate
+    rate = float(wl.rate)
+    capacity, c_ttft, c_tpot, c_lat, c_u = closed_loop(float(cap))
+    if rate >= capacity:  # overloaded: the slots stay full, the queue grows without bound
+        inf = math.inf
+        return ArrivalPoint(wl, rate, float(cap), inf, c_tpot, inf, capacity * osl / tp,
+                            rate / capacity, capacity, capacity, cap, inf, inf, c_ttft, c_u,
+                            False)
+
+    ca2 = 0.0 if wl.arrival == "fixed" else 1.0
+
+    def excess(b: float) -> float:  # Little's law residual: rate * latency(b) - b
+        return rate * figures(b, rate, True, ca2)[2] - b
+
+    if excess(1.0) <= 0.0:
         b = 1.0
+    elif excess(float(cap)) >= 0.0:
+        b = float(cap)
+    else:
+        lo, hi = 1.0, float(cap)
         for _ in range(iterations):
-            lat = figures(b, rate)[2]
-            b = 0.5 * b + 0.5 * min(max(rate * lat, 1.0), float(cap))
-        ttft, tpot, lat, u = figures(b, rate)
-        if u >= 1.0:
-            ttft = lat = math.inf
-    if wl.arrival == "staggered" and wl.requests is not None and wl.requests > cap:
-        ttft = _with_first_wave(ttft, table, nonblock, hw, recipe, wl, kw, nkw, so, ro, overlap,
-                                front)
-    thr = min(rate, b / lat if math.isfinite(lat) else rate) * osl / tp
-    return ArrivalPoint(wl, rate, b, ttft, tpot, lat, thr, u)
+            b = 0.5 * (lo + hi)
+            lo, hi = (b, hi) if excess(b) > 0.0 else (lo, b)
+        b = 0.5 * (lo + hi)
+    a_ttft, tpot, a_lat, u = figures(b, rate, True, ca2)
+    wait = gc_wait(cap, rate, cap / capacity, ca2=ca2, cs2=0.0)
+    return ArrivalPoint(wl, rate, b, a_ttft + wait, tpot, a_lat + wait, rate * osl / tp,
+                        rate / capacity, rate, capacity, cap, rate * wait, wait, a_ttft, u, True)
 
 
 def _with_first_wave(ttft: float, table: BlockTable, nonblock: NonBlockShape,

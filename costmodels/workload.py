@@ -63,13 +63,17 @@ class Workload(BaseModel):
     max_num_seqs: int = Field(default=DEFAULT_MAX_NUM_SEQS, ge=1)
     draft_tokens: int = Field(default=0, ge=0)
     acceptance: float = Field(default=1.0, ge=1.0)
-    arrival: Literal["closed", "staggered", "poisson"] = "closed"
-    """How requests arrive (``costmodels.serving.arrival_figures`` prices the last two):
+    arrival: Literal["closed", "staggered", "poisson", "fixed"] = "closed"
+    """How requests arrive (``costmodels.serving.arrival_figures`` prices the last three):
     ``closed``: B requests start together and, with fixed lengths, stay in lockstep (the
     cycle of ``costmodels.model``); ``staggered``: a closed loop of B whose requests end at
     spread-out times (random lengths), so each new prompt arrives alone as another request
-    ends; ``poisson``: an open loop, requests at ``rate`` per second, independent."""
-    rate: float | None = Field(default=None, gt=0, description="requests/s (poisson)")
+    ends; ``poisson``: an open loop, requests at ``rate`` per second, independent;
+    ``fixed``: an open loop, one request every ``1 / rate`` seconds. In an open loop
+    ``concurrency`` is the number of slots (requests admitted at once; default
+    ``max_num_seqs``); a request that finds them all busy waits in a queue."""
+    rate: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                               description="requests/s (poisson, fixed)")
     requests: int | None = Field(default=None, ge=1, description="requests in the run "
                                  "(staggered): its first B arrive together, as a benchmark "
                                  "starts them; the rest one by one")
@@ -80,7 +84,7 @@ class Workload(BaseModel):
 
     @model_validator(mode="after")
     def _one_of(self) -> Workload:
-        if self.arrival == "poisson" and self.batch is None and self.concurrency is None:
+        if self.open_loop and self.batch is None and self.concurrency is None:
             # an open loop's in-flight requests follow from its rate; the cap is the engine's
             object.__setattr__(self, "concurrency", self.max_num_seqs)
         if self.arrival != "closed" and self.batch is not None:
@@ -91,8 +95,9 @@ class Workload(BaseModel):
         if self.acceptance > self.draft_tokens + 1:
             raise ValueError(f"acceptance {self.acceptance} exceeds draft_tokens + 1 = "
                              f"{self.draft_tokens + 1} (tokens a verification step can accept)")
-        if (self.arrival == "poisson") != (self.rate is not None):
-            raise ValueError("a rate (requests/s) goes with arrival=poisson, and only with it")
+        if self.open_loop != (self.rate is not None):
+            raise ValueError("a rate (requests/s) goes with arrival=poisson or fixed, and "
+                             "only with them")
         if not self.name:
             object.__setattr__(self, "name", self.label())
         return self
@@ -105,6 +110,11 @@ class Workload(BaseModel):
         if self.rate is not None:
             out += f",rate={self.rate:g}"
         return out
+
+    @property
+    def open_loop(self) -> bool:
+        """Requests arrive at ``rate`` regardless of completions (``poisson``, ``fixed``)."""
+        return self.arrival in ("poisson", "fixed")
 
     @property
     def chunked(self) -> bool:
@@ -166,7 +176,8 @@ _KEYS = {"isl": "isl", "input": "isl", "osl": "osl", "output": "osl", "batch": "
 
 def parse_workload(text: str | Workload | dict) -> Workload:
     """Parse ``"isl=8192,osl=1024,batch=64"`` (or ``concurrency=N``; optional ``name=...``,
-    ``max_num_batched_tokens=N``, ``max_num_seqs=N``)."""
+    ``max_num_batched_tokens=N``, ``max_num_seqs=N``, ``arrival=poisson|fixed|staggered``,
+    ``rate=R`` (alias ``qps``), ...)."""
     if isinstance(text, Workload):
         return text
     if isinstance(text, dict):
@@ -183,9 +194,8 @@ def parse_workload(text: str | Workload | dict) -> Workload:
             k, v = (s.strip() for s in part.split("=", 1))
             key = _KEYS.get(k.lower())
             if key is None:
-                raise InputError(f"unknown key {k!r}; expected isl, osl, batch, concurrency, "
-                                 "max_num_batched_tokens or max_num_seqs",
-                                 field="workload")
+                raise InputError(f"unknown key {k!r}; expected one of "
+                                 f"{', '.join(sorted(_KEYS))}", field="workload")
             if key in ("name", "arrival"):
                 data[key] = v
                 continue

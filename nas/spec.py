@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -130,6 +131,25 @@ class WorkloadSpec(_Model):
         "same for the parent and every child (a child's real acceptance is only known after "
         "it is trained; the seeds measured 3.45 for Nemotron-3-Super and 4.34 for their "
         "child)")
+    arrival: Literal["closed", "staggered", "poisson", "fixed"] | None = Field(
+        default=None, description="how requests arrive: closed (default; `concurrency` "
+        "requests in lockstep), staggered (a closed loop of `concurrency` ending at "
+        "spread-out times), poisson or fixed (an open loop at `rate` requests/s, independent "
+        "or evenly spaced, into `concurrency` slots). The search prices a workload at its "
+        "`concurrency` in flight: an open loop at full slots, its capacity (ttft and runtime "
+        "budgets, which need the queue, are refused on it); `puzzle-nas cost` prices the "
+        "queue")
+    rate: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, validation_alias=AliasChoices("rate", "qps"),
+        description="requests/s offered by an open loop (arrival poisson or fixed); `qps` is "
+        "accepted as an alias")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rate_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "rate" in data and "qps" in data:
+            raise ValueError("give rate or its alias qps, not both")
+        return data
 
     @model_validator(mode="after")
     def _one(self) -> WorkloadSpec:
@@ -152,7 +172,55 @@ class WorkloadSpec(_Model):
                 raise ValueError(str(exc).split(": ", 1)[-1]) from None
         elif self.concurrency_sweep is not None:
             raise ValueError("concurrency_sweep needs an slo")
+        self._arrivals()
         return self
+
+    @property
+    def open_loop(self) -> bool:
+        """Requests arrive at ``rate`` whatever completes (arrival poisson or fixed)."""
+        return self.arrival in ("poisson", "fixed")
+
+    def _arrivals(self) -> None:
+        if self.open_loop and self.rate is None:
+            raise ValueError(f"arrival {self.arrival} needs a rate (requests/s)")
+        if self.rate is not None and not self.open_loop:
+            raise ValueError(f"rate {self.rate:g} (requests/s) goes with arrival poisson or "
+                             f"fixed, not {self.arrival or 'closed'} (the default)")
+        if self.arrival in ("staggered", "poisson", "fixed") and self.batch is not None:
+            raise ValueError(f"arrival {self.arrival} needs continuous batching: give "
+                             "concurrency (the requests admitted at once), not batch")
+        if self.slo is not None and self.arrival not in (None, "closed"):
+            raise ValueError("an SLO workload sweeps the concurrency of a closed loop; drop "
+                             f"arrival {self.arrival} or the slo")
+
+
+OPEN_LOOP_REFUSED = ("ttft", "runtime")
+"""Metrics refused on an open-loop workload: they include the wait for a slot, which the
+search does not price (it prices the workload at full slots, where the queue is unbounded)."""
+
+
+def _open_loop_refs(spec: Any) -> None:
+    """Refuse budgets and objectives that need an open loop's queue (:data:`OPEN_LOOP_REFUSED`)."""
+    open_wl = {n for n, w in spec.workloads.items() if w.open_loop}
+    if not open_wl:
+        return
+    found = [(f"budgets[{i}]", b) for i, b in enumerate(spec.budgets)]
+    found += [(f"stages[{k}].budgets[{i}]", b) for k, st in enumerate(spec.stages)
+              for i, b in enumerate(st.budgets)]
+    for where, b in found:
+        if b.workload in open_wl and b.metric in OPEN_LOOP_REFUSED:
+            raise ValueError(f"{where}: a {b.metric} budget on workload {b.workload!r} "
+                             f"(arrival {spec.workloads[b.workload].arrival}) needs the wait "
+                             "for a slot, which the search does not price yet; bound tpot, "
+                             "per_user_tps, throughput or memory, and price the queue with "
+                             "puzzle-nas cost")
+    obj = spec.objective.minimize or spec.objective.maximize or ""
+    if "@" in obj:
+        metric, name = obj.split("@", 1)
+        if name in open_wl and metric in OPEN_LOOP_REFUSED:
+            raise ValueError(f"objective {obj}: {metric} of an open-loop workload (arrival "
+                             f"{spec.workloads[name].arrival}) needs the wait for a slot, "
+                             "which the search does not price yet")
 
 
 class HardwareSpec(_Model):
@@ -649,6 +717,7 @@ class SearchSpec(_Model):
         if self.solver.sweep is not None and self.solver.sweep.budget >= len(self.budgets):
             raise ValueError(f"solver.sweep.budget {self.solver.sweep.budget} is not an index "
                              f"into budgets (there are {len(self.budgets)})")
+        _open_loop_refs(self)
         return self
 
     @property

@@ -66,12 +66,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "scheduling, token budget, whether prefill steps carry decodes, and its "
                    "compute dtypes (hwprofiles/data/engines/, hwprofiles/data/tables/); default: "
                    "the TensorRT-LLM profile's overheads")
-    p.add_argument("--arrival", choices=("closed", "staggered", "poisson"), default=None,
+    p.add_argument("--arrival", choices=("closed", "staggered", "poisson", "fixed"),
+                   default=None,
                    help="how requests arrive (every --workload): closed (default; B requests in "
                    "lockstep), staggered (B in flight, ending at spread-out times: random "
-                   "lengths) or poisson (an open loop at --rate requests/s)")
+                   "lengths), poisson or fixed (an open loop at --rate requests/s, independent "
+                   "or evenly spaced, into the workload's concurrency slots; a request that "
+                   "finds them all busy waits, and an overloaded system says so)")
     p.add_argument("--rate", type=float, default=None, metavar="R",
-                   help="with --arrival poisson: requests per second (QPS)")
+                   help="with --arrival poisson or fixed: requests per second (QPS)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=run)
 
@@ -101,10 +104,11 @@ def _engine_workloads(wls: list, hw: object, args: argparse.Namespace) -> list:
     from hwprofiles.schema import HardwareProfile
 
     assert isinstance(hw, HardwareProfile)
-    if args.rate is not None and args.arrival != "poisson":
-        raise InputError("--rate needs --arrival poisson", field="--rate")
-    if args.arrival == "poisson" and args.rate is None:
-        raise InputError("--arrival poisson needs --rate R (requests/s)", field="--arrival")
+    if args.rate is not None and args.arrival not in ("poisson", "fixed"):
+        raise InputError("--rate needs --arrival poisson or fixed", field="--rate")
+    if args.arrival in ("poisson", "fixed") and args.rate is None:
+        raise InputError(f"--arrival {args.arrival} needs --rate R (requests/s)",
+                         field="--arrival")
     if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
         raise InputError(f"expected requests/s > 0, got {args.rate}", field="--rate")
     lim = engine_limits(hw, args.engine) if args.engine is not None else {}
@@ -122,13 +126,21 @@ def _engine_workloads(wls: list, hw: object, args: argparse.Namespace) -> list:
 
 
 def _arrivals(table: object, shape: object, hw: object, recipe: object, wls: list,
-              par: dict, engine: str | None) -> list:
-    """``costmodels.serving.arrival_figures`` of each staggered / Poisson workload (None for
-    the closed ones)."""
+              par: dict, engine: str | None, reserve: float) -> list:
+    """``costmodels.serving.arrival_figures`` of each staggered / Poisson / fixed-rate
+    workload (None for the closed ones)."""
     from costmodels.serving import arrival_figures
 
-    return [arrival_figures(table, shape, hw, recipe, w, engine=engine, **par)  # type: ignore[arg-type]  # the arguments are typed object by the caller's loose signature
+    return [arrival_figures(table, shape, hw, recipe, w, engine=engine,  # type: ignore[arg-type]  # the arguments are typed object by the caller's loose signature
+                            reserve_bytes=reserve, **par)
             if w.arrival != "closed" else None for w in wls]
+
+
+def _ms(v: float | None, width: int, unit: str = "ms") -> str:
+    """Seconds as milliseconds right-aligned in ``width``; ``unbounded`` for None."""
+    if v is None:
+        return f"{'unbounded':>{width + len(unit)}}"
+    return f"{v * 1e3:>{width},.1f}{unit}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,13 +232,15 @@ def run(args: argparse.Namespace) -> int:
         out["concurrency"] = conc.to_dict()
     if args.engine is not None:
         out["engine"] = args.engine
-    arrivals = _arrivals(table, shape, hw, recipe, wls, par, args.engine)
+    arrivals = _arrivals(table, shape, hw, recipe, wls, par, args.engine, reserve)
     for per, pt in zip(out["workloads"], arrivals):
         if pt is not None:  # the arrival process's figures replace the lockstep cycle's
-            per.update(ttft_s=pt.ttft_s, tpot_s=pt.tpot_s, latency_s=pt.latency_s,
+            a = pt.to_dict()  # unbounded figures (overload) are None
+            per.update(ttft_s=a["ttft_s"], tpot_s=a["tpot_s"], latency_s=a["latency_s"],
                        throughput_tok_s=pt.throughput_tok_s,
                        throughput_node_tok_s=pt.throughput_tok_s * hw.gpus_per_node.value,
-                       per_user_tok_s=1.0 / pt.tpot_s, arrival=pt.to_dict())
+                       per_user_tok_s=1.0 / pt.tpot_s if 0 < pt.tpot_s < math.inf else 0.0,
+                       arrival=a)
     slo_points = []
     if slo is not None:
         for w in wls:
@@ -251,9 +265,13 @@ def run(args: argparse.Namespace) -> int:
               f"{'tok/s/GPU':>11} {'tok/s/node':>11} {'tok/s/user':>10}  memory/GPU")
         for w in out["workloads"]:
             mem = _bytes(w["memory_bytes"]) + ("" if w["fits"] else "  DOES NOT FIT")
-            print(f"  {w['name']:<36} {w['ttft_s'] * 1e3:>8.1f}ms {w['tpot_s'] * 1e3:>7.2f}ms/tok "
-                  f"{w['latency_s']:>9.2f}s {w['throughput_tok_s']:>11,.0f} "
-                  f"{w['throughput_node_tok_s']:>11,.0f} {w['per_user_tok_s']:>10,.1f}  {mem}")
+            tpot = ("-" if w["tpot_s"] is None else f"{w['tpot_s'] * 1e3:.2f}") + "ms/tok"
+            lat = "unbounded" if w["latency_s"] is None else f"{w['latency_s']:.2f}s"
+            print(f"  {w['name']:<36} {_ms(w['ttft_s'], 8)} {tpot:>12} {lat:>10} "
+                  f"{w['throughput_tok_s']:>11,.0f} {w['throughput_node_tok_s']:>11,.0f} "
+                  f"{w['per_user_tok_s']:>10,.1f}  {mem}")
+            if "arrival" in w and w["arrival"]["arrival"] != "staggered":
+                print(f"    {w['arrival']['message']}")
         print("  (throughput: output tokens/s; per node = per GPU x "
               f"{hw.gpus_per_node.value:.0f} GPUs; GB = 10^9 bytes, GiB = 2^30 bytes)")
     for w, pt in slo_points:
