@@ -33,6 +33,9 @@ of magnitude past the issue's 3 x 4 x 2 Super example."""
 MAX_DRAFT = 64
 """As :data:`nas.spec.MAX_DRAFT_TOKENS` (kept here so this module imports no ``nas.spec``)."""
 
+MAX_FRONT_POINTS = 4096
+"""Most quality bounds the Pareto front steps through (one exact joint search each)."""
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -93,6 +96,24 @@ class MTPCandidate(_Model):
         return self
 
 
+class FrontSpec(_Model):
+    """The Pareto front of quality against cost per million tokens, over every candidate
+    deployment (:func:`nas.search.deploy.pareto_front`): the least cost under a bound on
+    the quality, the bound stepped down from the cheapest child's quality by at least
+    ``step`` each time. Every (deployment, child) pair that no other beats on both is
+    matched by a front point as cheap (within ``solver.gap``) and at most ``step`` worse in
+    quality; ``step`` 0 asks for every such pair (up to the solver's feasibility
+    tolerance on the quality row)."""
+
+    points: int = Field(default=64, ge=1, le=MAX_FRONT_POINTS,
+                        description="the quality step is the span from the cheapest child's "
+                        "quality to the best reachable one over this many (at most this many "
+                        "+ 1 front points)")
+    step: float | None = Field(default=None, ge=0, le=1e12, allow_inf_nan=False,
+                               description="the quality step itself (overrides points); 0: "
+                               "every non-dominated (deployment, child) pair (the exact front)")
+
+
 class DeployCandidates(_Model):
     """The deployment axis of a joint search (module docstring)."""
 
@@ -124,6 +145,10 @@ class DeployCandidates(_Model):
     mix: dict[str, Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)]] | None = Field(
         default=None, description="share of the generated tokens per workload (normalized; "
         "default: equal shares): cost per million tokens is the shares' weighted sum")
+    front: FrontSpec | None = Field(
+        default_factory=FrontSpec, description="the Pareto front of quality against cost "
+        "per million tokens over every deployment, each point naming its deployment "
+        "({points} or {step}; null: none)")
 
     @field_validator("devices", mode="before")
     @classmethod

@@ -268,11 +268,21 @@ def test_cli_writes_deploy_json_and_the_table(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "deployment" in text and "GPU-h/Mtok" in text
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["blueprint.json", "deploy.json", "library.json", "report.md"]
+    assert names == ["blueprint.json", "deploy.json", "deploy_front.png", "library.json",
+                     "report.md"]
+    assert (out / "deploy_front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert bpm.is_search_output("deploy_front.png")  # a rerun replaces the folder
+    assert main(["search", str(spec), "-o", str(out), "--quiet"]) == 0
+    capsys.readouterr()
     r = DeployResult.model_validate(json.loads((out / "deploy.json").read_text()))
     assert r.status == "optimal" and r.joint is not None
     report = (out / "report.md").read_text()
     assert "## Deployment searched with the child" in report
+    # the front: in deploy.json, in the report's table and on the command's closing lines
+    assert r.front is not None and r.front.points
+    assert "### Pareto front" in report and "Pareto front:" in text
+    for k, p in enumerate(r.front.points, start=1):
+        assert f"| {k} | {p.deployment['name']} |" in report
     for row in r.deployments:
         assert f"| {row.deployment['name']} |" in report
     bp = json.loads((out / "blueprint.json").read_text())
@@ -283,3 +293,169 @@ def test_cli_writes_deploy_json_and_the_table(tmp_path, capsys):
     spec.write_text(json.dumps(bad))
     assert main(["search", str(spec), "-o", str(out), "--quiet"]) == 2
     assert "solver.sweep" in capsys.readouterr().err
+
+
+# ---- the Pareto front of quality against cost ------------------------------------------------
+def _pairs(pt: Point) -> tuple[np.ndarray, np.ndarray]:
+    """(quality, cost) of every child that meets every row of the point, by brute force."""
+    lib = pt.library
+    assert (lib.lengths == 1).all()  # single-block alternatives: a child is a product
+    assert not pt.cons.counts and not pt.cons.forbid and not pt.cons.ties
+    per_block = [np.flatnonzero(lib.start == b) for b in range(lib.num_blocks)]
+    idx = np.array(list(itertools.product(*per_block)), dtype=np.int64)
+    ok = np.ones(len(idx), dtype=bool)
+    for row in pt.rows:
+        ok &= _meets(lib.values(row.key)[idx].sum(axis=1) + lib.constant(row.key), row)
+    q = lib.values("quality")[idx].sum(axis=1) + lib.constant("quality")
+    c = lib.values(COST_KEY)[idx].sum(axis=1) + lib.constant(COST_KEY)
+    return q[ok], c[ok]
+
+
+def _close(a: float, b: float) -> bool:
+    """Equal within the rounding of sums taken in another order: ``1e-9 * max(1, |a|, |b|)``
+    (the tolerance the front is checked to)."""
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
+
+
+def _non_dominated(q: np.ndarray, c: np.ndarray) -> list[int]:
+    """Indices of the pairs no other pair beats on one and ties on the other (one of equal
+    pairs), ties within the rounding of sums taken in another order."""
+    order = np.lexsort((q, c))
+    cand, best = [], math.inf
+    for i in order:
+        if q[i] < best:
+            cand.append(int(i))
+            best = q[i]
+
+    def beats(j: int, i: int) -> bool:
+        le = (q[j] <= q[i] or _close(q[j], q[i])) and (c[j] <= c[i] or _close(c[j], c[i]))
+        return le and not (_close(q[j], q[i]) and _close(c[j], c[i]))
+
+    return [i for i in cand if not any(beats(j, i) for j in cand if j != i)]
+
+
+def _check_front(spec: dict) -> tuple[DeployResult, list[tuple[float, float]]]:
+    """The front against every (deployment, child) pair enumerated: every front point is a
+    pair that meets every row on its point (its choices give its quality and cost) and no
+    pair beats it on both; every non-dominated pair is matched by a front point at most
+    ``step`` worse in quality (plus the MIP's feasibility slack) and no costlier; with
+    ``front.step`` 0, by one of equal quality and cost (:func:`_close`)."""
+    j = joint_search(parse_spec(spec))
+    r = j.result
+    qs, cs, where = [], [], []
+    for p in j.points:
+        q, c = _pairs(p)
+        qs.append(q)
+        cs.append(c)
+        where += [p.index] * len(q)
+    q_all, c_all = np.concatenate(qs), np.concatenate(cs)
+    nd = [(float(q_all[i]), float(c_all[i])) for i in _non_dominated(q_all, c_all)]
+    f = r.front
+    if not nd:
+        assert f is None and r.joint is None
+        return r, nd
+    assert f is not None and f.status == "optimal" and f.points
+    # cheapest first, quality strictly better along the front
+    assert all(a.cost <= b.cost and a.quality > b.quality for a, b in zip(f.points, f.points[1:]))
+    slack = 1e-5 * max(float(np.max(np.abs(p.library.values("quality")))) for p in j.points)
+    for fp in f.points:
+        # achievable: its choices, on its point, meet every row and give its totals
+        pts = [p for p in j.points if j.deployments[p.deployment].name == fp.deployment["name"]
+               and p.concurrency == fp.concurrency]
+        assert len(pts) == 1
+        lib = pts[0].library
+        chosen = [next(i for i in np.flatnonzero(lib.start == b) if lib.labels[i] == lab)
+                  for b, lab in enumerate(fp.choices)]
+        t = lib.totals(np.array(chosen))
+        assert _close(t["quality"], fp.quality) and _close(t[COST_KEY], fp.cost)
+        for row in pts[0].rows:
+            assert _meets(np.array(t[row.key]), row), row
+        assert fp.quality <= fp.quality_bound + slack
+        # and no enumerated pair beats it on both
+        better = (q_all < fp.quality - 1e-9 * max(1.0, abs(fp.quality))) & \
+            (c_all < fp.cost - 1e-9 * max(1.0, abs(fp.cost)))
+        assert not better.any(), (fp, q_all[better][:3], c_all[better][:3])
+    exact = spec["deploy"]["candidates"].get("front", {}).get("step") == 0
+    for q, c in nd:
+        if exact:
+            assert any(_close(fp.quality, q) and _close(fp.cost, c) for fp in f.points), (q, c)
+        else:
+            assert any(fp.cost <= c * (1 + 1e-9) and fp.quality < q + f.step + slack
+                       for fp in f.points), (q, c, f.step)
+    return r, nd
+
+
+FRONT_CASES = {
+    "quality<=0.3": {},
+    "no quality budget": {"budgets": []},
+    "priced": {"deploy__candidates__devices": [
+        {"profile": "h100-sxm", "price_per_gpu_hour": 2.0},
+        {"profile": "b200", "price_per_gpu_hour": 4.5},
+        {"profile": "a100-sxm-80gb", "price_per_gpu_hour": 1.2}], "budgets": []},
+    "priced, tpot rows, attention DP": {
+        "deploy__candidates__devices": [
+            {"profile": "h100-sxm", "price_per_gpu_hour": 2.0},
+            {"profile": "b200", "price_per_gpu_hour": 4.5},
+            {"profile": "a100-sxm-80gb", "price_per_gpu_hour": 4.0}],
+        "budgets": [{"metric": "tpot", "workload": "chat", "max": "0.1 ms"}],
+        "deploy__candidates__attention_dp": [False, True]},
+    "slo, concurrency swept": {
+        "budgets": [], "workloads": {"chat": {
+            "isl": 512, "osl": 128, "concurrency": 8, "slo": "per_user_tps>=10000",
+            "concurrency_sweep": [2, 4, 8, 16, 32]}}},
+    "tpot rows, attention DP": {
+        "budgets": [{"metric": "tpot", "workload": "chat", "max": "0.2 ms"}],
+        "deploy__candidates__attention_dp": [False, True]},
+    "best quality under max_cost": {
+        "budgets": [], "deploy__candidates__objective": "quality",
+        "deploy__candidates__max_cost": 0.0057},
+    "two workloads, mix": {
+        "workloads": {"chat": {"isl": 512, "osl": 128, "concurrency": 8},
+                      "long": {"isl": 2048, "osl": 256, "concurrency": 2}},
+        "deploy__candidates__mix": {"chat": 3, "long": 1}, "budgets": []},
+}
+
+
+@pytest.mark.parametrize("case", list(FRONT_CASES))
+@pytest.mark.parametrize("front", [{"step": 0}, {}, {"points": 4}])
+def test_front_matches_enumeration(case, front):
+    spec = _spec(**FRONT_CASES[case], deploy__candidates__front=front)
+    r, nd = _check_front(spec)
+    assert r.front is not None
+    if front.get("step") == 0:
+        assert len(r.front.points) == len(nd)
+    # the joint answer is the front's cheapest point (objective cost) or has its best
+    # quality (objective quality: of children tied on quality the front keeps the cheapest)
+    assert r.joint is not None
+    if r.objective == "cost":
+        end = r.front.points[0]
+        assert _close(end.cost, r.joint.cost) and _close(end.quality, r.joint.quality)
+    else:
+        end = r.front.points[-1]
+        assert _close(end.quality, r.joint.quality) and end.cost <= r.joint.cost * (1 + 1e-9)
+    # the parent at its best deployment, beside the front: a pair the front matches (it
+    # meets every row here but max_cost, which it may exceed)
+    pb = r.parent_best
+    if pb is not None and r.objective == "cost":
+        assert any(fp.cost <= pb.cost * (1 + 1e-9) and fp.quality <= pb.quality + r.front.step
+                   for fp in r.front.points)
+
+
+def test_front_spans_deployments():
+    """Where a per-token bound and prices make different deployments cheapest at different
+    qualities, the exact front names each, and every non-dominated pair is on it."""
+    spec = _spec(**FRONT_CASES["priced, tpot rows, attention DP"],
+                 deploy__candidates__front={"step": 0})
+    r, nd = _check_front(spec)
+    assert r.front is not None
+    names = {fp.deployment["name"] for fp in r.front.points}
+    assert len(nd) == len(r.front.points) and len(names) >= 3, names
+
+
+def test_front_off_and_infeasible():
+    spec = _spec()
+    spec["deploy"]["candidates"]["front"] = None  # null: no front
+    r = joint_search(parse_spec(spec)).result
+    assert r.front is None and r.joint is not None
+    r = joint_search(parse_spec(_spec(budgets=[{"metric": "quality", "max": -1.0}]))).result
+    assert r.front is None and r.joint is None

@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("search", help="run a search from a JSON spec",
                        description="Price every alternative of every parent block, score it, "
                        "solve one MIP with HiGHS, and write blueprint.json, report.md, "
-                       "library.json (and pareto.png for a sweep).")
+                       "library.json (and pareto.png for a sweep; deploy.json and "
+                       "deploy_front.png with deploy.candidates).")
     p.add_argument("spec", nargs="?", default=None,
                    help=f"search spec JSON (default: the shipped example {DEFAULT_SPEC.name})")
     p.add_argument("-o", "--out", default=None,

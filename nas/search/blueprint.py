@@ -382,7 +382,8 @@ def report_markdown(bp: Blueprint, homogeneous: Blueprint | None = None,
 
 
 SEARCH_OUTPUTS = ("blueprint.json", "blueprint-*.json", "report.md", "library.json",
-                  "sweep.json", "slo_sweep.json", "pareto.png", "realized.json", "deploy.json")
+                  "sweep.json", "slo_sweep.json", "pareto.png", "realized.json", "deploy.json",
+                  "deploy_front.png")
 """The files a search writes (an existing output folder may hold only these: the run
 replaces the folder whole)."""
 

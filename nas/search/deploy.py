@@ -37,6 +37,13 @@ against the parent on each deployment. Beside the joint answer: the best child o
 spec's own ``hardware`` deployment (the *fixed* deployment) under the same rows, and the
 parent at its best deployment (the cheapest point where it meets every per-workload budget),
 so a child's gain is measured against the parent's best, not its worst.
+
+**The Pareto front** of quality against cost per million tokens over every deployment
+(:func:`pareto_front`, ``deploy.candidates.front``): the least cost under a bound on the
+quality, the bound stepped down from the cheapest child's quality to the best reachable
+one, each step one best-bound-first search over the same points and MIPs (a point's bound
+is its last optimum or its LP relaxation's under the new bound), each point naming its
+deployment and its child; written into ``deploy.json`` and plotted (:func:`plot_front`).
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ from costmodels.serving import concurrency_grid
 from hwprofiles.errors import InputError
 from nas import mip, space
 from nas.arch import ModelArch
-from nas.deployspec import MAX_CANDIDATES, DeployCandidates, MTPCandidate
+from nas.deployspec import MAX_CANDIDATES, MAX_FRONT_POINTS, DeployCandidates, MTPCandidate
 from nas.library import BlockLibrary
 from nas.progress import Progress
 from nas.search.baselines import homogeneous_solve
@@ -70,6 +77,9 @@ COST_KEY = "cost_per_mtok"
 """The library column of cost per million generated tokens (money or GPU-hours)."""
 
 FIELD = "deploy.candidates"
+
+FRONT_PNG = "deploy_front.png"
+"""The plot of the Pareto front (:func:`plot_front`), beside ``deploy.json``."""
 
 PointStatus = Literal["optimal", "feasible", "infeasible", "pruned", "error"]
 
@@ -510,7 +520,8 @@ class Pick(BaseModel):
 
 class DeployResult(BaseModel):
     """The file format of ``deploy.json``: the joint answer, the spec's fixed deployment's
-    best child, the parent at its best deployment, and one row per candidate."""
+    best child, the parent at its best deployment, one row per candidate and the Pareto
+    front (``seconds``: the whole joint search, the front included)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -529,6 +540,45 @@ class DeployResult(BaseModel):
     deployments: list[DeploymentRow]
     solves: int
     pruned: int
+    seconds: float
+    front: Front | None = None
+    """The Pareto front of quality against cost over every deployment (``deploy.candidates.
+    front``; None when it is null or no deployment admits a child)."""
+
+
+class FrontPoint(BaseModel):
+    """One point of the Pareto front: a (deployment, child) pair with its cost and quality,
+    the bound on quality it was solved under, its solve's status and the child (the
+    library label of the replacement each parent block takes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    deployment: dict[str, Any]
+    concurrency: int | None = None
+    cost: float
+    quality: float
+    quality_bound: float
+    status: str = "optimal"
+    choices: list[str]
+
+
+class Front(BaseModel):
+    """The Pareto front of quality against cost per million tokens over every candidate
+    deployment (:func:`pareto_front`), cheapest first. ``step``: the quality step it was
+    computed with (every non-dominated pair is matched by a point as cheap, within
+    ``solver.gap``, and at most ``step`` worse in quality); ``status``: ``optimal`` when
+    every step's answer was proven (within the gap), ``feasible`` when some solve stopped
+    short, ``stopped`` when the steps ran out (:data:`nas.deployspec.MAX_FRONT_POINTS`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    unit: str
+    step: float
+    status: str
+    points: list[FrontPoint]
+    steps: int
+    solves: int
+    lp_bounds: int
     seconds: float
 
 
@@ -560,6 +610,208 @@ def moved(a: Pick, b: Pick) -> list[str]:
     if a.concurrency != b.concurrency:
         out.append(f"concurrency: {b.concurrency} -> {a.concurrency}")
     return out
+
+
+# ---- the Pareto front of quality against cost ----------------------------------------------
+QUALITY = "quality"
+
+FEASIBILITY = 2e-5
+"""Quality steps are never finer than this fraction of the largest quality coefficient: a
+MIP's row may exceed its bound by up to ``10 * feastol`` (``feastol <= 1e-6``, see
+:mod:`nas.mip.highs`) of the row's largest coefficient, so a finer step could find the
+same child again."""
+
+
+@dataclass
+class _Side:
+    """One point of the joint search as the front steps through quality bounds: a lower
+    bound on its least cost under the current bound (exact while its last child meets the
+    bound: the feasible set only shrinks), its model with the quality row last, the bound
+    its LP bound and its last child were found under, and whether it has no child left."""
+
+    pt: Point
+    qmin: float
+    value: float
+    lp_eps: float = math.nan
+    res: mip.Result | None = None
+    res_eps: float = math.nan
+    dead: bool = False
+    model: mip.MipModel | None = None
+
+    def exact(self, eps: float) -> bool:
+        """Whether :attr:`value` is the point's optimum under ``quality <= eps``."""
+        return self.res is not None and self.res.ok and (
+            self.res_eps == eps or self.res.totals[QUALITY] <= eps)
+
+
+def _front_cons(pt: Point, eps: float) -> Constraints:
+    return Constraints(mip.Objective({COST_KEY: 1.0}, "min"),
+                       [*pt.rows, mip.Budget(QUALITY, None, eps)], list(pt.cons.counts),
+                       ties=pt.cons.ties, forbid=pt.cons.forbid)
+
+
+class _FrontSearch:
+    """The state of :func:`pareto_front`: the sides and the work done."""
+
+    def __init__(self, sides: list[_Side], gap: float) -> None:
+        self.sides, self.gap = sides, gap
+        self.solves = self.lp_bounds = 0
+        self.short = False
+
+    def _model(self, s: _Side, eps: float) -> mip.MipModel:
+        pt = s.pt
+        if s.model is None:
+            c = _front_cons(pt, eps)
+            s.model = mip.MipModel(pt.library, c.objective, c.budgets, counts=c.counts,
+                                   forbid=c.forbid, options=options_of(pt.problem),
+                                   ties=c.ties)
+        else:
+            s.model.set_budget(len(pt.rows), None, eps)
+        return s.model
+
+    def _lp(self, s: _Side, eps: float) -> None:
+        """Raise the side's bound to its LP relaxation's under ``quality <= eps`` (dead when
+        the relaxation has no solution)."""
+        m = self._model(s, eps)
+        st, lb, _ = m.lp_bound(time_limit=s.pt.problem.spec.solver.time_limit)
+        self.lp_bounds += 1
+        s.lp_eps = eps
+        if st == "infeasible":
+            s.dead = True
+        elif st == "optimal" and math.isfinite(lb):
+            s.value = max(s.value, lb * m.obj_scale + m.obj_const)
+
+    def _solve(self, s: _Side, eps: float) -> None:
+        pt = s.pt
+        if pt.problem.spec.search_space.homogeneous:
+            res = homogeneous_solve(pt.library, _front_cons(pt, eps))
+        else:
+            res = self._model(s, eps).solve()
+            check_in_time(pt.problem, res)
+        self.solves += 1
+        if not res.ok:
+            s.dead = True
+            self.short |= res.status != "infeasible"
+            return
+        self.short |= res.status != "optimal"
+        s.res, s.res_eps, s.value = res, eps, res.totals[COST_KEY]
+
+    def step(self, eps: float) -> _Side | None:
+        """The side holding the cheapest child with ``quality <= eps`` (within the gap),
+        best bound first: a side's bound is raised to its LP's, then its MIP solved, only
+        while it could still be the cheapest."""
+        import heapq
+
+        heap: list[tuple[float, int]] = []
+        for i, s in enumerate(self.sides):
+            if not s.dead and s.qmin > eps + 1e-12 * max(1.0, abs(eps)):
+                s.dead = True  # no child this good, ever (eps only decreases)
+            if not s.dead:
+                heap.append((s.value, i))
+        heapq.heapify(heap)
+        best: _Side | None = None
+        while heap:
+            v, i = heapq.heappop(heap)
+            s = self.sides[i]
+            if s.exact(eps):
+                return s
+            if best is not None and v >= best.value - self.gap * abs(best.value):
+                return best  # no other side can beat it by more than the gap
+            if not s.pt.problem.spec.search_space.homogeneous and s.lp_eps != eps:
+                self._lp(s, eps)
+            else:
+                self._solve(s, eps)
+                if s.exact(eps) and (best is None or s.value < best.value):
+                    best = s
+            if not s.dead:
+                heapq.heappush(heap, (s.value, i))
+        return best
+
+
+def _labels(pt: Point, res: mip.Result) -> list[str]:
+    return [pt.library.labels[r] for r in res.choices]
+
+
+def pareto_front(points: list[Point], ds: list[Deployment], spec: DeployCandidates,
+                 gap: float = 0.0, seeded: bool = False) -> Front:
+    """The Pareto front of quality against cost per million tokens over every point
+    (deployment, and concurrency for an SLO workload), by the least cost under a bound on
+    the quality, the bound stepped down: each step is one joint search (the same MIP per
+    point, best bound first, a point's bound its last optimum or its LP relaxation's, so
+    most points are never solved) for the cheapest child with ``quality <= eps``; the next
+    bound is ``min(its quality, eps) - step``, until no point admits a child. A pair
+    ``(q*, c*)`` no other beats on both is matched by a point with cost ``<= c*`` (within
+    ``gap``) and quality ``< q* + step`` (plus the solver's feasibility tolerance on the
+    quality row): at the last bound ``eps >= q*`` the answer costs at most ``c*``, and its
+    quality is above the next bound, which is below ``q*``. With ``step`` below the
+    distance between the qualities of distinct pairs, that point is ``(q*, c*)`` itself.
+
+    ``seeded``: ``points`` hold :func:`search_points`' answers for the least cost under the
+    same rows (objective ``cost``): the first step starts from their results and bounds.
+    ``step``: ``spec.front.step``, else the span from the first point's quality to the
+    least reachable one over ``spec.front.points``; never below :data:`FEASIBILITY` of
+    the largest quality coefficient."""
+    t0 = time.perf_counter()
+    fs = spec.front
+    assert fs is not None
+    sides: list[_Side] = []
+    top = -math.inf
+    scale = 0.0
+    for pt in points:
+        if math.isinf(pt.bound):  # a shortest path or the LP proves no child meets the rows
+            continue
+        lib = pt.library
+        allowed = np.ones(lib.num_replacements, dtype=bool)
+        allowed[list(pt.cons.forbid)] = False
+        top = max(top, _reach(lib, QUALITY, allowed, largest=True))
+        scale = max(scale, float(np.max(np.abs(lib.values(QUALITY)[allowed]), initial=0.0)))
+        s = _Side(pt, _reach(lib, QUALITY, allowed),
+                  pt.bound if seeded else _reach(lib, COST_KEY, allowed))
+        sides.append(s)
+    eps = top  # binds nothing: the first step is the least cost under the rows alone
+    for s in sides:
+        if seeded and s.pt.lp:
+            s.lp_eps = eps
+        if seeded and s.pt.result is not None:
+            if s.pt.result.ok:
+                s.res, s.res_eps = s.pt.result, eps
+                s.value = s.pt.result.totals[COST_KEY]
+            elif s.pt.result.status == "infeasible":
+                s.dead = True
+    fsr = _FrontSearch(sides, gap)
+    qmin = min((x.qmin for x in sides), default=0.0)
+    found: list[tuple[_Side, mip.Result, float]] = []
+    step = math.nan
+    status = "optimal"
+    steps = 0
+    while True:
+        if steps > MAX_FRONT_POINTS:
+            status = "stopped"
+            break
+        steps += 1
+        side = fsr.step(eps)
+        if side is None:
+            break
+        assert side.res is not None
+        q = side.res.totals[QUALITY]
+        if not found or side.res is not found[-1][1]:
+            found.append((side, side.res, eps))
+        if math.isnan(step):
+            floor = FEASIBILITY * scale + 1e-12 * max(1.0, abs(q))
+            step = max(fs.step if fs.step is not None else (q - qmin) / fs.points, floor)
+        # the last bound is the least reachable quality itself: the best end is exact
+        eps = max(min(q, eps) - step, qmin) if min(q, eps) > qmin + step / 2 else \
+            min(q, eps) - step
+    keep = mip.pareto_front([(r.totals[COST_KEY], r.totals[QUALITY]) for _, r, _ in found])
+    out = [FrontPoint(deployment=ds[s.pt.deployment].to_dict(), concurrency=s.pt.concurrency,
+                      cost=r.totals[COST_KEY], quality=r.totals[QUALITY], quality_bound=e,
+                      status=r.status, choices=_labels(s.pt, r))
+           for s, r, e in (found[i] for i in keep)]
+    if status == "optimal" and fsr.short:
+        status = "feasible"
+    return Front(unit=spec.unit, step=0.0 if math.isnan(step) else step, status=status,
+                 points=out, steps=steps, solves=fsr.solves, lp_bounds=fsr.lp_bounds,
+                 seconds=time.perf_counter() - t0)
 
 
 def joint_search(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "",
@@ -649,6 +901,9 @@ def joint_search(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = 
     jp = _pick(joint.best, ds) if joint.best is not None else None
     if jp is not None:
         jp.status = joint.status
+    front = None
+    if c.front is not None and joint.best is not None:
+        front = pareto_front(points, ds, c, gap, seeded=c.objective == "cost")
     res = DeployResult(
         objective=c.objective, unit=c.unit, status=joint.status, gap=joint.gap,
         bound=None if math.isinf(joint.bound) else joint.bound, joint=jp, fixed=fixed_pick,
@@ -656,7 +911,8 @@ def joint_search(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = 
         moved=moved(jp, fixed_pick) if jp is not None and fixed_pick is not None else [],
         deployments=rows, solves=sum(p.result is not None for p in points) + (
             0 if fi is not None or fs is None else fs.solved),
-        pruned=sum(p.status == "pruned" for p in points), seconds=time.perf_counter() - t0)
+        pruned=sum(p.status == "pruned" for p in points), seconds=time.perf_counter() - t0,
+        front=front)
     return Joint(res, joint.best, alts, qsource, ds, points)
 
 
@@ -683,6 +939,15 @@ def summary_lines(r: DeployResult) -> list[str]:
     if r.joint is not None and r.fixed is not None and r.fixed.cost > 0:
         out.append(f"  joint vs fixed: {100 * (1 - r.joint.cost / r.fixed.cost):.1f}% cheaper "
                    f"per token; moved: {', '.join(r.moved) or 'nothing'}")
+    f = r.front
+    if f is not None and f.points:
+        names = list(dict.fromkeys(p.deployment["name"] for p in f.points))
+        out.append(f"  Pareto front: {len(f.points)} points ({f.status}, quality step "
+                   f"{f.step:.3g}) on {len(names)} deployment(s) ({', '.join(names[:4])}"
+                   f"{', ...' if len(names) > 4 else ''}): {f.points[0].cost:.4g} .. "
+                   f"{f.points[-1].cost:.4g} {u}, quality {f.points[0].quality:.6g} .. "
+                   f"{f.points[-1].quality:.6g}; {f.solves} MIPs, {f.lp_bounds} LP bounds, "
+                   f"{f.seconds:.2f} s")
     return out
 
 
@@ -719,15 +984,111 @@ def report_markdown(r: DeployResult) -> str:
                      f"{row.concurrency if row.concurrency is not None else '-'} | "
                      f"{_f(row.cost)} | {_f(row.quality)} | {_f(row.bound)} | "
                      f"{_f(row.parent_cost)} | {row.solved}/{row.points} |")
+    f = r.front
+    if f is not None:
+        lines += ["", "### Pareto front: quality against cost per million tokens", "",
+                  f"Every (deployment, child) pair that no other beats on both cost and "
+                  f"quality is matched by a point below as cheap (within the solver's gap) and "
+                  f"at most {f.step:.3g} worse in quality (the step); status {f.status}; "
+                  f"{f.steps} steps, {f.solves} MIPs solved, {f.lp_bounds} LP bounds; "
+                  f"{f.seconds:.2f} s. Plot: `{FRONT_PNG}`.", "",
+                  f"| # | deployment | concurrency | {u} | quality | blocks changed |",
+                  "|---|---|---|---|---|---|"]
+        for k, p in enumerate(f.points, start=1):
+            changed = sum(c != "parent" for c in p.choices)
+            lines.append(f"| {k} | {p.deployment['name']} | "
+                         f"{p.concurrency if p.concurrency is not None else '-'} | "
+                         f"{p.cost:.6g} | {p.quality:.6g} | {changed} of {len(p.choices)} |")
     return "\n".join(lines) + "\n"
+
+
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "h")
+
+
+def front_figure(r: DeployResult, title: str = "") -> Any:
+    """The matplotlib figure of :func:`plot_front` (Agg backend; close it when done)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=120)
+    f = r.front
+    cmap = plt.get_cmap("tab10")
+    colors = [cmap(i) for i in range(10)]
+    style = {row.deployment["name"]: (colors[i % 10], _MARKERS[(i // 10) % len(_MARKERS)])
+             for i, row in enumerate(r.deployments)}
+    on_front = [] if f is None else list(dict.fromkeys(p.deployment["name"] for p in f.points))
+    if f is not None and f.points:
+        ax.step([p.cost for p in f.points], [p.quality for p in f.points], where="post",
+                color="0.55", lw=1.2, zorder=1, label=f"Pareto front ({len(f.points)} points)")
+    # one colour and marker per deployment: its front points (filled), its best child
+    # under the spec's rows where it was solved and the parent on it (both hollow)
+    pq = r.parent_best.quality if r.parent_best is not None else None
+    for row in r.deployments:
+        n = row.deployment["name"]
+        color, marker = style[n]
+        pts = [p for p in f.points if p.deployment["name"] == n] if f is not None else []
+        label = f"{n}" + (f": {len(pts)} front points" if pts else "")
+        if pts:
+            ax.scatter([p.cost for p in pts], [p.quality for p in pts], color=color,
+                       marker=marker, s=22, zorder=3, label=label)
+            label = "_"
+        hollow = [(c, q) for c, q in ((row.cost, row.quality), (row.parent_cost, pq))
+                  if c is not None and q is not None]
+        if hollow:
+            ax.scatter([c for c, _ in hollow], [q for _, q in hollow], marker=marker, s=30,
+                       facecolors="none", edgecolors=[color], linewidths=1.2, zorder=2,
+                       label=label if label != "_" else None)
+    for label, p, mk in (("the spec's deployment, its best child", r.fixed, "s"),
+                         ("chosen (blueprint.json)", r.joint, "D")):
+        if p is not None:
+            ax.plot([p.cost], [p.quality], mk, color="tab:red" if mk == "D" else "0.2",
+                    markersize=12, markerfacecolor="none", markeredgewidth=2, zorder=4,
+                    label=f"{label}: {p.deployment['name']}")
+    pb = r.parent_best
+    if pb is not None:
+        conc = "" if pb.concurrency is None else f" at concurrency {pb.concurrency}"
+        ax.plot([pb.cost], [pb.quality], "*", color="black", markersize=15, zorder=5,
+                label=f"parent at its best deployment: {pb.deployment['name']}{conc}")
+    ax.annotate("better", xy=(0.86, 0.42), xytext=(0.93, 0.58), xycoords="axes fraction",
+                textcoords="axes fraction", ha="center", color="tab:green", fontweight="bold",
+                arrowprops={"arrowstyle": "->", "color": "tab:green", "lw": 2})
+    ax.set_xlabel(f"cost per million generated tokens ({r.unit}), lower is better")
+    ax.set_ylabel("quality score, lower is better")
+    ax.set_title(title + ("" if not on_front else
+                          f"\nfront on {len(on_front)} of {len(r.deployments)} deployments; "
+                          "hollow: each deployment's best child and the parent on it"),
+                 fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    return fig
+
+
+def plot_front(path: str | Path, r: DeployResult, title: str = "") -> Path:
+    """Quality against cost per million tokens: the Pareto front over every deployment
+    (one colour and marker per deployment), the chosen child, the best child of the spec's
+    own deployment and the parent at its best deployment; written atomically."""
+    import matplotlib.pyplot as plt
+
+    from nas.io import atomic_write
+
+    fig = front_figure(r, title)
+    try:
+        atomic_write(path, lambda p: fig.savefig(p, format="png"))
+    finally:
+        plt.close(fig)
+    return Path(path)
 
 
 def run_joint(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_hash: str = "",
               progress: bool | None = None) -> Any:
     """``puzzle-nas search`` with ``deploy.candidates``: :func:`joint_search`, then the
     chosen child's ``blueprint.json`` (priced on the chosen deployment), ``report.md`` (with
-    the table per deployment), ``library.json`` (the chosen deployment's, with its cost
-    column) and ``deploy.json``, written as one set. Raises ``InfeasibleError`` when no
+    the table per deployment and the Pareto front), ``library.json`` (the chosen
+    deployment's, with its cost column), ``deploy.json`` and the front's plot
+    (:data:`FRONT_PNG`), written as one set. Raises ``InfeasibleError`` when no
     deployment admits a child (one line, as the MIP's)."""
     from nas.search import blueprint as bpm
     from nas.search.problem import library_json
@@ -751,7 +1112,9 @@ def run_joint(spec: SearchSpec, base_dir: str | Path, out_dir: str | Path, spec_
                             child_arch(problem, lib, res.chosen, j.alts),
                             bpm.predict(problem.parent, problem))
     report = bpm.report_markdown(bp) + report_markdown(r)
+    writers = [] if r.front is None else [lambda folder: plot_front(
+        folder / FRONT_PNG, r, f"{spec.name}: quality against cost per million tokens")]
     files = bpm.save_outputs(out_dir, [bp], report, {"library.json": library_json(lib),
-                                                     "deploy.json": r.model_dump()})
+                                                     "deploy.json": r.model_dump()}, writers)
     t = {"search_s": t_search, "total_s": time.perf_counter() - t0}
     return SearchOutcome(problem, lib, [bp], None, None, files, t, deploy=r)
