@@ -152,3 +152,58 @@ def test_report_only_rewrites_the_report_from_the_results(smoke, tmp_path):
                      "--report-only"]) == 0
     assert (tmp_path / "results.md").read_text() == (d / "out" / "results.md").read_text()
     assert (tmp_path / "results.png").is_file() and (tmp_path / "results.json").is_file()
+
+
+def _drop_seed(res: dict, seed: str) -> list[tuple[float, str, dict]]:
+    """Remove ``seed``'s figures from every row the seeds phase distilled with it; returns
+    (budget, name, figures) of each removed one."""
+    dropped = []
+    for row in res["children"]:
+        fig = row.get("distilled", {}).pop(seed, None)
+        if fig is not None:
+            dropped.append((row["budget"], row["name"], fig))
+    return dropped
+
+
+def test_finish_seeds_rebuilds_only_what_is_missing_on_a_fresh_machine(smoke, tmp_path):
+    """A new machine has the committed results.json but not the work folder: the missing
+    seeds' children are rebuilt from their recorded choices (only their alternatives
+    scored), checked against the recorded KL, and distilled to the figures the first run
+    got."""
+    run, d, _, res = smoke
+    committed = json.loads(json.dumps(res))
+    dropped = _drop_seed(committed, "1")
+    assert dropped  # the seeds phase ran seed 1 on the searched child and the best baseline
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "results.json").write_text(json.dumps(committed))
+    assert run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(tmp_path / "fresh"),
+                     "--results", str(tmp_path / "res"), "--finish-seeds",
+                     "--threads", "1"]) == 0
+    out = json.loads((tmp_path / "res" / "results.json").read_text())
+    rows = {(r["budget"], r["name"]): r for r in out["children"]}
+    for budget, name, fig in dropped:
+        row = rows[(budget, name)]
+        rb = row["rebuilt"]
+        assert rb["kl_div_rebuilt"] == pytest.approx(rb["kl_div_recorded"], rel=1e-5)
+        assert row["folder"].startswith(str(tmp_path / "fresh")) and "folder_first" in row
+        assert row["distilled"]["1"]["quality"]["kl_div"] == pytest.approx(
+            fig["quality"]["kl_div"], rel=1e-5)
+    # the scoring ran only the rebuilt children's weighted alternatives
+    scored = (tmp_path / "fresh" / "scores" / "scores.csv").read_text().splitlines()[1:]
+    assert len(scored) < sum(1 for _ in (d / "out" / "scores" / "scores.csv").open()) - 1
+    assert (tmp_path / "res" / "results.md").is_file()
+
+
+def test_finish_seeds_refuses_a_child_that_is_not_the_recorded_one(smoke, tmp_path):
+    run, d, _, res = smoke
+    committed = json.loads(json.dumps(res))
+    dropped = _drop_seed(committed, "1")
+    budget, name, _ = dropped[0]
+    for row in committed["children"]:
+        if (row["budget"], row["name"]) == (budget, name):
+            row["quality"]["kl_div"] *= 1.5  # not what this child measures
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "results.json").write_text(json.dumps(committed))
+    with pytest.raises(SystemExit, match="is not the recorded"):
+        run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(tmp_path / "fresh"),
+                  "--results", str(tmp_path / "res"), "--finish-seeds", "--threads", "1"])

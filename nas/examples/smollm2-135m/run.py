@@ -744,6 +744,121 @@ def best_baseline(res: dict[str, Any], budget: float) -> str | None:
     return min(rows, key=lambda r: r["distilled"]["0"]["quality"]["kl_div"])["name"]
 
 
+# ---- a fresh machine: the remaining seeds from the committed results ----------------------
+REBUILD_RTOL = 1e-3
+"""A rebuilt child is the recorded one when its held-out KL to the parent, measured again,
+is within this relative tolerance of the recorded pre-distillation KL (the same BLD blocks
+and weights give the same KL up to the summation order of this CPU's kernels)."""
+
+
+def _weighted(label: str) -> bool:
+    """Whether an alternative carries trained weights (not the parent's own block, not a
+    no-op): the blocks a rebuilt child needs from BLD."""
+    return label not in ("parent", "noop")
+
+
+def rebuild_child(cfg: Config, out: Path, parent: Path, data: Path, row: dict[str, Any],
+                  parent_model: Any, ev: np.ndarray) -> dict[str, Any]:
+    """``row``'s child rebuilt from its recorded per-block choices on a machine without
+    the run's work folder: only the alternatives it takes are scored (their BLD blocks are
+    keyed by content, so they are the ones the full scoring trained), the child assembled
+    from them and checked against its recorded pre-distillation KL (:data:`REBUILD_RTOL`).
+    Returns ``{"folder", "kl_div_recorded", "kl_div_rebuilt", "alternatives_scored",
+    "seconds"}``; raises ``SystemExit`` when the rebuilt child is not the recorded one."""
+    import torch
+
+    from nas.build import save_pretrained
+    from nas.scoring import Settings, prepare
+    from nas.scoring import run as run_scoring
+    from nas.scoring.bld import assemble_child
+
+    folder = out / "rebuilt" / f"x{row['budget']:g}" / row["name"]
+    check = folder / "rebuilt.json"
+    if check.is_file():
+        return json.loads(check.read_text())
+    t0 = time.perf_counter()
+    sspec = write_spec(out / "specs" / "score.json", cfg, parent, None, None)
+    job = prepare(sspec, parent, data / "calib.npy",
+                  Settings(seq_len=cfg.seq_len, calib_tokens=cfg.calib_tokens,
+                           max_tokens=cfg.score_tokens, bld_steps=cfg.bld_steps,
+                           bld_lr=cfg.bld_lr))
+    choices = row["choices"]
+    if len(choices) != len(job.alts):
+        raise SystemExit(f"{row['name']}: {len(choices)} recorded choices for "
+                         f"{len(job.alts)} blocks (another space or parent)")
+    picked = []
+    for i, (alts, label) in enumerate(zip(job.alts, choices)):
+        hit = [a for a in alts if a.label == label]
+        if not hit:
+            raise SystemExit(f"{row['name']}: block {i} has no alternative {label!r} in "
+                             "this space")
+        picked.append(hit[0])
+    need = {(a.block, a.label) for a in picked if _weighted(a.label)}
+    job.alts = [[a for a in alts if a.is_parent or (a.block, a.label) in need]
+                for alts in job.alts]
+    scores = out / "scores"
+    arch = job.parent_arch.replace_blocks([a.child for a in picked])
+    if need:
+        log(f"rebuild {row['name']} x{row['budget']:g}: scoring its {len(need)} weighted "
+            "alternatives")
+        run_scoring(job, scores, progress=None, log=log)
+        model = assemble_child(arch, parent, scores)
+    else:  # the parent's own blocks and no-ops: nothing trained, nothing to score
+        from nas.build import init_from_parent
+
+        model = init_from_parent(arch, parent, torch.as_tensor(ev[: cfg.seq_len].astype(
+            np.int64)), progress=False)
+    tmp = folder / "model.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_pretrained(model, tmp)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (parent / name).is_file():
+            shutil.copy2(parent / name, tmp / name)
+    shutil.rmtree(folder / "model", ignore_errors=True)
+    os.replace(tmp, folder / "model")
+    with torch.no_grad():
+        kl = measured_kl(folder / "model", parent_model, ev, cfg.seq_len)["kl_div"]
+    rec = float(row["quality"]["kl_div"])
+    fig = {"folder": str(folder), "kl_div_recorded": rec, "kl_div_rebuilt": kl,
+           "alternatives_scored": len(need), "seconds": time.perf_counter() - t0}
+    if not abs(kl - rec) <= REBUILD_RTOL * abs(rec):
+        raise SystemExit(f"{row['name']} x{row['budget']:g}: the rebuilt child's KL {kl:.6g} "
+                         f"is not the recorded {rec:.6g} (relative tolerance {REBUILD_RTOL:g}): "
+                         "another parent, data, code or machine; rerun the study whole")
+    _write_json(check, fig)
+    log(f"rebuilt {row['name']} x{row['budget']:g}: KL {kl:.6f} (recorded {rec:.6f})")
+    return fig
+
+
+def finish_seeds(cfg: Config, out: Path, parent: Path, data: Path, res: dict[str, Any],
+                 save: Any) -> None:
+    """The seeds phase from a committed ``results.json`` on a fresh machine: the searched
+    child and the best baseline of each budget (as recorded) with every seed they lack,
+    each rebuilt once (:func:`rebuild_child`) and distilled as every child is. A rebuilt
+    row records ``rebuilt`` (its check) and keeps its old ``folder`` as ``folder_first``."""
+    from nas.build import load_pretrained
+
+    parent_model = load_pretrained(parent).eval()
+    ev = np.load(data / "eval.npy")
+    res["best_baseline"] = {f"x{b:g}": best_baseline(res, b) for b in cfg.budgets}
+    res["searched"] = {f"x{b:g}": searched_child(res, b) for b in cfg.budgets}
+    wanted = {(b, n) for b in cfg.budgets for n in (res["searched"][f"x{b:g}"],
+                                                    res["best_baseline"][f"x{b:g}"])}
+    for row in res["children"]:
+        if (row["budget"], row["name"]) not in wanted:
+            continue
+        missing = [s for s in cfg.seeds if str(s) not in row.get("distilled", {})]
+        if not missing:
+            continue
+        fig = rebuild_child(cfg, out, parent, data, row, parent_model, ev)
+        row.setdefault("folder_first", row["folder"])
+        row["folder"], row["rebuilt"] = fig["folder"], fig
+        for seed in missing:
+            row.setdefault("distilled", {})[str(seed)] = distill_child(
+                cfg, row, parent, data, seed, ev, parent_model)
+            save()
+
+
 # ---- 8. (b) iterative Puzzle -----------------------------------------------------------
 def iterate_child(cfg: Config, out: Path, parent: Path, profile: Path, data: Path,
                   res: dict[str, Any], speed: float, parent_pred: dict[str, Any],
@@ -1031,6 +1146,11 @@ def main(argv: list[str] | None = None) -> int:
                    "each phase (default: this folder; -o with --smoke)")
     p.add_argument("--until", choices=PHASES, default=PHASES[-1], help="stop after this phase")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--finish-seeds", action="store_true", help="on a machine without the "
+                   "run's work folder: read the committed results.json (--results), rebuild "
+                   "only the children whose seeds are missing (scoring only their "
+                   "alternatives, each checked against its recorded KL) and distill those "
+                   "seeds")
     p.add_argument("--report-only", action="store_true", help="write results.md / .png (and "
                    "copy results.json) from what -o holds so far, computing nothing")
     args = p.parse_args(argv)
@@ -1051,6 +1171,13 @@ def main(argv: list[str] | None = None) -> int:
         if results.resolve() != out.resolve():
             _write_json(results / "results.json", res)
         return 0
+    committed: dict[str, Any] = {}
+    if args.finish_seeds:  # read before a phase copies this run's results.json over it
+        src = results / "results.json"
+        if not src.is_file() or results.resolve() == out.resolve():
+            raise SystemExit(f"{src}: no committed results to finish (--finish-seeds takes "
+                             "them from --results, a folder other than -o)")
+        committed = json.loads(src.read_text())
     res["config"] = asdict(cfg)
     res.setdefault("timings", {})
     res["machine"] = f"{os.cpu_count()} CPU cores, torch {torch.__version__}, " \
@@ -1061,7 +1188,7 @@ def main(argv: list[str] | None = None) -> int:
         res.setdefault("load_average", {})[phase] = list(os.getloadavg())
         _write_json(res_path, res)
         results.mkdir(parents=True, exist_ok=True)
-        if results.resolve() != out.resolve():
+        if results.resolve() != out.resolve() and not args.finish_seeds:
             _write_json(results / "results.json", res)
         log(f"phase {phase} done ({res['timings'][phase] / 60:.1f} min)")
         return phase == args.until
@@ -1091,6 +1218,25 @@ def main(argv: list[str] | None = None) -> int:
                     for k, v in prepare_data(cfg, parent / "tokenizer.json", vocab,
                                              out)["splits"].items()}
     if done("data", t1) or done("parent", t0):
+        return 0
+    if args.finish_seeds:
+        t0 = time.perf_counter()
+        if committed.get("split") != res["split"]:
+            raise SystemExit(f"{src}: its data split is not this run's (another corpus, "
+                             "tokenizer or sizes); rerun the study whole")
+        committed.setdefault("timings", {})
+        res = committed
+
+        def save_all() -> None:
+            _write_json(res_path, res)
+            if results.resolve() != out.resolve():
+                _write_json(results / "results.json", res)
+
+        finish_seeds(cfg, out, parent, data, res, save_all)
+        res["timings"]["seeds"] = res["timings"].get("seeds", 0.0) + time.perf_counter() - t0
+        save_all()
+        report(res, results, cfg)
+        log("seeds finished from the committed results")
         return 0
     t0 = time.perf_counter()
     profile = measure_profile(cfg, out, parent, args.smoke)
