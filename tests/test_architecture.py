@@ -8,6 +8,9 @@
 - no private name (``_x``, a function, a table or a module) is imported across packages: a
   package is ``costmodels``, ``hwprofiles`` or a second-level name under ``nas``
   (``nas.search``, ``nas.build``, ``nas.spec``, ...). Inside one package, modules share freely;
+- no private attribute (``obj._x``, ``obj`` not ``self`` / ``cls``) is read across
+  packages: a private method or attribute this repo defines in one package is read only by
+  that package's modules (a third-party library's privates are not this check's business);
 - importing the search, or starting the CLI, loads no torch.
 
 The imports are read with :mod:`ast` (no module is executed); the last rule runs a fresh
@@ -194,6 +197,61 @@ def private_violations(files: list[Path]) -> list[str]:
     return list(bad.values())
 
 
+def _private_attrs_defined(tree: ast.AST) -> set[str]:
+    """Private attribute names a module defines on its objects: methods and class-level
+    names of its classes, and ``self._x = ...`` / ``cls._x = ...`` assignments."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out.add(item.name)
+                for t in (item.targets if isinstance(item, ast.Assign) else
+                          [item.target] if isinstance(item, ast.AnnAssign) else []):
+                    if isinstance(t, ast.Name):
+                        out.add(t.id)
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and \
+                    t.value.id in ("self", "cls"):
+                out.add(t.attr)
+    return {n for n in out if _private(n)}
+
+
+def _own(value: ast.expr) -> bool:
+    """``self``, ``cls`` or ``super()``: an object reading its own attributes."""
+    if isinstance(value, ast.Name):
+        return value.id in ("self", "cls")
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and \
+        value.func.id == "super"
+
+
+def private_attr_violations(files: list[Path]) -> list[str]:
+    """Reads of a private attribute (``obj._x``) from a package other than every package
+    that defines an attribute of that name."""
+    trees = {path: ast.parse(path.read_text(), filename=str(path)) for path in files}
+    owners: dict[str, set[str]] = {}
+    for path, tree in trees.items():
+        for name in _private_attrs_defined(tree):
+            owners.setdefault(name, set()).add(package_of(module_name(path)))
+    bad = []
+    for path, tree in trees.items():
+        pkg = package_of(module_name(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr) and \
+                    not _own(node.value) and node.attr in owners and \
+                    pkg not in owners[node.attr]:
+                bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {module_name(path)} "
+                           f"reads {ast.unparse(node)}, private to "
+                           f"{', '.join(sorted(owners[node.attr]))}")
+    return sorted(bad)
+
+
+def test_no_private_attribute_is_read_across_packages():
+    assert private_attr_violations(repo_files()) == []
+
+
 def test_the_library_never_imports_the_command_line():
     assert cli_violations(repo_files()) == []
 
@@ -314,6 +372,17 @@ def test_checks_flag_violations(tmp_path, monkeypatch):
     files = repo_files()
     assert cli_violations(files) == [
         "nas/train/run.py:2: nas.train.run imports the command line (nas.cli)"]
+    _write(tmp_path, {
+        "nas/build/reader.py": "class Reader:\n    def __init__(self):\n"
+                               "        self._shapes = {}\n    def _handle(self):\n"
+                               "        return self._shapes\n",
+        "nas/build/use.py": "def f(r):\n    return r._handle(), r._shapes\n",
+        "nas/scoring/pipe.py": "import os\n\n\ndef f(stage):\n"
+                               "    os._exit(0)\n    return stage.reader._shapes\n",
+    })
+    assert private_attr_violations(repo_files()) == [
+        "nas/scoring/pipe.py:6: nas.scoring.pipe reads stage.reader._shapes, private to "
+        "nas.build"]
     assert private_violations(files) == [
         "costmodels/a.py:2: costmodels.a imports hwprofiles._io, private to hwprofiles",
         "nas/cli/__init__.py:2: nas.cli imports nas.search._x, private to nas.search",

