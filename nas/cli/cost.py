@@ -2,7 +2,8 @@
 
 Prints per workload TTFT, decode ms/token, request latency, throughput per GPU and per
 node, per-user tok/s and memory per GPU; with ``--context N`` the largest concurrency that
-fits at N tokens and the memory breakdown behind it.
+fits at N tokens and the memory breakdown behind it; with ``--replay N`` a replay of N
+requests through the engine's scheduler (``costmodels.replay``) beside the analytic figures.
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "finds them all busy waits, and an overloaded system says so)")
     p.add_argument("--rate", type=float, default=None, metavar="R",
                    help="with --arrival poisson or fixed: requests per second (QPS)")
+    p.add_argument("--replay", type=int, default=None, metavar="N",
+                   help="also replay N requests of each concurrency workload through the "
+                   "engine's scheduler (costmodels.replay: arrivals, slots, a queue, chunked "
+                   "prefill mixed with decode; step times from the same block model) and print "
+                   "its TTFT / TPOT / latency percentiles and served rate beside the analytic "
+                   "figures; the first 20%% of the requests are a warm-up")
+    p.add_argument("--replay-seed", type=int, default=None, metavar="S",
+                   help="with --replay: the seed of the Poisson arrivals (default 0)")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.set_defaults(func=run)
 
@@ -134,6 +143,40 @@ def _arrivals(table: object, shape: object, hw: object, recipe: object, wls: lis
     return [arrival_figures(table, shape, hw, recipe, w, engine=engine,  # type: ignore[arg-type]  # the arguments are typed object by the caller's loose signature
                             reserve_bytes=reserve, **par)
             if w.arrival != "closed" else None for w in wls]
+
+
+def _replays(table: object, shape: object, hw: object, recipe: object, wls: list,
+             par: dict, engine: str | None, reserve: float,
+             args: argparse.Namespace) -> list:
+    """``costmodels.replay.replay`` of each workload with ``--replay N`` (else Nones); a bad
+    value or a static-batch workload is a one-line error naming ``--replay``."""
+    from costmodels.replay import replay
+    from hwprofiles.errors import InputError
+
+    if args.replay is None:
+        if args.replay_seed is not None:
+            raise InputError("--replay-seed needs --replay N", field="--replay-seed")
+        return [None] * len(wls)
+    if args.replay < 1:
+        raise InputError(f"expected a positive number of requests, got {args.replay}",
+                         field="--replay")
+    seed = 0 if args.replay_seed is None else args.replay_seed
+    if seed < 0:
+        raise InputError(f"expected an integer >= 0, got {seed}", field="--replay-seed")
+    out = []
+    for w in wls:
+        if w.batch is not None:
+            raise InputError(f"a replay runs continuous batching: workload {w.name} is a "
+                             "static batch; give concurrency=N", field="--replay")
+        out.append(replay(table, shape, hw, recipe, w, requests=args.replay,  # type: ignore[arg-type]  # typed object by the caller's loose signature
+                          seed=seed, engine=engine, reserve_bytes=reserve, **par))
+    return out
+
+
+def _pcts(label: str, p: dict) -> str:
+    """``label p50/p90/p99 a / b / c ms (mean m)`` of a replay's figure (seconds)."""
+    return (f"{label} p50/p90/p99 {p['p50'] * 1e3:,.1f} / {p['p90'] * 1e3:,.1f} / "
+            f"{p['p99'] * 1e3:,.1f} ms (mean {p['mean'] * 1e3:,.1f})")
 
 
 def _ms(v: float | None, width: int, unit: str = "ms") -> str:
@@ -241,6 +284,10 @@ def run(args: argparse.Namespace) -> int:
                        throughput_node_tok_s=pt.throughput_tok_s * hw.gpus_per_node.value,
                        per_user_tok_s=1.0 / pt.tpot_s if 0 < pt.tpot_s < math.inf else 0.0,
                        arrival=a)
+    replays = _replays(table, shape, hw, recipe, wls, par, args.engine, reserve, args)
+    for per, rp in zip(out["workloads"], replays):
+        if rp is not None:  # beside the analytic figures, not instead of them
+            per["replay"] = rp.to_dict()
     slo_points = []
     if slo is not None:
         for w in wls:
@@ -272,6 +319,14 @@ def run(args: argparse.Namespace) -> int:
                   f"{w['per_user_tok_s']:>10,.1f}  {mem}")
             if "arrival" in w and w["arrival"]["arrival"] != "staggered":
                 print(f"    {w['arrival']['message']}")
+            if "replay" in w:
+                rp = w["replay"]
+                print(f"    {rp['message']}")
+                print(f"      {_pcts('TTFT', rp['ttft_s'])}; {_pcts('TPOT', rp['tpot_s'])}")
+                lat = rp["latency_s"]
+                print(f"      latency p50/p99 {lat['p50']:,.2f} / {lat['p99']:,.2f} s; "
+                      f"{rp['throughput_tok_s']:,.0f} tok/s/GPU served; "
+                      f"{rp['counted']:,} requests counted after {rp['warmup']:,} warm-up")
         print("  (throughput: output tokens/s; per node = per GPU x "
               f"{hw.gpus_per_node.value:.0f} GPUs; GB = 10^9 bytes, GiB = 2^30 bytes)")
     for w, pt in slo_points:
