@@ -752,6 +752,25 @@ def best_baseline(res: dict[str, Any], budget: float) -> str | None:
 
 
 # ---- a fresh machine: the remaining seeds from the committed results ----------------------
+STATE_FILES = ("profile/cpu.json", "profile/cpu.blocks.json", "scores/scores.csv",
+               "scores/scores.json")
+"""The small files a later machine restarts from (committed under ``state/``): this
+machine's measured profile, what every budget is priced on, and every alternative's
+score; the BLD blocks (gigabytes) are not kept: a child's are scored again alone."""
+
+
+def save_state(out: Path, state: Path) -> None:
+    """Copy :data:`STATE_FILES` from ``out`` into ``state`` (each through a temp file)."""
+    for rel in STATE_FILES:
+        src = out / rel
+        if src.is_file():
+            dst = state / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(dst.name + ".tmp")
+            shutil.copy2(src, tmp)
+            os.replace(tmp, dst)
+
+
 REBUILD_RTOL = 1e-3
 """A rebuilt child is the recorded one when its held-out KL to the parent, measured again,
 is within this relative tolerance of the recorded pre-distillation KL (the same BLD blocks
@@ -1260,6 +1279,8 @@ def main(argv: list[str] | None = None) -> int:
     job = prepare(sspec, parent, data / "calib.npy", ss)
     log(f"score: {sum(len(r) for r in job.alts)} alternatives")
     run_scoring(job, out / "scores", progress=None, log=log)
+    if not args.smoke:
+        save_state(out, results / "state")
     if done("score", t0):
         return 0
 
