@@ -39,6 +39,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 # modules (dotted prefixes) that may import torch at module level
 TORCH_OK = ("nas.modules", "nas.build", "nas.scoring", "nas.train.distill", "nas.train.iterate",
             "nas.train.teacher",  # the pipelined teacher of a distillation
+            "nas.train.ep",  # a distilled MoE student's experts over the ranks
             "nas.profile",  # the block profiler: real torch blocks timed on a device
             "hwprofiles.probe",
             # the modeling file written into a child's folder for trust_remote_code: a

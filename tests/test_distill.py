@@ -288,6 +288,7 @@ def test_two_gloo_ranks_match_one_rank_at_the_same_global_batch(work, one_rank, 
                 (work / "parent" / name).read_bytes(), (out, name)
     rec = load_record(two_ranks)
     assert rec.world_size == 2
+    assert rec.expert_parallel  # (by default: the child's 4 and 8 experts divide over 2)
     _held_about_one_nth(rec, work)
     assert len(rec.peak_rss_mib) == 2 and min(rec.peak_rss_mib) > 0
 
@@ -297,6 +298,7 @@ def test_four_gloo_ranks_match_one_rank_and_hold_a_quarter_each(work, one_rank):
     p = _cli(work, out, "--nproc", "4")
     assert p.returncode == 0, p.stderr[-3000:]
     _curves_agree(one_rank, out)
+    assert load_record(out).expert_parallel
     _held_about_one_nth(load_record(out), work)
 
 
@@ -550,7 +552,7 @@ def test_a_rerun_reads_the_recorded_digests_instead_of_hashing(work, tmp_path, m
     assert calls and third == first  # hashed again, the same content: the same run
 
 
-def _plan_of_run(work: Path, rec, teacher_layout: str):
+def _plan_of_run(work: Path, rec, teacher_layout: str, expert_parallel: str = "auto"):
     from nas.hf import load_config
     from nas.train.plan import distill_plan
 
@@ -559,7 +561,8 @@ def _plan_of_run(work: Path, rec, teacher_layout: str):
                         tokens=10 * 8 * SEQ, eval_every=5, eval_tokens=1024,
                         teacher_dtype="float32", student_dtype="float32", mixed_precision=None,
                         keep_best=True, lr_sweep=0, sweep_steps=None, checkpointing=False,
-                        teacher_layout=teacher_layout, backend="gloo")
+                        teacher_layout=teacher_layout, backend="gloo",
+                        expert_parallel=expert_parallel)
 
 
 @pytest.mark.parametrize("n,layout", [(2, "pipelined"), (2, "sharded"), (4, "pipelined"),
@@ -574,6 +577,8 @@ def test_bytes_sent_per_step_are_the_plans(work, tmp_path, n, layout):
         assert p.returncode == 0, p.stderr[-3000:]
     rec = load_record(out)
     assert rec.teacher_layout == layout
+    # the parent's 8 experts divide over 2 and 4 ranks: a sharded teacher's are sharded whole
+    assert rec.expert_parallel and rec.teacher_expert_parallel == (layout == "sharded")
     sent = rec.sent_bytes_per_step
     assert len(sent) == n and all(x is not None for x in sent)
     planned = _plan_of_run(work, rec, layout).sent_per_step
@@ -585,3 +590,103 @@ def test_bytes_sent_per_step_are_the_plans(work, tmp_path, n, layout):
         assert max(a.sent_bytes_per_step) < max(b.sent_bytes_per_step)
         for p1, p2 in zip(a.curve, b.curve):
             assert p1.kl_div == pytest.approx(p2.kl_div, rel=1e-5, abs=1e-7)
+
+
+def test_experts_gathered_by_fsdp2_or_sharded_whole_send_what_their_plans_say(work, one_rank):
+    """``--expert-parallel off`` (FSDP2 gathers every MoE block whole) and the default
+    (each rank holds its experts whole and sends tokens to them): the bytes the busiest
+    rank sends per step are each its plan's within 20 %, and both train as one rank does."""
+    runs = {}
+    for mode in ("off", "auto"):
+        out = work / ("sent-2-pipelined" if mode == "auto" else "sent-2-pipelined-ep-off")
+        if not (out / "distill.json").is_file():
+            p = _cli(work, out, "--nproc", "2", "--expert-parallel", mode)
+            assert p.returncode == 0, p.stderr[-3000:]
+        rec = runs[mode] = load_record(out)
+        assert rec.expert_parallel == (mode == "auto")
+        planned = _plan_of_run(work, rec, "pipelined", mode).sent_per_step
+        assert max(rec.sent_bytes_per_step) == pytest.approx(planned, rel=0.2), \
+            (mode, rec.sent_bytes_per_step, planned)
+        _curves_agree(one_rank, out)
+    assert runs["off"].held_elements == runs["auto"].held_elements  # E / N experts each
+
+
+def test_a_checkpoint_without_expert_parallelism_resumes_with_it(work, two_ranks):
+    """The experts are DTensors ``Shard(0)`` either way: a 2-rank checkpoint written with
+    FSDP2 gathering the experts resumes with them sharded whole (DCP), and the run ends as
+    an uninterrupted one within float32 summation order."""
+    out = work / "killed-ep-off"
+    p = _cli(work, out, "--nproc", "2", "--expert-parallel", "off",
+             env=_env(**{KILL_ENV: "7"}))
+    assert p.returncode != 0 and not (out / "model").exists()
+    p = _cli(work, out, "--nproc", "2", "--expert-parallel", "on")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "resuming from step 6 of 10" in p.stderr and "expert parallel" in p.stderr
+    assert load_record(out).expert_parallel
+    _curves_agree(two_ranks, out)
+
+
+def test_expert_parallel_on_that_cannot_run_is_one_line(work, tmp_path):
+    p = _cli(work, tmp_path / "ep3", "--nproc", "1", "--expert-parallel", "on")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-2000:]
+    assert "--expert-parallel on" in p.stderr and "sharded ranks" in p.stderr
+
+
+def _moe_pair(folder: Path, hidden: int, width: int) -> Path:
+    """A MoE student and teacher of one shape (an attention block, 4 MoE blocks of 8
+    experts), random, and random tokens, in ``folder``."""
+    from nas.arch import Attention, ModelArch, MoE
+    from nas.build import save_pretrained
+    from nas.build.random import build_model
+
+    arch = ModelArch(hidden_size=hidden, vocab_size=512, blocks=(
+        Attention(num_heads=4, num_kv_heads=2, head_dim=hidden // 4),
+        *[MoE(num_experts=8, top_k=2, expert_width=width, shared_width=hidden)
+          for _ in range(4)]))
+    save_pretrained(build_model(arch, seed=0), folder / "child")
+    save_pretrained(build_model(arch, seed=1), folder / "parent")
+    rng = np.random.default_rng(0)
+    np.save(folder / "tokens.npy", rng.integers(0, 512, 200_000).astype(np.uint16))
+    return folder
+
+
+def test_peak_memory_and_bytes_of_a_moe_student_are_the_plans(tmp_path):
+    """A MoE student whose experts are most of it (4 blocks of 8 experts, 26M parameters,
+    104 MB in float32) on 2 ranks, with FSDP2 gathering its experts and with them sharded
+    whole (the default): each rank's peak resident memory above the runtime's floor is
+    the plan's total within 20 %, and so is what it sends per step. The floor is the same
+    run's on the same architecture 1/200 the size (torch, gloo and every library a run
+    imports: 135 MiB here) less that one's own plan."""
+    from nas.hf import load_config
+    from nas.train.plan import distill_plan
+
+    args = ["--tokens", str(10 * 8 * 64), "--seq-len", "64", "--batch", "8", "--eval-every",
+            "5", "--eval-tokens", "1024", "--checkpoint-every", "100", "--nproc", "2"]
+    got: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+    for size, (hidden, width) in (("tiny", (64, 16)), ("moe", (256, 1024))):
+        d = _moe_pair(tmp_path / size, hidden, width)
+        for mode in ("off", "auto"):
+            out = d / f"out-{mode}"
+            cmd = [sys.executable, "-m", "nas", "distill", str(d / "child"), "--teacher",
+                   str(d / "parent"), "--data", str(d / "tokens.npy"), "-o", str(out),
+                   *args, "--expert-parallel", mode]
+            p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
+            assert p.returncode == 0, p.stderr[-3000:]
+            rec = load_record(out)
+            assert rec.expert_parallel == (mode == "auto")
+            plan = distill_plan(load_config(d / "child"), load_config(d / "parent"), world=2,
+                                replicas=False, batch=8, seq_len=64, tokens=10 * 8 * 64,
+                                eval_every=5, eval_tokens=1024, teacher_dtype="float32",
+                                student_dtype="float32", mixed_precision=None,
+                                keep_best=True, lr_sweep=0, sweep_steps=None,
+                                checkpointing=False, backend="gloo", expert_parallel=mode)
+            got[size, mode] = (max(rec.peak_rss_mib) * 2**20, plan.total,
+                               max(rec.sent_bytes_per_step), plan.sent_per_step)
+    for mode in ("off", "auto"):
+        peak, total, sent, planned = got["moe", mode]
+        floor = got["tiny", mode][0] - got["tiny", mode][1]
+        assert peak - floor == pytest.approx(total, rel=0.2), (mode, got)
+        assert sent == pytest.approx(planned, rel=0.2), (mode, got)
+    # sharded whole, the experts are never gathered: less memory and 1/10 of the traffic
+    assert got["moe", "auto"][0] < got["moe", "off"][0]
+    assert got["moe", "auto"][2] < 0.1 * got["moe", "off"][2]

@@ -213,3 +213,76 @@ def test_a_bf16_plan_states_float32_masters_by_default_and_pure_bf16_on_request(
         "child"].items() if k != "torch_dtype"}}))
     rc, out, err = _cli([*base[:1], str(f32), *base[2:], "--pure-bf16"])
     assert rc == 0 and "student master weights bfloat16, compute bfloat16" in out, err
+
+
+def test_expert_parallel_gathers_no_experts_and_sends_tokens_instead():
+    """With the student's experts sharded whole over the ranks (``nas.train.ep``) the plan
+    gathers each MoE block without its routed experts, holds the same 1/N shares, and sends
+    the tokens' all_to_all instead of the experts' gathers and reduce-scatters; ``auto`` is
+    on exactly when every MoE block's experts divide over the sharded ranks, ``on`` where
+    they do not is refused in one line."""
+    from nas.train.plan import distill_plan, resolve_expert_parallel, routed_expert_params
+
+    kw = dict(batch=8, seq_len=256, tokens=65536, eval_every=50, eval_tokens=4096,
+              teacher_dtype="bfloat16", student_dtype="bfloat16", mixed_precision="bfloat16",
+              keep_best=True, lr_sweep=0, sweep_steps=None, replicas=False,
+              checkpointing=False, backend="nccl")
+    rp = routed_expert_params(ARCH)
+    assert rp[3] == 3 * 8 * 128 * 128 and rp[4] == 3 * 4 * 192 * 128 and rp.sum() == rp[3:5].sum()
+    for n in (2, 4):
+        off = distill_plan(ARCH, ARCH, world=n, expert_parallel="off", **kw)
+        on = distill_plan(ARCH, ARCH, world=n, expert_parallel="auto", **kw)
+        assert on.expert_parallel and not off.expert_parallel
+        assert "expert parallel" in on.lines()[0] and "expert parallel" not in off.lines()[0]
+        for f in ("student_weights", "gradients", "optimizer", "copies", "activations"):
+            assert getattr(on, f) == getattr(off, f), f
+        assert on.gathered < off.gathered
+        # the bytes: the experts' gathers (bf16, twice) and reduce-scatters (float32) go,
+        # the tokens' all_to_all comes (4 per MoE block: 2 forward, 2 backward)
+        ring = (n - 1) / n
+        tokens = 8 * 256 / n
+        a2a = sum((4 * tokens * b.top_k * 128 * 2 + b.num_experts * 8) * ring
+                  for b in ARCH.blocks if isinstance(b, MoE))
+        assert on.sent_per_step == pytest.approx(
+            off.sent_per_step - (2 * 2 + 4) * rp.sum() * ring + a2a)
+    ck = distill_plan(ARCH, ARCH, world=2, **{**kw, "checkpointing": True})
+    ck_off = distill_plan(ARCH, ARCH, world=2, **{**kw, "checkpointing": True},
+                          expert_parallel="off")
+    assert ck.sent_per_step - ck_off.sent_per_step > \
+        distill_plan(ARCH, ARCH, world=2, **kw).sent_per_step \
+        - distill_plan(ARCH, ARCH, world=2, **kw, expert_parallel="off").sent_per_step
+    # a sharded teacher's experts are sharded whole too: it gathers and sends less
+    t_off, t_on = (distill_plan(ARCH, ARCH, world=2, teacher_layout="sharded",
+                                expert_parallel=m, **kw) for m in ("off", "auto"))
+    off_2 = distill_plan(ARCH, ARCH, world=2, expert_parallel="off", **kw)
+    assert t_on.teacher_expert_parallel and not t_off.teacher_expert_parallel
+    assert not distill_plan(ARCH, ARCH, world=2, **kw).teacher_expert_parallel  # pipelined
+    assert "(sharded, expert parallel)" in t_on.lines()[0]
+    a2a_t = sum((2 * 8 * 256 / 2 * b.top_k * 128 * 2 + b.num_experts * 8) / 2
+                for b in ARCH.blocks if isinstance(b, MoE))
+    student_only = distill_plan(ARCH, ARCH, world=2, **kw).sent_per_step \
+        - distill_plan(ARCH, ARCH, world=2, expert_parallel="off", **kw).sent_per_step
+    assert t_on.sent_per_step == pytest.approx(
+        t_off.sent_per_step + student_only - rp.sum() * 2 / 2 + a2a_t)
+    on_2 = distill_plan(ARCH, ARCH, world=2, **kw)  # pipelined: no teacher gathered
+    # the teacher's share of what is gathered (its root and two largest blocks) shrinks
+    assert 0 < t_on.gathered - on_2.gathered < t_off.gathered - off_2.gathered
+    # 8 and 4 experts: not over 8 ranks, nor on one rank or on replicas
+    assert not distill_plan(ARCH, ARCH, world=8, **{**kw, "batch": 8}).expert_parallel
+    assert not resolve_expert_parallel("auto", ARCH, 1, "whole")
+    assert not resolve_expert_parallel("auto", ARCH, 2, "replicas")
+    with pytest.raises(ValueError, match="4 experts do not") as e:
+        resolve_expert_parallel("on", ARCH, 8, "sharded")
+    assert "--expert-parallel off" in str(e.value) and "\n" not in str(e.value)
+    dense = ARCH.replace_blocks(ARCH.blocks[:3])
+    assert not resolve_expert_parallel("auto", dense, 2, "sharded")
+    with pytest.raises(ValueError, match="no MoE block"):
+        resolve_expert_parallel("on", dense, 2, "sharded")
+
+
+def test_expert_parallel_on_that_cannot_run_is_refused_before_any_rank(configs):
+    child, parent = configs
+    rc, _, err = _cli(["distill", str(child), "--teacher", str(parent), "--plan", "--tokens",
+                       "65536", "--seq-len", "256", "--batch", "8", "--nproc", "1",
+                       "--expert-parallel", "on"])
+    assert rc == 2 and err.count("\n") == 1 and "--expert-parallel on" in err, err

@@ -23,10 +23,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hwprofiles.errors import InputError, first_error
 from nas.launch import exit_rank, run_ranks
 from nas.tokens import add_dtype_flag, add_token_flags, lr_list
+
+if TYPE_CHECKING:
+    from nas.arch import ModelArch
 
 OUTPUT_FILES = ("model", "checkpoint", "distill.json", "kd_curve.png", "teacher-digest.json",
                 "student-digest.json")
@@ -99,6 +103,12 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
                    help="with --nproc N (sharded ranks): pipelined (default) places the "
                    "teacher's blocks over the ranks and passes hidden states between them; "
                    "sharded shards it with FSDP2, which gathers every block at every step")
+    p.add_argument("--expert-parallel", choices=("auto", "on", "off"), default="auto",
+                   help="with --nproc N (sharded ranks) and a MoE student: shard its experts "
+                   "whole over the ranks (each holds E/N experts; tokens go to their experts' "
+                   "ranks and back by all_to_all) instead of FSDP2 gathering every MoE block "
+                   "whole. auto (default): when every MoE block's experts divide over the "
+                   "ranks; on: refuse a run where they do not; off: FSDP2 only")
     p.add_argument("--json", action="store_true", help="print distill.json")
     p.add_argument("--plan", action="store_true", help="print the memory per rank (weights, "
                    "gradients, optimizer state, kept copies, gathered units, activations, "
@@ -222,7 +232,33 @@ def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None)
         keep_best=s.keep_best, lr_sweep=len(s.lr_sweep), sweep_steps=s.sweep_steps,
         checkpointing=args.activation_checkpointing, hw=hw, capacity=capacity,
         teacher_layout=getattr(args, "teacher_layout", "pipelined"),
-        backend="nccl" if args.device == "cuda" or args.hardware else "gloo")
+        backend="nccl" if args.device == "cuda" or args.hardware else "gloo",
+        expert_parallel=_ep_mode(args, child, nproc))
+
+
+def _ep_mode(args: argparse.Namespace, child: ModelArch, nproc: int) -> str:
+    """``--expert-parallel``, checked against the child's experts and the ranks (``on``
+    where it cannot run: one line)."""
+    from nas.train.plan import resolve_expert_parallel
+
+    mode = getattr(args, "expert_parallel", "auto")
+    layout = "whole" if nproc == 1 else ("replicas" if args.replicas else "sharded")
+    try:
+        resolve_expert_parallel(mode, child, nproc, layout)
+    except ValueError as exc:
+        raise InputError(str(exc), field="--expert-parallel") from None
+    return mode
+
+
+def _check_expert_parallel(args: argparse.Namespace, nproc: int) -> None:
+    """``--expert-parallel on`` that cannot run is refused before any rank starts."""
+    if getattr(args, "expert_parallel", "auto") != "on":
+        return
+    from nas.cli.build import read_child_config
+    from nas.hf import from_hf
+
+    cfg, src = read_child_config(Path(args.child))
+    _ep_mode(args, from_hf(cfg, source=src), nproc)
 
 
 def _print_plan(args: argparse.Namespace) -> int:
@@ -307,6 +343,7 @@ def run_local(args: argparse.Namespace) -> int:
                   data_source=args.data, eval_source=args.eval_data, device=args.device,
                   replicas=args.replicas, checkpointing=args.activation_checkpointing,
                   teacher_layout=args.teacher_layout,
+                  expert_parallel=args.expert_parallel,
                   keep_checkpoint=args.keep_checkpoint)
     if rec is None:
         return 0
@@ -330,8 +367,8 @@ def forward_args(args: argparse.Namespace) -> list[str]:
     """The rank command line for ``args`` (everything but ``--nproc``)."""
     out = [args.child, "--teacher", args.teacher, "--data", args.data, "-o", args.output]
     for name in ("eval_data", "tokenizer", "bin_dtype", "dtype", "mixed_precision",
-                 "teacher_layout"):
-        if getattr(args, name) and getattr(args, name) != "auto":
+                 "teacher_layout", "expert_parallel"):
+        if getattr(args, name, None) and getattr(args, name) != "auto":
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     for name in ("tokens", "seq_len", "batch", "lr", "min_lr_fraction", "warmup_steps",
                  "weight_decay", "grad_clip", "lm_weight", "eval_every", "eval_tokens",
@@ -377,6 +414,7 @@ def run(args: argparse.Namespace) -> int:
 
     args.teacher = resolve_parent(args.teacher, "teacher")  # a .gguf: converted once
     _check(args)
+    _check_expert_parallel(args, args.nproc)
     _check_fits(args, args.nproc)
     # one run at a time per output folder (two would train into the same checkpoint): a
     # second is refused at once; the launcher holds the lock while its ranks run

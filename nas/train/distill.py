@@ -28,8 +28,13 @@ meta device and each rank keeps only its dim-0 slice of every tensor, read one b
 time from the safetensors, so no rank ever holds a whole model; the AdamW state is sharded
 with the student. Checkpoints are sharded too (:mod:`torch.distributed.checkpoint`: every
 rank writes its shards, rank 0 ``state.json``) and resume on any number of ranks (DCP
-reshards); the same rank count resumes bit for bit. ``model/`` is gathered one tensor at
-a time and streamed into safetensors by rank 0 (:func:`export_sharded`). With
+reshards); the same rank count resumes bit for bit. A MoE student's experts are sharded
+whole instead when they divide over the ranks (``expert_parallel``, :mod:`nas.train.ep`):
+each rank holds ``E / N`` experts, left out of FSDP2's units, and the tokens go to their
+experts' ranks and back with ``all_to_all``; they are DTensors ``Shard(0)`` either way, so
+checkpoints, the export and the resume are the same in both layouts. ``model/`` is
+gathered one tensor at a time and streamed into safetensors by rank 0
+(:func:`export_sharded`). With
 ``replicas`` every rank holds a whole teacher and student instead and the student is
 wrapped in :class:`torch.nn.parallel.DistributedDataParallel` (the checkpoint is then
 rank 0's whole one, as with one process). A checkpoint of one layout does not resume in
@@ -83,6 +88,7 @@ from hwprofiles.errors import InputError, first_error, read_json
 from nas.build import load_pretrained
 from nas.io import atomic_write_json, remove_dir, staged_dir
 from nas.modules.model import CausalLM
+from nas.modules.moe import MoEMixer
 from nas.progress import Progress
 from nas.scoring.digest import record_digest, recorded_digest, weights_digest
 from nas.scoring.runner import init_distributed, rank_and_world
@@ -250,6 +256,10 @@ class DistillRecord(BaseModel):
     """How the teacher was held: ``whole`` per process, ``sharded`` (FSDP2, gathered block by
     block every step) or ``pipelined`` (its blocks placed over the ranks,
     :mod:`nas.train.teacher`); None in records written before the field."""
+    expert_parallel: bool = False
+    """The student's MoE experts were sharded whole over the ranks (:mod:`nas.train.ep`)."""
+    teacher_expert_parallel: bool = False
+    """A sharded teacher's too (a pipelined teacher gathers nothing)."""
     held_elements: list[list[int]] = []
     """Per rank: [student, teacher] parameter and buffer elements held (local shards)."""
     peak_rss_mib: list[float] = []
@@ -650,8 +660,8 @@ def _held(model: torch.nn.Module) -> int:
 
 def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device: str, *,
                  train: bool, mp_dtype: torch.dtype | None = None,
-                 checkpointing: bool = False, digest: str | None = None
-                 ) -> tuple[CausalLM, str, torch.dtype]:
+                 checkpointing: bool = False, digest: str | None = None,
+                 expert_parallel: bool = False) -> tuple[CausalLM, str, torch.dtype]:
     """The checkpoint ``path`` as an FSDP2 model sharded over ``mesh`` (every block a unit,
     the embedding one too unless the head is tied to it; the final norm and the head the
     root's), its :func:`weights_digest` and the checkpoint's stored dtype.
@@ -671,7 +681,11 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
     ``mp_dtype``: compute dtype of FSDP2's mixed precision (the parameters stay in
     ``dtype``, gradients are reduced in float32). ``digest``: the checkpoint's digest as an
     earlier start recorded it (:func:`nas.scoring.digest.recorded_digest`, the same on
-    every rank): then nothing is hashed and it is returned as is."""
+    every rank): then nothing is hashed and it is returned as is. ``expert_parallel``: the
+    MoE blocks' stacked experts are sharded whole over the ranks instead
+    (:mod:`nas.train.ep`: rank ``r`` holds experts ``r E/N ..``, the same rows FSDP2 would
+    give it, read the same way) and left out of their block's FSDP2 unit, which then
+    gathers only the router, the latent projections and the shared expert."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -692,7 +706,13 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
             continue  # a no-op block has no tensors
         if checkpointing:
             _checkpointed(blk)
-        fully_shard(blk, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
+        ignored = None
+        if expert_parallel and isinstance(blk.mixer, MoEMixer):
+            from nas.train.ep import shard_experts
+
+            ignored = shard_experts(blk.mixer, mesh, recast=not checkpointing)
+        fully_shard(blk, mesh=mesh, mp_policy=mp, reshard_after_forward=True,
+                    ignored_params=ignored)
     if model.lm_head is not None:  # untied: the embedding is a unit of its own, gathered
         # only for its forward and backward instead of through the whole step
         fully_shard(model.embed, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
@@ -971,6 +991,23 @@ def layout_of(world: int, settings: DistillSettings, replicas: bool = False
     return "sharded" if (world > 1 and not replicas) or settings.mixed_precision else "full"
 
 
+def _expert_parallel(student_dir: str | Path, mode: str, world: int, layout: str) -> bool:
+    """Whether the student's experts are sharded over the ranks
+    (:func:`nas.train.plan.resolve_expert_parallel` of its config; ``on`` where it cannot
+    run is refused in one line)."""
+    from nas.hf import load_config
+    from nas.train.plan import resolve_expert_parallel
+
+    if mode == "off":
+        return False
+    plan_layout = "sharded" if layout == "sharded" and world > 1 else \
+        ("whole" if world == 1 else "replicas")
+    try:
+        return resolve_expert_parallel(mode, load_config(student_dir), world, plan_layout)
+    except ValueError as exc:
+        raise InputError(str(exc), field="--expert-parallel") from None
+
+
 def resume_conflict(out_dir: str | Path, settings: DistillSettings, layout: str
                     ) -> str | None:
     """Why the checkpoint in ``out_dir`` (of a run with these settings) cannot be resumed
@@ -1036,7 +1073,8 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             progress: bool | None = None, log: Callable[[str], None] | None = None,
             replicas: bool = False, checkpointing: bool = False,
             keep_checkpoint: bool = False,
-            teacher_layout: Literal["pipelined", "sharded"] = "pipelined"
+            teacher_layout: Literal["pipelined", "sharded"] = "pipelined",
+            expert_parallel: Literal["auto", "on", "off"] = "auto"
             ) -> DistillRecord | None:
     """Distill the checkpoint ``student_dir`` from ``teacher_dir`` on token array ``train``
     (held-out rows from ``held``, else the end of ``train``) into ``out_dir`` (see the
@@ -1051,7 +1089,12 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     rank 0 deletes it after every rank is done). ``teacher_layout`` (sharded runs on more
     than one rank): ``pipelined`` (the default) places the teacher's blocks over the ranks
     and passes hidden states (:mod:`nas.train.teacher`), ``sharded`` shards it with FSDP2,
-    which gathers every block at every step; the figures are the same."""
+    which gathers every block at every step; the figures are the same.
+    ``expert_parallel`` (sharded runs on more than one rank, MoE students): ``auto`` (the
+    default) shards the student's experts whole over the ranks (:mod:`nas.train.ep`) when
+    every MoE block's experts divide over them, ``on`` refuses a run where they cannot,
+    ``off`` leaves them to FSDP2 (every block gathered whole); the figures are the same
+    within float32 summation order, and a checkpoint of either resumes in the other."""
     s = resolve_precision(settings, student_dir, teacher_dir, replicas)
     if replicas and s.mixed_precision:
         raise InputError("--mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
@@ -1060,7 +1103,7 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     try:
         return _distill(student_dir, teacher_dir, train, out_dir, s, held, data_source,
                         eval_source, device, progress, log, replicas, checkpointing,
-                        keep_checkpoint, teacher_layout)
+                        keep_checkpoint, teacher_layout, expert_parallel)
     finally:
         if solo:
             dist.destroy_process_group()
@@ -1070,8 +1113,8 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
              out_dir: str | Path, s: DistillSettings, held: np.ndarray | None,
              data_source: str, eval_source: str | None, device: str, progress: bool | None,
              log: Callable[[str], None] | None, replicas: bool, checkpointing: bool,
-             keep_checkpoint: bool = False, teacher_layout: str = "pipelined"
-             ) -> DistillRecord | None:
+             keep_checkpoint: bool = False, teacher_layout: str = "pipelined",
+             expert_parallel: str = "auto") -> DistillRecord | None:
     t0 = time.perf_counter()
     rss0 = _rss_mib()
     log = log if log is not None else (lambda m: print(m, file=sys.stderr))
@@ -1094,6 +1137,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
     if world > 1:
         dist.broadcast_object_list(box, 0)
     t_known, s_known = box[0]
+    ep_t = False
     if sharded:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -1107,16 +1151,23 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
 
             teacher, t_hash, _ = load_pipelined(teacher_dir, mp or dtype, device,
                                                 digest=t_known)
-        else:
+        else:  # its experts sharded whole too where they divide (it only runs forward)
+            ep_t = expert_parallel != "off" and \
+                _expert_parallel(teacher_dir, "auto", world, layout)
             teacher, t_hash, _ = load_sharded(teacher_dir, mp or dtype, mesh, device,
-                                              train=False, digest=t_known)
+                                              train=False, digest=t_known,
+                                              expert_parallel=ep_t)
+        # (recorded in distill.json as expert_parallel; the plan printed before says it)
+        ep = _expert_parallel(student_dir, expert_parallel, world, layout)
         student, s_hash, s_stored = load_sharded(
             student_dir, torch.float32 if mp else dtype, mesh, device, train=True,
-            mp_dtype=mp, checkpointing=checkpointing, digest=s_known)
+            mp_dtype=mp, checkpointing=checkpointing, digest=s_known, expert_parallel=ep)
         teacher.eval()
         export_dtype = s_stored if mp else student.embed.weight.dtype
     else:
-        t_layout = "whole"
+        t_layout, ep = "whole", False
+        if expert_parallel == "on":
+            _expert_parallel(student_dir, expert_parallel, world, layout)  # the refusal
         teacher = load_pretrained(teacher_dir, dtype=dtype).to(device).eval()
         for p in teacher.parameters():
             p.requires_grad_(False)
@@ -1353,6 +1404,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         seconds=time.perf_counter() - t0, parameters=student.num_stored(), initial=curve[0],
         last=last, kept_step=kept.step, stopped_early_at=stopped, lr=lr, sweep=sweep,
         layout=layout, activation_checkpointing=checkpointing, teacher_layout=t_layout,
+        expert_parallel=ep, teacher_expert_parallel=ep_t,
         held_elements=[f[0] for f in figures], peak_rss_mib=[f[1] for f in figures],
         sent_bytes_per_step=[f[2] for f in figures], base_rss_mib=[f[3] for f in figures],
         chance_agreement=chance, notes=run_notes(curve, kept, chance))

@@ -17,7 +17,11 @@ a multiple of ``N``, at most ``N - 1`` rows per tensor more than ``P / N``):
   tied head the embedding too) of each model, kept through the step, and the two largest
   other units (blocks, and the embedding of an untied model: the one computing and the one
   prefetched), student parameters and their unsharded gradients in the compute dtype,
-  teacher parameters in its dtype;
+  teacher parameters in its dtype. With **expert parallelism** (:mod:`nas.train.ep`, the
+  default for a MoE student on sharded ranks whose experts divide over them) a MoE block's
+  unit holds no routed expert: each rank keeps ``E / N`` experts whole (the same share
+  of weights, gradients and AdamW state) and, under mixed precision, casts one block's
+  local experts to the compute dtype at a time (``P_experts / N`` of the largest block);
 * **activations**: for the rank's rows (the global batch over ``N``) of ``seq_len``
   tokens, what autograd keeps for the backward pass per block and token, read off the
   modules (:mod:`nas.modules`; checked against ``torch.autograd.graph.saved_tensors_hooks``
@@ -58,7 +62,9 @@ forwards on ``eval_tokens``. **Communication** is what FSDP2 moves per rank over
 scale-up link (``interconnect.bandwidth`` at its ``link`` efficiency): the teacher
 gathered once per step and the student twice (forward and backward), and the gradients
 reduce-scattered in float32 under mixed precision (else the master dtype), each
-``(N - 1) / N`` of the whole; with replicas, the gradients' all-reduce, twice that. FSDP2
+``(N - 1) / N`` of the whole; with replicas, the gradients' all-reduce, twice that; with
+expert parallelism the routed experts are neither gathered nor reduced, and the tokens'
+``all_to_all`` to their experts and back is sent instead (:func:`step_bytes_sent`). FSDP2
 overlaps it with compute, so a step lasts at least the larger of the two.
 """
 
@@ -153,6 +159,51 @@ def teacher_stages(teacher: ModelArch, world: int) -> list[tuple[int, int]]:
     return stage_ranges(teacher.block_params(), world, _root_and_embed(teacher)[1])
 
 
+def routed_expert_params(arch: ModelArch) -> np.ndarray:
+    """Parameters of each block's stacked routed experts (``experts_gate`` / ``_up`` /
+    ``_down``: ``(2 or 3) * E * width * in``, ``in`` the latent size or the hidden size);
+    0 for other blocks."""
+    out = np.zeros(arch.num_blocks)
+    for i, b in enumerate(arch.blocks):
+        if b.kind == "moe":
+            assert isinstance(b, MoE)
+            inner = b.latent_size or arch.hidden_size
+            out[i] = (2 + int(b.gated)) * b.num_experts * b.expert_width * inner
+    return out
+
+
+def resolve_expert_parallel(mode: str | bool, child: ModelArch, world: int, layout: str
+                            ) -> bool:
+    """Whether a run shards the student's MoE experts whole over the ranks
+    (:mod:`nas.train.ep`). ``auto``: when the student has MoE blocks, the layout is
+    ``sharded`` (FSDP2) on more than one rank and every block's experts divide over the
+    ranks; ``on``: the same, refused (:class:`ValueError`, one line) where it cannot run;
+    ``off``: never. A bool passes through."""
+    if isinstance(mode, bool):
+        return mode
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"expert parallelism {mode!r}: auto, on or off")
+    if mode == "off":
+        return False
+    experts = [b.num_experts for b in child.blocks if isinstance(b, MoE)]
+    why = None
+    if not experts:
+        why = "the student has no MoE block"
+    elif layout != "sharded" or world < 2:
+        why = "it runs on sharded ranks (--nproc 2 or more, without --replicas)"
+    else:
+        bad = sorted({e for e in experts if e % world})
+        if bad:
+            why = (f"every MoE block's experts must divide over the {world} ranks; "
+                   f"{', '.join(map(str, bad))} experts do not")
+    if why is None:
+        return True
+    if mode == "on":
+        raise ValueError(f"--expert-parallel on: {why} (use a rank count that fits, or "
+                         "--expert-parallel off)")
+    return False
+
+
 @dataclass(frozen=True)
 class DistillPlan:
     """A distillation's plan per rank (every rank holds the same share; see the module
@@ -182,6 +233,10 @@ class DistillPlan:
     """``whole`` (one rank, replicas), ``sharded`` (FSDP2) or ``pipelined``."""
     sent_per_step: float = 0.0
     """Bytes the busiest rank sends per training step (:func:`step_bytes_sent`)."""
+    expert_parallel: bool = False
+    """The student's experts sharded whole over the ranks (:mod:`nas.train.ep`)."""
+    teacher_expert_parallel: bool = False
+    """A sharded teacher's experts too (never with a pipelined one: nothing is gathered)."""
 
     @property
     def total(self) -> float:
@@ -211,8 +266,13 @@ class DistillPlan:
         t, m, c = self.dtypes
         out = [f"plan: {self.world} rank(s), {self.layout}, {self.steps:,} steps, "
                f"{self.tokens:,} training tokens; teacher in {t}"
-               + (f" ({self.teacher_layout})" if self.world > 1 else "")
-               + f", student master weights {m}, compute {c}; memory per rank in GiB "
+               + (f" ({self.teacher_layout}"
+                  + (", expert parallel" if self.teacher_expert_parallel else "") + ")"
+                  if self.world > 1 else "")
+               + f", student master weights {m}, compute {c}"
+               + (", experts sharded over the ranks (expert parallel)"
+                  if self.expert_parallel else "")
+               + "; memory per rank in GiB "
                "(2^30 bytes)"]
         for k, v in self.figures().items():
             out.append(f"  {k:<12} {v / gib:9.2f}")
@@ -287,19 +347,24 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
                  keep_best: bool, lr_sweep: int, sweep_steps: int | None,
                  checkpointing: bool, hw: HardwareProfile | None = None,
                  capacity: float | None = None, teacher_layout: str = "pipelined",
-                 backend: str = "nccl") -> DistillPlan:
+                 backend: str = "nccl", expert_parallel: str | bool = "auto") -> DistillPlan:
     """The plan of distilling ``child`` from ``teacher`` on ``world`` ranks.
 
     ``backend``: the collectives' (``nccl``, or ``gloo`` on the CPU), for the bytes sent;
     ``teacher_dtype`` / ``student_dtype``: the dtypes each is loaded in (``--dtype`` or the
     checkpoint's non-quantized dtype); ``mixed_precision``: resolved
     (:func:`resolve_mixed_precision`), not ``"auto"``; ``lr_sweep``: the number of rates
-    tried."""
+    tried; ``expert_parallel``: ``auto``, ``on`` or ``off``
+    (:func:`resolve_expert_parallel`)."""
     if mixed_precision == "auto":
         raise ValueError("mixed_precision 'auto' is resolved first (resolve_mixed_precision)")
     layout = "whole" if world == 1 else ("replicas" if replicas else "sharded")
+    ep = resolve_expert_parallel(expert_parallel, child, world, layout)
     share = 1.0 / world if layout == "sharded" else 1.0
     piped = layout == "sharded" and teacher_layout == "pipelined"
+    # a sharded teacher's experts: whenever they divide (it is only run forward)
+    ep_t = not piped and expert_parallel not in ("off", False) and \
+        resolve_expert_parallel("auto", teacher, world, layout)
     e_t = DTYPE_BYTES[mixed_precision or teacher_dtype]
     e_m = 4 if mixed_precision else DTYPE_BYTES[student_dtype]
     e_c = DTYPE_BYTES[mixed_precision or student_dtype]
@@ -321,9 +386,17 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     copies = float(keep_best or lr_sweep > 0) * p_s * e_m * share
     gathered = 0.0
     if layout == "sharded":
-        top_s = np.sort(np.append(child.block_params().astype(float), embed_s))[-2:].sum()
-        top_t = np.sort(np.append(teacher.block_params().astype(float), embed_t))[-2:].sum()
-        gathered = (root_s + top_s) * e_c * 2
+        units = child.block_params().astype(float)
+        if ep:  # the experts are no block's unit: each rank casts its own, a block at a time
+            experts = routed_expert_params(child)
+            units = units - experts
+            gathered += experts.max() / world * e_c if e_c != e_m else 0.0
+        top_s = np.sort(np.append(units, embed_s))[-2:].sum()
+        units_t = teacher.block_params().astype(float)
+        if ep_t:
+            units_t = units_t - routed_expert_params(teacher)
+        top_t = np.sort(np.append(units_t, embed_t))[-2:].sum()
+        gathered += (root_s + top_s) * e_c * 2
         if not piped:
             gathered += (root_t + top_t) * e_t
     saved = saved_values_per_token(child)
@@ -351,7 +424,8 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     if hw is not None:
         phases = _phases(child, teacher, hw, world, layout, local, steps, eval_every,
                          eval_tokens, lr_sweep, sweep_steps, checkpointing, p_s, p_t,
-                         e_t, e_c, e_m, mixed_precision, piped, batch * seq_len, backend)
+                         e_t, e_c, e_m, mixed_precision, piped, batch * seq_len, backend,
+                         ep, ep_t)
     return DistillPlan(world, layout, weights_t, weights_s, grads, optim, copies, gathered,
                        float(acts), float(logits), phases, steps, steps * batch * seq_len,
                        (mixed_precision or teacher_dtype,
@@ -360,12 +434,15 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
                        None if hw is None else hw.name, capacity, tuple(hints),
                        "pipelined" if piped else ("sharded" if layout == "sharded" else "whole"),
                        step_bytes_sent(child, teacher, world, layout, batch * seq_len, e_t, e_c,
-                                       e_m, bool(mixed_precision), piped, backend))
+                                       e_m, bool(mixed_precision), piped, backend, ep,
+                                       checkpointing, ep_t), ep, ep_t)
 
 
 def step_bytes_sent(child: ModelArch, teacher: ModelArch, world: int, layout: str,
                     global_tokens: int, e_t: int, e_c: int, e_m: int, mixed: bool,
-                    piped: bool, backend: str = "nccl") -> float:
+                    piped: bool, backend: str = "nccl", expert_parallel: bool = False,
+                    checkpointing: bool = False, teacher_expert_parallel: bool = False
+                    ) -> float:
     """Bytes the busiest rank sends in one training step (evaluations and checkpoints
     apart), as the run moves them: ring collectives send ``(N - 1) / N`` of what they
     gather or reduce.
@@ -376,7 +453,9 @@ def step_bytes_sent(child: ModelArch, teacher: ModelArch, world: int, layout: st
       mixed precision): ``(N - 1) / N`` of them on nccl, but ``2 (N - 1) / N`` on gloo,
       whose reduce-scatter sends what an all-reduce does (measured here: 200 MB sent per
       rank for a 200 MB reduce-scatter on 2 ranks, 300 MB on 4, as its all-reduce);
-    * **sharded teacher**: gathered once, in its dtype;
+    * **sharded teacher**: gathered once, in its dtype (with ``teacher_expert_parallel``
+      without its routed experts, and two ``all_to_all`` per MoE block instead, forward
+      only);
     * **pipelined teacher** (:mod:`nas.train.teacher`): a stage's output for every rank's
       rows, ``global_tokens * hidden`` values in the teacher's dtype (the last stage sends
       ``(N - 1) / N`` of that back to the ranks instead), and its rows' token ids to rank 0
@@ -389,17 +468,40 @@ def step_bytes_sent(child: ModelArch, teacher: ModelArch, world: int, layout: st
     if layout != "sharded":
         return 2 * p_s * e_m * ring
     rs = 2.0 if backend == "gloo" else 1.0
-    sent = (2 * p_s * e_c + rs * p_s * (4 if mixed else e_m)) * ring
+    a2a = 0.0
+    if expert_parallel:
+        p_s -= float(routed_expert_params(child).sum())
+        fwd = 2 if checkpointing else 1
+        a2a += _a2a_bytes(child, global_tokens / world, e_c, 2 * fwd + 2, fwd) * ring
+    sent = (2 * p_s * e_c + rs * p_s * (4 if mixed else e_m)) * ring + a2a
     if piped:
         return sent + global_tokens * teacher.hidden_size * e_t + global_tokens / world * 8
+    if teacher_expert_parallel:
+        p_t -= float(routed_expert_params(teacher).sum())
+        sent += _a2a_bytes(teacher, global_tokens / world, e_t, 2, 1) * ring
     return sent + p_t * e_t * ring
+
+
+def _a2a_bytes(arch: ModelArch, tokens: float, item: int, exchanges: int, forwards: int
+               ) -> float:
+    """Bytes of ``arch``'s expert-parallel ``all_to_all`` per step, all of it (the caller
+    takes the share for other ranks): ``exchanges`` of the rank's ``tokens * top_k``
+    routed rows of ``in`` values per MoE block, and the counts per expert (8 bytes each)
+    once per forward."""
+    out = 0.0
+    for b in arch.blocks:
+        if isinstance(b, MoE):
+            inner = b.latent_size or arch.hidden_size
+            out += exchanges * tokens * b.top_k * inner * item + forwards * b.num_experts * 8
+    return out
 
 
 def _phases(child: ModelArch, teacher: ModelArch, hw: HardwareProfile, world: int,
             layout: str, local: int, steps: int, eval_every: int, eval_tokens: int,
             lr_sweep: int, sweep_steps: int | None, checkpointing: bool, p_s: float,
             p_t: float, e_t: int, e_c: int, e_m: int, mixed_precision: str | None,
-            piped: bool = False, global_tokens: int = 0, backend: str = "nccl"
+            piped: bool = False, global_tokens: int = 0, backend: str = "nccl",
+            expert_parallel: bool = False, teacher_expert_parallel: bool = False
             ) -> dict[str, float]:
     from costmodels.roofline import Roof
 
@@ -427,7 +529,8 @@ def _phases(child: ModelArch, teacher: ModelArch, hw: HardwareProfile, world: in
                                    + seconds(per_eval) * (trial // eval_every + 1))
     if world > 1:
         moved = step_bytes_sent(child, teacher, world, layout, global_tokens, e_t, e_c, e_m,
-                                bool(mixed_precision), piped, backend)
+                                bool(mixed_precision), piped, backend, expert_parallel,
+                                checkpointing, teacher_expert_parallel)
         bw = hw.interconnect.bandwidth.value * float(hw.efficiency.link.at(moved))
         out["communication"] = moved / bw * (steps + (lr_sweep * trial if lr_sweep else 0))
     return out
