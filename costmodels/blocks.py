@@ -33,7 +33,6 @@ from costmodels.shapes import (
     KIND_NAMES,
     BlockTable,
     Kind,
-    deltanet_dims,
     kv_elems_per_token,
     mamba_dims,
     role_params,
@@ -44,7 +43,6 @@ from hwprofiles.engines import compute_dtype, find_engine
 from hwprofiles.errors import InputError
 from hwprofiles.schema import EngineProfile, HardwareProfile
 
-DEFAULT_GDN_CHUNK = 64  # Gated DeltaNet chunk length (tokens): FLA's and transformers' chunk
 DEFAULT_SSD_CHUNK = 128  # Mamba-2 chunk length (tokens), the NemotronH / Mamba-2 default
 
 # Kernels launched per op in one pass of a block; each launch pays the profile's
@@ -56,18 +54,12 @@ K_ATTN = 2  # attention: the KV-cache append (RoPE fused in) and the flash-atten
 K_SSD_PREFILL = 5  # Mamba-2 chunked scan (SSD): chunk cumsum, chunk states, state passing
 #                    across chunks, C B^T per chunk, chunk scan (mamba_chunk_scan_combined)
 K_SSD_DECODE = 1  # one selective-state-update kernel per decode step
-K_GDN_PREFILL = 6  # FLA chunk_gated_delta_rule: chunk-local cumsum of g, beta K K^T, triangular
-#                    solve, recompute w and u, chunked state recurrence, chunk output
-K_GDN_DECODE = 1  # one fused recurrent gated-delta-rule kernel per decode step
 K_GATE = 1  # gated attention: sigmoid(g) * o, one elementwise kernel
 K_ROUTER = 2  # MoE router GEMM, then top-k selection / softmax
 K_EXPERTS = 5  # routed experts: expert offsets (sort tokens by expert), grouped GEMM up
 #                (and gate), activation, grouped GEMM down, top-k weighted finalize
 K_SHARED = 3  # shared expert: up (and gate) GEMM, activation, down GEMM
 K_PERMUTE = 2  # permute tokens into expert order, and un-permute (weighted scatter)
-K_MLA_PROJ = 4  # MLA: fused q_a + kv_a GEMM, q_b (or q) GEMM, latent norms, o GEMM
-K_MLA_ABSORB = 2  # MLA decode: the batched W_UK (before) and W_UV (after attention) GEMMs
-K_MLA_UP = 1  # MLA prefill: the kv_b up-projection GEMM of the chunk's (and context's) latents
 
 
 @dataclass
@@ -385,33 +377,6 @@ def _price_mamba(c: _Pricing, r: _Rows) -> None:
                             c.act_dtype, K_SSD_PREFILL))
 
 
-def _price_deltanet(c: _Pricing, r: _Rows) -> None:
-    """Gated DeltaNet: fused input projection (qkvz + ba), causal conv over ``[q | k | v]``,
-    the gated delta rule (chunked in prefill, recurrent in decode), gated RMSNorm,
-    output projection. Weights in the attention role; conv and state in the recipe's conv-
-    and SSM-state dtypes."""
-    h, q1, a = r.h, r.q1, c.a
-    nk, nv, dk, dv, K = (r.col(n) for n in ("dn_k_heads", "dn_v_heads", "dn_k_dim",
-                                            "dn_v_dim", "conv_kernel"))
-    kd, vd = nk * dk, nv * dv
-    in_w, conv_ch = 2 * kd + 2 * vd + 2 * nv, 2 * kd + vd
-    w, dt, wo = c.wb[TensorRole.ATTENTION], c.cd[TensorRole.ATTENTION], c.wb[TensorRole.OTHER]
-    for _, dseq, T, out in r.steps:
-        proj = _add(ops.gemm(T, h, in_w, w, a), ops.gemm(T, vd, h, w, a))
-        out.append(c.gemm_t(proj, dt, K_PROJ2))
-        out.append(c.elem_t(ops.gated_norm(T, vd, a, wo), 1))
-        on = (dseq > 0) * 1.0
-        out.append(c.state_t(_scale(ops.conv_decode(dseq * q1, conv_ch, K, a, wo, c.csb),
-                                    on), on))
-        fs, bs = ops.deltanet_decode(dseq, nk, nv, dk, dv, a, c.ssb)
-        st_io = dseq * nv * dk * dv * c.ssb
-        out.append(c.state_t((fs * q1, _verify_state_bytes(bs, st_io, q1)),
-                             K_GDN_DECODE * on))
-    r.out_m.append(c.elem_t(ops.conv_prefill(c.Bp, c.S, conv_ch, K, a, wo, c.csb), 1))
-    r.out_m.append(c.gemm_t(ops.deltanet_prefill(c.Bp, c.S, nk, nv, dk, dv, DEFAULT_GDN_CHUNK,
-                                                 a, c.ssb), c.act_dtype, K_GDN_PREFILL))
-
-
 def _price_moe(c: _Pricing, r: _Rows) -> None:
     h, a, ep, dp = r.h, c.a, c.ep, c.dp
     E, k, F, Sw, L, gated = (r.col(n) for n in ("experts", "top_k", "expert_width",
@@ -468,46 +433,6 @@ def _price_linear(c: _Pricing, r: _Rows) -> None:
                             c.cd[TensorRole.OTHER], 1))
 
 
-def _price_mla(c: _Pricing, r: _Rows) -> None:
-    """Multi-head latent attention, as MLA serving engines run it (vLLM / SGLang / TRT-LLM):
-
-    * every token: the fused ``q_a + kv_a`` projection (``h -> q_lora + kv_lora + rope``), the
-      latent norms, ``q_b`` (or ``q_proj``) and ``o_proj``;
-    * prompt tokens (prefill, mixed step): ``kv_b`` up-projects the chunk's latents (and the
-      earlier chunks' cached latents it attends to) to per-head keys and values, then flash
-      attention over them (:func:`costmodels.ops.mla_prefill`); the latent is cached;
-    * decoding tokens: the absorbed form, no up-projection of the cache: ``W_UK`` folds into
-      the query and ``W_UV`` into the output (:func:`costmodels.ops.mla_absorb`), and
-      attention reads the latent cache once as one shared head for all query heads
-      (:func:`costmodels.ops.mla_decode`).
-
-    Under TP the query heads split over the GPUs; the latent cache and the ``q_a / kv_a``
-    projections are replicated (every GPU attends over the whole latent).
-    """
-    h, q1, a, kvb = r.h, r.q1, c.a, c.kvb
-    nq, Q, R, nope, P, V = (r.col(n) for n in ("n_heads", "q_lora", "kv_lora", "qk_nope",
-                                               "qk_rope", "v_head"))
-    w, dt, wo = c.wb[TensorRole.ATTENTION], c.cd[TensorRole.ATTENTION], c.wb[TensorRole.OTHER]
-    q_in = np.where(Q > 0, Q, h)
-    for _, dseq, T, out in r.steps:
-        proj = _add(_add(ops.gemm(T, h, Q + R + P, w, a), ops.gemm(T, q_in, nq * (nope + P), w, a)),
-                    ops.gemm(T, nq * V, h, w, a))
-        out.append(c.gemm_t(proj, dt, K_MLA_PROJ))
-        out.append(c.elem_t(ops.rms_norm(T, Q + R, a, wo), 0.0))  # fused in K_MLA_PROJ
-        on = (dseq > 0) * 1.0
-        out.append(c.gemm_t(_scale(ops.mla_absorb(dseq * q1, nq, nope, R, V, w, a), on), dt,
-                            K_MLA_ABSORB * on))
-        fa, ba = ops.mla_decode(dseq, c.C, nq, P, R, a, kvb)
-        # a verification step: 1 + d query tokens per sequence over one read of the cache
-        out.append(c.attn_t((fa * q1, ba + dseq * (q1 - 1.0) * nq * (2.0 * R + P) * a),
-                            K_ATTN * on, kv_read=True))
-    up = ops.gemm(c.Tc + c.reread, R, nq * (nope + V), w, a)
-    r.out_m.append(c.gemm_t(up, dt, K_MLA_UP))
-    r.out_m.append(c.attn_t(ops.mla_prefill(c.Bp, c.S, nq, nope, P, V, R, a, kvb), K_ATTN))
-    rr = c.reread * (R + P) * kvb
-    r.out_m.append(c.attn_t((0.0 * rr, rr), 0.0, kv_read=True))
-
-
 def _price_parallel(c: _Pricing, r: _Rows) -> None:
     """Falcon-H1's parallel mixer: the attention branch's ops (:func:`_price_attention`)
     plus the Mamba branch's (:func:`_price_mamba`) on the same normed input, each priced
@@ -531,7 +456,6 @@ def _price_parallel(c: _Pricing, r: _Rows) -> None:
 # each block kind's ops (beyond the norm every kind has and the TP all-reduce)
 _PRICE_KIND = {Kind.ATTENTION: _price_attention, Kind.MAMBA: _price_mamba,
                Kind.MOE: _price_moe, Kind.FFN: _price_ffn, Kind.LINEAR: _price_linear,
-               Kind.DELTANET: _price_deltanet, Kind.MLA: _price_mla,
                Kind.PARALLEL: _price_parallel}
 
 
@@ -637,17 +561,14 @@ def price_blocks(table: BlockTable, hw: HardwareProfile, recipe: PrecisionRecipe
                                  + state[:, None])
 
     _, in_w, _ = mamba_dims(st)
-    dn_in_w = deltanet_dims(st)[2]
     mats = 2 + st.gated
     widest = np.select(
         [kind == int(Kind.ATTENTION), kind == int(Kind.MAMBA), kind == int(Kind.MOE),
-         kind == int(Kind.FFN), kind == int(Kind.LINEAR), kind == int(Kind.DELTANET),
-         kind == int(Kind.MLA), kind == int(Kind.PARALLEL)],
+         kind == int(Kind.FFN), kind == int(Kind.LINEAR), kind == int(Kind.PARALLEL)],
         [(st.n_heads * (1 + st.attn_gate) + 2 * st.n_kv_heads) * st.head_dim, in_w,
          st.experts + np.maximum(-(-st.top_k // ep) * (mats - 1) * st.expert_width,
                                  (mats - 1) * st.shared_width),
-         (mats - 1) * st.ffn_width, st.hidden, dn_in_w,
-         st.n_heads * (2 * st.qk_nope + st.qk_rope + st.v_head),
+         (mats - 1) * st.ffn_width, st.hidden,
          (st.n_heads + 2 * st.n_kv_heads) * st.head_dim + in_w],
         0,
     ).astype(np.float64)

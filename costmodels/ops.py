@@ -23,7 +23,6 @@ GATED_NORM_FLOPS = 8  # silu(z) (4) + gate multiply (1) + RMSNorm (3)
 ACT_FLOPS_GATED = 5  # silu (4) + multiply by the up projection (1)
 ACT_FLOPS_PLAIN = 2  # relu^2: max + square
 SSD_DECODE_FLOPS = 5  # per state element: decay-multiply, B*x multiply, add (3); C*h (2)
-GDN_DECODE_FLOPS = 7  # per state element: decay (1), S^T k (2), rank-1 update (2), S^T q (2)
 OUTPUT_GATE_FLOPS = 5  # sigmoid (4) + multiply (1) per gated attention output channel
 SAMPLING_BYTES_PER_LOGIT = 8  # fp32 logits written by the LM head GEMM epilogue, read by sampling
 
@@ -134,38 +133,6 @@ def ssd_decode(seqs: Arr, heads: Arr, head_dim: Arr, state: Arr, groups: Arr, a:
     return flops, byts
 
 
-def deltanet_prefill(seqs: Arr, length: Arr, k_heads: Arr, v_heads: Arr, dk: Arr, dv: Arr,
-                     chunk: Arr, a: Arr, st: Arr) -> tuple[Arr, Arr]:
-    """Gated DeltaNet chunked prefill (the WY / UT-transform form that FLA's
-    ``chunk_gated_delta_rule`` runs and transformers' torch path mirrors), chunk
-    ``Q = min(chunk, S)``, per sequence and value head:
-
-    FLOPs per token ``4*Q*dk`` (``beta K K^T`` and ``Q K^T`` within the chunk) ``+ Q^2/3``
-    (inverting the unit-lower ``Q x Q`` system once per chunk) ``+ 2*Q*(dk + dv)`` (the
-    transformed keys ``w`` and values ``u``) ``+ 2*Q*dv`` (intra-chunk attention times the
-    corrected values) ``+ 6*dk*dv`` (corrected values ``u - w S``, readout ``q S`` and the
-    chunk's state update ``K^T U``).
-    Bytes ``S*(2*nk*dk + 2*nv*dv + 2*nv)*a`` (read q, k, v, g, beta; write o) ``+
-    nv*dk*dv*st`` (final state written).
-    """
-    q = np.minimum(chunk, length)
-    per_tok = 4.0 * q * dk + q * q / 3.0 + 2.0 * q * (dk + dv) + 2.0 * q * dv + 6.0 * dk * dv
-    flops = seqs * length * v_heads * per_tok
-    byts = seqs * (length * (2.0 * k_heads * dk + 2.0 * v_heads * dv + 2.0 * v_heads) * a
-                   + v_heads * dk * dv * st)
-    return flops, byts
-
-
-def deltanet_decode(seqs: Arr, k_heads: Arr, v_heads: Arr, dk: Arr, dv: Arr, a: Arr,
-                    st: Arr) -> tuple[Arr, Arr]:
-    """One recurrent gated-delta-rule step: FLOPs ``7*B*nv*dk*dv``; bytes ``B*(2*nv*dk*dv*st``
-    (state read and written) ``+ (2*nk*dk + 2*nv*dv + 2*nv)*a)`` (q, k, v, g, beta in; o out)."""
-    flops = GDN_DECODE_FLOPS * seqs * v_heads * dk * dv
-    byts = seqs * (2.0 * v_heads * dk * dv * st
-                   + (2.0 * k_heads * dk + 2.0 * v_heads * dv + 2.0 * v_heads) * a)
-    return flops, byts
-
-
 def output_gate(tokens: Arr, width: Arr, a: Arr) -> tuple[Arr, Arr]:
     """Gated attention's ``o * sigmoid(g)`` over ``width`` channels: FLOPs ``5*T*W``; bytes
     ``3*T*W*a`` (read o and g, write)."""
@@ -259,49 +226,3 @@ def rms_norm(tokens: Arr, width: Arr, a: Arr, w: Arr) -> tuple[Arr, Arr]:
     """A plain RMSNorm over ``width`` channels (MLA's latent norms): FLOPs ``4*T*width``
     (square, accumulate, scale, weight); bytes ``2*T*width*a + width*w``."""
     return (4.0 * width) * tokens, (2.0 * width * a) * tokens + width * w
-
-
-def mla_prefill(seqs: Arr, length: Arr, nq: Arr, nope: Arr, rope: Arr, v: Arr, latent: Arr,
-                a: Arr, kv: Arr) -> tuple[Arr, Arr]:
-    """MLA prefill: flash attention over the up-projected keys (``nope + rope`` per head) and
-    values (``v`` per head) of ``seqs`` prompts of ``length`` tokens.
-
-    FLOPs: ``2*nq*pairs*(nope + rope + v)*seqs`` (QK^T over ``nope + rope``, PV over ``v``).
-    Bytes: per sequence ``2*S*nq*(nope + rope + v)*a`` (read Q and the up-projected K, V;
-    write O, each once) + ``S*(latent + rope)*kv`` (write the latent cache).
-    """
-    pairs = causal_pairs(length, 0.0)
-    per_head = nope + rope + v
-    flops = 2.0 * nq * per_head * pairs * seqs
-    byts = seqs * length * (2.0 * nq * per_head * a + (latent + rope) * kv)
-    return flops, byts
-
-
-def mla_decode(seqs: Arr, context: Arr, nq: Arr, rope: Arr, latent: Arr, a: Arr, kv: Arr
-               ) -> tuple[Arr, Arr]:
-    """One MLA decode step in the absorbed form (FlashMLA, vLLM / SGLang MLA decode): multi-
-    query attention of ``nq`` heads over the single cached latent head, keys ``latent +
-    rope`` wide, values the ``latent`` part of the same rows.
-
-    FLOPs: ``2*nq*L*(2*latent + rope)*seqs`` (L = context). Bytes: per sequence
-    ``(L + 1)*(latent + rope)*kv`` (read the cache once, append this token) +
-    ``nq*(2*latent + rope)*a`` (read the absorbed query, write the latent-space output).
-    """
-    L = np.asarray(context, dtype=np.float64)
-    flops = 2.0 * nq * (2.0 * latent + rope) * L * seqs
-    byts = seqs * ((L + 1.0) * (latent + rope) * kv + nq * (2.0 * latent + rope) * a)
-    return flops, byts
-
-
-def mla_absorb(tokens: Arr, nq: Arr, nope: Arr, latent: Arr, v: Arr, w: Arr, a: Arr
-               ) -> tuple[Arr, Arr]:
-    """The decode-time absorbed projections, batched over heads: ``q_nope @ W_UK`` (``nope ->
-    latent``) before attention and ``o_latent @ W_UV`` (``latent -> v``) after it; together
-    they read all of ``kv_b_proj`` once.
-
-    FLOPs: ``2*T*nq*latent*(nope + v)``. Bytes: ``nq*latent*(nope + v)*w`` +
-    ``T*nq*(nope + 2*latent + v)*a``.
-    """
-    flops = (2.0 * nq * latent * (nope + v)) * tokens
-    byts = nq * latent * (nope + v) * w + (nq * (nope + 2.0 * latent + v) * a) * tokens
-    return flops, byts

@@ -58,7 +58,7 @@ def shard_table(t: BlockTable, tp: int, ep: int = 1) -> BlockTable:
     from costmodels.kinds import registered  # its modules import this one
 
     split = {"n_heads", "n_kv_heads", "m_heads", "groups", "ffn_width", "shared_width",
-             "dn_k_heads", "dn_v_heads", *(c for k in registered().values() for c in k.tp_columns)}
+             *(c for k in registered().values() for c in k.tp_columns)}
     for name in sorted(split):
         cols[name] = _ceil_div(cols[name], tp)
     if ep == 1:

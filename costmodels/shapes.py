@@ -167,14 +167,6 @@ def mamba_dims(t: BlockTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return inner, 2 * inner + bc + t.m_heads, inner + bc
 
 
-def deltanet_dims(t: BlockTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(key width K = nk*dk, value width V = nv*dv, input projection width 2K + 2V + 2nv,
-    conv channels 2K + V) per row."""
-    kd = t.dn_k_heads * t.dn_k_dim
-    vd = t.dn_v_heads * t.dn_v_dim
-    return kd, vd, 2 * kd + 2 * vd + 2 * t.dn_v_heads, 2 * kd + vd
-
-
 def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndarray]:
     """Parameters per tensor role, per row (int64).
 
@@ -202,16 +194,9 @@ def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndar
     moe_o = moe * (t.experts * h + t.router_bias * t.experts + 2 * h * t.latent
                    + t.shared_gate * h)
 
-    dn = _is(t, Kind.DELTANET)
-    dn_k, dn_v, dn_in, dn_conv = deltanet_dims(t)
-    dn_w = dn * (h * dn_in + dn_v * h)
-    dn_o = dn * (dn_conv * t.conv_kernel + 2 * t.dn_v_heads + t.dn_v_dim)
-
     ffn_w = ffn * mats * h * t.ffn_width
     ffn_o = ffn * t.ffn_bias * ((mats - 1) * t.ffn_width + h)
 
-    mla = _is(t, Kind.MLA)
-    mla_w, mla_o = mla_role_params(t)
     att_o = att_o + att * t.sinks * t.n_heads
     moe_o = moe_o + moe * (t.router_lbias * t.experts
                            + t.expert_bias * n_exp * ((mats - 1) * t.expert_width + exp_in))
@@ -223,13 +208,12 @@ def role_params(t: BlockTable, active: bool = False) -> dict[TensorRole, np.ndar
         norm = norm + par_roles[TensorRole.OTHER]
 
     out = {
-        TensorRole.ATTENTION: att_w + dn_w + mla * mla_w,
+        TensorRole.ATTENTION: att_w,
         TensorRole.MAMBA: mam_w,
         TensorRole.ROUTED_EXPERTS: routed,
         TensorRole.SHARED_EXPERTS: shared,
         TensorRole.FFN: ffn_w,
-        TensorRole.OTHER: norm + att_o + mam_o + moe_o + ffn_o + lin * h * h + dn_o
-        + mla * mla_o,
+        TensorRole.OTHER: norm + att_o + mam_o + moe_o + ffn_o + lin * h * h,
     }
     for code, k in _registered().items():  # costmodels.kinds: each kind's own count
         mask = (t.kind == code).astype(np.int64)
@@ -275,15 +259,6 @@ def parallel_role_params(t: BlockTable, active: bool = False
     return out
 
 
-def mla_role_params(t: BlockTable) -> tuple[np.ndarray, np.ndarray]:
-    """MLA (matrices, latent norms) per row, whatever the row's kind (callers mask it)."""
-    h, nq, Q, R = t.hidden, t.n_heads, t.q_lora, t.kv_lora
-    D = t.qk_nope + t.qk_rope
-    q = np.where(Q > 0, h * Q + Q * nq * D, h * nq * D)
-    mats = q + h * (R + t.qk_rope) + R * nq * (t.qk_nope + t.v_head) + nq * t.v_head * h
-    return mats, Q + R
-
-
 def params(t: BlockTable, active: bool = False) -> np.ndarray:
     """Total (or active) parameters per row."""
     return sum(role_params(t, active).values())  # type: ignore[return-value]  # sum(): ndarray | int
@@ -301,7 +276,6 @@ def kv_elems_per_token(t: BlockTable) -> np.ndarray:
     """KV-cache elements stored per token of context (K and V), per row; an MLA row stores
     its latent and its shared RoPE key, ``kv_lora + qk_rope``."""
     return (_is(t, Kind.ATTENTION) * 2 * t.n_kv_heads * t.head_dim
-            + _is(t, Kind.MLA) * (t.kv_lora + t.qk_rope)
             + _is(t, Kind.PARALLEL) * 2 * t.n_kv_heads * t.head_dim
             + _registered_sum(t, "kv_per_token"))
 
@@ -317,9 +291,7 @@ def conv_state_elems(t: BlockTable) -> np.ndarray:
     """Mamba / DeltaNet conv-state elements per sequence: conv channels x (kernel - 1) past
     inputs."""
     _, _, conv_ch = mamba_dims(t)
-    dn_conv = deltanet_dims(t)[3]
-    return ((_is(t, Kind.MAMBA) * conv_ch + _is(t, Kind.DELTANET) * dn_conv
-             + _is(t, Kind.PARALLEL) * conv_ch * (t.m_heads > 0))
+    return ((_is(t, Kind.MAMBA) * conv_ch + _is(t, Kind.PARALLEL) * conv_ch * (t.m_heads > 0))
             * np.maximum(t.conv_kernel - 1, 0) + _registered_sum(t, "conv_state"))
 
 
@@ -327,7 +299,6 @@ def ssm_state_elems(t: BlockTable) -> np.ndarray:
     """Recurrent-state elements per sequence: Mamba heads x head_dim x state size; DeltaNet
     value heads x head_k_dim x head_v_dim; a registered kind's own count."""
     return (_is(t, Kind.MAMBA) * t.m_heads * t.m_head_dim * t.state
-            + _is(t, Kind.DELTANET) * t.dn_v_heads * t.dn_k_dim * t.dn_v_dim
             + _is(t, Kind.PARALLEL) * t.m_heads * t.m_head_dim * t.state
             + _registered_sum(t, "ssm_state"))
 

@@ -30,6 +30,7 @@ from nas.kinds.base import (  # noqa: F401  (the caps and the base are public he
     MAX_HEADS,
     MAX_VOCAB,
     BlockConfig,
+    NoOp,
     cap_of,
     check_caps,
     kinds,
@@ -101,37 +102,6 @@ class Mamba(BlockConfig):
         return f"mamba h{self.num_heads}x{self.head_dim} state{self.state_size}"
 
 
-class DeltaNet(BlockConfig):
-    """Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5 layout, arXiv 2412.06464).
-
-    ``num_k_heads`` query/key heads of ``head_k_dim`` and ``num_v_heads`` value heads of
-    ``head_v_dim`` (a multiple: each query/key head serves ``num_v_heads / num_k_heads``
-    consecutive value heads). Per value head a ``head_k_dim x head_v_dim`` state ``S`` is
-    decayed by ``exp(g_t)`` and corrected by the delta rule, ``S += beta_t k_t (v_t - S^T
-    k_t)^T``; the output ``S^T q_t`` goes through a gated RMSNorm (``silu(z)``) and
-    ``out_proj``. A causal depthwise conv (no bias) of ``conv_kernel`` taps runs over
-    ``[q | k | v]``. The state is fixed-size: no KV cache.
-    """
-
-    kind: Literal["deltanet"] = "deltanet"
-    num_k_heads: PositiveInt
-    num_v_heads: PositiveInt
-    head_k_dim: PositiveInt
-    head_v_dim: PositiveInt
-    conv_kernel: PositiveInt = 4
-
-    @model_validator(mode="after")
-    def _check(self) -> DeltaNet:
-        if self.num_v_heads % self.num_k_heads:
-            raise ValueError(f"num_v_heads ({self.num_v_heads}) must be a multiple of "
-                             f"num_k_heads ({self.num_k_heads})")
-        return self
-
-    def describe(self) -> str:
-        return (f"deltanet k{self.num_k_heads}x{self.head_k_dim} "
-                f"v{self.num_v_heads}x{self.head_v_dim}")
-
-
 class MoE(BlockConfig):
     """Routed mixture of experts, optional latent projections and shared expert."""
 
@@ -196,39 +166,6 @@ class MoE(BlockConfig):
         return s + (f" latent{self.latent_size}" if self.latent_size else "")
 
 
-class MLA(BlockConfig):
-    """Multi-head latent attention (DeepSeek-V2/V3, arXiv 2405.04434), HF ``deepseek_v3``
-    layout.
-
-    Queries: ``q_b_proj(norm(q_a_proj(x)))`` through a ``q_lora_rank`` bottleneck (or one
-    ``q_proj`` when it is ``None``), ``qk_nope_head_dim + qk_rope_head_dim`` per head. Keys
-    and values: ``kv_a_proj_with_mqa`` gives a ``kv_lora_rank`` latent (normed) plus one
-    shared ``qk_rope_head_dim`` RoPE key; ``kv_b_proj`` up-projects the latent to each head's
-    no-RoPE key and ``v_head_dim`` value. The KV cache holds the latent and the RoPE key:
-    ``kv_lora_rank + qk_rope_head_dim`` elements per token, whatever the head count.
-    ``rope_interleave``: RoPE pairs adjacent channels (DeepSeek's layout) instead of halves.
-    """
-
-    kind: Literal["mla"] = "mla"
-    num_heads: PositiveInt
-    q_lora_rank: PositiveInt | None = None
-    kv_lora_rank: PositiveInt
-    qk_nope_head_dim: PositiveInt
-    qk_rope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
-    rope_interleave: bool = True
-
-    @model_validator(mode="after")
-    def _check(self) -> MLA:
-        if self.qk_rope_head_dim % 2:
-            raise ValueError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be even (RoPE)")
-        return self
-
-    def describe(self) -> str:
-        q = f" qlora{self.q_lora_rank}" if self.q_lora_rank else ""
-        return f"mla q{self.num_heads} kvlora{self.kv_lora_rank}{q}"
-
-
 class Parallel(BlockConfig):
     """Attention and a Mamba-2 mixer in parallel on the same normed input, outputs summed
     (Falcon-H1's hybrid mixer, HF ``falcon_h1``; the muP multipliers of each branch are the
@@ -281,29 +218,22 @@ class Linear(BlockConfig):
     kind: Literal["linear"] = "linear"
 
 
-class NoOp(BlockConfig):
-    """A removed block: the residual stream passes through."""
-
-    kind: Literal["noop"] = "noop"
-
-
-_BUILTIN: tuple[type[BlockConfig], ...] = (Attention, Mamba, MoE, FFN, Linear, NoOp, DeltaNet,
-                                           MLA, Parallel)
+_BUILTIN: tuple[type[BlockConfig], ...] = (Attention, Mamba, MoE, FFN, Linear, NoOp, Parallel)
 """The kinds that predate the registry; the registered ones (:mod:`nas.kinds`) follow."""
 if TYPE_CHECKING:  # a registered kind is a BlockConfig to the type checker
-    Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | DeltaNet | MLA | Parallel
-                      | BlockConfig, Field(discriminator="kind")]
+    Block = Annotated[Attention | Mamba | MoE | FFN | Linear | NoOp | Parallel | BlockConfig,
+                      Field(discriminator="kind")]
 else:
     Block = Annotated[Union[(*_BUILTIN, *(k.config for k in kinds().values()))],  # noqa: UP007
                       Field(discriminator="kind")]
 BLOCK_TYPES: dict[str, type[BlockConfig]] = {
     "attention": Attention, "mamba": Mamba, "moe": MoE, "ffn": FFN, "linear": Linear, "noop": NoOp,
-    "deltanet": DeltaNet, "mla": MLA, "parallel": Parallel,
+    "parallel": Parallel,
     **{name: k.config for name, k in kinds().items()},
 }
 _KIND_CODE = {"attention": Kind.ATTENTION, "mamba": Kind.MAMBA, "moe": Kind.MOE,
               "ffn": Kind.FFN, "linear": Kind.LINEAR, "noop": Kind.NOOP,
-              "deltanet": Kind.DELTANET, "mla": Kind.MLA, "parallel": Kind.PARALLEL,
+              "parallel": Kind.PARALLEL,
               **{name: k.code for name, k in kinds().items()}}
 
 
@@ -327,14 +257,6 @@ def block_row(block: BlockConfig, hidden: int) -> dict[str, int]:
                    head_dim=block.head_dim, window=block.sliding_window or 0,
                    qkv_bias=int(block.qkv_bias), o_bias=int(block.o_bias),
                    qk_norm=int(block.qk_norm), attn_gate=int(block.output_gate))
-    elif isinstance(block, MLA):
-        row.update(n_heads=block.num_heads, q_lora=block.q_lora_rank or 0,
-                   kv_lora=block.kv_lora_rank, qk_nope=block.qk_nope_head_dim,
-                   qk_rope=block.qk_rope_head_dim, v_head=block.v_head_dim)
-    elif isinstance(block, DeltaNet):
-        row.update(dn_k_heads=block.num_k_heads, dn_v_heads=block.num_v_heads,
-                   dn_k_dim=block.head_k_dim, dn_v_dim=block.head_v_dim,
-                   conv_kernel=block.conv_kernel)
     elif isinstance(block, Mamba):
         row.update(m_heads=block.num_heads, m_head_dim=block.head_dim, state=block.state_size,
                    groups=block.n_groups, conv_kernel=block.conv_kernel,
@@ -510,13 +432,8 @@ class ModelArch(BaseModel):
             elif isinstance(b, Mamba) and b.num_heads % tp:
                 raise InputError(f"{tp} does not divide block {i}'s {b.num_heads} Mamba heads",
                                  field=field)
-            elif isinstance(b, MLA) and attention and b.num_heads % tp:
-                raise InputError(f"{tp} does not divide block {i}'s {b.num_heads} MLA query "
-                                 "heads", field=field)
-            elif isinstance(b, DeltaNet) and b.num_k_heads % tp:
-                raise InputError(f"{tp} does not divide block {i}'s {b.num_k_heads} DeltaNet "
-                                 "key heads", field=field)
             elif (k := spec_of(b)) is not None and k.tp_check is not None and \
+                    (attention or not k.attention) and \
                     (why := k.tp_check(b, tp)) is not None:
                 raise InputError(f"{tp} does not divide block {i}'s {why}", field=field)
         for i, b in enumerate(self.blocks):  # a parallel block splits both of its branches

@@ -290,34 +290,6 @@ class MambaSpace(AxisSpace):
     noop: bool = False
 
 
-class DeltaNetSpace(AxisSpace):
-    """Gated DeltaNet (Qwen3-Next) axes: fewer value heads and / or query-key heads (every
-    pair with ``v_heads`` a multiple of ``k_heads``, both at most the parent's, and at most
-    the parent's value heads per key head, so that the child inherits whole groups), no-op,
-    and
-    ``swap``: at every block in range, attention <-> DeltaNet (an attention block may become
-    the parent's first DeltaNet shape and a DeltaNet block the parent's first attention
-    shape; the model must have both kinds)."""
-
-    v_heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
-    k_heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
-    noop: bool = False
-    swap: bool = False
-
-
-class MLASpace(AxisSpace):
-    """Multi-head latent attention (DeepSeek-V3) axes, each value at most the parent's:
-    query ``heads`` (the output projection shrinks with them; the latent KV cache does not),
-    ``kv_lora_ranks`` (the cached latent: KV bytes per token are ``kv_lora_rank +
-    qk_rope_head_dim``), ``q_lora_ranks`` (the query bottleneck), every combination; and
-    no-op."""
-
-    heads: list[Annotated[int, Field(ge=1, le=MAX_HEADS)]] = Field(default_factory=list)
-    kv_lora_ranks: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
-    q_lora_ranks: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] = Field(default_factory=list)
-    noop: bool = False
-
-
 class ParallelSpace(AxisSpace):
     """Falcon-H1 parallel attention + Mamba blocks (``nas.arch.Parallel``): the attention
     branch's ``kv_heads`` (each dividing its query heads), the Mamba branch's
@@ -449,8 +421,6 @@ class _KindAxes(_Model):
     ffn: FFNSpace = Field(default_factory=FFNSpace)
     moe: MoESpace = Field(default_factory=MoESpace)
     mamba: MambaSpace = Field(default_factory=MambaSpace)
-    deltanet: DeltaNetSpace = Field(default_factory=DeltaNetSpace)
-    mla: MLASpace = Field(default_factory=MLASpace)
     parallel: ParallelSpace = Field(default_factory=ParallelSpace)
 
 

@@ -149,18 +149,18 @@ def _price(arch: ModelArch, rows: list[int], wls: list[str], tp: int = 1, recipe
 
 
 def test_mla_ops_closed_forms():
-    from costmodels import ops
+    from costmodels.kinds import mla
 
     # absorbed decode: one latent head of R + rope for all nq heads; no up-projection
-    f, b = ops.mla_decode(2.0, 1000.0, 128, 64, 512, 2.0, 1.0)
+    f, b = mla.decode(2.0, 1000.0, 128, 64, 512, 2.0, 1.0)
     assert f == 2 * 2 * 128 * (2 * 512 + 64) * 1000
     assert b == 2 * (1001 * 576 * 1 + 128 * (2 * 512 + 64) * 2)
     # the absorbed W_UK / W_UV GEMMs read all of kv_b once
-    f, b = ops.mla_absorb(4.0, 128, 128, 512, 128, 1.0, 2.0)
+    f, b = mla.absorb(4.0, 128, 128, 512, 128, 1.0, 2.0)
     assert f == 2 * 4 * 128 * 512 * 256
     assert b == 128 * 512 * 256 + 4 * 128 * (128 + 1024 + 128) * 2
     # prefill attends over up-projected heads: QK over nope + rope, PV over v
-    f, b = ops.mla_prefill(1.0, 10.0, 128, 128, 64, 128, 512, 2.0, 1.0)
+    f, b = mla.prefill(1.0, 10.0, 128, 128, 64, 128, 512, 2.0, 1.0)
     assert f == 2 * 128 * 320 * 55
     assert b == 10 * (2 * 128 * 320 * 2 + 576)
 

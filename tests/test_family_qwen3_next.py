@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from conftest import check_cached_decode, search_example
 
-from costmodels import ops
 from costmodels.blocks import price_blocks
 from costmodels.dtypes import get_recipe
+from costmodels.kinds import deltanet as gdn
 from nas.arch import Attention, DeltaNet, MoE, NoOp, blocks_table
 from nas.hf import from_hf, load_config, to_hf
 
@@ -67,11 +67,11 @@ def test_deltanet_pricing_follows_the_formulas():
     import hwprofiles
 
     dn = DeltaNet(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)
-    f, b = ops.deltanet_prefill(1.0, 4096.0, 16, 32, 128, 128, 64, 2.0, 4.0)
+    f, b = gdn.scan_prefill(1.0, 4096.0, 16, 32, 128, 128, 64, 2.0, 4.0)
     per_tok = 4 * 64 * 128 + 64 * 64 / 3 + 2 * 64 * 256 + 2 * 64 * 128 + 6 * 128 * 128
     assert f == pytest.approx(4096 * 32 * per_tok)
     assert b == pytest.approx(4096 * (2 * 2048 + 2 * 4096 + 64) * 2 + 32 * 128 * 128 * 4)
-    f1, b1 = ops.deltanet_decode(8.0, 16, 32, 128, 128, 2.0, 4.0)
+    f1, b1 = gdn.scan_decode(8.0, 16, 32, 128, 128, 2.0, 4.0)
     assert f1 == 8 * 7 * 32 * 128 * 128
     # decode does not grow with the context for DeltaNet; it does for attention
     att = Attention(num_heads=16, num_kv_heads=2, head_dim=256, output_gate=True, rope_dim=64)

@@ -22,17 +22,28 @@ from nas.kinds import kinds
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("nas", "costmodels", "hwprofiles")
 
-# the product files a kind may be named in: its declaration, its costs, its torch module,
-# its inheritance rule, the cost table's code and columns, and the family that ships it
-MAMBA1_FILES = {
-    "nas/kinds/mamba1.py",
-    "costmodels/kinds/mamba1.py",
-    "nas/modules/mamba1.py",
-    "nas/build/inherit/mamba1.py",
-    "costmodels/shapes.py",
-    "nas/hf/jamba.py",
-}
+
+def kind_files(name: str, family: str) -> set[str]:
+    """The product files a kind may be named in: its declaration, its costs, its torch
+    module, its inheritance rule, the cost table's code and columns, and the family that
+    ships it."""
+    return {f"nas/kinds/{name}.py", f"costmodels/kinds/{name}.py", f"nas/modules/{name}.py",
+            f"nas/build/inherit/{name}.py", "costmodels/shapes.py", f"nas/hf/{family}.py"}
+
+
 MAMBA1_WORDS = re.compile(r"mamba1|mamba-1|m1_inner|dt_rank", re.IGNORECASE)
+# the kinds moved onto the registry: the words (names, fields, table columns) only the kind
+# has, and the family file that reads and writes it
+MOVED = {
+    "mamba1": (MAMBA1_WORDS, "jamba"),
+    "deltanet": (re.compile(r"deltanet|delta_net|dn_k_heads|dn_v_heads|dn_k_dim|dn_v_dim|"
+                            r"num_k_heads|num_v_heads|head_k_dim|head_v_dim", re.IGNORECASE),
+                 "qwen3_next"),
+    # rope_interleave is left out: a RoPE layout key the HF readers refuse for every family
+    # that does not compute it, not a name of the kind
+    "mla": (re.compile(r"^mla$|^mla[._]|_mla$|_mla_|MLA|q_lora|kv_lora|qk_nope|qk_rope|"
+                       r"^v_head$|^v_head_dim$", re.IGNORECASE), "deepseek"),
+}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -88,10 +99,17 @@ def files_naming(words: re.Pattern[str]) -> dict[str, list[int]]:
     return found
 
 
-def test_the_moved_kind_is_named_in_six_product_files():
-    found = files_naming(MAMBA1_WORDS)
-    assert set(found) == MAMBA1_FILES, {f: found[f] for f in set(found) - MAMBA1_FILES}
-    assert len(MAMBA1_FILES) <= 6
+@pytest.mark.parametrize("name", sorted(MOVED))
+def test_the_moved_kind_is_named_in_six_product_files(name):
+    words, family = MOVED[name]
+    files = kind_files(name, family)
+    found = files_naming(words)
+    assert set(found) == files, {f: found[f] for f in set(found) - files}
+    assert len(files) <= 6
+
+
+def test_every_registered_kind_is_checked_for_the_six_files():
+    assert set(kinds()) <= set(MOVED)
 
 
 def test_the_scan_sees_code_and_skips_docstrings():
@@ -125,20 +143,50 @@ def test_a_registered_kind_declares_everything(name):
     assert k.hf_dialects and set(k.hf_module) <= set(k.hf_dialects)
 
 
-@pytest.mark.torch
-def test_the_moved_kind_builds_and_counts_exactly():
-    """Mamba-1 through the registry: the torch module the factory finds by name holds
-    exactly the parameters the cost table counts (costmodels.kinds.mamba1)."""
-    pytest.importorskip("torch")
+def _example(name: str):
+    """A small model of one block kind, two blocks of different shapes (the second one
+    narrower), in its family's dialect."""
     from nas.arch import ModelArch
+
+    k = kinds()[name]
+    if name == "mamba1":
+        block = k.config(inner_size=64, state_size=8, dt_rank=4, proj_bias=True)
+        other = block.model_copy(update={"inner_size": 32})
+    elif name == "mla":
+        block = k.config(num_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
+                         qk_rope_head_dim=4, v_head_dim=8)
+        other = block.model_copy(update={"num_heads": 2, "q_lora_rank": None})
+    else:
+        block = k.config(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16)
+        other = block.model_copy(update={"num_k_heads": 1, "num_v_heads": 2})
+    mt = sorted(k.hf_dialects)[0]
+    return ModelArch(hidden_size=32, vocab_size=64, model_type=mt, blocks=(block, other))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", sorted(MOVED))
+def test_the_moved_kind_builds_and_counts_exactly(name):
+    """A moved kind through the registry: the torch module the factory finds by name holds
+    exactly the parameters the cost table counts (costmodels.kinds.<kind>)."""
+    pytest.importorskip("torch")
     from nas.modules.model import CausalLM
 
-    k = kinds()["mamba1"]
+    k = kinds()[name]
     module, _, fn = (k.inherit or "").partition(":")
     assert callable(getattr(importlib.import_module(module), fn))
-    block = k.config(inner_size=64, state_size=8, dt_rank=4, proj_bias=True)
-    arch = ModelArch(hidden_size=32, vocab_size=64, model_type="jamba",
-                     blocks=(block, block.model_copy(update={"inner_size": 32})))
+    arch = _example(name)
     model = CausalLM(arch)
     got = sum(p.numel() for b in model.blocks for p in b.parameters())
     assert got == arch.param_counts().blocks_total > 0
+
+
+def test_the_kinds_import_nothing_above_them():
+    """No arrow runs back up: ``nas/kinds`` reads ``costmodels`` and its own base, never the
+    rest of ``nas`` (nas.arch, the search space, ...)."""
+    for path in sorted((REPO / "nas" / "kinds").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for m in mods:
+                assert not m.startswith("nas.") or m.startswith("nas.kinds"), (path.name, m)

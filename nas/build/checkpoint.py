@@ -131,8 +131,9 @@ def hf_layout(model: CausalLM, model_type: str) -> list[tuple[str, str, int | No
             sub = "block_sparse_moe." if model_type == "mixtral" and \
                 model.arch.blocks[i].kind == "moe" else "mlp."
             mixer = prefix + ("self_attn." if attn_slot else sub)
-            if model.arch.blocks[i].kind == "deltanet":  # qwen3_next's linear attention
-                mixer = prefix + "linear_attn."
+            own = hf_module(model.arch.blocks[i], model_type)  # a registered kind's own name
+            if own is not None:
+                mixer = prefix + own
             if model_type == "jamba":  # Jamba: mamba / self_attn, then feed_forward
                 norm_name = prefix + ("input_layernorm.weight" if attn_slot
                                       else "pre_ff_layernorm.weight")

@@ -250,40 +250,38 @@ def read_rope(r: Reader, mt: str) -> tuple[float, dict[str, Any] | None]:
 
 
 HYBRID_ATTENTION_TYPES: set[str] = {"qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"}
-"""Dialects whose writer holds zero-centred norms, gated attention, partial rotary and
-Gated DeltaNet blocks; :func:`base_config` refuses those features for every other type
-(they would be silently dropped)."""
+"""Dialects whose writer holds zero-centred norms, gated attention and partial rotary;
+:func:`base_config` refuses those features for every other type (they would be silently
+dropped). The linear-attention blocks of these dialects are a registered kind, refused by
+its own ``hf_dialects``."""
 
 
 def _refuse_hybrid_features(arch: ModelArch, mt: str) -> None:
-    from nas.arch import Attention, DeltaNet
+    from nas.arch import Attention
 
     if mt in HYBRID_ATTENTION_TYPES:
         return
     if arch.norm_unit_offset:
         raise ExportError(f"{mt} has no zero-centred (1 + weight) norms")
     for i, b in enumerate((*arch.blocks, *arch.mtp_blocks)):
-        if isinstance(b, DeltaNet):
-            raise ExportError(f"{mt} has no Gated DeltaNet blocks (block {i})")
         if isinstance(b, Attention) and (b.output_gate or b.rope_dim is not None):
             raise ExportError(f"{mt} has no gated / partial-rotary attention (block {i})")
 
 
-MLA_GPT_OSS_TYPES: set[str] = {"deepseek_v3", "deepseek_v3_puzzle", "kimi_k2", "gpt_oss",
-                                "gpt_oss_puzzle"}
-"""Dialects whose writers hold (or check) multi-head latent attention, attention sinks,
-group-limited routing and gpt-oss's biased MoE with clamped SwiGLU; :func:`base_config`
-refuses those features for every other type (they would be silently dropped)."""
+DEEPSEEK_GPT_OSS_TYPES: set[str] = {"deepseek_v3", "deepseek_v3_puzzle", "kimi_k2", "gpt_oss",
+                                     "gpt_oss_puzzle"}
+"""Dialects whose writers hold (or check) attention sinks, group-limited routing and
+gpt-oss's biased MoE with clamped SwiGLU; :func:`base_config` refuses those features for
+every other type (they would be silently dropped). DeepSeek's latent attention is a
+registered kind, refused by its own ``hf_dialects``."""
 
 
-def _refuse_mla_gpt_oss_features(arch: ModelArch, mt: str) -> None:
-    from nas.arch import MLA, Attention, MoE
+def _refuse_deepseek_gpt_oss_features(arch: ModelArch, mt: str) -> None:
+    from nas.arch import Attention, MoE
 
-    if mt in MLA_GPT_OSS_TYPES:
+    if mt in DEEPSEEK_GPT_OSS_TYPES:
         return
     for i, b in enumerate((*arch.blocks, *arch.mtp_blocks)):
-        if isinstance(b, MLA):
-            raise ExportError(f"{mt} has no multi-head latent attention (block {i})")
         if isinstance(b, Attention) and b.sinks:
             raise ExportError(f"{mt} has no attention sinks (block {i})")
         if isinstance(b, MoE) and (b.n_group > 1 or b.router_linear_bias or b.expert_bias
@@ -385,8 +383,8 @@ def _refuse_registered_kinds(arch: ModelArch, mt: str) -> None:
 
 def base_config(arch: ModelArch, mt: str, eps_key: str) -> dict[str, Any]:
     _refuse_hybrid_features(arch, mt)
-    _refuse_mla_gpt_oss_features(arch, mt)
     _refuse_registered_kinds(arch, mt)
+    _refuse_deepseek_gpt_oss_features(arch, mt)
     _refuse_parallel_features(arch, mt)
     out: dict[str, Any] = {"architectures": [dialect(mt).architecture], "model_type": mt}
     out.update(arch.hf_extra)

@@ -193,7 +193,7 @@ def _write_stock(arch: ModelArch, mt: str) -> dict[str, Any]:
     atts = {a for a, _ in pairs}
     if len(atts) != 1 or not isinstance(next(iter(atts)), MLA):
         raise ExportError(f"{mt} needs the same MLA block in every layer")
-    a0: MLA = next(iter(atts))  # type: ignore[assignment]  # checked to be an MLA just above
+    a0: MLA = next(iter(atts))  # checked to be an MLA just above
     mlps = [m for _, m in pairs]
     dense = 0
     while dense < len(mlps) and isinstance(mlps[dense], FFN):

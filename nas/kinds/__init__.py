@@ -10,12 +10,14 @@ from nas.kinds.base import (
     AxisSpace,
     BlockConfig,
     KindSpec,
+    NoOp,
     get,
     hf_module,
     kinds,
     register,
     spec_of,
+    swap_of,
 )
 
-__all__ = ["AxisSpace", "BlockConfig", "KindSpec", "get", "hf_module", "kinds", "register",
-           "spec_of"]
+__all__ = ["AxisSpace", "BlockConfig", "KindSpec", "NoOp", "get", "hf_module", "kinds",
+           "register", "spec_of", "swap_of"]

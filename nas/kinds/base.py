@@ -28,7 +28,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -74,16 +74,7 @@ _CAPS: dict[str, tuple[int, str]] = {
     "top_k": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
     "vocab_size": (MAX_VOCAB, "MAX_VOCAB: 64x the largest published vocabulary"),
     "sliding_window": (MAX_CONTEXT, "MAX_CONTEXT: the largest int32 position"),
-    "head_k_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "head_v_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
     "rope_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "num_k_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
-    "num_v_heads": (MAX_HEADS, "MAX_HEADS: 64x the most heads published"),
-    "q_lora_rank": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "kv_lora_rank": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "qk_nope_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "qk_rope_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
-    "v_head_dim": (MAX_DIM, "MAX_DIM: 10x the widest published LLM"),
     "n_group": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
     "topk_group": (MAX_EXPERTS, "MAX_EXPERTS: 8x the most experts published"),
 }
@@ -123,6 +114,11 @@ class BlockConfig(BaseModel):
         return self.kind
 
 
+class NoOp(BlockConfig):
+    """A removed block: the residual stream passes through (a child of every kind whose axis
+    allows it)."""
+
+    kind: Literal["noop"] = "noop"
 
 
 @dataclass(frozen=True)
@@ -171,6 +167,21 @@ class KindSpec:
     """Per dialect, the layer submodule its tensors sit under (``{"jamba": "mamba."}``)."""
     caps: Mapping[str, tuple[int, str]] = field(default_factory=dict)
     """Caps on its own fields (``field -> (cap, why)``), checked as :data:`_CAPS` is."""
+    attention: bool = False
+    """An attention kind: it keeps a KV cache per token of context (the recipe's KV-cache
+    dtype applies to it), and attention data parallelism runs it whole on every GPU
+    (:attr:`tp_check` is then not asked)."""
+    roles: tuple[TensorRole, ...] = ()
+    """The weight roles its numerics read (a precision recipe's signature for the kind,
+    ``nas.space.spans``)."""
+    linears_of: Callable[[Any], tuple[tuple[str, TensorRole], ...]] | None = None
+    """Its quantizable linears in one block, where they depend on the block's config (a
+    quantization config lists these; default: :attr:`linears`)."""
+    swap_with: str | None = None
+    """The kind that its axis' ``swap`` exchanges it with, both ways (``"attention"``): a
+    block of either kind may become the parent's first block of the other. A change of
+    kind is a swap (:func:`swap_of`): its engine axis is ``<name>.swap``, its structural
+    prior :attr:`damage` (called with blocks of the two kinds)."""
 
 
 _KINDS: dict[str, KindSpec] = {}
@@ -220,6 +231,16 @@ def get(name: str) -> KindSpec | None:
 def spec_of(block: BlockConfig) -> KindSpec | None:
     """The registered kind of ``block`` (None for a kind that predates the registry)."""
     return get(block.kind)
+
+
+def swap_of(parent: BlockConfig, child: BlockConfig) -> KindSpec | None:
+    """The registered kind whose swap turns ``parent`` into ``child`` (``{parent, child}``
+    are that kind and its :attr:`~KindSpec.swap_with`), or None."""
+    pair = {parent.kind, child.kind}
+    for k in kinds().values():
+        if k.swap_with is not None and pair == {k.name, k.swap_with}:
+            return k
+    return None
 
 
 def round_to_multiple(x: float, to: int) -> int:

@@ -19,6 +19,7 @@ from nas.kinds.base import (
     AxisSpace,
     BlockConfig,
     KindSpec,
+    NoOp,
     register,
     round_to_multiple,
 )
@@ -75,8 +76,6 @@ def _row(b: Mamba1) -> dict[str, int]:
 
 def _alternatives(b: Mamba1, m: Mamba1Space) -> list[BlockConfig]:
     """Channels x state sizes, each at most the parent's (``search_space.mamba1``)."""
-    from nas.arch import NoOp
-
     inner = b.inner_size
     sizes = {inner, *m.inner_sizes} | {round_to_multiple(inner * f, m.round_to)
                                        for f in m.inner_fractions}
@@ -121,4 +120,5 @@ SPEC = register(KindSpec(
     hf_dialects=frozenset({"jamba"}),
     hf_module={"jamba": "mamba."},
     caps={"inner_size": (MAX_DIM, _MAX_DIM_WHY), "dt_rank": (MAX_DIM, _MAX_DIM_WHY)},
+    roles=(TensorRole.MAMBA, TensorRole.OTHER),
 ))

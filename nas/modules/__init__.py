@@ -3,7 +3,6 @@
 Importing this package needs torch (an optional extra of puzzle-nas).
 """
 
-from nas.modules.deltanet import DeltaNetMixer, gated_delta_chunked, gated_delta_step
 from nas.modules.layers import AttentionMixer, FFNMixer, LinearMixer, RMSNorm, activation
 from nas.modules.mamba import MambaMixer, ssd_chunked, ssd_step
 from nas.modules.model import Block, Cache, CausalLM, make_mixer
@@ -11,7 +10,7 @@ from nas.modules.moe import MoEMixer
 from nas.modules.parallel import ParallelMixer
 
 __all__ = [
-    "AttentionMixer", "Block", "Cache", "CausalLM", "DeltaNetMixer", "FFNMixer", "LinearMixer",
-    "MambaMixer", "MoEMixer", "ParallelMixer", "RMSNorm", "activation", "gated_delta_chunked",
-    "gated_delta_step", "make_mixer", "ssd_chunked", "ssd_step",
+    "AttentionMixer", "Block", "Cache", "CausalLM", "FFNMixer", "LinearMixer", "MambaMixer",
+    "MoEMixer", "ParallelMixer", "RMSNorm", "activation", "make_mixer", "ssd_chunked",
+    "ssd_step",
 ]

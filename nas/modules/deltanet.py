@@ -258,3 +258,10 @@ class DeltaNetMixer(nn.Module):
 
 __all__ = ["DEFAULT_CHUNK", "DeltaNetMixer", "GatedRMSNorm", "gated_delta_chunked",
            "gated_delta_step", "l2_normalize"]
+
+
+def make_mixer(cfg: DeltaNet, arch: Any) -> DeltaNetMixer:
+    """The mixer of a Gated DeltaNet block (the model's factory finds it by the kind's name);
+    Qwen3.5 stores the input projections split."""
+    return DeltaNetMixer(cfg, arch.hidden_size, arch.norm_eps,
+                         split=arch.model_type.startswith("qwen3_5"))

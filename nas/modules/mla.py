@@ -153,3 +153,8 @@ class MLAMixer(nn.Module):
         self.kv_a_layernorm.reset_parameters()
         if self.cfg.q_lora_rank:
             self.q_a_layernorm.reset_parameters()
+
+
+def make_mixer(cfg: MLA, arch: Any) -> MLAMixer:
+    """The mixer of an MLA block (the model's factory finds it by the kind's name)."""
+    return MLAMixer(cfg, arch.hidden_size, arch.rope_theta, arch.hf_extra.get("rope_scaling"))

@@ -19,10 +19,8 @@ from torch import nn
 
 from nas.arch import (
     FFN,
-    MLA,
     Attention,
     BlockConfig,
-    DeltaNet,
     Linear,
     Mamba,
     ModelArch,
@@ -30,7 +28,6 @@ from nas.arch import (
     NoOp,
     Parallel,
 )
-from nas.modules.deltanet import DeltaNetMixer
 from nas.modules.gpt_oss import GptOssMoEMixer, SinkAttentionMixer, is_gpt_oss_moe
 from nas.modules.granite import (
     GRANITE,
@@ -46,7 +43,6 @@ from nas.modules.layers import (
     default_out_std,
 )
 from nas.modules.mamba import MambaMixer
-from nas.modules.mla import MLAMixer
 from nas.modules.moe import MoEMixer
 from nas.modules.parallel import MuPFFNMixer, ParallelMixer
 
@@ -54,8 +50,6 @@ from nas.modules.parallel import MuPFFNMixer, ParallelMixer
 def make_mixer(cfg: BlockConfig, arch: ModelArch) -> nn.Module | None:
     """The mixer module for one block config (``None`` for a no-op)."""
     h = arch.hidden_size
-    if isinstance(cfg, MLA):
-        return MLAMixer(cfg, h, arch.rope_theta, arch.hf_extra.get("rope_scaling"))
     if isinstance(cfg, Attention) and cfg.sinks:
         return SinkAttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps,
                                   arch.hf_extra.get("rope_scaling"), arch.norm_unit_offset)
@@ -65,9 +59,6 @@ def make_mixer(cfg: BlockConfig, arch: ModelArch) -> nn.Module | None:
         return AttentionMixer(cfg, h, arch.rope_theta, arch.norm_eps,
                               arch.hf_extra.get("rope_scaling"), arch.norm_unit_offset,
                               scale=scalars_of(arch).attention_scale)
-    if isinstance(cfg, DeltaNet):  # Qwen3.5 stores the input projections split
-        return DeltaNetMixer(cfg, h, arch.norm_eps,
-                             split=arch.model_type.startswith("qwen3_5"))
     if isinstance(cfg, Mamba | Parallel):
         extra = arch.hf_extra
         # the clamp is time_step_limit alone, as mamba_ssm's dt_limit and NVIDIA's NemotronH

@@ -83,7 +83,7 @@ ProgressFn = Callable[[int, int, str], None]
 """``progress(done, total, note)``: called after each timed point (and once at the start)."""
 
 #: block kinds that keep a cache / state between decode steps (filled before a decode)
-STATEFUL = ("attention", "mla", "mamba", "deltanet", "parallel",
+STATEFUL = ("attention", "mamba", "parallel",
             *(name for name, k in kinds().items() if k.stateful))
 
 

@@ -35,6 +35,7 @@ import torch
 
 from nas.arch import BlockConfig, ModelArch
 from nas.build.inherit import MAX_TOKENS, inherit_block
+from nas.kinds import swap_of
 from nas.modules.layers import default_out_std
 from nas.modules.mamba import MambaMixer
 from nas.modules.model import Block, CausalLM
@@ -117,7 +118,7 @@ def init_block(parent: CausalLM, i: int, child: BlockConfig, x: torch.Tensor,
     if pc == child:
         cb.load_state_dict(pb.state_dict())
         what = "copied"
-    elif {pc.kind, child.kind} == {"attention", "deltanet"}:
+    elif swap_of(pc, child) is not None:
         from nas.build.inherit import swap_init, swap_source
 
         j = swap_source(pa, i, child)

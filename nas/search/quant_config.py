@@ -35,7 +35,7 @@ from typing import Any
 
 from costmodels.dtypes import DType, PrecisionRecipe, TensorRole, get_recipe
 from hwprofiles.errors import InputError
-from nas.arch import FFN, MLA, Attention, BlockConfig, Linear, Mamba, ModelArch, MoE, Parallel
+from nas.arch import FFN, Attention, BlockConfig, Linear, Mamba, ModelArch, MoE, Parallel
 from nas.kinds import hf_module, spec_of
 
 # ModelOpt's names of the formats (hf_quant_config.json ``quant_algo``), with group sizes
@@ -66,7 +66,8 @@ def _modules(b: BlockConfig, model_type: str, i: int) -> list[tuple[str, TensorR
                                           hf_module(b, "jamba") or "self_attn.")
     registered = spec_of(b)
     if registered is not None:  # nas.kinds: the kind lists its linears
-        return [(pre + n, role) for n, role in registered.linears]
+        own = registered.linears if registered.linears_of is None else registered.linears_of(b)
+        return [(pre + n, role) for n, role in own]
     if model_type == "falcon_h1":  # self_attn. + mamba. side by side, then feed_forward.
         layer = f"model.layers.{i // 2}."
         if isinstance(b, Parallel):
@@ -93,10 +94,6 @@ def _modules(b: BlockConfig, model_type: str, i: int) -> list[tuple[str, TensorR
     if isinstance(b, Attention):
         return [(pre + n, TensorRole.ATTENTION) for n in ("q_proj", "k_proj", "v_proj",
                                                           "o_proj")]
-    if isinstance(b, MLA):
-        q = ("q_a_proj", "q_b_proj") if b.q_lora_rank else ("q_proj",)
-        return [(pre + n, TensorRole.ATTENTION) for n in
-                (*q, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")]
     if isinstance(b, Mamba):
         return [(pre + n, TensorRole.MAMBA) for n in ("in_proj", "out_proj")]
     if isinstance(b, FFN):
@@ -128,7 +125,9 @@ def _modules(b: BlockConfig, model_type: str, i: int) -> list[tuple[str, TensorR
 
 def _has_kv(b: BlockConfig) -> bool:
     """Whether the block keeps a KV cache (attention, MLA, a parallel block's attention)."""
-    return isinstance(b, Attention | MLA) or (isinstance(b, Parallel) and b.attention is not None)
+    k = spec_of(b)
+    return isinstance(b, Attention) or (k is not None and k.attention) or (
+        isinstance(b, Parallel) and b.attention is not None)
 
 
 def quantization_config(arch: ModelArch, recipes: Sequence[str | PrecisionRecipe],

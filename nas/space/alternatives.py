@@ -8,7 +8,7 @@ covers exactly its own parent block (a span [i, i+1)).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import product
 from typing import Any, cast
@@ -16,10 +16,8 @@ from typing import Any, cast
 from hwprofiles.errors import InputError
 from nas.arch import (
     FFN,
-    MLA,
     Attention,
     BlockConfig,
-    DeltaNet,
     Linear,
     Mamba,
     ModelArch,
@@ -123,23 +121,6 @@ def _moe(b: MoE, s: SearchSpace) -> list[BlockConfig]:
     return out
 
 
-def _mla(b: MLA, s: SearchSpace) -> list[BlockConfig]:
-    m = s.mla
-    heads = sorted({h for h in {b.num_heads, *m.heads} if h <= b.num_heads}, reverse=True)
-    kvr = sorted({r for r in {b.kv_lora_rank, *m.kv_lora_ranks} if r <= b.kv_lora_rank},
-                 reverse=True)
-    qr: Sequence[int | None] = [b.q_lora_rank]
-    if b.q_lora_rank:
-        qr = sorted({r for r in {b.q_lora_rank, *m.q_lora_ranks} if r <= b.q_lora_rank},
-                    reverse=True)
-    out: list[BlockConfig] = [b.model_copy(update={"num_heads": h, "kv_lora_rank": r,
-                                              "q_lora_rank": q})
-                         for h, r, q in product(heads, kvr, qr)]
-    if m.noop:
-        out.append(NoOp())
-    return out
-
-
 def _moe_valid(b: MoE, experts: int, top_k: int) -> bool:
     """Group-limited routing needs equal groups of at least 2 and enough experts in the
     ``topk_group`` groups it may pick (``nas.arch.MoE``)."""
@@ -157,19 +138,6 @@ def _mamba(b: Mamba, s: SearchSpace) -> list[BlockConfig]:
                                               sorted(states, reverse=True))
                          if st <= b.state_size and h <= b.num_heads]
     if s.mamba.noop:
-        out.append(NoOp())
-    return out
-
-
-def _deltanet(b: DeltaNet, s: SearchSpace) -> list[BlockConfig]:
-    d = s.deltanet
-    vs = {b.num_v_heads, *d.v_heads}
-    ks = {b.num_k_heads, *d.k_heads}
-    out: list[BlockConfig] = [b.model_copy(update={"num_v_heads": v, "num_k_heads": k})
-                         for v, k in product(sorted(vs, reverse=True), sorted(ks, reverse=True))
-                         if v <= b.num_v_heads and k <= b.num_k_heads and v % k == 0
-                         and v // k <= b.num_v_heads // b.num_k_heads]
-    if d.noop:
         out.append(NoOp())
     return out
 
@@ -226,14 +194,17 @@ def _parallel_label(parent: Parallel, child: Parallel) -> str:
 
 
 def _swaps(parent: ModelArch, b: BlockConfig, i: int, s: SearchSpace) -> list[BlockConfig]:
-    """Attention <-> DeltaNet at block ``i`` (``search_space.deltanet.swap``): the other
-    kind's first shape in the parent."""
-    if not s.deltanet.swap or not _in_ranges(s.deltanet, i) \
-            or not isinstance(b, Attention | DeltaNet):
-        return []
-    other = DeltaNet if isinstance(b, Attention) else Attention
-    out: list[BlockConfig] = [x for x in parent.blocks if isinstance(x, other)]
-    return out[:1]
+    """A registered kind's swap at block ``i`` (its axis' ``swap``: a block of the kind or of
+    its ``swap_with`` becomes the parent's first block of the other)."""
+    for k in kinds().values():
+        axis = getattr(s, k.name)
+        if k.swap_with is None or not axis.swap or not _in_ranges(axis, i) \
+                or b.kind not in (k.name, k.swap_with):
+            continue
+        other = k.swap_with if b.kind == k.name else k.name
+        out: list[BlockConfig] = [x for x in parent.blocks if x.kind == other]
+        return out[:1]
+    return []
 
 
 def _registered(k: KindSpec) -> Callable[[Any, SearchSpace], list[BlockConfig]]:
@@ -244,8 +215,7 @@ def _registered(k: KindSpec) -> Callable[[Any, SearchSpace], list[BlockConfig]]:
 # a kind's generator takes its own block config (Any here) and the whole search space
 _GEN: dict[str, tuple[str, Callable[[Any, SearchSpace], list[BlockConfig]]]] = {
     "attention": ("attention", _attention), "ffn": ("ffn", _ffn), "moe": ("moe", _moe),
-    "mamba": ("mamba", _mamba), "deltanet": ("deltanet", _deltanet),
-    "mla": ("mla", _mla), "parallel": ("parallel", _parallel),
+    "mamba": ("mamba", _mamba), "parallel": ("parallel", _parallel),
     **{name: (name, _registered(k)) for name, k in kinds().items()}}
 
 
@@ -272,11 +242,6 @@ def alternatives(parent: ModelArch, space: SearchSpace) -> list[list[Alternative
 
 # (axis, spec field, block kind, block field, why a value can be unusable)
 VALUE_AXES: tuple[tuple[str, str, type[BlockConfig], str, str], ...] = (
-    ("mla", "heads", MLA, "num_heads", "must be <= an MLA block's num_heads ({})"),
-    ("mla", "kv_lora_ranks", MLA, "kv_lora_rank",
-     "must be <= an MLA block's kv_lora_rank ({})"),
-    ("mla", "q_lora_ranks", MLA, "q_lora_rank",
-     "must be <= an MLA block's q_lora_rank ({})"),
     ("attention", "kv_heads", Attention, "num_kv_heads",
      "must divide an attention block's num_heads ({})"),
     ("ffn", "widths", FFN, "width", "must be <= an FFN block's width ({})"),
@@ -290,10 +255,6 @@ VALUE_AXES: tuple[tuple[str, str, type[BlockConfig], str, str], ...] = (
     ("mamba", "heads", Mamba, "num_heads",
      "must be <= a Mamba block's num_heads and a multiple of its n_groups ({})"),
     ("mamba", "state_sizes", Mamba, "state_size", "must be <= a Mamba block's state_size ({})"),
-    ("deltanet", "v_heads", DeltaNet, "num_v_heads",
-     "must be <= a DeltaNet block's num_v_heads and a multiple of a k_heads tried ({})"),
-    ("deltanet", "k_heads", DeltaNet, "num_k_heads",
-     "must be <= a DeltaNet block's num_k_heads and divide a v_heads tried ({})"),
     *((name, fname, k.config, attr, why) for name, k in kinds().items()
       for fname, attr, why in k.value_axes),
 )

@@ -53,8 +53,8 @@ from pathlib import Path
 import numpy as np
 
 from hwprofiles.errors import InputError, read_text
-from nas.arch import FFN, MLA, Attention, BlockConfig, DeltaNet, Linear, Mamba, MoE, NoOp, Parallel
-from nas.kinds import spec_of
+from nas.arch import FFN, Attention, BlockConfig, Linear, Mamba, MoE, NoOp, Parallel
+from nas.kinds import spec_of, swap_of
 from nas.space.alternatives import Alternative
 
 PRIOR_LABEL = "structural prior (not measured)"
@@ -81,19 +81,9 @@ def block_damage(parent: BlockConfig, child: BlockConfig) -> float:
                   * (child.top_k / parent.top_k) ** 0.5)
         shared = child.shared_width / parent.shared_width if parent.shared_width else 1.0
         return min(1.0 - (0.8 * routed + 0.2 * shared), 0.95)
-    if isinstance(child, DeltaNet) and isinstance(parent, DeltaNet):
-        kept = child.num_v_heads / parent.num_v_heads \
-            * (child.num_k_heads / parent.num_k_heads) ** 0.3
-        return min(1.0 - kept, 0.95)
-    if isinstance(child, DeltaNet) and isinstance(parent, Attention):
-        return 0.4
-    if isinstance(child, Attention) and isinstance(parent, DeltaNet):
-        return 0.3
-    if isinstance(child, MLA) and isinstance(parent, MLA):
-        kept = ((child.num_heads / parent.num_heads) ** 0.5
-                * (child.kv_lora_rank / parent.kv_lora_rank) ** 0.4
-                * ((child.q_lora_rank or 1) / (parent.q_lora_rank or 1)) ** 0.2)
-        return min(1.0 - kept, 0.95)
+    swap = swap_of(parent, child)  # a registered kind's swap: its own rule
+    if swap is not None and swap.damage is not None:
+        return swap.damage(parent, child)
     if isinstance(child, Mamba) and isinstance(parent, Mamba):
         kept = (child.state_size / parent.state_size) ** 0.3 * child.num_heads / parent.num_heads
         return min(1.0 - kept, 0.95)

@@ -40,6 +40,7 @@ from costmodels.workload import Workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
 from nas.arch import BLOCK_TYPES, BlockConfig, ModelArch, NoOp, blocks_table
+from nas.kinds import get
 from nas.space.alternatives import Alternative
 from nas.space.quality import block_damage
 from nas.spec import SearchSpace, SpanBlock, SpanRule
@@ -58,7 +59,6 @@ _KIND_ROLES: dict[str, tuple[TensorRole, ...]] = {
     "ffn": (TensorRole.FFN, TensorRole.OTHER),
     "linear": (TensorRole.OTHER,),
     "noop": (),
-    "mla": (TensorRole.ATTENTION, TensorRole.OTHER),
 }
 
 
@@ -67,11 +67,12 @@ def signature(recipe: PrecisionRecipe, kind: str) -> tuple[str, ...]:
     price and score that block identically (only one of them is an alternative)."""
     if kind == "noop":
         return ()
-    out = [recipe.weight_dtype(r).value for r in _KIND_ROLES[kind]]
+    k = get(kind)  # a registered kind (nas.kinds) declares its roles, cache and state
+    out = [recipe.weight_dtype(r).value for r in (_KIND_ROLES[kind] if k is None else k.roles)]
     out.append(recipe.activations.value)
-    if kind in ("attention", "mla"):
+    if kind == "attention" or (k is not None and k.attention):
         out.append(recipe.kv_cache.value)
-    if kind == "mamba":
+    if kind == "mamba" or (k is not None and k.stateful and not k.attention):
         out += [recipe.ssm_state.value, recipe.conv_state.value]
     return tuple(out)
 

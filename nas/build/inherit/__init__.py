@@ -76,10 +76,8 @@ import torch
 from hwprofiles.errors import InputError
 from nas.arch import (
     FFN,
-    MLA,
     Attention,
     BlockConfig,
-    DeltaNet,
     Linear,
     Mamba,
     ModelArch,
@@ -90,24 +88,20 @@ from nas.arch import (
 from nas.build.checkpoint import CheckpointReader
 from nas.build.inherit.attention import _attention, _attention_to_linear
 from nas.build.inherit.common import _copy, _copy_all
-from nas.build.inherit.deltanet import _deltanet
 from nas.build.inherit.ffn import _ffn, _ffn_to_linear, _lstsq_linear
 from nas.build.inherit.mamba import _mamba
-from nas.build.inherit.mla import inherit_mla
 from nas.build.inherit.moe import _moe
 from nas.build.inherit.parallel import _parallel
 from nas.build.inherit.swap import swap_init, swap_source
 from nas.build.random import Materializer
-from nas.kinds import spec_of
+from nas.kinds import spec_of, swap_of
 from nas.modules.granite import scalars_of
 from nas.modules.mamba import MambaMixer
 from nas.modules.model import CausalLM
 from nas.progress import Progress
 
 if TYPE_CHECKING:
-    from nas.modules.deltanet import DeltaNetMixer
     from nas.modules.layers import AttentionMixer, FFNMixer, LinearMixer, RMSNorm
-    from nas.modules.mla import MLAMixer
     from nas.modules.model import Block
     from nas.modules.moe import MoEMixer
     from nas.modules.parallel import ParallelMixer
@@ -144,16 +138,11 @@ def inherit_block(pc: BlockConfig, p: torch.nn.Module | None, cc: BlockConfig, c
         return _moe(cast("MoEMixer", p), cast("MoEMixer", c), cast(MoE, pc), cc, xin)
     if isinstance(cc, Mamba):
         return _mamba(cast("MambaMixer", p), cast("MambaMixer", c), cast(Mamba, pc), cc, xin)
-    if isinstance(cc, DeltaNet):
-        return _deltanet(cast("DeltaNetMixer", p), cast("DeltaNetMixer", c),
-                         cast(DeltaNet, pc), cc, xin)
     registered = spec_of(cc)
     if registered is not None and registered.inherit is not None:  # nas.kinds: its own rule
         module, _, name = registered.inherit.partition(":")
         rule = getattr(importlib.import_module(module), name)
         return rule(p, c, pc, cc, xin)
-    if isinstance(cc, MLA):
-        return inherit_mla(cast("MLAMixer", p), cast("MLAMixer", c), cast(MLA, pc), cc, xin)
     if isinstance(cc, Parallel):
         return _parallel(cast("ParallelMixer", p), cast("ParallelMixer", c), cast(Parallel, pc),
                          cc, xin)
@@ -265,7 +254,7 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
                 if pc == cc:
                     _copy_all(cb, pb)
                     what = "copied"
-                elif {pc.kind, cc.kind} == {"attention", "deltanet"}:
+                elif swap_of(pc, cc) is not None:
                     j = swap_source(pa, i, cc)
                     if j is None:
                         what = f"random (no parent {cc.kind} block of this config)"

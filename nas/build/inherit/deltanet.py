@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from nas.arch import (
-    DeltaNet,
-)
+from nas.arch import DeltaNet
 from nas.build.inherit.common import _copy, _top
 from nas.modules.deltanet import DeltaNetMixer
 
 
-def _deltanet(p: DeltaNetMixer, c: DeltaNetMixer, pc: DeltaNet, cc: DeltaNet,
+def inherit_deltanet(p: DeltaNetMixer, c: DeltaNetMixer, pc: DeltaNet, cc: DeltaNet,
               xin: torch.Tensor) -> str:
     if (pc.head_k_dim, pc.head_v_dim, pc.conv_kernel) != \
             (cc.head_k_dim, cc.head_v_dim, cc.conv_kernel):

@@ -46,8 +46,7 @@ from nas.kinds import kinds
 FORMAT = 1
 """Version of the ``puzzle_nas`` config key."""
 CONFIG_KEY = "puzzle_nas"
-MODULES = ("layers", "moe", "mamba", "mla", "gpt_oss", "granite", "deltanet", "parallel",
-           *kinds(), "model")
+MODULES = ("layers", "moe", "mamba", "gpt_oss", "granite", "parallel", *kinds(), "model")
 """The ``nas/modules`` files copied: everything :class:`nas.modules.model.CausalLM` imports,
 and each registered kind's module (:mod:`nas.kinds`; ``nas/modules/<kind>.py``)."""
 CONFIG_FILE = "configuration_puzzle_nas.py"
