@@ -207,3 +207,42 @@ def test_finish_seeds_refuses_a_child_that_is_not_the_recorded_one(smoke, tmp_pa
     with pytest.raises(SystemExit, match="is not the recorded"):
         run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(tmp_path / "fresh"),
                   "--results", str(tmp_path / "res"), "--finish-seeds", "--threads", "1"])
+
+
+def test_finish_iterate_runs_b_from_the_committed_state_alone(smoke, tmp_path):
+    """A new machine has results.json and state/ (profile and every alternative's score)
+    but no BLD blocks: (b) is run again, stage 0 searching the committed scores and scoring
+    only its child's alternatives, and lands where the first run's (b) did."""
+    run, d, _, res = smoke
+    committed = json.loads(json.dumps(res))
+    first = [r for r in committed["children"] if r["method"] == "b"]
+    assert first
+    committed["children"] = [r for r in committed["children"] if r["method"] != "b"]
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "results.json").write_text(json.dumps(committed))
+    run.save_state(d / "out", tmp_path / "res" / "state")
+    assert run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(tmp_path / "fresh"),
+                     "--results", str(tmp_path / "res"), "--finish-iterate",
+                     "--threads", "1"]) == 0
+    out = json.loads((tmp_path / "res" / "results.json").read_text())
+    again = [r for r in out["children"] if r["method"] == "b"]
+    assert [(r["budget"], r["choices"]) for r in again] == \
+        [(r["budget"], r["choices"]) for r in first]
+    for old, new in zip(first, again):
+        assert new["predicted_speedup"] == pytest.approx(old["predicted_speedup"], rel=1e-9)
+        assert new["quality"]["kl_div"] == pytest.approx(old["quality"]["kl_div"], rel=1e-5)
+        assert new["distilled"]["0"]["quality"]["kl_div"] == pytest.approx(
+            old["distilled"]["0"]["quality"]["kl_div"], rel=1e-5)
+    # stage 0 scored only its child's alternatives, beside the committed scores
+    assert (tmp_path / "fresh" / "scores-state" / "blocks" / "index.json").is_file()
+    assert (tmp_path / "fresh" / "scores-state" / "scores.csv").read_bytes() == \
+        (tmp_path / "res" / "state" / "scores" / "scores.csv").read_bytes()
+
+
+def test_finish_iterate_without_state_is_one_line(smoke, tmp_path):
+    run, d, _, res = smoke
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "results.json").write_text(json.dumps(res))
+    with pytest.raises(SystemExit, match="no committed state"):
+        run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(tmp_path / "fresh"),
+                  "--results", str(tmp_path / "res"), "--finish-iterate", "--threads", "1"])

