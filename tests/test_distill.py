@@ -621,8 +621,8 @@ def test_a_checkpoint_without_expert_parallelism_resumes_with_it(work, two_ranks
     assert p.returncode != 0 and not (out / "model").exists()
     p = _cli(work, out, "--nproc", "2", "--expert-parallel", "on")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "resuming from step 6 of 10" in p.stderr and "expert parallel" in p.stderr
-    assert load_record(out).expert_parallel
+    assert "resuming from step 6 of 10" in p.stderr
+    assert load_record(out).expert_parallel  # the run's record says how it ran
     _curves_agree(two_ranks, out)
 
 
