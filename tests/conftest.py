@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -272,3 +273,18 @@ def example_script(folder: str, module: str) -> ModuleType:
     sys.modules[module] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+@functools.lru_cache(maxsize=1)
+def llama_fp8_h100() -> tuple:
+    """Llama-3.1-8B's block table and non-block shape, the H100-SXM profile and the fp8
+    recipe: the serving tests' case (the issues' Llama-3.1-8B FP8 on one H100)."""
+    import hwprofiles
+    from costmodels.dtypes import get_recipe
+    from nas.arch import serving_table
+    from nas.hf import load_config
+    from nas.search.blueprint import nonblock_shape
+
+    arch = load_config(LLAMA)
+    table, _ = serving_table(arch, False)
+    return table, nonblock_shape(arch), hwprofiles.get("h100-sxm"), get_recipe("fp8")

@@ -8,7 +8,6 @@ discrete-event simulation of ``c`` first-come-first-served slots.
 
 from __future__ import annotations
 
-import functools
 import heapq
 import json
 import math
@@ -16,10 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import LLAMA
+from conftest import LLAMA, llama_fp8_h100
 
-import hwprofiles
-from costmodels.dtypes import get_recipe
 from costmodels.queueing import erlang_c, gc_wait, mmc_wait
 from hwprofiles.errors import InputError
 from nas.cli import main
@@ -114,17 +111,8 @@ def test_fixed_rate_arrivals_never_wait_below_capacity():
 
 # -- the serving model ---------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=1)
 def _model():
-    from costmodels.model import NonBlockShape
-    from nas.arch import serving_table
-    from nas.hf import load_config
-
-    arch = load_config(LLAMA)
-    table, _ = serving_table(arch, False)
-    shape = NonBlockShape(hidden=arch.hidden_size, vocab=arch.vocab_size,
-                          tied=arch.tie_embeddings, final_norm=arch.final_norm)
-    return table, shape, hwprofiles.get("h100-sxm"), get_recipe("fp8")
+    return llama_fp8_h100()
 
 
 def _point(wl: str, **kw):

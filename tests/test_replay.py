@@ -12,10 +12,8 @@ import functools
 import json
 
 import pytest
-from conftest import LLAMA
+from conftest import LLAMA, llama_fp8_h100
 
-import hwprofiles
-from costmodels.dtypes import get_recipe
 from hwprofiles.errors import InputError
 from nas.cli import main
 
@@ -23,17 +21,8 @@ from nas.cli import main
 ISSUE = "isl=1024,osl=256,concurrency=64"
 
 
-@functools.lru_cache(maxsize=1)
 def _model():
-    from costmodels.model import NonBlockShape
-    from nas.arch import serving_table
-    from nas.hf import load_config
-
-    arch = load_config(LLAMA)
-    table, _ = serving_table(arch, False)
-    shape = NonBlockShape(hidden=arch.hidden_size, vocab=arch.vocab_size,
-                          tied=arch.tie_embeddings, final_norm=arch.final_norm)
-    return table, shape, hwprofiles.get("h100-sxm"), get_recipe("fp8")
+    return llama_fp8_h100()
 
 
 def _replay(wl: str, **kw):

@@ -191,13 +191,14 @@ def run(args: argparse.Namespace) -> int:
     from costmodels.blocks import price_blocks
     from costmodels.dtypes import get_recipe, parse_dtype
     from costmodels.memory import DEFAULT_RESERVE_BYTES
-    from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
+    from costmodels.model import max_concurrency, price_nonblock, summarize
     from costmodels.parallel import check_parallel
     from costmodels.serving import parse_slo, slo_throughput
     from costmodels.workload import parse_workload
     from hwprofiles.errors import InputError
     from nas.arch import MAX_CONTEXT, serving_table
     from nas.hf import load_config
+    from nas.search.blueprint import nonblock_shape
     from nas.spec import MAX_DRAFT_TOKENS, check_workload
 
     if not args.workload and args.context is None:
@@ -247,8 +248,7 @@ def run(args: argparse.Namespace) -> int:
     # the main blocks, then the MTP head's rows (nas.arch.mtp_table; the search prices the
     # same rows)
     table, draft = serving_table(arch, args.mtp)
-    shape = NonBlockShape(hidden=arch.hidden_size, vocab=arch.vocab_size,
-                          tied=arch.tie_embeddings, final_norm=arch.final_norm)
+    shape = nonblock_shape(arch)
     overhead = None if args.step_overhead_us is None else args.step_overhead_us * 1e-6
     req = None if args.request_overhead_ms is None else args.request_overhead_ms * 1e-3
     slo = parse_slo(args.slo) if args.slo is not None else None
