@@ -223,7 +223,7 @@ def test_finish_iterate_runs_b_from_the_committed_state_alone(smoke, tmp_path):
     run.save_state(d / "out", tmp_path / "res" / "state")
     assert run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(tmp_path / "fresh"),
                      "--results", str(tmp_path / "res"), "--finish-iterate",
-                     "--threads", "1"]) == 0
+                     "--state", str(tmp_path / "res" / "state"), "--threads", "1"]) == 0
     out = json.loads((tmp_path / "res" / "results.json").read_text())
     again = [r for r in out["children"] if r["method"] == "b"]
     assert [(r["budget"], r["choices"]) for r in again] == \
@@ -245,4 +245,5 @@ def test_finish_iterate_without_state_is_one_line(smoke, tmp_path):
     (tmp_path / "res" / "results.json").write_text(json.dumps(res))
     with pytest.raises(SystemExit, match="no committed state"):
         run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(tmp_path / "fresh"),
-                  "--results", str(tmp_path / "res"), "--finish-iterate", "--threads", "1"])
+                  "--results", str(tmp_path / "res"), "--finish-iterate",
+                  "--state", str(tmp_path / "nostate"), "--threads", "1"])

@@ -49,7 +49,12 @@ A session's machine does not keep the work folder; ``--finish-seeds`` runs the s
 from the committed ``results.json`` alone: each child that lacks a seed is rebuilt from its
 recorded choices (only its weighted alternatives scored: their BLD blocks are keyed by
 content, so they are the ones the full scoring trained) and refused unless its held-out KL
-is the recorded one.
+is the recorded one. The score phase also writes the small restart state (this machine's
+profile and every alternative's score) to ``--state`` (default ``state/`` here, committed);
+``--finish-iterate`` runs (b) from it and the committed ``results.json``: stage 0 searches
+the committed scores and only its child's alternatives are scored again. To make the state
+on a fresh machine without touching the committed ``results.json``: ``run.py -o DIR
+--results OTHER_DIR --until score``.
 
 Outputs in ``-o`` (default ``out/smollm2-135m``): every intermediate folder and
 ``results.json``; ``--results`` (default: this folder) gets ``results.json`` too, so each
@@ -1263,6 +1268,8 @@ def main(argv: list[str] | None = None) -> int:
                    "run's work folder: run the iterate phase ((b) at each budget it lacks) "
                    "from the committed results.json and state/ (profile and every "
                    "alternative's score), scoring only stage 0's child's alternatives")
+    p.add_argument("--state", default=None, help="where the score phase writes the restart "
+                   "state and --finish-iterate reads it (default: this folder's state/)")
     p.add_argument("--report-only", action="store_true", help="write results.md / .png (and "
                    "copy results.json) from what -o holds so far, computing nothing")
     args = p.parse_args(argv)
@@ -1275,6 +1282,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results) if args.results else (out if args.smoke else HERE)
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "results.json"
+    state = Path(args.state) if args.state else HERE / "state"
     res: dict[str, Any] = json.loads(res_path.read_text()) if res_path.is_file() else {}
     if args.report_only:
         if not res:
@@ -1347,7 +1355,7 @@ def main(argv: list[str] | None = None) -> int:
                 _write_json(results / "results.json", res)
 
         if args.finish_iterate:
-            finish_iterate(cfg, out, parent, data, res, results / "state", save_all)
+            finish_iterate(cfg, out, parent, data, res, state, save_all)
             res["timings"]["iterate"] = res["timings"].get("iterate", 0.0) + \
                 time.perf_counter() - t0
             t0 = time.perf_counter()
@@ -1376,7 +1384,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"score: {sum(len(r) for r in job.alts)} alternatives")
     run_scoring(job, out / "scores", progress=None, log=log)
     if not args.smoke:
-        save_state(out, results / "state")
+        save_state(out, state)
     if done("score", t0):
         return 0
 
