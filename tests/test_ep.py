@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,8 @@ def _worker(rank: int, world: int, store: str, case: str, rows: list[int], maske
             got, want = got.float(), want.float()
             err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
             assert err <= gtol, (name, err)
+        dist.barrier()  # every rank's collectives done before any rank tears gloo down
+        Path(errors, f"passed-{rank}").write_text("")
     except BaseException as exc:  # noqa: BLE001  # reported to the parent process
         Path(errors, str(rank)).write_text(f"{type(exc).__name__}: {exc}")
         raise
@@ -130,8 +133,16 @@ def _spawn(tmp_path: Path, world: int, case: str, rows: list[int], masked: bool 
     try:
         mp.spawn(_worker, args=(world, str(tmp_path / "store"), case, rows, masked,
                                 str(errors), bf16), nprocs=world, join=True)
-    except Exception:
-        msgs = {p.name: p.read_text() for p in errors.iterdir()}
+    except Exception as exc:
+        msgs = {p.name: p.read_text() for p in errors.iterdir()
+                if not p.name.startswith("passed-")}
+        passed = {p.name for p in errors.iterdir() if p.name.startswith("passed-")}
+        if not msgs and len(passed) == world:
+            # every rank passed every check and met the others at the final barrier; one
+            # then aborted in gloo's teardown ("terminate called without an active
+            # exception", seen once in 3 full runs): not the behaviour under test
+            warnings.warn(f"a rank aborted after its checks passed: {exc}", stacklevel=1)
+            return
         pytest.fail(f"ranks failed: {msgs}")
 
 
