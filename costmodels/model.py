@@ -330,10 +330,12 @@ def workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts, tokens: np.ndar
 
 def step_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts,
                          sequences: np.ndarray | float, isl: np.ndarray | float,
-                         prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
+                         prefill_chunk: np.ndarray | float = DEFAULT_PREFILL_CHUNK
+                         ) -> np.ndarray:
     """Activation workspace per GPU of B = ``sequences`` running requests of ``isl``-token
-    prompts, bytes: the widest pass, ``min(B * isl, prefill_chunk)`` prompt tokens but at
-    least a decode step's B, with B fp32 logit rows. The one workspace both
+    prompts, bytes: the widest pass, ``min(B * isl, prefill_chunk)`` prompt tokens (the
+    engine's token budget per step, ``max_num_batched_tokens``) but at least a decode
+    step's B, with B fp32 logit rows. The one workspace both
     :func:`summarize` and :func:`max_concurrency` hold back, so a concurrency that
     :func:`max_concurrency` returns fits in :func:`summarize` by construction."""
     B = np.asarray(sequences, dtype=np.float64)
@@ -342,13 +344,16 @@ def step_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts,
 
 
 def workload_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts,
-                             prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
+                             prefill_chunk: int | None = None) -> np.ndarray:
     """``[W]`` activation workspace per GPU of each of ``blocks``' workloads, bytes
-    (:func:`step_workspace_bytes` at its B and isl)."""
+    (:func:`step_workspace_bytes` at its B and isl, chunked at its engine's token budget
+    ``max_num_batched_tokens`` unless ``prefill_chunk`` is given)."""
     wls = blocks.workloads
     B = np.array([max(w.sequences, w.prefill_sequences) for w in wls], dtype=np.float64)
     S = np.array([w.isl for w in wls], dtype=np.float64)
-    return step_workspace_bytes(blocks, nonblock, B, S, prefill_chunk)
+    chunk = np.array([w.max_num_batched_tokens if prefill_chunk is None else prefill_chunk
+                      for w in wls], dtype=np.float64)
+    return step_workspace_bytes(blocks, nonblock, B, S, chunk)
 
 
 def concurrency_workspace_bytes(blocks: BlockCosts, nonblock: NonBlockCosts, context: int,
@@ -393,11 +398,13 @@ def spec_state_snapshots(workloads: Sequence[Workload]) -> np.ndarray:
 def summarize(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
               rows: Sequence[int] | np.ndarray | None = None,
               reserve_bytes: float = DEFAULT_RESERVE_BYTES,
-              prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> ModelCosts:
+              prefill_chunk: int | None = None) -> ModelCosts:
     """Model figures for the model made of ``rows`` of ``blocks`` (default: all) + non-block.
 
     Workspace tokens per workload: ``min(prefill tokens of one pass, prefill_chunk)`` but at
-    least B (a decode step).
+    least B (a decode step); ``prefill_chunk`` defaults to each workload's engine token
+    budget (``max_num_batched_tokens``: 8,192 unless the engine's rule or the workload
+    says otherwise, e.g. SGLang's 16,384 on B200).
     """
     b = _rows(blocks, rows)
     wls = b.workloads
@@ -472,13 +479,14 @@ class Concurrency:
 def max_concurrency(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwareProfile,
                     context: int, rows: Sequence[int] | np.ndarray | None = None,
                     reserve_bytes: float = DEFAULT_RESERVE_BYTES,
-                    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                    prefill_chunk: int | None = None,
                     workload: Workload | None = None) -> Concurrency:
     """Largest concurrency n whose memory, as :func:`summarize` counts it, fits: weights +
     n * (KV at ``context`` tokens + state) + the workspace of n requests
     (:func:`step_workspace_bytes`) + reserve (see :class:`Concurrency`). ``workload``: the
     workload it is for (its prompt length sizes the workspace, default ``context``; its
-    speculative decoding keeps state snapshots per sequence), so that
+    speculative decoding keeps state snapshots per sequence; its ``max_num_batched_tokens``
+    is the prefill chunk unless ``prefill_chunk`` is given, default 8,192), so that
     ``summarize(...).fits`` holds at the returned concurrency by construction."""
     if int(context) != context or context < 1:
         raise InputError(f"context must be a positive integer, got {context!r}", field="context")
@@ -488,11 +496,13 @@ def max_concurrency(blocks: BlockCosts, nonblock: NonBlockCosts, hw: HardwarePro
     snaps = float(spec_state_snapshots([workload])[0]) if workload is not None else 0.0
     state = float(b.state_bytes_per_sequence.sum()) * (1.0 + snaps)
     isl = int(workload.isl) if workload is not None else int(context)
+    chunk = prefill_chunk if prefill_chunk is not None else (
+        workload.max_num_batched_tokens if workload is not None else DEFAULT_PREFILL_CHUNK)
     usable = hw.memory_bytes.value
     per = kv + state
 
     def ws(n: int) -> float:
-        return concurrency_workspace_bytes(b, nonblock, context, prefill_chunk, n, isl)
+        return concurrency_workspace_bytes(b, nonblock, context, chunk, n, isl)
 
     def fits(n: int) -> bool:
         return weights + n * per + ws(n) + reserve_bytes <= usable

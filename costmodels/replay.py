@@ -76,18 +76,22 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from costmodels.blocks import _workload_columns, no_overlap_rows, price_blocks
+from costmodels.blocks import _workload_columns, price_blocks
 from costmodels.dtypes import PrecisionRecipe
 from costmodels.memory import DEFAULT_RESERVE_BYTES
 from costmodels.model import (
     NonBlockShape,
-    engine_figures,
     engine_latency,
-    max_concurrency,
     price_nonblock,
     summarize,
 )
-from costmodels.serving import _step_times, concurrency_grid
+from costmodels.serving import (
+    _step_times,
+    admitted_slots,
+    concurrency_grid,
+    deployment_kwargs,
+    step_overheads,
+)
 from costmodels.shapes import BlockTable
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError
@@ -173,21 +177,6 @@ class ReplayResult(BaseModel):
         return {**clean(self.model_dump()), "message": self.message()}
 
 
-def _slots(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
-           recipe: PrecisionRecipe, wl: Workload, kw: dict, nkw: dict,
-           reserve_bytes: float) -> int:
-    """Requests admitted at once: ``min(concurrency, max_num_seqs)`` and, in an open loop,
-    no more than the KV cache holds at ``isl + osl`` (as ``arrival_figures`` counts)."""
-    cap = int(wl.sequences)
-    if wl.open_loop:
-        probe = [wl.with_sequences(1)]
-        fit = max_concurrency(price_blocks(table, hw, recipe, probe, **kw),
-                              price_nonblock(nonblock, hw, recipe, probe, **nkw),
-                              hw, wl.max_context, reserve_bytes=reserve_bytes, workload=wl)
-        cap = min(cap, int(fit.max_concurrency))
-    return cap
-
-
 def _decode_steps(n: int, osl: int, acceptance: float) -> np.ndarray:
     """Decode steps of each of ``n`` requests after its first token: ``(osl - 1) /
     acceptance`` on average, spread to whole steps (``floor((i + 1) x) - floor(i x)``)."""
@@ -230,16 +219,10 @@ def replay(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
     if not (0.0 <= warmup < 1.0):
         raise InputError(f"expected a share in [0, 1), got {warmup}", field="warmup")
 
-    kw: dict[str, Any] = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft,
-                              engine=engine)
-    nkw: dict[str, Any] = dict(tp=tp, attention_dp=attention_dp,
-                               draft=draft is not None and bool(np.any(draft)),
-                               engine=engine, engines=engines)
-    so, ro, overlap = engine_figures(hw, engine, dict(engines) if engines else None)
-    off = no_overlap_rows(table, engine, [wl], dict(engines) if engines else None)
-    overlap = overlap and not (off is not None and bool(off.any()))
+    kw, nkw = deployment_kwargs(tp, ep, attention_dp, draft, engine, engines)
+    so, ro, overlap = step_overheads(table, hw, wl, engine, engines)
     front = engine_latency(engine, engines)
-    slots = _slots(table, nonblock, hw, recipe, wl, kw, nkw, reserve_bytes)
+    slots = admitted_slots(table, nonblock, hw, recipe, wl, kw, nkw, reserve_bytes)
     if slots < 1:
         raise InputError(f"not one request of {wl.max_context:,} tokens fits in memory",
                          field="workload")

@@ -319,6 +319,52 @@ def _step_times(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
     return dec, prompt
 
 
+def deployment_kwargs(tp: int, ep: int, attention_dp: bool,
+                      draft: np.ndarray | Sequence[bool] | None, engine: str | None,
+                      engines: Mapping[str, EngineProfile] | None
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keyword arguments of :func:`price_blocks` and :func:`price_nonblock` for one
+    deployment (parallel layout, speculative draft, engine), as every serving figure prices
+    it."""
+    kw: dict[str, Any] = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft,
+                              engine=engine)
+    nkw: dict[str, Any] = dict(tp=tp, attention_dp=attention_dp,
+                               draft=draft is not None and bool(np.any(draft)),
+                               engine=engine, engines=engines)
+    return kw, nkw
+
+
+def step_overheads(table: BlockTable, hw: HardwareProfile, wl: Workload,
+                   engine: str | None, engines: Mapping[str, EngineProfile] | None
+                   ) -> tuple[float, float, bool]:
+    """The engine's step overhead (s), per-request host seconds and whether its host work
+    overlaps the GPU's (:func:`costmodels.model.engine_figures`); a block kind the engine
+    cannot overlap for (``EngineProfile.no_overlap``) turns the overlap off."""
+    eng = dict(engines) if engines else None
+    so, ro, overlap = engine_figures(hw, engine, eng)
+    off = no_overlap_rows(table, engine, [wl], eng)
+    return so, ro, overlap and not (off is not None and bool(off.any()))
+
+
+def admitted_slots(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
+                   recipe: PrecisionRecipe, wl: Workload, kw: Mapping[str, Any],
+                   nkw: Mapping[str, Any],
+                   reserve_bytes: float = DEFAULT_RESERVE_BYTES) -> int:
+    """Requests admitted at once: ``min(concurrency, max_num_seqs)`` (``wl.sequences``) and,
+    in an open loop, no more than the KV cache holds at ``isl + osl`` with
+    ``reserve_bytes`` held back (0 when not one fits). One count for the closed-form
+    figures (:func:`arrival_figures`) and the scheduler replay
+    (:func:`costmodels.replay.replay`), so both admit the same requests."""
+    cap = int(wl.sequences)
+    if wl.open_loop:
+        probe = [wl.with_sequences(1)]
+        fit = max_concurrency(price_blocks(table, hw, recipe, probe, **kw),
+                              price_nonblock(nonblock, hw, recipe, probe, **nkw),
+                              hw, wl.max_context, reserve_bytes=reserve_bytes, workload=wl)
+        cap = min(cap, int(fit.max_concurrency))
+    return max(cap, 0)
+
+
 def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
                     recipe: PrecisionRecipe, workload: Workload | str, tp: int = 1,
                     ep: int = 1, attention_dp: bool = False,
@@ -366,23 +412,11 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
     if wl.arrival == "closed":
         raise InputError("arrival_figures prices arrival=staggered, poisson or fixed",
                          field="arrival")
-    kw: dict[str, Any] = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft,
-                              engine=engine)
-    nkw: dict[str, Any] = dict(tp=tp, attention_dp=attention_dp,
-                               draft=draft is not None and bool(np.any(draft)),
-                               engine=engine, engines=engines)
-    so, ro, overlap = engine_figures(hw, engine, dict(engines) if engines else None)
-    off = no_overlap_rows(table, engine, [wl], dict(engines) if engines else None)  # a kind
-    # the engine cannot overlap for (EngineProfile.no_overlap) turns the overlap off
-    overlap = overlap and not (off is not None and bool(off.any()))
+    kw, nkw = deployment_kwargs(tp, ep, attention_dp, draft, engine, engines)
+    so, ro, overlap = step_overheads(table, hw, wl, engine, engines)
     front = engine_latency(engine, engines)
-    cap = int(wl.sequences)
-    if wl.open_loop:  # no more slots than the KV cache holds at isl + osl
-        probe = [wl.with_sequences(1)]
-        fit = max_concurrency(price_blocks(table, hw, recipe, probe, **kw),
-                              price_nonblock(nonblock, hw, recipe, probe, **nkw),
-                              hw, wl.max_context, reserve_bytes=reserve_bytes, workload=wl)
-        cap = min(cap, int(fit.max_concurrency))
+    cap = admitted_slots(table, nonblock, hw, recipe, wl, kw, nkw, reserve_bytes)
+    if wl.open_loop:
         if cap < 1:  # not one request fits: nothing is served
             inf = math.inf
             return ArrivalPoint(wl, float(wl.rate or 0.0), 0.0, inf, inf, inf, 0.0, inf, 0.0,

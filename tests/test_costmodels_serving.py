@@ -43,7 +43,10 @@ FIELDS = ("ttft_s", "tpot_s", "latency_s", "runtime_s", "throughput_tok_s", "per
 @pytest.mark.parametrize("table", [LLAMA8B, HYBRID], ids=["dense", "hybrid-moe"])
 @pytest.mark.parametrize("isl,osl,b", [(128, 128, 64), (8192, 1024, 16), (2048, 128, 200)])
 def test_chunked_prefill_with_unlimited_budget_is_batch_mode(table, isl, osl, b):
-    batch = price_model(table, NB, H100, FP8, [f"isl={isl},osl={osl},batch={b}"])
+    # the workspace holds one step's prompt tokens, at most the engine's token budget: the
+    # static batch is given the same unlimited budget, so the two hold the same workspace
+    batch = price_model(table, NB, H100, FP8, [f"isl={isl},osl={osl},batch={b},"
+                                               f"max_num_batched_tokens={UNLIMITED}"])
     cont = price_model(table, NB, H100, FP8, [f"isl={isl},osl={osl},concurrency={b},"
                                               f"max_num_batched_tokens={UNLIMITED},"
                                               f"max_num_seqs={UNLIMITED}"])
@@ -361,7 +364,8 @@ def test_arrival_in_a_workload_string():
 
 
 @pytest.mark.parametrize("wl", ["isl=128,osl=128,concurrency=1", "isl=20000,osl=2000,concurrency=1",
-                                "isl=8192,osl=1024,concurrency=1,draft_tokens=3,acceptance=2.5"])
+                                "isl=8192,osl=1024,concurrency=1,draft_tokens=3,acceptance=2.5",
+                                "isl=20000,osl=2000,concurrency=1,max_num_batched_tokens=16384"])
 def test_max_concurrency_fits_in_summarize_by_construction(wl):
     # one workspace (costmodels.model.step_workspace_bytes): the largest concurrency that
     # max_concurrency returns fits as summarize counts memory, and one more does not
@@ -382,6 +386,47 @@ def test_max_concurrency_fits_in_summarize_by_construction(wl):
         m = summarize(price_blocks(table, H100, FP8, wls, **kw),
                       price_nonblock(NB, H100, FP8, wls, draft=draft is not None), H100)
         assert m.fits.tolist() == [True, False]
+
+
+def test_the_workspace_holds_the_engines_own_token_budget():
+    # one step's prompt tokens are at most the engine's max_num_batched_tokens (SGLang's
+    # 16,384 on B200, 8,192 by default): a budget twice as large holds twice the prompt
+    # tokens' activations, and a prompt shorter than both holds the same
+    from costmodels.model import workload_workspace_bytes
+    from costmodels.workload import parse_workload
+
+    def ws(text):
+        wls = [parse_workload(text)]
+        return float(workload_workspace_bytes(price_blocks(LLAMA8B, H100, FP8, wls),
+                                              price_nonblock(NB, H100, FP8, wls))[0])
+
+    small, big = (ws(f"isl=32768,osl=16,concurrency=1,max_num_batched_tokens={n}")
+                  for n in (8192, 16384))
+    logits = 4.0 * NB.vocab  # one request's fp32 logit row
+    assert big - logits == pytest.approx(2 * (small - logits), rel=1e-12)
+    assert ws("isl=4096,osl=16,concurrency=1,max_num_batched_tokens=16384") == \
+        ws("isl=4096,osl=16,concurrency=1")
+    # summarize and max_concurrency count the same, engine-sized workspace
+    w = parse_workload("isl=32768,osl=16,concurrency=1,max_num_batched_tokens=16384")
+    b1 = price_blocks(LLAMA8B, H100, FP8, [w])
+    nb1 = price_nonblock(NB, H100, FP8, [w])
+    c = max_concurrency(b1, nb1, H100, w.max_context, workload=w)
+    # at its n requests: the 16,384 prompt tokens and n logit rows
+    assert c.workspace_bytes == pytest.approx(big + (c.max_concurrency - 1) * logits,
+                                              rel=1e-12)
+
+
+def test_arrivals_and_the_replay_admit_the_same_requests():
+    # one count of the slots (costmodels.serving.admitted_slots): the open loop's capacity
+    # and the replay's admission stop at the same number of requests
+    from costmodels.replay import replay
+    from costmodels.serving import arrival_figures
+
+    wl = "isl=20000,osl=64,arrival=poisson,rate=1000"  # overloaded; memory caps the slots
+    pt = arrival_figures(LLAMA8B, NB, H100, FP8, wl)
+    rp = replay(LLAMA8B, NB, H100, FP8, wl, requests=200)
+    assert pt.slots == rp.slots >= 1
+    assert not pt.stable and rp.overloaded
 
 
 def test_cli_cost_names_an_engine_and_an_arrival_process(capsys):

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodels.memory import DEFAULT_PREFILL_CHUNK
 from costmodels.memory import workspace_bytes as memory_workspace
 from costmodels.model import (
     max_concurrency,
@@ -85,7 +84,7 @@ def _concurrency_key(problem: Problem, library: BlockLibrary, priced: Priced | N
                                                   + hd.state_bytes_per_sequence.sum()))
     ctx = float(w.max_context)  # costmodels' max_concurrency at a context: prompts of ctx
     ws = float(memory_workspace(priced.workspace_bytes["#widest"],
-                                max(min(n * ctx, DEFAULT_PREFILL_CHUNK), n), n,
+                                max(min(n * ctx, w.max_num_batched_tokens), n), n,
                                 priced.nonblock.vocab_per_gpu))
     columns[key] = (rows.weight_bytes + n * per_seq,
                     priced.nonblock.weight_bytes + ws + problem.reserve_bytes + head)
