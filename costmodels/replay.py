@@ -89,10 +89,10 @@ from costmodels.serving import (
     _step_times,
     admitted_slots,
     concurrency_grid,
-    deployment_kwargs,
     step_overheads,
 )
 from costmodels.shapes import BlockTable
+from costmodels.target import Target
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import EngineProfile, HardwareProfile
@@ -219,7 +219,8 @@ def replay(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
     if not (0.0 <= warmup < 1.0):
         raise InputError(f"expected a share in [0, 1), got {warmup}", field="warmup")
 
-    kw, nkw = deployment_kwargs(tp, ep, attention_dp, draft, engine, engines)
+    target = Target(hw, tp, ep, attention_dp, engine, engines)
+    kw, nkw = target.block_kwargs(draft), target.nonblock_kwargs(draft)
     so, ro, overlap = step_overheads(table, hw, wl, engine, engines)
     front = engine_latency(engine, engines)
     slots = admitted_slots(table, nonblock, hw, recipe, wl, kw, nkw, reserve_bytes)

@@ -38,6 +38,7 @@ from costmodels.model import (
     summarize,
 )
 from costmodels.shapes import BlockTable
+from costmodels.target import Target
 from costmodels.workload import Workload, parse_workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import EngineProfile, HardwareProfile
@@ -172,13 +173,10 @@ def slo_throughput(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfi
     per step / per request): see :func:`costmodels.model.price_nonblock` (a named engine
     that overlaps scheduling hides its step overhead, as for any other workload).
     """
-    kw: dict[str, Any] = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft,
-                              engine=engine)
-    nkw: dict[str, Any] = dict(tp=tp, step_overhead_s=step_overhead_s,
-                               request_overhead_s=request_overhead_s,
-                               attention_dp=attention_dp,
-                               draft=draft is not None and bool(np.any(draft)),
-                               engine=engine, engines=engines)
+    target = Target(hw, tp, ep, attention_dp, engine, engines)
+    kw = target.block_kwargs(draft)
+    nkw = dict(target.nonblock_kwargs(draft), step_overhead_s=step_overhead_s,
+               request_overhead_s=request_overhead_s)
     wl = parse_workload(workload)
     if wl.batch is not None:
         wl = Workload.model_validate({**wl.model_dump(), "batch": None, "concurrency": 1})
@@ -319,21 +317,6 @@ def _step_times(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
     return dec, prompt
 
 
-def deployment_kwargs(tp: int, ep: int, attention_dp: bool,
-                      draft: np.ndarray | Sequence[bool] | None, engine: str | None,
-                      engines: Mapping[str, EngineProfile] | None
-                      ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The keyword arguments of :func:`price_blocks` and :func:`price_nonblock` for one
-    deployment (parallel layout, speculative draft, engine), as every serving figure prices
-    it."""
-    kw: dict[str, Any] = dict(tp=tp, ep=ep, attention_dp=attention_dp, draft=draft,
-                              engine=engine)
-    nkw: dict[str, Any] = dict(tp=tp, attention_dp=attention_dp,
-                               draft=draft is not None and bool(np.any(draft)),
-                               engine=engine, engines=engines)
-    return kw, nkw
-
-
 def step_overheads(table: BlockTable, hw: HardwareProfile, wl: Workload,
                    engine: str | None, engines: Mapping[str, EngineProfile] | None
                    ) -> tuple[float, float, bool]:
@@ -412,7 +395,8 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
     if wl.arrival == "closed":
         raise InputError("arrival_figures prices arrival=staggered, poisson or fixed",
                          field="arrival")
-    kw, nkw = deployment_kwargs(tp, ep, attention_dp, draft, engine, engines)
+    target = Target(hw, tp, ep, attention_dp, engine, engines)
+    kw, nkw = target.block_kwargs(draft), target.nonblock_kwargs(draft)
     so, ro, overlap = step_overheads(table, hw, wl, engine, engines)
     front = engine_latency(engine, engines)
     cap = admitted_slots(table, nonblock, hw, recipe, wl, kw, nkw, reserve_bytes)

@@ -111,3 +111,37 @@ def test_cost_slo_prints_chosen_concurrency(capsys):
     slo = json.loads(out)["slo"][0]
     assert slo["per_user_tok_s"] >= 50 and slo["concurrency"] >= 1
     assert slo["concurrency"] in slo["swept"]
+
+
+def test_cost_is_a_library_call(capsys):
+    # what `cost` prints is nas.cost.cost_report on a costmodels.target.Target: the same
+    # figures from Python, the engine's own defaults filled in by the target
+    import hwprofiles
+    from costmodels.dtypes import get_recipe
+    from costmodels.serving import parse_slo
+    from costmodels.target import Target
+    from hwprofiles.errors import InputError
+    from nas.cost import cost_report
+    from nas.hf import load_config
+
+    argv = ["cost", str(LLAMA), "--hw", "b200", "--precision", "fp8", "--engine", "sglang",
+            "--workload", "isl=20000,osl=256,concurrency=8", "--slo", "ttft<=5s",
+            "--context", "32768", "--arrival", "poisson", "--rate", "0.5", "--json"]
+    rc, out, _ = _run(capsys, *argv)
+    assert rc == 0
+    cli = json.loads(out)
+    target = Target(hwprofiles.get("b200"), engine="sglang")
+    wls = target.workloads(["isl=20000,osl=256,concurrency=8,arrival=poisson,rate=0.5"])
+    # SGLang's own token budget on B200, not the 8,192 default
+    assert wls[0].max_num_batched_tokens == 16384
+    rep = cost_report(load_config(LLAMA), target, get_recipe("fp8"), wls, context=32768,
+                      slo=parse_slo("ttft<=5s"))
+    lib = json.loads(json.dumps(rep.figures))
+    assert {k: v for k, v in cli.items() if k not in ("config", "acceptance")} == lib
+    assert rep.concurrency is not None and rep.concurrency.max_concurrency == \
+        cli["max_concurrency"] > 0
+    with pytest.raises(InputError, match="ep must be 1 or equal to tp"):
+        Target(hwprofiles.get("b200"), tp=2, ep=4)
+    with pytest.raises(InputError, match="static batch"):
+        cost_report(load_config(LLAMA), target, get_recipe("fp8"),
+                    target.workloads(["isl=128,osl=16,batch=4"]), replay=10)

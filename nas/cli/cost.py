@@ -103,16 +103,14 @@ def _bytes(n: float) -> str:
     return gb_gib(n, 2)
 
 
-def _engine_workloads(wls: list, hw: object, args: argparse.Namespace) -> list:
+def _workloads(target: object, wls: list, args: argparse.Namespace) -> list:
     """The workloads with ``--arrival`` / ``--rate`` and, with ``--engine``, that engine's
-    own scheduling defaults (token budget, running-request cap, mixed prefill) wherever a
-    workload does not set them itself."""
-    from costmodels.model import engine_limits
+    own scheduling defaults (``Target.workloads``) wherever a workload does not set them."""
+    from costmodels.target import Target
     from costmodels.workload import parse_workload
     from hwprofiles.errors import InputError
-    from hwprofiles.schema import HardwareProfile
 
-    assert isinstance(hw, HardwareProfile)
+    assert isinstance(target, Target)
     if args.rate is not None and args.arrival not in ("poisson", "fixed"):
         raise InputError("--rate needs --arrival poisson or fixed", field="--rate")
     if args.arrival in ("poisson", "fixed") and args.rate is None:
@@ -120,57 +118,38 @@ def _engine_workloads(wls: list, hw: object, args: argparse.Namespace) -> list:
                          field="--arrival")
     if args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
         raise InputError(f"expected requests/s > 0, got {args.rate}", field="--rate")
-    lim = engine_limits(hw, args.engine) if args.engine is not None else {}
     out = []
-    for w in wls:
-        data = w.model_dump()
-        data.update({k: v for k, v in lim.items() if k not in w.model_fields_set})
+    for w in target.workloads(wls):
         if args.arrival is not None:
+            data = w.model_dump()
             data.update(arrival=args.arrival, rate=args.rate)
             if args.arrival != "closed" and data.get("batch") is not None:
                 data.update(concurrency=data.pop("batch"))
-        data["name"] = "" if w.name == w.label() else w.name
-        out.append(parse_workload(data))
+            data["name"] = "" if w.name == w.label() else w.name
+            w = parse_workload(data)
+        out.append(w)
     return out
 
 
-def _arrivals(table: object, shape: object, hw: object, recipe: object, wls: list,
-              par: dict, engine: str | None, reserve: float) -> list:
-    """``costmodels.serving.arrival_figures`` of each staggered / Poisson / fixed-rate
-    workload (None for the closed ones)."""
-    from costmodels.serving import arrival_figures
-
-    return [arrival_figures(table, shape, hw, recipe, w, engine=engine,  # type: ignore[arg-type]  # the arguments are typed object by the caller's loose signature
-                            reserve_bytes=reserve, **par)
-            if w.arrival != "closed" else None for w in wls]
-
-
-def _replays(table: object, shape: object, hw: object, recipe: object, wls: list,
-             par: dict, engine: str | None, reserve: float,
-             args: argparse.Namespace) -> list:
-    """``costmodels.replay.replay`` of each workload with ``--replay N`` (else Nones); a bad
-    value or a static-batch workload is a one-line error naming ``--replay``."""
-    from costmodels.replay import replay
+def _check_replay(wls: list, args: argparse.Namespace) -> None:
+    """A bad ``--replay`` / ``--replay-seed`` or a static-batch workload to replay is a
+    one-line error naming the flag."""
     from hwprofiles.errors import InputError
 
     if args.replay is None:
         if args.replay_seed is not None:
             raise InputError("--replay-seed needs --replay N", field="--replay-seed")
-        return [None] * len(wls)
+        return
     if args.replay < 1:
         raise InputError(f"expected a positive number of requests, got {args.replay}",
                          field="--replay")
-    seed = 0 if args.replay_seed is None else args.replay_seed
-    if seed < 0:
-        raise InputError(f"expected an integer >= 0, got {seed}", field="--replay-seed")
-    out = []
+    if args.replay_seed is not None and args.replay_seed < 0:
+        raise InputError(f"expected an integer >= 0, got {args.replay_seed}",
+                         field="--replay-seed")
     for w in wls:
         if w.batch is not None:
             raise InputError(f"a replay runs continuous batching: workload {w.name} is a "
                              "static batch; give concurrency=N", field="--replay")
-        out.append(replay(table, shape, hw, recipe, w, requests=args.replay,  # type: ignore[arg-type]  # typed object by the caller's loose signature
-                          seed=seed, engine=engine, reserve_bytes=reserve, **par))
-    return out
 
 
 def _pcts(label: str, p: dict) -> str:
@@ -188,17 +167,16 @@ def _ms(v: float | None, width: int, unit: str = "ms") -> str:
 
 def run(args: argparse.Namespace) -> int:
     import hwprofiles
-    from costmodels.blocks import price_blocks
     from costmodels.dtypes import get_recipe, parse_dtype
     from costmodels.memory import DEFAULT_RESERVE_BYTES
-    from costmodels.model import max_concurrency, price_nonblock, summarize
     from costmodels.parallel import check_parallel
-    from costmodels.serving import parse_slo, slo_throughput
+    from costmodels.serving import parse_slo
+    from costmodels.target import Target
     from costmodels.workload import parse_workload
     from hwprofiles.errors import InputError
-    from nas.arch import MAX_CONTEXT, serving_table
+    from nas.arch import MAX_CONTEXT
+    from nas.cost import cost_report
     from nas.hf import load_config
-    from nas.search.blueprint import nonblock_shape
     from nas.spec import MAX_DRAFT_TOKENS, check_workload
 
     if not args.workload and args.context is None:
@@ -229,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
     wls = [parse_workload(w) for w in args.workload]
     for text, w in zip(args.workload, wls):
         check_workload(w, f"--workload {text}")
-    wls = _engine_workloads(wls, hw, args)
+    target = Target(hw, args.tp, args.ep, bool(args.attention_dp), args.engine)
+    wls = _workloads(target, wls, args)
     if args.acceptance is not None:
         if not args.mtp:
             raise InputError("needs --mtp (the MTP head drafts the tokens)", field="--acceptance")
@@ -245,57 +224,24 @@ def run(args: argparse.Namespace) -> int:
     if args.acceptance is not None and not arch.mtp_blocks:  # as the search refuses it
         raise InputError("the config has no MTP head to draft tokens with (no MTP layers); "
                          "drop --mtp --acceptance", field="--acceptance")
-    # the main blocks, then the MTP head's rows (nas.arch.mtp_table; the search prices the
-    # same rows)
-    table, draft = serving_table(arch, args.mtp)
-    shape = nonblock_shape(arch)
     overhead = None if args.step_overhead_us is None else args.step_overhead_us * 1e-6
     req = None if args.request_overhead_ms is None else args.request_overhead_ms * 1e-3
     slo = parse_slo(args.slo) if args.slo is not None else None
     if slo is not None and not wls:
         raise InputError("--slo needs a --workload (its isl and osl)", field="--slo")
-    priced = wls or [parse_workload("isl=1,osl=1,batch=1")]
-    par = dict(tp=args.tp, ep=args.ep, attention_dp=args.attention_dp, draft=draft)
-    blocks = price_blocks(table, hw, recipe, priced, engine=args.engine, **par)
-    nb = price_nonblock(shape, hw, recipe, priced, tp=args.tp, step_overhead_s=overhead,
-                        request_overhead_s=req, attention_dp=args.attention_dp,
-                        draft=draft is not None, engine=args.engine)
-    model = summarize(blocks, nb, hw, reserve_bytes=reserve)
-    conc = (max_concurrency(blocks, nb, hw, args.context, reserve_bytes=reserve)
-            if args.context is not None else None)
-
-    out = model.to_dict()
-    if not wls:
-        out["workloads"] = []
-    out = {"config": str(args.config), "precision": recipe.name, "kv_dtype": recipe.kv_cache.value,
-           "ep": args.ep, "attention_dp": bool(args.attention_dp),
-           "mtp": bool(args.mtp and arch.mtp_blocks), "acceptance": args.acceptance, **out}
-    if conc is not None:
-        out["max_concurrency"] = conc.max_concurrency
-        out["concurrency"] = conc.to_dict()
-    if args.engine is not None:
-        out["engine"] = args.engine
-    arrivals = _arrivals(table, shape, hw, recipe, wls, par, args.engine, reserve)
-    for per, pt in zip(out["workloads"], arrivals):
-        if pt is not None:  # the arrival process's figures replace the lockstep cycle's
-            a = pt.to_dict()  # unbounded figures (overload) are None
-            per.update(ttft_s=a["ttft_s"], tpot_s=a["tpot_s"], latency_s=a["latency_s"],
-                       throughput_tok_s=pt.throughput_tok_s,
-                       throughput_node_tok_s=pt.throughput_tok_s * hw.gpus_per_node.value,
-                       per_user_tok_s=1.0 / pt.tpot_s if 0 < pt.tpot_s < math.inf else 0.0,
-                       arrival=a)
-    replays = _replays(table, shape, hw, recipe, wls, par, args.engine, reserve, args)
-    for per, rp in zip(out["workloads"], replays):
-        if rp is not None:  # beside the analytic figures, not instead of them
-            per["replay"] = rp.to_dict()
-    slo_points = []
-    if slo is not None:
-        for w in wls:
-            pt = slo_throughput(table, shape, hw, recipe, w, slo, reserve_bytes=reserve,
-                                step_overhead_s=overhead, request_overhead_s=req,
-                                engine=args.engine, **par)
-            slo_points.append((w, pt))
-        out["slo"] = [{"workload": w.name, **pt.to_dict()} for w, pt in slo_points]
+    _check_replay(wls, args)
+    rep = cost_report(arch, target, recipe, wls, mtp=bool(args.mtp), context=args.context,
+                      reserve_bytes=reserve, step_overhead_s=overhead, request_overhead_s=req,
+                      slo=slo, replay=args.replay,
+                      replay_seed=0 if args.replay_seed is None else args.replay_seed)
+    model, conc, slo_points = rep.model, rep.concurrency, rep.slo
+    head = {"config": str(args.config)}
+    out: dict = {}
+    for k, v in rep.figures.items():
+        out[k] = v
+        if k == "mtp":
+            out["acceptance"] = args.acceptance
+    out = head | out
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
