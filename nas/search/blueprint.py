@@ -70,32 +70,33 @@ def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
     concurrency that fits at the workload's context (isl + osl). ``recipes``: a precision
     recipe name per block (``nas.space.spans``; default: the problem's one recipe)."""
     wls = list(problem.workloads.values())
-    adp = bool(getattr(problem, "attention_dp", False))
-    eng = getattr(problem, "engine", None)
+    target = problem.target
+    kw = target.block_kwargs()
     if recipes is not None:  # a precision per block: each row under its own recipe
         from costmodels.dtypes import get_recipe
         from nas.space.spans import price_mixed
 
         blocks = price_mixed(arch.table, [get_recipe(r) for r in recipes], problem.hw, wls,
-                             tp=problem.tp, ep=problem.ep, attention_dp=adp, engine=eng)
+                             tp=target.tp, ep=target.ep, attention_dp=target.attention_dp,
+                             engine=target.engine)
     else:
-        blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, tp=problem.tp,
-                              ep=problem.ep, attention_dp=adp, engine=eng)
+        blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, **kw)
     mtp = any(w.draft_tokens > 0 for w in wls)  # speculative decoding with the MTP head
-    nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls, tp=problem.tp,
-                        attention_dp=adp, draft=mtp, engine=eng)
+    nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls,
+                        **target.nonblock_kwargs([mtp]))
     meas = measured_blocks(problem)
     if meas is not None:  # block runtimes measured (nas.search prices the library the same)
         blocks = price_measured(arch.table, problem.hw, problem.recipe, meas, wls,
-                                tp=problem.tp, ep=problem.ep, attention_dp=adp)
+                                tp=target.tp, ep=target.ep,
+                                attention_dp=target.attention_dp)
     if mtp:  # the MTP head's draft rows, priced as nas.search prices them
         head = mtp_table(arch)
         if head is None:
             raise InputError("the model has no MTP head to draft tokens with",
                              field="workloads.draft_tokens")
         blocks = BlockCosts.concat([blocks, price_blocks(
-            head, problem.hw, problem.recipe, wls, tp=problem.tp, ep=problem.ep,
-            attention_dp=adp, draft=[True] * len(head), engine=eng)])
+            head, problem.hw, problem.recipe, wls,
+            **target.block_kwargs([True] * len(head)))])
     mc = summarize(blocks, nb, problem.hw, reserve_bytes=problem.reserve_bytes)
     out = {}
     d = mc.to_dict()

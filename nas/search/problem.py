@@ -25,6 +25,7 @@ from costmodels.model import (
     spec_state_snapshots,
     workload_workspace_bytes,
 )
+from costmodels.target import Target
 from costmodels.workload import Workload
 from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
@@ -69,6 +70,12 @@ class Problem:
     def engine(self) -> str | None:
         """The serving engine the spec names (``hardware.engine``), or ``None``."""
         return self.spec.hw.engine
+
+    @property
+    def target(self) -> Target:
+        """The deployment target (``hardware``: device, TP, EP, attention DP, engine) that
+        every price of this problem takes."""
+        return Target(self.hw, self.tp, self.ep, self.attention_dp, self.engine)
 
     @property
     def device_bytes(self) -> float:
@@ -129,8 +136,7 @@ def price_head(problem: Problem) -> BlockCosts | None:
     head = mtp_table(problem.parent)
     assert head is not None  # resolve() refuses drafts without a head
     return price_blocks(head, problem.hw, problem.recipe, list(problem.workloads.values()),
-                        tp=problem.tp, ep=problem.ep, attention_dp=problem.attention_dp,
-                        draft=np.ones(len(head), dtype=bool), engine=problem.engine)
+                        **problem.target.block_kwargs(np.ones(len(head), dtype=bool)))
 
 
 def _measured_rows(problem: Problem, flat: list[space.Alternative], table: Any,
@@ -223,14 +229,12 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
                 attention_dp=problem.attention_dp, engine=problem.engine)
         else:
             table = blocks_table([a.child for a in flat], h)
-            rows = price_blocks(table, problem.hw, problem.recipe, wl, tp=problem.tp,
-                                ep=problem.ep, attention_dp=problem.attention_dp,
-                                engine=problem.engine)
+            rows = price_blocks(table, problem.hw, problem.recipe, wl,
+                                **problem.target.block_kwargs())
         bar.update(len(flat))
     rows = _measured_rows(problem, flat, table, wl, rows)
     nb = price_nonblock(nonblock_shape(problem.parent), problem.hw, problem.recipe, wl,
-                        tp=problem.tp, attention_dp=problem.attention_dp, draft=problem.mtp,
-                        engine=problem.engine)
+                        **problem.target.nonblock_kwargs([problem.mtp]))
     head = price_head(problem)
     # activation workspace is a max over blocks, not a sum: hold the parent's (a child is no
     # wider; with its MTP head) as a constant, so memory budgets stay linear and

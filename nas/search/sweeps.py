@@ -209,10 +209,9 @@ def parent_slo_point(problem: Problem, wname: str) -> SLOPoint:
     table, draft = serving_table(problem.parent, problem.mtp)  # with its MTP head if drafting
     return slo_throughput(table, nonblock_shape(problem.parent), problem.hw,
                           problem.recipe, problem.workloads[wname], parse_slo(ws.slo),
-                          tp=problem.tp, ep=problem.ep, reserve_bytes=problem.reserve_bytes,
-                          attention_dp=problem.attention_dp,
+                          reserve_bytes=problem.reserve_bytes,
                           concurrencies=ws.concurrency_sweep, draft=draft,
-                          engine=problem.engine)
+                          **problem.target.serving_kwargs())
 
 
 def slo_problem(problem: Problem, wname: str, parent_pt: SLOPoint) -> Problem:
