@@ -675,6 +675,53 @@ def test_plan_resolves_the_specs_profile_as_the_search_does(tmp_path, capsys):
         assert f"capacity per rank: {want.memory_bytes.value / 2**30:.2f} GiB" in out
 
 
+def test_plan_reads_the_specs_parent_as_the_search_does(tmp_path, capsys):
+    """The spec's parent as a config file, as a folder holding one, or inline: ``score
+    --plan``, the scoring job and the search read it by one rule (nas.hf.read_parent), so
+    a folder plans as it searches (it used to fail reading the folder as a file)."""
+    import shutil
+
+    from nas.hf import read_parent
+    from nas.search.problem import resolve
+    from nas.spec import load_spec
+
+    spec = json.loads((REPO / "examples" / "llama3.1-70b-8xh100.json").read_text())
+    cfg = json.loads((REPO / "examples" / "configs" / "llama-3.1-70b.json").read_text())
+    (tmp_path / "parent").mkdir()
+    shutil.copy(REPO / "examples" / "configs" / "llama-3.1-70b.json",
+                tmp_path / "parent" / "config.json")
+    outs = []
+    for parent in ("parent/config.json", "parent", cfg):
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(dict(spec, parent=parent)))
+        sp, base, _ = load_spec(path)
+        arch, raw = read_parent(sp.parent, base)
+        assert raw == cfg and arch == resolve(sp, base).parent
+        capsys.readouterr()
+        assert cli(["score", str(path), "--plan", "--nproc", "8"]) == 0, capsys.readouterr().err
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_a_run_opens_the_parent_once(work, tmp_path, monkeypatch):
+    """One scoring run opens the parent's checkpoint once: the note on tensors left out
+    and the loaded model come from the one reader the job holds (Job.reader)."""
+    from nas.build import checkpoint
+
+    opened = []
+    init = checkpoint.CheckpointReader.__init__
+
+    def counting(self, *a, **k):
+        opened.append(a[0] if a else k.get("folder"))
+        init(self, *a, **k)
+
+    monkeypatch.setattr(checkpoint.CheckpointReader, "__init__", counting)
+    job = _job(work, **dict(SETTINGS, max_tokens=256))
+    rec = run(job, tmp_path / "once", progress=False)
+    assert rec is not None and rec.scored_now == 25
+    assert len(opened) == 1 and Path(opened[0]) == work / "parent"
+
+
 def test_a_finished_run_resumes_without_reading_the_parent(work, scored, monkeypatch):
     """The parent's digest is recorded beside the run (with its files' sizes and times):
     rerunning a finished job neither loads nor hashes the parent; touching a parent file

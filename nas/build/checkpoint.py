@@ -683,7 +683,7 @@ _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16,
            "F64": torch.float64}
 
 
-def load_pretrained(path: str | Path, strict: bool = True,
+def load_pretrained(path: str | Path | CheckpointReader, strict: bool = True,
                     dtype: torch.dtype | None = None) -> CausalLM:
     """Load a checkpoint folder written by :func:`save_pretrained` (or an HF checkpoint of
     a supported type, e.g. as transformers 4.x or 5.x writes it, bf16 / fp16 / fp32):
@@ -695,9 +695,10 @@ def load_pretrained(path: str | Path, strict: bool = True,
     (unless ``strict=False``), modified, integer or non-finite (NaN / inf) tensor, and
     naming the file for a truncated or corrupt one. ``dtype`` is the compute dtype of
     every weight; the default is the checkpoint's non-quantized dtype (quantized weights
-    are dequantized into it).
+    are dequantized into it). ``path`` may be a reader already open on the folder (its
+    model is the one loaded: a reader loads once).
     """
-    reader = CheckpointReader(path, strict)
+    reader = path if isinstance(path, CheckpointReader) else CheckpointReader(path, strict)
     model = reader.model
     model.load_state_dict(reader.tensors(None, dtype), strict=True, assign=True)
     return model

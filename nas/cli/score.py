@@ -95,23 +95,15 @@ def _plan(args: argparse.Namespace, nproc: int):
     """The run's :class:`nas.scoring.plan.Plan` from configs alone (no weights, no data)."""
     import hwprofiles
     from nas import space
-    from nas.hf import from_hf, load_config
-    from nas.hf.gguf import gguf_config, is_gguf
+    from nas.hf import read_parent
     from nas.scoring.plan import plan
     from nas.spec import load_spec
 
     spec, base, _ = load_spec(args.spec)
-    if args.parent and is_gguf(args.parent):  # its config alone: nothing is dequantized
-        arch, cfg = load_config(args.parent), gguf_config(args.parent)
-    elif args.parent:
-        arch = load_config(args.parent)
-        cfg = json.loads((Path(args.parent) / "config.json").read_text())
-    elif isinstance(spec.parent, str):
-        pp = Path(spec.parent) if Path(spec.parent).is_absolute() else base / spec.parent
-        arch = load_config(pp)
-        cfg = gguf_config(pp) if is_gguf(pp) else json.loads(pp.read_text())
-    else:
-        arch, cfg = from_hf(spec.parent, source=f"{args.spec}: parent"), dict(spec.parent)
+    # the configs alone (a .gguf's: nothing is dequantized); --parent as given, the spec's
+    # relative to its folder
+    arch, cfg = (read_parent(args.parent) if args.parent
+                 else read_parent(spec.parent, base, f"{args.spec}: parent"))
     dtype = args.dtype or {"bfloat16": "bfloat16", "float16": "float16"}.get(
         str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), "float32")
     from nas.search.problem import resolve_profile

@@ -78,6 +78,27 @@ def load_config(path: str | Path) -> ModelArch:
     return from_hf(read_json(path), source=str(path))
 
 
+def read_parent(parent: str | Path | dict[str, Any], base_dir: str | Path = ".",
+                source: str = "parent") -> tuple[ModelArch, dict[str, Any]]:
+    """A parent as a spec or a command names it, read once: a ``config.json``, a folder
+    holding one or a ``.gguf`` file (a relative path is taken against ``base_dir``, the
+    spec's folder), or an inline HF config (``source`` names it in errors). Returns its
+    :class:`ModelArch` and its HF config as read (for fields the architecture does not
+    keep, such as ``torch_dtype``). The one rule every command reads a spec's parent by."""
+    if isinstance(parent, dict):
+        return from_hf(parent, source=source), dict(parent)
+    p = Path(parent)
+    if not p.is_absolute():
+        p = Path(base_dir) / p
+    if p.suffix.lower() == ".gguf":
+        from nas.hf.gguf import gguf_config, load_gguf_arch
+
+        return load_gguf_arch(p), gguf_config(p)
+    f = p / "config.json" if p.is_dir() else p
+    cfg = read_json(f)
+    return from_hf(cfg, source=str(f)), cfg
+
+
 def from_hf(cfg: Any, source: str = "config") -> ModelArch:
     """Turn an HF config dict into a :class:`ModelArch` (``source`` names it in errors)."""
     if not isinstance(cfg, dict):

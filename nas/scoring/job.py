@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from hwprofiles.errors import InputError
 from nas import space
 from nas.arch import ModelArch
-from nas.hf import from_hf, load_config
+from nas.hf import load_config, read_parent
 from nas.scoring.data import Split, load_tokens, split_tokens
 from nas.space import Alternative
 from nas.spec import SearchSpec, load_spec
@@ -59,6 +59,17 @@ class Job:
     base_recipe: str | None = None
     """The spec's recipe when precision is searched per block (``nas.space.spans``): every
     alternative is scored with its weights fake-quantized; None: nothing is quantized."""
+    _reader: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def reader(self) -> Any:
+        """The parent's checkpoint (:class:`nas.build.checkpoint.CheckpointReader`), opened
+        once for the job and handed to whatever reads it (its note on tensors left out, the
+        whole model, a rank's pipeline stage); torch side."""
+        if self._reader is None:
+            from nas.build.checkpoint import CheckpointReader
+
+            self._reader = CheckpointReader(self.parent_dir)
+        return self._reader
 
 
 def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
@@ -71,11 +82,7 @@ def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
     spec's hardware and workloads play no part in scoring.
     """
     spec, base, _ = load_spec(spec_path)
-    if isinstance(spec.parent, str):
-        pp = Path(spec.parent)
-        parent = load_config(pp if pp.is_absolute() else base / pp)
-    else:
-        parent = from_hf(spec.parent, source=f"{spec_path}: parent")
+    parent = read_parent(spec.parent, base, f"{spec_path}: parent")[0]
     pdir = Path(parent_dir)
     if not pdir.is_dir():
         raise InputError("not a checkpoint folder (config.json + safetensors)", path=str(pdir))

@@ -31,7 +31,6 @@ from pydantic import BaseModel, ConfigDict
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch
 from nas.build import load_pretrained
-from nas.build.checkpoint import CheckpointReader
 from nas.io import atomic_write_json
 from nas.progress import Progress
 from nas.scoring import bld
@@ -161,7 +160,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     rank, world, device = init_distributed(device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    left_out = CheckpointReader(job.parent_dir).left_out_note
+    left_out = job.reader().left_out_note
     dtype = None if job.settings.dtype is None else getattr(torch, job.settings.dtype)
     if world > 1 and not replicas:
         if not cached:
@@ -173,7 +172,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     phash = recorded_digest(out, job.parent_dir, dname)
     parent = None
     if phash is None:  # (a resume with unchanged parent files neither reads nor hashes it)
-        parent = load_pretrained(job.parent_dir, dtype=dtype).to(device).eval()
+        parent = load_pretrained(job.reader(), dtype=dtype).to(device).eval()
         phash = weights_digest(parent)
     if rank == 0:  # beside the run too when this machine's cache had it
         record_digest(out, job.parent_dir, dname, phash)
@@ -189,7 +188,7 @@ def run(job: Job, out_dir: str | Path, *, cache_bytes: float = 4 * 2**30,
     tokens = job.split.held[:, 1:].size
     if todo:
         if parent is None:
-            parent = load_pretrained(job.parent_dir, dtype=dtype).to(device).eval()
+            parent = load_pretrained(job.reader(), dtype=dtype).to(device).eval()
         scorer = Scorer(parent, job.split, job.settings, cache_bytes=cache_bytes,
                         spill_dir=out / "cache" / f"rank-{rank}", cached=cached)
         stats = _with_target(scorer, len(parent.blocks))
@@ -265,7 +264,7 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
     phash = box[0]
     stage = None
     if phash is None:  # (a resume with unchanged parent files neither reads nor hashes it)
-        stage = Stage(CheckpointReader(job.parent_dir), segments, rank, job.settings, dtype,
+        stage = Stage(job.reader(), segments, rank, job.settings, dtype,
                       device, side)
         phash = stage.digest()
     if rank == 0:  # beside the run too when this machine's cache had it
@@ -285,7 +284,7 @@ def _run_sharded(job: Job, out: Path, t0: float, rank: int, world: int, device: 
     held_elements = 0
     if todo:
         if stage is None:
-            stage = Stage(CheckpointReader(job.parent_dir), segments, rank, job.settings,
+            stage = Stage(job.reader(), segments, rank, job.settings,
                           dtype, device, side, hash_weights=False)
         held_elements = stage.held_elements
         scorer = PipelineScorer(stage, job.split, job.settings, cache_bytes=cache_bytes,

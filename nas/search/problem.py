@@ -31,7 +31,7 @@ from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
 from nas import engines, space
 from nas.arch import ModelArch, NoOp, blocks_table, mtp_table
-from nas.hf import from_hf, load_config
+from nas.hf import read_parent
 from nas.library import BlockLibrary
 from nas.progress import Progress
 from nas.search import blueprint as bpm
@@ -99,11 +99,7 @@ def resolve_profile(profile: str, base_dir: str | Path = ".") -> HardwareProfile
 def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -> Problem:
     """Load the parent, the hardware profile and the recipe a spec names."""
     base = Path(base_dir)
-    if isinstance(spec.parent, str):
-        p = Path(spec.parent)
-        parent = load_config(p if p.is_absolute() else base / p)
-    else:
-        parent = from_hf(spec.parent, source="spec: parent")
+    parent = read_parent(spec.parent, base, "spec: parent")[0]
     parent.check_tp(spec.hw.tp, "hardware.tp", attention=not spec.hw.attention_dp)
     hw = resolve_profile(spec.hw.profile, base)
     if isinstance(spec.precision, str):
