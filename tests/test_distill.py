@@ -626,6 +626,39 @@ def test_a_checkpoint_without_expert_parallelism_resumes_with_it(work, two_ranks
     _curves_agree(two_ranks, out)
 
 
+def test_experts_that_do_not_divide_over_the_ranks_train_as_one_rank(trained_parent,
+                                                                     tmp_path):
+    """A student whose MoE block keeps 3 experts, on 2 ranks: rank 0 holds 2 of them and
+    rank 1 one (DTensor's split), the run trains as one rank does, and the busiest rank
+    sends what its plan says within 20 %."""
+    import shutil
+
+    import numpy as np
+    from tiny_parent import PARENT
+
+    from nas.arch import NoOp
+    from nas.build import init_from_parent, save_pretrained
+
+    model, calib, _, data = trained_parent
+    blocks = list(PARENT.blocks)
+    blocks[1] = NoOp()
+    blocks[3] = blocks[3].model_copy(update={"num_experts": 3})
+    d = tmp_path / "uneven"
+    save_pretrained(model, d / "parent")
+    save_pretrained(init_from_parent(PARENT.replace_blocks(blocks), model, calib), d / "child")
+    np.save(d / "tokens.npy", data.numpy().astype(np.uint16))
+    one = _cli(d, d / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _cli(d, d / "two", "--nproc", "2", "--expert-parallel", "on")
+    assert two.returncode == 0, two.stderr[-3000:]
+    rec = load_record(d / "two")
+    assert rec.expert_parallel
+    _curves_agree(d / "one", d / "two")
+    planned = _plan_of_run(d, rec, "pipelined", "on").sent_per_step
+    assert max(rec.sent_bytes_per_step) == pytest.approx(planned, rel=0.2)
+    shutil.rmtree(d)
+
+
 def test_expert_parallel_on_that_cannot_run_is_one_line(work, tmp_path):
     p = _cli(work, tmp_path / "ep3", "--nproc", "1", "--expert-parallel", "on")
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-2000:]

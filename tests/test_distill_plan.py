@@ -219,8 +219,8 @@ def test_expert_parallel_gathers_no_experts_and_sends_tokens_instead():
     """With the student's experts sharded whole over the ranks (``nas.train.ep``) the plan
     gathers each MoE block without its routed experts, holds the same 1/N shares, and sends
     the tokens' all_to_all instead of the experts' gathers and reduce-scatters; ``auto`` is
-    on exactly when every MoE block's experts divide over the sharded ranks, ``on`` where
-    they do not is refused in one line."""
+    on on sharded ranks (experts that do not divide: rank 0 holds ``ceil(E / N)``), ``on``
+    where it cannot run is refused in one line."""
     from nas.train.plan import distill_plan, resolve_expert_parallel, routed_expert_params
 
     kw = dict(batch=8, seq_len=256, tokens=65536, eval_every=50, eval_tokens=4096,
@@ -267,12 +267,23 @@ def test_expert_parallel_gathers_no_experts_and_sends_tokens_instead():
     on_2 = distill_plan(ARCH, ARCH, world=2, **kw)  # pipelined: no teacher gathered
     # the teacher's share of what is gathered (its root and two largest blocks) shrinks
     assert 0 < t_on.gathered - on_2.gathered < t_off.gathered - off_2.gathered
-    # 8 and 4 experts: not over 8 ranks, nor on one rank or on replicas
-    assert not distill_plan(ARCH, ARCH, world=8, **{**kw, "batch": 8}).expert_parallel
+    # 8 and 4 experts over 8 ranks: the 4-expert block on ranks 0-3 only (1 each, ranks
+    # 4-7 none), so rank 0 holds 1/4 of its experts' weights, gradients and AdamW state,
+    # not 1/8 (float32 masters: 4 bytes); and what one block casts at a time is that
+    on8 = distill_plan(ARCH, ARCH, world=8, expert_parallel="auto", **kw)
+    off8 = distill_plan(ARCH, ARCH, world=8, expert_parallel="off", **kw)
+    assert on8.expert_parallel
+    more = rp[4] * (1 / 4 - 1 / 8) * 4
+    assert on8.student_weights - off8.student_weights == pytest.approx(more)
+    assert on8.gradients - off8.gradients == pytest.approx(more)
+    assert on8.optimizer - off8.optimizer == pytest.approx(2 * more)
+    on8_ck = distill_plan(ARCH, ARCH, world=8, expert_parallel="on", **kw)
+    assert on8_ck.student_weights == on8.student_weights
+    # not on one rank or on replicas
     assert not resolve_expert_parallel("auto", ARCH, 1, "whole")
     assert not resolve_expert_parallel("auto", ARCH, 2, "replicas")
-    with pytest.raises(ValueError, match="4 experts do not") as e:
-        resolve_expert_parallel("on", ARCH, 8, "sharded")
+    with pytest.raises(ValueError, match="sharded ranks") as e:
+        resolve_expert_parallel("on", ARCH, 2, "replicas")
     assert "--expert-parallel off" in str(e.value) and "\n" not in str(e.value)
     dense = ARCH.replace_blocks(ARCH.blocks[:3])
     assert not resolve_expert_parallel("auto", dense, 2, "sharded")

@@ -1,5 +1,5 @@
 """Expert parallelism (``nas.train.ep``): on 2 and 4 gloo ranks (spawned processes), each
-rank holding only ``E / N`` experts, the MoE's outputs, its input gradients and every
+rank holding only its ``ceil(E / N)`` experts or fewer, the MoE's outputs, its input gradients and every
 parameter gradient (FSDP2's convention: the mean over the ranks' losses) equal one
 process's ``MoEMixer`` on the whole batch; a rank whose experts receive no token, and a
 rank with no token, take part as well."""
@@ -24,6 +24,11 @@ CASES = {
     "latent": MoE(num_experts=8, top_k=4, expert_width=32, shared_width=32, latent_size=16,
                   gated=False, activation="relu2", router="sigmoid", router_bias=True,
                   norm_topk=True, routed_scaling=2.5, n_group=4, topk_group=2),
+    # experts that do not divide over the ranks: 3 per rank, then 1 (2 ranks: 3 + 2;
+    # 4 ranks of 2, 2, 2, 0: the last rank owns none)
+    "uneven": MoE(num_experts=5, top_k=2, expert_width=32, shared_width=32),
+    "six": MoE(num_experts=6, top_k=2, expert_width=32, shared_width=32, gated=False,
+               activation="relu2"),
 }
 RTOL, ATOL = 1e-5, 1e-6
 """Outputs and input gradients, float32 (each expert sees its rows in the global token
@@ -53,7 +58,7 @@ def _worker(rank: int, world: int, store: str, case: str, rows: list[int], maske
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
-    from nas.train.ep import shard_experts
+    from nas.train.ep import expert_ranges, shard_experts
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
@@ -63,8 +68,9 @@ def _worker(rank: int, world: int, store: str, case: str, rows: list[int], maske
         E = cfg.num_experts
         # masked: the last rank's experts are never chosen (it receives no row)
         mask = torch.zeros(E, dtype=torch.bool)
-        if masked:
-            mask[E - E // world:] = True
+        lo, hi = expert_ranges(E, world)[rank]
+        if masked:  # the last rank's
+            mask[expert_ranges(E, world)[-1][0]:] = True
         ref, xs, gs = _reference(cfg, world, rows, mask)
         mixer = copy.deepcopy(ref)
         masters = {n: p.detach().clone() for n, p in ref.named_parameters()}
@@ -85,28 +91,29 @@ def _worker(rank: int, world: int, store: str, case: str, rows: list[int], maske
         mesh = init_device_mesh("cpu", (world,))
         experts = shard_experts(mixer, mesh)
         for p in experts:
-            assert isinstance(p, DTensor) and p.to_local().shape[0] == E // world
+            assert isinstance(p, DTensor) and p.to_local().shape[0] == hi - lo
         x = xs[rank].clone().requires_grad_(True)
         y = mixer(x, expert_mask=mask if masked else None)
         (y * gs[rank]).sum().backward()
-        lo, hi = sum(rows[:rank]), sum(rows[:rank + 1])
+        a, b = sum(rows[:rank]), sum(rows[:rank + 1])
         rtol, atol, gtol = (RTOL, ATOL, GRAD_TOL) if not bf16 else (0.02, 0.02, 0.02)
-        torch.testing.assert_close(y, y_all[lo:hi].detach(), rtol=rtol, atol=atol)
+        torch.testing.assert_close(y, y_all[a:b].detach(), rtol=rtol, atol=atol)
         if not masked and not bf16:
             print(f"rank {rank}: outputs bitwise equal: "
-                  f"{torch.equal(y, y_all[lo:hi].detach())}", flush=True)
-        torch.testing.assert_close(x.grad, world * x_all.grad[lo:hi], rtol=rtol, atol=atol)
+                  f"{torch.equal(y, y_all[a:b].detach())}", flush=True)
+        torch.testing.assert_close(x.grad, world * x_all.grad[a:b], rtol=rtol, atol=atol)
         refs = dict(ref.named_parameters())
         for name, p in mixer.named_parameters():
             want = refs[name].grad
             if isinstance(p, DTensor):  # this rank's experts: their whole gradient
-                n = E // world
                 assert isinstance(p.grad, DTensor)
                 got = p.grad.to_local()
-                want = want[rank * n:(rank + 1) * n]
+                want = want[lo:hi]
                 assert p.dtype == torch.float32 and p.grad.dtype == torch.float32
-                torch.testing.assert_close(p.to_local(), masters[name][rank * n:(rank + 1) * n],
-                                           rtol=0, atol=0)
+                torch.testing.assert_close(p.to_local(), masters[name][lo:hi], rtol=0, atol=0)
+                if hi == lo:  # no expert here: an empty gradient, as every rank has one
+                    assert got.shape[0] == 0
+                    continue
             else:  # replicated here: FSDP2 averages these over the ranks
                 got = p.grad.clone()
                 dist.all_reduce(got)
@@ -147,7 +154,7 @@ def _spawn(tmp_path: Path, world: int, case: str, rows: list[int], masked: bool 
 
 
 @pytest.mark.parametrize("world", [2, 4])
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", ["gated", "latent", "uneven"])
 def test_expert_parallel_equals_one_process(tmp_path, world, case):
     _spawn(tmp_path, world, case, [3] * world)
 
@@ -164,9 +171,18 @@ def test_a_rank_without_tokens_or_without_rows_for_its_experts(tmp_path):
     _spawn(tmp_path / "again", 2, "latent", [2, 3], masked=True)
 
 
-def test_experts_that_do_not_divide_are_refused():
-    from nas.train.ep import refusal
+def test_experts_that_do_not_divide_split_as_dtensor_does(tmp_path):
+    """Experts that do not divide over the ranks: ``ceil(E / N)`` per rank, the last
+    fewer or none, as DTensor's ``Shard(0)`` splits them; a rank with no expert takes part
+    in every exchange (6 experts on 4 ranks: 2, 2, 2, 0)."""
+    from nas.train.ep import expert_ranges
 
-    assert refusal([8, 4], 4) is None
-    why = refusal([8, 6], 4)
-    assert why is not None and "6 experts" in why and "--expert-parallel off" in why
+    assert expert_ranges(8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert expert_ranges(5, 2) == [(0, 3), (3, 5)]
+    assert expert_ranges(6, 4) == [(0, 2), (2, 4), (4, 6), (6, 6)]
+    for E in range(1, 13):
+        for n in range(1, 6):
+            chunks = [len(c) for c in torch.arange(E).chunk(n)]
+            got = [hi - lo for lo, hi in expert_ranges(E, n)]
+            assert got == chunks + [0] * (n - len(chunks))
+    _spawn(tmp_path, 4, "six", [2, 3, 1, 2])

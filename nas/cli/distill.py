@@ -105,10 +105,10 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
                    "sharded shards it with FSDP2, which gathers every block at every step")
     p.add_argument("--expert-parallel", choices=("auto", "on", "off"), default="auto",
                    help="with --nproc N (sharded ranks) and a MoE student: shard its experts "
-                   "whole over the ranks (each holds E/N experts; tokens go to their experts' "
-                   "ranks and back by all_to_all) instead of FSDP2 gathering every MoE block "
-                   "whole. auto (default): when every MoE block's experts divide over the "
-                   "ranks; on: refuse a run where they do not; off: FSDP2 only")
+                   "whole over the ranks (each holds ceil(E/N) experts or fewer; tokens go to "
+                   "their experts' ranks and back by all_to_all) instead of FSDP2 gathering "
+                   "every MoE block whole. auto (default): on sharded ranks with a MoE "
+                   "student; on: refuse a run where it cannot; off: FSDP2 only")
     p.add_argument("--json", action="store_true", help="print distill.json")
     p.add_argument("--plan", action="store_true", help="print the memory per rank (weights, "
                    "gradients, optimizer state, kept copies, gathered units, activations, "

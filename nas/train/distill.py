@@ -29,8 +29,8 @@ time from the safetensors, so no rank ever holds a whole model; the AdamW state 
 with the student. Checkpoints are sharded too (:mod:`torch.distributed.checkpoint`: every
 rank writes its shards, rank 0 ``state.json``) and resume on any number of ranks (DCP
 reshards); the same rank count resumes bit for bit. A MoE student's experts are sharded
-whole instead when they divide over the ranks (``expert_parallel``, :mod:`nas.train.ep`):
-each rank holds ``E / N`` experts, left out of FSDP2's units, and the tokens go to their
+whole instead (``expert_parallel``, :mod:`nas.train.ep`): each rank holds
+``ceil(E / N)`` experts or fewer, left out of FSDP2's units, and the tokens go to their
 experts' ranks and back with ``all_to_all``; they are DTensors ``Shard(0)`` either way, so
 checkpoints, the export and the resume are the same in both layouts. ``model/`` is
 gathered one tensor at a time and streamed into safetensors by rank 0
@@ -1091,8 +1091,9 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     and passes hidden states (:mod:`nas.train.teacher`), ``sharded`` shards it with FSDP2,
     which gathers every block at every step; the figures are the same.
     ``expert_parallel`` (sharded runs on more than one rank, MoE students): ``auto`` (the
-    default) shards the student's experts whole over the ranks (:mod:`nas.train.ep`) when
-    every MoE block's experts divide over them, ``on`` refuses a run where they cannot,
+    default) shards the student's experts whole over the ranks (:mod:`nas.train.ep`;
+    ``ceil(E / N)`` per rank, the last fewer), ``on`` refuses a run where they cannot (no
+    MoE block, or not sharded),
     ``off`` leaves them to FSDP2 (every block gathered whole); the figures are the same
     within float32 summation order, and a checkpoint of either resumes in the other."""
     s = resolve_precision(settings, student_dir, teacher_dir, replicas)

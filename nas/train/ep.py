@@ -1,22 +1,25 @@
 """Expert parallelism for a sharded MoE student (torch): each of the ``N`` data-parallel
-ranks owns ``E / N`` whole experts, and no rank ever gathers a whole MoE block's experts.
+ranks owns about ``E / N`` whole experts, and no rank ever gathers a whole MoE block's
+experts.
 
 :func:`shard_experts` turns a :class:`~nas.modules.moe.MoEMixer`'s stacked expert tensors
 (``experts_gate`` / ``experts_up`` ``(E, width, in)``, ``experts_down`` ``(E, in, width)``)
 into DTensors ``Shard(0)`` over the same 1-D mesh FSDP2 shards the rest with (rank ``r``
-holds experts ``r E/N .. (r+1) E/N - 1``), and returns them for ``fully_shard``'s
+holds experts ``r c .. min((r+1) c, E) - 1`` with ``c = ceil(E / N)``, DTensor's own
+uneven ``Shard(0)``: where ``N`` does not divide ``E`` the last ranks hold fewer, possibly
+none; :func:`expert_ranges`), and returns them for ``fully_shard``'s
 ``ignored_params``: FSDP2 then gathers only the router, the latent projections and the
 shared expert of the block. Being DTensors with FSDP2's own placement, the expert tensors
 go through everything else unchanged: the state dict, :mod:`torch.distributed.checkpoint`
-(a checkpoint of either layout resumes in the other, on any rank count whose experts
-divide), AdamW (its state sharded with them), gradient clipping and the streamed export.
+(a checkpoint of either layout resumes in the other, on any rank count), AdamW (its state sharded with them), gradient clipping and the streamed export.
 
 The forward (:func:`ep_routed`, installed as the mixer's ``routed``; the router, top-k and
 everything else are :class:`MoEMixer`'s own, which is left unchanged):
 
 1. the rank's ``T * k`` (token, expert) pairs are sorted by expert (as on one rank), so
    the rows for each owning rank are contiguous; the counts per expert are exchanged
-   (``all_to_all_single`` of ``E`` integers);
+   (``all_to_all_single`` of ``N c`` integers: the experts padded to ``c`` per rank with
+   counts of 0, so that an uneven split exchanges as an even one);
 2. the rows go to their experts' ranks (``all_to_all_single`` with autograd:
    ``torch.distributed._functional_collectives.all_to_all_single_autograd``, whose
    backward is the reverse exchange; torch 2.13 deprecates
@@ -58,15 +61,12 @@ from nas.modules.moe import MoEMixer, grouped_mm
 EXPERT_TENSORS = ("experts_gate", "experts_up", "experts_down")
 
 
-def refusal(num_experts: list[int], world: int) -> str | None:
-    """Why expert parallelism cannot run for MoE blocks of ``num_experts`` experts on
-    ``world`` ranks (None when it can)."""
-    bad = sorted({e for e in num_experts if e % world})
-    if not bad:
-        return None
-    return (f"expert parallelism needs every MoE block's experts to divide over the {world} "
-            f"ranks; {', '.join(map(str, bad))} experts do not (use a rank count that "
-            "divides them, or --expert-parallel off)")
+def expert_ranges(num_experts: int, world: int) -> list[tuple[int, int]]:
+    """The experts ``[lo, hi)`` each of ``world`` ranks owns: ``c = ceil(E / world)`` per
+    rank in order, the last ranks fewer or none where ``world`` does not divide ``E`` (the
+    split of DTensor's ``Shard(0)``, ``torch.chunk``'s)."""
+    c = -(-num_experts // world)
+    return [(min(r * c, num_experts), min((r + 1) * c, num_experts)) for r in range(world)]
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -96,9 +96,7 @@ def shard_experts(mixer: MoEMixer, mesh: Any, recast: bool = True) -> set[nn.Par
 
     world = mesh.size()
     E = mixer.cfg.num_experts
-    why = refusal([E], world)
-    if why is not None:
-        raise ValueError(why)
+    lo, hi = expert_ranges(E, world)[mesh.get_local_rank()]
     out: set[nn.Parameter] = set()
     for name in EXPERT_TENSORS:
         p = getattr(mixer, name, None)
@@ -107,7 +105,7 @@ def shard_experts(mixer: MoEMixer, mesh: Any, recast: bool = True) -> set[nn.Par
         if isinstance(p, DTensor):
             raise ValueError(f"{name} is sharded already")
         if p.is_meta:
-            local = torch.empty((E // world, *p.shape[1:]), dtype=p.dtype, device="meta")
+            local = torch.empty((hi - lo, *p.shape[1:]), dtype=p.dtype, device="meta")
             d = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
                                    shape=p.shape, stride=p.stride())
         else:
@@ -174,28 +172,38 @@ def ep_routed(mixer: MoEMixer, group: Any, x: torch.Tensor, idx: torch.Tensor,
 
     world = dist.get_world_size(group)
     E = mixer.cfg.num_experts
-    n_local = E // world
+    c = -(-E // world)  # experts per rank, the last ranks' padded with never-chosen ones
+    n_local = int(mixer.experts_up.to_local().shape[0])  # type: ignore[attr-defined]  # a DTensor (shard_experts)
     T, k = idx.shape
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)
     tokens = order // k
     weights = w.reshape(-1)[order]
-    counts = torch.bincount(flat, minlength=E)
+    counts = torch.bincount(flat, minlength=world * c)
     xs = x.index_select(0, tokens)  # (T*k, in), grouped by expert, so by owning rank
     got = torch.empty_like(counts)
     dist.all_to_all_single(got, counts, group=group)  # got[s, e]: rows from rank s
-    got = got.view(world, n_local)
-    send = counts.view(world, n_local).sum(1).tolist()
+    got = got.view(world, c)
+    send = counts.view(world, c).sum(1).tolist()
     recv = got.sum(1).tolist()
     xr = a2a(xs.contiguous(), recv, send, group)
     # by local expert, each expert's rows source rank by source rank (the global order)
-    eid = torch.repeat_interleave(torch.arange(n_local, device=x.device).repeat(world),
+    eid = torch.repeat_interleave(torch.arange(c, device=x.device).repeat(world),
                                   got.reshape(-1), output_size=xr.shape[0])
     perm = torch.argsort(eid, stable=True)
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(len(perm), device=perm.device)
     xl = xr.index_select(0, perm)
-    lc = got.sum(0)
+    lc = got.sum(0)[:n_local]  # the padding experts draw no rows
+    if n_local == 0:  # a rank past the last expert: no rows arrive, none leave; the
+        # exchange stays in the graph so that its backward meets the other ranks', and its
+        # (empty) experts get their (empty) gradients as every rank's do
+        none = sum(_local(t, xl.dtype, world).sum() for t in
+                   (getattr(mixer, n, None) for n in EXPERT_TENSORS) if t is not None)
+        ye = a2a((xl * 0 + none).contiguous(), send, recv, group)
+        out = torch.zeros(T, ye.shape[-1], dtype=torch.float32, device=x.device)
+        out.index_add_(0, tokens, ye.float() * weights[:, None])
+        return out.to(x.dtype)
     rc = _Recast()
     cast = recast and torch.is_grad_enabled() and mixer.experts_up.dtype != xl.dtype
     with torch.autograd.graph.saved_tensors_hooks(rc.pack, rc.unpack) if cast else \

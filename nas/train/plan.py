@@ -18,10 +18,11 @@ a multiple of ``N``, at most ``N - 1`` rows per tensor more than ``P / N``):
   other units (blocks, and the embedding of an untied model: the one computing and the one
   prefetched), student parameters and their unsharded gradients in the compute dtype,
   teacher parameters in its dtype. With **expert parallelism** (:mod:`nas.train.ep`, the
-  default for a MoE student on sharded ranks whose experts divide over them) a MoE block's
-  unit holds no routed expert: each rank keeps ``E / N`` experts whole (the same share
-  of weights, gradients and AdamW state) and, under mixed precision, casts one block's
-  local experts to the compute dtype at a time (``P_experts / N`` of the largest block);
+  default for a MoE student on sharded ranks) a MoE block's unit holds no routed expert:
+  each rank keeps its experts whole, rank 0 the most, ``ceil(E / N)`` (``E / N`` where
+  ``N`` divides ``E``; its weights, gradients and AdamW state are priced at that share),
+  and, under mixed precision, casts one block's local experts to the compute dtype at a
+  time (``ceil(E / N) / E`` of the largest block's experts);
 * **activations**: for the rank's rows (the global batch over ``N``) of ``seq_len``
   tokens, what autograd keeps for the backward pass per block and token, read off the
   modules (:mod:`nas.modules`; checked against ``torch.autograd.graph.saved_tensors_hooks``
@@ -172,13 +173,25 @@ def routed_expert_params(arch: ModelArch) -> np.ndarray:
     return out
 
 
+def busiest_expert_params(arch: ModelArch, world: int) -> np.ndarray:
+    """Per block, the routed expert parameters the busiest rank (rank 0) holds under expert
+    parallelism on ``world`` ranks: ``ceil(E / N)`` of the ``E`` experts
+    (:func:`nas.train.ep.expert_ranges`)."""
+    out = routed_expert_params(arch)
+    for i, b in enumerate(arch.blocks):
+        if isinstance(b, MoE):
+            out[i] *= -(-b.num_experts // world) / b.num_experts
+    return out
+
+
 def resolve_expert_parallel(mode: str | bool, child: ModelArch, world: int, layout: str
                             ) -> bool:
     """Whether a run shards the student's MoE experts whole over the ranks
-    (:mod:`nas.train.ep`). ``auto``: when the student has MoE blocks, the layout is
-    ``sharded`` (FSDP2) on more than one rank and every block's experts divide over the
-    ranks; ``on``: the same, refused (:class:`ValueError`, one line) where it cannot run;
-    ``off``: never. A bool passes through."""
+    (:mod:`nas.train.ep`). ``auto``: when the student has MoE blocks and the layout is
+    ``sharded`` (FSDP2) on more than one rank (experts that do not divide over the ranks
+    split as DTensor's ``Shard(0)`` does, :func:`nas.train.ep.expert_ranges`); ``on``: the
+    same, refused (:class:`ValueError`, one line) where it cannot run; ``off``: never. A
+    bool passes through."""
     if isinstance(mode, bool):
         return mode
     if mode not in ("auto", "on", "off"):
@@ -191,11 +204,6 @@ def resolve_expert_parallel(mode: str | bool, child: ModelArch, world: int, layo
         why = "the student has no MoE block"
     elif layout != "sharded" or world < 2:
         why = "it runs on sharded ranks (--nproc 2 or more, without --replicas)"
-    else:
-        bad = sorted({e for e in experts if e % world})
-        if bad:
-            why = (f"every MoE block's experts must divide over the {world} ranks; "
-                   f"{', '.join(map(str, bad))} experts do not")
     if why is None:
         return True
     if mode == "on":
@@ -382,15 +390,19 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
         loads = [float(bp[a:b].sum()) + (embed_t if r == 0 else 0.0)
                  for r, (a, b) in enumerate(ranges)]
         weights_t = (max(loads) + root_t) * e_t
-    grads, optim = p_s * e_m * share, 2 * p_s * e_m * share
+    # experts that do not divide over the ranks: rank 0 holds ceil(E / N) of them
+    uneven = float(busiest_expert_params(child, world).sum()
+                   - routed_expert_params(child).sum() / world) if ep else 0.0
+    weights_s += uneven * e_m
+    grads, optim = (p_s * share + uneven) * e_m, 2 * (p_s * share + uneven) * e_m
     copies = float(keep_best or lr_sweep > 0) * p_s * e_m * share
     gathered = 0.0
     if layout == "sharded":
         units = child.block_params().astype(float)
         if ep:  # the experts are no block's unit: each rank casts its own, a block at a time
-            experts = routed_expert_params(child)
-            units = units - experts
-            gathered += experts.max() / world * e_c if e_c != e_m else 0.0
+            units = units - routed_expert_params(child)
+            gathered += busiest_expert_params(child, world).max() * e_c \
+                if e_c != e_m else 0.0
         top_s = np.sort(np.append(units, embed_s))[-2:].sum()
         units_t = teacher.block_params().astype(float)
         if ep_t:
@@ -472,27 +484,28 @@ def step_bytes_sent(child: ModelArch, teacher: ModelArch, world: int, layout: st
     if expert_parallel:
         p_s -= float(routed_expert_params(child).sum())
         fwd = 2 if checkpointing else 1
-        a2a += _a2a_bytes(child, global_tokens / world, e_c, 2 * fwd + 2, fwd) * ring
+        a2a += _a2a_bytes(child, global_tokens / world, e_c, 2 * fwd + 2, fwd, world) * ring
     sent = (2 * p_s * e_c + rs * p_s * (4 if mixed else e_m)) * ring + a2a
     if piped:
         return sent + global_tokens * teacher.hidden_size * e_t + global_tokens / world * 8
     if teacher_expert_parallel:
         p_t -= float(routed_expert_params(teacher).sum())
-        sent += _a2a_bytes(teacher, global_tokens / world, e_t, 2, 1) * ring
+        sent += _a2a_bytes(teacher, global_tokens / world, e_t, 2, 1, world) * ring
     return sent + p_t * e_t * ring
 
 
-def _a2a_bytes(arch: ModelArch, tokens: float, item: int, exchanges: int, forwards: int
-               ) -> float:
+def _a2a_bytes(arch: ModelArch, tokens: float, item: int, exchanges: int, forwards: int,
+               world: int) -> float:
     """Bytes of ``arch``'s expert-parallel ``all_to_all`` per step, all of it (the caller
     takes the share for other ranks): ``exchanges`` of the rank's ``tokens * top_k``
-    routed rows of ``in`` values per MoE block, and the counts per expert (8 bytes each)
-    once per forward."""
+    routed rows of ``in`` values per MoE block, and the counts per expert (8 bytes each,
+    ``ceil(E / N)`` per rank) once per forward."""
     out = 0.0
     for b in arch.blocks:
         if isinstance(b, MoE):
             inner = b.latent_size or arch.hidden_size
-            out += exchanges * tokens * b.top_k * inner * item + forwards * b.num_experts * 8
+            per_rank = -(-b.num_experts // world)
+            out += exchanges * tokens * b.top_k * inner * item + forwards * world * per_rank * 8
     return out
 
 
