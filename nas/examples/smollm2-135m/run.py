@@ -236,6 +236,38 @@ def prepare_data(cfg: Config, tokenizer_json: Path, vocab: int, out: Path) -> di
 
 
 # ---- 3. the profile and the spec ---------------------------------------------------------
+ITERATE_STAGES = 2
+"""(b)'s stages (:func:`iterate_child`)."""
+
+
+def profiled_fractions(cfg: Config, parent: Path) -> list[float]:
+    """The FFN fractions of the parent's width whose blocks the profile times: the study's
+    own and every width (b)'s later stages reach (a later stage's fractions apply to its
+    parent's already reduced widths, rounded as the space rounds them), so that measured
+    pricing, which refuses to extrapolate, has a timed neighbour on both sides of every
+    FFN shape an iterative search prices (a first run without them stopped at stage 1 on
+    ``ffn_width=128``, below the smallest timed width, 192)."""
+    from nas.hf import load_config
+    from nas.space import alternatives
+    from nas.spec import SearchSpace
+
+    arch = load_config(parent)
+    i, ffn = next((i, b) for i, b in enumerate(arch.blocks) if b.kind == "ffn")
+    space = SearchSpace.model_validate({"ffn": {"fractions": list(cfg.ffn_fractions),
+                                                "noop": True}})
+
+    def widths(w: int) -> set[int]:
+        blocks = list(arch.blocks)
+        blocks[i] = ffn.model_copy(update={"width": w})
+        alts = alternatives(arch.replace_blocks(blocks), space)[i]
+        return {int(a.child.width) for a in alts if getattr(a.child, "width", None)}
+
+    reach = widths(ffn.width)
+    for _ in range(ITERATE_STAGES - 1):
+        reach |= {v for w in reach for v in widths(w)}
+    return sorted({w / ffn.width for w in reach if w != ffn.width}, reverse=True)
+
+
 def measure_profile(cfg: Config, out: Path, parent: Path, smoke: bool) -> Path:
     """This machine's profile, once: ``puzzle-nas profile --blocks SPEC --calibrate`` probes
     the device, times every distinct block of the study's space at its workload (one torch
@@ -246,7 +278,8 @@ def measure_profile(cfg: Config, out: Path, parent: Path, smoke: bool) -> Path:
     if path.is_file() and path.with_name("cpu.blocks.json").is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    bspec = write_spec(out / "profile" / "blocks-spec.json", cfg, parent, None, None)
+    bspec = write_spec(out / "profile" / "blocks-spec.json", cfg, parent, None, None,
+                       ffn={"fractions": profiled_fractions(cfg, parent), "noop": True})
     cmd = [sys.executable, "-m", "nas", "profile", "--blocks", str(bspec), "--calibrate",
            "--quick", "--device", "cpu", "--threads", "1", "--dtypes", "bf16,fp32",
            "--name", "this-cpu", "-o", str(path)]
