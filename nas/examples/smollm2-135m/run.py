@@ -247,12 +247,13 @@ def profiled_fractions(cfg: Config, parent: Path) -> list[float]:
     pricing, which refuses to extrapolate, has a timed neighbour on both sides of every
     FFN shape an iterative search prices (a first run without them stopped at stage 1 on
     ``ffn_width=128``, below the smallest timed width, 192)."""
+    from nas.arch import FFN
     from nas.hf import load_config
     from nas.space import alternatives
     from nas.spec import SearchSpace
 
     arch = load_config(parent)
-    i, ffn = next((i, b) for i, b in enumerate(arch.blocks) if b.kind == "ffn")
+    i, ffn = next((i, b) for i, b in enumerate(arch.blocks) if isinstance(b, FFN))
     space = SearchSpace.model_validate({"ffn": {"fractions": list(cfg.ffn_fractions),
                                                 "noop": True}})
 
@@ -260,7 +261,7 @@ def profiled_fractions(cfg: Config, parent: Path) -> list[float]:
         blocks = list(arch.blocks)
         blocks[i] = ffn.model_copy(update={"width": w})
         alts = alternatives(arch.replace_blocks(blocks), space)[i]
-        return {int(a.child.width) for a in alts if getattr(a.child, "width", None)}
+        return {int(a.child.width) for a in alts if isinstance(a.child, FFN)}
 
     reach = widths(ffn.width)
     for _ in range(ITERATE_STAGES - 1):
