@@ -221,7 +221,7 @@ def replay(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
 
     target = Target(hw, tp, ep, attention_dp, engine, engines)
     kw, nkw = target.block_kwargs(draft), target.nonblock_kwargs(draft)
-    so, ro, overlap = step_overheads(table, hw, wl, engine, engines)
+    so, ro, overlap = step_overheads(table, target, wl)
     front = engine_latency(engine, engines)
     slots = admitted_slots(table, nonblock, hw, recipe, wl, kw, nkw, reserve_bytes)
     if slots < 1:

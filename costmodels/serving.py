@@ -317,15 +317,14 @@ def _step_times(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProfile,
     return dec, prompt
 
 
-def step_overheads(table: BlockTable, hw: HardwareProfile, wl: Workload,
-                   engine: str | None, engines: Mapping[str, EngineProfile] | None
+def step_overheads(table: BlockTable, target: Target, wl: Workload
                    ) -> tuple[float, float, bool]:
-    """The engine's step overhead (s), per-request host seconds and whether its host work
-    overlaps the GPU's (:func:`costmodels.model.engine_figures`); a block kind the engine
-    cannot overlap for (``EngineProfile.no_overlap``) turns the overlap off."""
-    eng = dict(engines) if engines else None
-    so, ro, overlap = engine_figures(hw, engine, eng)
-    off = no_overlap_rows(table, engine, [wl], eng)
+    """The target engine's step overhead (s), per-request host seconds and whether its host
+    work overlaps the GPU's (:func:`costmodels.model.engine_figures`); a block kind the
+    engine cannot overlap for (``EngineProfile.no_overlap``) turns the overlap off."""
+    eng = dict(target.engines) if target.engines else None
+    so, ro, overlap = engine_figures(target.hw, target.engine, eng)
+    off = no_overlap_rows(table, target.engine, [wl], eng)
     return so, ro, overlap and not (off is not None and bool(off.any()))
 
 
@@ -397,7 +396,7 @@ def arrival_figures(table: BlockTable, nonblock: NonBlockShape, hw: HardwareProf
                          field="arrival")
     target = Target(hw, tp, ep, attention_dp, engine, engines)
     kw, nkw = target.block_kwargs(draft), target.nonblock_kwargs(draft)
-    so, ro, overlap = step_overheads(table, hw, wl, engine, engines)
+    so, ro, overlap = step_overheads(table, target, wl)
     front = engine_latency(engine, engines)
     cap = admitted_slots(table, nonblock, hw, recipe, wl, kw, nkw, reserve_bytes)
     if wl.open_loop:

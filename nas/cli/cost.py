@@ -235,13 +235,11 @@ def run(args: argparse.Namespace) -> int:
                       slo=slo, replay=args.replay,
                       replay_seed=0 if args.replay_seed is None else args.replay_seed)
     model, conc, slo_points = rep.model, rep.concurrency, rep.slo
-    head = {"config": str(args.config)}
-    out: dict = {}
-    for k, v in rep.figures.items():
+    out: dict = {"config": str(args.config)}
+    for k, v in rep.figures.items():  # the --acceptance given, after "mtp"
         out[k] = v
         if k == "mtp":
             out["acceptance"] = args.acceptance
-    out = head | out
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

@@ -163,6 +163,24 @@ class _Recast:
         return p.to_local().detach().to(dtype).as_strided(size, stride, offset)
 
 
+def _experts(mixer: MoEMixer, xl: torch.Tensor, lc: torch.Tensor, world: int,
+             recast: bool) -> torch.Tensor:
+    """This rank's experts on ``xl``, its rows grouped by local expert (``lc`` each), in
+    the rows' dtype (float32 masters cast a block at a time: :class:`_Recast`)."""
+    rc = _Recast()
+    cast = recast and torch.is_grad_enabled() and mixer.experts_up.dtype != xl.dtype
+    with torch.autograd.graph.saved_tensors_hooks(rc.pack, rc.unpack) if cast else \
+            contextlib.nullcontext():
+        up = grouped_mm(xl, rc.add(mixer.experts_up, xl.dtype, world).transpose(1, 2), lc)
+        if mixer.cfg.gated:
+            g = grouped_mm(xl, rc.add(mixer.experts_gate, xl.dtype, world).transpose(1, 2),
+                           lc)
+            h = gated_act(mixer.act, g, up)
+        else:
+            h = mixer.act(up)
+        return grouped_mm(h, rc.add(mixer.experts_down, xl.dtype, world).transpose(1, 2), lc)
+
+
 def ep_routed(mixer: MoEMixer, group: Any, x: torch.Tensor, idx: torch.Tensor,
               w: torch.Tensor, recast: bool = True) -> torch.Tensor:
     """:meth:`MoEMixer.routed` with the experts over the ranks of ``group`` (see the module
@@ -198,25 +216,10 @@ def ep_routed(mixer: MoEMixer, group: Any, x: torch.Tensor, idx: torch.Tensor,
     if n_local == 0:  # a rank past the last expert: no rows arrive, none leave; the
         # exchange stays in the graph so that its backward meets the other ranks', and its
         # (empty) experts get their (empty) gradients as every rank's do
-        none = sum(_local(t, xl.dtype, world).sum() for t in
-                   (getattr(mixer, n, None) for n in EXPERT_TENSORS) if t is not None)
-        ye = a2a((xl * 0 + none).contiguous(), send, recv, group)
-        out = torch.zeros(T, ye.shape[-1], dtype=torch.float32, device=x.device)
-        out.index_add_(0, tokens, ye.float() * weights[:, None])
-        return out.to(x.dtype)
-    rc = _Recast()
-    cast = recast and torch.is_grad_enabled() and mixer.experts_up.dtype != xl.dtype
-    with torch.autograd.graph.saved_tensors_hooks(rc.pack, rc.unpack) if cast else \
-            contextlib.nullcontext():
-        up = grouped_mm(xl, rc.add(mixer.experts_up, xl.dtype, world).transpose(1, 2), lc)
-        if mixer.cfg.gated:
-            g = grouped_mm(xl, rc.add(mixer.experts_gate, xl.dtype, world).transpose(1, 2),
-                           lc)
-            h = gated_act(mixer.act, g, up)
-        else:
-            h = mixer.act(up)
-        yl = grouped_mm(h, rc.add(mixer.experts_down, xl.dtype, world).transpose(1, 2), lc)
-    del rc
+        yl = xl * 0 + sum(_local(t, xl.dtype, world).sum() for t in
+                          (getattr(mixer, n, None) for n in EXPERT_TENSORS) if t is not None)
+    else:
+        yl = _experts(mixer, xl, lc, world, recast)
     yr = yl.index_select(0, inv)
     ye = a2a(yr.contiguous(), send, recv, group)
     out = torch.zeros(T, ye.shape[-1], dtype=torch.float32, device=x.device)
