@@ -5,10 +5,10 @@ subprocess (its peak resident set, ``VmHWM``, reset just before the build, so im
 not count) on a Llama-shaped model of ~0.5 B parameters (hidden 1024, 16 layers, vocab
 32,000):
 
-* ``random``: :func:`nas.build.build_model` in bfloat16 (meta device, block by block)
+* ``random``: :func:`nas.child.build_model` in bfloat16 (meta device, block by block)
   vs the baseline ``CausalLM(arch)`` in float32 + ``reset_parameters`` + ``.to(bfloat16)``
   (what the builder did before);
-* ``from-parent``: :func:`nas.build.init_from_parent` streaming a float32 parent checkpoint
+* ``from-parent``: :func:`nas.child.init_from_parent` streaming a float32 parent checkpoint
   into a bfloat16 child vs the baseline ``load_pretrained`` + ``init_from_parent`` in
   memory + ``.to(bfloat16)``.
 
@@ -29,7 +29,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nas.arch import FFN, Attention, ModelArch  # noqa: E402
-from nas.build import build_model, save_pretrained  # noqa: E402
+from nas.child import build_model, save_pretrained  # noqa: E402
 from nas.hf import to_hf  # noqa: E402
 
 PARENT = ModelArch(hidden_size=1024, vocab_size=32000, model_type="llama", blocks=(
@@ -41,7 +41,7 @@ CHILD = ModelArch.model_validate({**{k: getattr(PARENT, k) for k in ModelArch.mo
 SCRIPT = r"""
 import json, re, sys, torch
 torch.set_num_threads(1)
-from nas.build import build_model, init_from_parent, load_pretrained, save_pretrained
+from nas.child import build_model, init_from_parent, load_pretrained, save_pretrained
 from nas.hf import from_hf
 from nas.modules.model import CausalLM
 

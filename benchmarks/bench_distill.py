@@ -56,7 +56,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nas.arch import FFN, Attention, ModelArch  # noqa: E402
-from nas.build import build_model, save_pretrained  # noqa: E402
+from nas.child import build_model, save_pretrained  # noqa: E402
 
 BLOCKS = (Attention(num_heads=16, num_kv_heads=16, head_dim=64), FFN(width=4096))
 LAYERS = int(os.environ.get("BENCH_DISTILL_LAYERS", "20"))

@@ -37,7 +37,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from nas.arch import FFN, Attention, ModelArch  # noqa: E402
-from nas.build import build_model, load_pretrained, save_pretrained  # noqa: E402
+from nas.child import build_model, load_pretrained, save_pretrained  # noqa: E402
 from nas.scoring import Settings, prepare  # noqa: E402
 from nas.scoring.core import Scorer, make_items, weights_digest  # noqa: E402
 

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from nas.arch import FFN, Attention, ModelArch
-        from nas.build import build_model, init_from_parent, save_pretrained
+        from nas.child import build_model, init_from_parent, save_pretrained
 
         h = 256 if small else 512
         arch = ModelArch(hidden_size=h, vocab_size=8192, model_type="llama",

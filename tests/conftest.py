@@ -102,7 +102,7 @@ def distill_folder(trained, folder: Path) -> Path:
     from tiny_parent import PARENT
 
     from nas.arch import NoOp
-    from nas.build import init_from_parent, save_pretrained
+    from nas.child import init_from_parent, save_pretrained
 
     model, calib, _, data = trained
     save_pretrained(model, folder / "parent")
@@ -153,7 +153,7 @@ def tiny_llama_checkpoint(folder: Path, **save: object) -> tuple:
     import json
 
     from nas.arch import FFN, Attention, ModelArch
-    from nas.build import build_model, save_pretrained
+    from nas.child import build_model, save_pretrained
     from nas.hf import to_hf
 
     att = Attention(num_heads=4, num_kv_heads=2, head_dim=8)
@@ -197,7 +197,7 @@ def tiny_parent_of(hf_model) -> tuple:
     held-out token ids drawn from [2, 96) with seed 11 (torch tests only)."""
     import torch
 
-    from nas.build import from_transformers
+    from nas.child import from_transformers
 
     parent = from_transformers(hf_model).eval()
     g = torch.Generator().manual_seed(11)
@@ -220,7 +220,7 @@ def check_inheritance_beats_random(parent, arch, i: int, calib, held, label: obj
     parameter count. Returns the inherited child."""
     import torch
 
-    from nas.build import init_from_parent
+    from nas.child import init_from_parent
 
     child = init_from_parent(arch, parent, calib)
     assert "random" not in child.init_report[i], child.init_report[i]
@@ -237,7 +237,7 @@ def check_unchanged_child_is_the_parent(parent, calib, held) -> None:
     """A child with the parent's own architecture computes the parent's logits bit for bit."""
     import torch
 
-    from nas.build import init_from_parent
+    from nas.child import init_from_parent
 
     child = init_from_parent(parent.arch, parent, calib)
     with torch.no_grad():

@@ -7,7 +7,7 @@
   ``python -m nas`` entry, ``nas.__main__``) imports ``nas.cli``, late imports included;
 - no private name (``_x``, a function, a table or a module) is imported across packages: a
   package is ``costmodels``, ``hwprofiles`` or a second-level name under ``nas``
-  (``nas.search``, ``nas.build``, ``nas.spec``, ...). Inside one package, modules share freely;
+  (``nas.search``, ``nas.child``, ``nas.spec``, ...). Inside one package, modules share freely;
 - no private attribute (``obj._x``, ``obj`` not ``self`` / ``cls``) is read across
   packages: a private method or attribute this repo defines in one package is read only by
   that package's modules (a third-party library's privates are not this check's business);
@@ -37,7 +37,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 }
 
 # modules (dotted prefixes) that may import torch at module level
-TORCH_OK = ("nas.modules", "nas.build", "nas.scoring", "nas.train.distill", "nas.train.iterate",
+TORCH_OK = ("nas.modules", "nas.child", "nas.scoring", "nas.train.distill", "nas.train.iterate",
             "nas.train.teacher",  # the pipelined teacher of a distillation
             "nas.train.ep",  # a distilled MoE student's experts over the ranks
             "nas.profile",  # the block profiler: real torch blocks timed on a device
@@ -374,16 +374,16 @@ def test_checks_flag_violations(tmp_path, monkeypatch):
     assert cli_violations(files) == [
         "nas/train/run.py:2: nas.train.run imports the command line (nas.cli)"]
     _write(tmp_path, {
-        "nas/build/reader.py": "class Reader:\n    def __init__(self):\n"
+        "nas/child/reader.py": "class Reader:\n    def __init__(self):\n"
                                "        self._shapes = {}\n    def _handle(self):\n"
                                "        return self._shapes\n",
-        "nas/build/use.py": "def f(r):\n    return r._handle(), r._shapes\n",
+        "nas/child/use.py": "def f(r):\n    return r._handle(), r._shapes\n",
         "nas/scoring/pipe.py": "import os\n\n\ndef f(stage):\n"
                                "    os._exit(0)\n    return stage.reader._shapes\n",
     })
     assert private_attr_violations(repo_files()) == [
         "nas/scoring/pipe.py:6: nas.scoring.pipe reads stage.reader._shapes, private to "
-        "nas.build"]
+        "nas.child"]
     assert private_violations(files) == [
         "costmodels/a.py:2: costmodels.a imports hwprofiles._io, private to hwprofiles",
         "nas/cli/__init__.py:2: nas.cli imports nas.search._x, private to nas.search",

@@ -17,7 +17,7 @@ from tiny_parent import PARENT  # noqa: E402
 
 from hwprofiles.errors import InputError  # noqa: E402
 from nas.arch import FFN, Attention, Linear, Mamba, ModelArch, MoE, NoOp  # noqa: E402
-from nas.build import (  # noqa: E402
+from nas.child import (  # noqa: E402
     build_model,
     hf_state_dict,
     init_from_parent,
@@ -441,7 +441,7 @@ def test_sharded_save_round_trip_and_stale_shards_removed(tmp_path):
 
 
 def test_memory_estimate_and_refusal():
-    from nas.build import check_memory, estimate_build_memory
+    from nas.child import check_memory, estimate_build_memory
 
     child = load_config(LLAMA)
     need = estimate_build_memory(child, torch.bfloat16)
@@ -460,7 +460,7 @@ def test_memory_estimate_and_refusal():
 PEAK_SCRIPT = r"""
 import ctypes, gc, json, re, sys, torch
 torch.set_num_threads(1)
-from nas.build import build_model, init_from_parent, save_pretrained
+from nas.child import build_model, init_from_parent, save_pretrained
 from nas.hf import from_hf
 
 

@@ -16,7 +16,7 @@ pytest.importorskip("safetensors")
 from safetensors.torch import save_file  # noqa: E402
 
 from nas.arch import FFN, Attention, Mamba, ModelArch, MoE  # noqa: E402
-from nas.build import build_model, load_pretrained, save_pretrained  # noqa: E402
+from nas.child import build_model, load_pretrained, save_pretrained  # noqa: E402
 from nas.cli import main  # noqa: E402
 from nas.hf import to_hf  # noqa: E402
 
@@ -125,14 +125,14 @@ def test_build_errors_exit_2_with_one_line(tmp_path, parent_dir, capsys):
 
 def test_build_refuses_when_the_estimate_exceeds_memory(tmp_path, parent_dir, capsys,
                                                         monkeypatch):
-    import nas.build.memory
+    import nas.child.memory
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(to_hf(_child())))
     calib = tmp_path / "calib.json"
     calib.write_text(json.dumps(list(range(64))))
     out = tmp_path / "o"
-    monkeypatch.setattr(nas.build.memory, "available_memory", lambda: 1_000_000)
+    monkeypatch.setattr(nas.child.memory, "available_memory", lambda: 1_000_000)
     for extra in ([], ["--parent", str(parent_dir), "--calib", str(calib)]):
         assert main(["build", str(cfg), "-o", str(out), *extra]) == 2
         err = capsys.readouterr().err.strip()

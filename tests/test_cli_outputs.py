@@ -154,7 +154,7 @@ def test_build_refuses_its_own_parent(tmp_path, tiny, capsys):
 
 
 def test_build_replaces_an_existing_checkpoint_whole(tmp_path, tiny, capsys):
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     pdir, cfg, calib = tiny
     out = tmp_path / "out"
@@ -176,7 +176,7 @@ def test_build_replaces_an_existing_checkpoint_whole(tmp_path, tiny, capsys):
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_build_interrupted_at_the_swap_keeps_the_old_checkpoint(tmp_path, tiny, capsys,
                                                                 monkeypatch, sig, code):
-    import nas.build.checkpoint as bc
+    import nas.child.checkpoint as bc
 
     pdir, cfg, calib = tiny
     out = tmp_path / "out"
@@ -212,7 +212,7 @@ def test_build_without_torch_is_one_line(tmp_path):
 def test_build_interrupted_during_the_swap_leaves_one_whole_checkpoint(tmp_path, tiny,
                                                                        capsys, monkeypatch):
     import nas.io
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     pdir, cfg, calib = tiny
     out = tmp_path / "out"

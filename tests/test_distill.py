@@ -22,7 +22,7 @@ pytest.importorskip("safetensors")
 from tiny_parent import PARENT, SEQ  # noqa: E402
 
 from nas.arch import NoOp  # noqa: E402
-from nas.build import load_pretrained  # noqa: E402
+from nas.child import load_pretrained  # noqa: E402
 from nas.train.distill import (  # noqa: E402
     KILL_ENV,
     DistillSettings,
@@ -111,7 +111,7 @@ def test_a_bf16_checkpoint_trains_from_float32_masters_by_default(work, tmp_path
     """Mixed precision is the default for 16-bit checkpoints: a bf16 child and parent train
     from float32 master weights (FSDP2, a one-rank group) and the child is written in bf16;
     ``dtype="bfloat16"`` (``--pure-bf16``) trains in pure bf16, whole."""
-    from nas.build import save_pretrained
+    from nas.child import save_pretrained
     from nas.tokens import copy_tokenizer
 
     for name in ("child", "parent"):
@@ -482,7 +482,7 @@ def test_the_chunked_loss_equals_the_whole_one(monkeypatch):
     """The loss made a chunk of positions at a time (under activation checkpointing) gives
     the whole-logits loss and its gradients, up to float32 summation order."""
     import nas.train.distill as nd
-    from nas.build.random import build_model
+    from nas.child.random import build_model
 
     student, teacher = build_model(PARENT, seed=0), build_model(PARENT, seed=1)
     t = torch.randint(0, PARENT.vocab_size, (3, SEQ))
@@ -637,7 +637,7 @@ def test_experts_that_do_not_divide_over_the_ranks_train_as_one_rank(trained_par
     from tiny_parent import PARENT
 
     from nas.arch import NoOp
-    from nas.build import init_from_parent, save_pretrained
+    from nas.child import init_from_parent, save_pretrained
 
     model, calib, _, data = trained_parent
     blocks = list(PARENT.blocks)
@@ -669,8 +669,8 @@ def _moe_pair(folder: Path, hidden: int, width: int) -> Path:
     """A MoE student and teacher of one shape (an attention block, 4 MoE blocks of 8
     experts), random, and random tokens, in ``folder``."""
     from nas.arch import Attention, ModelArch, MoE
-    from nas.build import save_pretrained
-    from nas.build.random import build_model
+    from nas.child import save_pretrained
+    from nas.child.random import build_model
 
     arch = ModelArch(hidden_size=hidden, vocab_size=512, blocks=(
         Attention(num_heads=4, num_kv_heads=2, head_dim=hidden // 4),

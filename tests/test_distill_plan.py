@@ -132,7 +132,7 @@ def test_more_ranks_hold_less_and_checkpointing_keeps_less():
 
 def test_a_run_whose_plan_does_not_fit_is_refused_before_anything_loads(tmp_path):
     pytest.importorskip("torch")
-    from nas.build import save_pretrained
+    from nas.child import save_pretrained
     from nas.modules.model import CausalLM
 
     d = tmp_path / "m"

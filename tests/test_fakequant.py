@@ -154,7 +154,7 @@ def test_quantize_block_covers_mla_and_gpt_oss_weights():
 @pytest.fixture(scope="module")
 def wide_scores(trained_parent, tmp_path_factory):
     """The tiny parent scored with precision per block and spans (replace-1-span KL)."""
-    from nas.build.checkpoint import save_pretrained
+    from nas.child.checkpoint import save_pretrained
     from nas.scoring.job import Settings, prepare
     from nas.scoring.runner import run
 

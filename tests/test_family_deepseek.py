@@ -257,7 +257,7 @@ def test_group_routing_and_latent_cache_matter():
     routing that ignored it only if every token's best experts sat in the best groups), and
     decoding through the latent cache equals the full forward."""
     torch = pytest.importorskip("torch")
-    from nas.build import from_transformers
+    from nas.child import from_transformers
 
     ours = from_transformers(_hf_tiny()).eval()
     moe = ours.blocks[3].mixer
@@ -311,7 +311,7 @@ def test_mla_svd_full_rank_is_exact_and_truncation_is_worse(tiny_parent):
     """At r = R the SVD re-factoring reproduces the block (V is a rotation); at r < R it
     beats keeping the first r latent channels."""
     pytest.importorskip("torch")
-    from nas.build.inherit.mla import svd_bottleneck
+    from nas.child.inherit.mla import svd_bottleneck
 
     parent, calib, held = tiny_parent
     p = parent.blocks[2].mixer
@@ -381,7 +381,7 @@ def test_hub_mtp_layer_tensors_are_skipped_others_refused(tmp_path):
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file, save_file
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     _hf_tiny().save_pretrained(tmp_path)
     f = tmp_path / "model.safetensors"
@@ -401,7 +401,7 @@ def test_build_cli_streams_a_transformers_parent(tmp_path, capsys):
     with a smaller latent, fewer heads and fewer experts builds block by block from the
     streamed parent, and its init report names the SVD / head / expert rules."""
     torch = pytest.importorskip("torch")
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
     from nas.cli import main
 
     theirs = _hf_tiny().to(torch.bfloat16)
@@ -482,7 +482,7 @@ def test_hub_fp8_checkpoint_loads_unscaled(tmp_path):
     from safetensors.torch import load_file, save_file
     from test_hf_parity import _prompt
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     transformers = pytest.importorskip("transformers")
     _hf_tiny().save_pretrained(tmp_path)
@@ -523,7 +523,7 @@ def test_hub_fp8_checkpoint_loads_unscaled(tmp_path):
     assert diff <= 1e-4
     assert len(ref) > 10
     # saved again, the weights are plain tensors: the FP8 packing is not claimed any more
-    from nas.build import save_pretrained
+    from nas.child import save_pretrained
 
     save_pretrained(ours, tmp_path / "saved")
     assert "quantization_config" not in json.loads((tmp_path / "saved" / "config.json").read_text())

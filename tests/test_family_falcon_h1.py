@@ -332,7 +332,7 @@ def test_absent_multipliers_compute_as_transformers_reads_them(tmp_path):
     pytest.importorskip("torch")
     from test_hf_parity import _check, _prompt
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     theirs = _hf_model()
     theirs.save_pretrained(tmp_path / "hf")
@@ -353,7 +353,7 @@ def test_multipliers_change_the_logits(tmp_path):
     torch = pytest.importorskip("torch")
     from test_hf_parity import _prompt
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     _hf_model().save_pretrained(tmp_path / "hf")
     ours = load_pretrained(tmp_path / "hf").eval()
@@ -405,7 +405,7 @@ def test_searched_child_checkpoint_round_trips(tiny_parent, tmp_path):
     """A child with a Mamba-only layer, an attention-only layer and a narrower MLP saves as
     falcon_h1 (puzzle_layers) and loads back with the same logits."""
     torch = pytest.importorskip("torch")
-    from nas.build import init_from_parent, load_pretrained, save_pretrained
+    from nas.child import init_from_parent, load_pretrained, save_pretrained
 
     parent, calib, held = tiny_parent
     b = list(parent.arch.blocks)
@@ -433,7 +433,7 @@ def test_quantization_config_names_the_checkpoint_modules(tiny_parent):
     (``self_attn.*`` and ``mamba.*`` of a parallel block, ``feed_forward.*``), each pattern
     matches a saved tensor, the KV-cache format covers the attention branches, and it reads
     back per block."""
-    from nas.build import build_model, hf_layout
+    from nas.child import build_model, hf_layout
     from nas.search.quant_config import block_formats, expand, quantization_config
 
     parent = tiny_parent[0]

@@ -190,7 +190,7 @@ def test_sinks_and_clamp_matter():
     """On these weights the sinks and the SwiGLU clamp both move the logits (the parity above
     is not blind to them), and decoding through the (ring) caches equals the full forward."""
     torch = pytest.importorskip("torch")
-    from nas.build import from_transformers
+    from nas.child import from_transformers
 
     ours = from_transformers(_hf_tiny()).eval()
     prompt = torch.randint(2, 96, (2, 11), generator=torch.Generator().manual_seed(1))
@@ -282,7 +282,7 @@ def test_shipped_example_search_runs(tmp_path):
 # ---- MXFP4-packed checkpoints (as the Hub publishes gpt-oss) --------------------------------
 def test_unpack_mxfp4_closed_form():
     torch = pytest.importorskip("torch")
-    from nas.build.formats.mxfp4 import unpack_mxfp4
+    from nas.child.formats.mxfp4 import unpack_mxfp4
 
     blocks = torch.zeros(1, 2, 1, 16, dtype=torch.uint8)
     blocks[0, 0, 0, 0] = 0x71  # low nibble 1 (0.5) first, then 7 (6.0)
@@ -341,7 +341,7 @@ def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
     transformers = pytest.importorskip("transformers")
     from test_hf_parity import _prompt
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     hub_mxfp4_checkpoint(tmp_path)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
@@ -353,7 +353,7 @@ def test_hub_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
     with torch.no_grad():
         diff = float((ours(_prompt()) - theirs(_prompt()).logits).abs().max())
     assert diff <= 1e-4
-    from nas.build import save_pretrained  # saved again: plain tensors, no MXFP4 claim
+    from nas.child import save_pretrained  # saved again: plain tensors, no MXFP4 claim
 
     save_pretrained(ours, tmp_path / "saved")
     assert "quantization_config" not in json.loads((tmp_path / "saved" / "config.json").read_text())
@@ -378,7 +378,7 @@ def test_sink_attention_query_chunks_are_exact(monkeypatch):
     the logits' scale, not an absolute figure below one step."""
     torch = pytest.importorskip("torch")
     import nas.modules.gpt_oss as go
-    from nas.build import from_transformers
+    from nas.child import from_transformers
 
     ours = from_transformers(_hf_tiny()).eval()
     prompt = torch.randint(2, 96, (2, 13), generator=torch.Generator().manual_seed(3))

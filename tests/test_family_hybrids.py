@@ -159,7 +159,7 @@ def test_granite_multipliers_all_matter():
     """Each of the four multipliers moves the logits on these weights (the parity above is
     not blind to any of them), and decoding through the caches equals the full forward."""
     torch = pytest.importorskip("torch")
-    from nas.build import from_transformers
+    from nas.child import from_transformers
     from nas.modules.granite import Scalars
 
     ours = from_transformers(_hf_granite()).eval()
@@ -193,7 +193,7 @@ def test_granite_absent_multipliers_compute_as_transformers_reads_them(tmp_path)
     torch = pytest.importorskip("torch")
     from test_hf_parity import _check, _prompt
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     theirs = _hf_granite(**{k: 1.0 for k in MULTIPLIERS})
     theirs.save_pretrained(tmp_path / "hf")
@@ -301,7 +301,7 @@ def test_granite_build_cli_from_a_transformers_parent(tmp_path, capsys):
     transformers = pytest.importorskip("transformers")
     from test_hf_parity import _prompt
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
     from nas.cli import main
 
     _hf_granite(seed=2).to(torch.bfloat16).save_pretrained(tmp_path / "hf")
@@ -341,7 +341,7 @@ def test_granite_fused_tensors_are_quantized_by_role():
     pytest.importorskip("torch")
     from costmodels.dtypes import DType, PrecisionRecipe, TensorRole
     from nas.arch import FFN, Attention
-    from nas.build import build_model, hf_layout
+    from nas.child import build_model, hf_layout
     from nas.scoring.fakequant import quantize_block
     from nas.search.quant_config import block_formats, expand, quantization_config
 

@@ -252,7 +252,7 @@ def test_parity_ours_to_theirs(tmp_path):
 def test_chunked_scan_equals_the_recurrence_and_cached_decode():
     from conftest import check_cached_decode
 
-    from nas.build import build_model
+    from nas.child import build_model
     from nas.modules.mamba1 import selective_scan
 
     g = torch.Generator().manual_seed(0)
@@ -302,7 +302,7 @@ def trained_jamba():
     from tiny_parent import english_bytes
 
     from nas.arch import ModelArch
-    from nas.build import build_model
+    from nas.child import build_model
 
     torch.set_num_threads(1)
     arch = ModelArch(hidden_size=64, vocab_size=256, model_type="jamba", norm_eps=1e-6,
@@ -352,7 +352,7 @@ def test_init_fewer_channels_keeps_the_function_of_the_kept_channels(trained_jam
     the parent's function."""
     import copy
 
-    from nas.build import init_from_parent
+    from nas.child import init_from_parent
 
     parent, calib, held = trained_jamba
     parent = copy.deepcopy(parent)
@@ -373,7 +373,7 @@ def test_init_smaller_state_keeps_the_live_state_dims(trained_jamba):
     child with 4 of 8 dims must keep dims 1, 3, 5, 7 (A's columns, B / C rows of x_proj)."""
     import copy
 
-    from nas.build import init_from_parent
+    from nas.child import init_from_parent
 
     parent, calib, _ = trained_jamba
     parent = copy.deepcopy(parent)
@@ -406,7 +406,7 @@ def test_quantization_config_names_jamba_modules(tmp_path):
     """A Jamba child's ModelOpt-style quantization_config names the checkpoint's modules
     (Mamba-1's four projections under ``mamba.``, the MLP under ``feed_forward.``), every
     pattern matches a saved tensor, and it reads back per block."""
-    from nas.build import build_model, hf_layout
+    from nas.child import build_model, hf_layout
     from nas.search.quant_config import block_formats, expand, quantization_config
 
     arch = load_config(MINI).model_copy(update={"hidden_size": 32, "vocab_size": 64, "blocks": (

@@ -67,8 +67,8 @@ def test_wrapper_checkpoint_reads_the_language_model(wrapper, tmp_path):
     transformers' Qwen3_5MoeForCausalLM loads with the same logits."""
     from test_hf_parity import _prompt
 
-    from nas.build import load_pretrained, save_pretrained
-    from nas.build.checkpoint import CheckpointReader
+    from nas.child import load_pretrained, save_pretrained
+    from nas.child.checkpoint import CheckpointReader
 
     theirs, path = wrapper
     reader = CheckpointReader(path)
@@ -99,7 +99,7 @@ def test_build_from_a_wrapper_parent(wrapper, tmp_path, capsys):
     from the wrapper's language model, and transformers loads it with our logits."""
     from test_hf_parity import _prompt
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
     from nas.cli import main
     from nas.hf import load_config
 
@@ -133,7 +133,7 @@ def test_score_from_a_wrapper_parent(wrapper, tmp_path, capsys):
 
     import numpy as np
 
-    from nas.build.checkpoint import CheckpointReader
+    from nas.child.checkpoint import CheckpointReader
     from nas.cli import main
 
     _, path = wrapper

@@ -124,7 +124,7 @@ torch = pytest.importorskip("torch")
 
 
 def test_chunked_equals_recurrent_and_cached_decode():
-    from nas.build import build_model
+    from nas.child import build_model
     from nas.modules.deltanet import gated_delta_chunked, gated_delta_step
 
     g = torch.Generator().manual_seed(0)
@@ -175,7 +175,7 @@ def _hf_model(seed: int = 0):
 def test_parity_theirs_to_ours(tmp_path):
     from test_hf_parity import check_theirs_to_ours
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     ours = check_theirs_to_ours(_hf_model(), tmp_path)
     assert ours.arch.model_type == "qwen3_next" and ours.arch.blocks[2].rope_dim == 8
@@ -232,7 +232,7 @@ def _tiny_parent():
 
     from test_hf_parity import randomize
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     with tempfile.TemporaryDirectory() as tmp:
         _hf_model(5).save_pretrained(tmp)
@@ -246,7 +246,7 @@ def test_init_fewer_heads_keeps_the_function_of_the_kept_heads():
     block 0: the child with 2 of 4 value heads must pick heads 0 and 2 and compute exactly
     the parent's function; zeroing key group 1 (heads 2, 3), the child with 1 of 2 key
     heads and 2 value heads must keep group 0."""
-    from nas.build import init_from_parent
+    from nas.child import init_from_parent
 
     parent = _tiny_parent()
     dv = 6
@@ -283,7 +283,7 @@ def test_init_swap_copies_the_nearest_block_scaled():
     of the no-op's error."""
     from test_hf_parity import _prompt
 
-    from nas.build import init_from_parent
+    from nas.child import init_from_parent
 
     parent = _tiny_parent()
     pa = parent.arch
@@ -383,7 +383,7 @@ def _hf35_model(seed: int = 0):
 def test_qwen35_parity_both_ways(tmp_path):
     from test_hf_parity import _check, _prompt, check_theirs_to_ours, randomize
 
-    from nas.build import build_model, save_pretrained, to_transformers
+    from nas.child import build_model, save_pretrained, to_transformers
 
     ours = check_theirs_to_ours(_hf35_model(), tmp_path)
     assert ours.arch.model_type == "qwen3_5_moe_text" and ours.blocks[0].mixer.split
@@ -404,7 +404,7 @@ def test_qwen35_init_fewer_heads_split_layout():
     """The head-pruning rule on the split layout: dead value heads 1 and 3 dropped exactly."""
     from test_hf_parity import randomize
 
-    from nas.build import from_transformers, init_from_parent
+    from nas.child import from_transformers, init_from_parent
 
     parent = from_transformers(_hf35_model(2)).eval()
     randomize(parent, 3)

@@ -141,7 +141,7 @@ def _nas(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_converted_folder_computes_the_gguf_models_logits(tmp_path, tied):
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     original = tiny_llama(tied)
     f = write_gguf(tmp_path / "tiny.gguf", original)

@@ -5,10 +5,10 @@ mixtral, qwen2_moe, qwen3_moe, nemotron_h), tiny random models in both direction
 
 * theirs -> ours: a transformers model saved by ``save_pretrained`` (its 5.x config spelling,
   and the same checkpoint with the config rewritten in the 4.x spelling) loads with
-  :func:`nas.build.load_pretrained`;
-* ours -> theirs: a model built here, saved by :func:`nas.build.save_pretrained`, loads with
+  :func:`nas.child.load_pretrained`;
+* ours -> theirs: a model built here, saved by :func:`nas.child.save_pretrained`, loads with
   ``AutoModelForCausalLM.from_pretrained`` with no missing or unexpected keys, and
-  :func:`nas.build.to_transformers` gives the same model in memory.
+  :func:`nas.child.to_transformers` gives the same model in memory.
 
 Weights are drawn at O(1) scale (matrices ``N(0, 1/fan_in)``, norm scales ``U(0.5, 1.5)``,
 biases, Mamba ``dt_bias`` / ``A_log`` / ``D`` and router correction biases ``N(0, 1)``) so
@@ -27,7 +27,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from nas.build import load_pretrained, save_pretrained, to_transformers  # noqa: E402
+from nas.child import load_pretrained, save_pretrained, to_transformers  # noqa: E402
 from nas.hf import load_config  # noqa: E402
 
 TOL = 1e-4
@@ -148,7 +148,7 @@ def check_ours_to_theirs(arch, tmp_path):
     """Our model of ``arch`` with random weights, saved, loads in transformers with no
     missing or unexpected key and computes our logits; :func:`to_transformers` does too.
     Returns our model (shared by every family's parity test)."""
-    from nas.build import build_model
+    from nas.child import build_model
 
     ours = build_model(arch, seed=3).eval()
     randomize(ours, 7)
@@ -215,7 +215,7 @@ def test_ours_to_theirs(mt, tmp_path):
 def test_mamba_time_step_clamp_matters():
     """The clamp is not a no-op on these weights: without it the logits move."""
     theirs = _hf_model("nemotron_h")
-    from nas.build import from_transformers
+    from nas.child import from_transformers
 
     ours = from_transformers(theirs).eval()
     prompt = _prompt()
@@ -235,7 +235,7 @@ def test_time_step_min_initializes_and_does_not_clamp():
     code; transformers from 5.25), and the logits are transformers' where it agrees."""
     from packaging.version import Version
 
-    from nas.build import from_transformers
+    from nas.child import from_transformers
 
     cfg = _hf_model("nemotron_h").config.to_dict()
     cfg.pop("time_step_limit")

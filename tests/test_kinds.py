@@ -28,7 +28,7 @@ def kind_files(name: str, family: str) -> set[str]:
     module, its inheritance rule, the cost table's code and columns, and the family that
     ships it."""
     return {f"nas/kinds/{name}.py", f"costmodels/kinds/{name}.py", f"nas/modules/{name}.py",
-            f"nas/build/inherit/{name}.py", "costmodels/shapes.py", f"nas/hf/{family}.py"}
+            f"nas/child/inherit/{name}.py", "costmodels/shapes.py", f"nas/hf/{family}.py"}
 
 
 MAMBA1_WORDS = re.compile(r"mamba1|mamba-1|m1_inner|dt_rank", re.IGNORECASE)

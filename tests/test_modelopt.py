@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from nas.build import load_pretrained  # noqa: E402
-from nas.build.formats.modelopt import E2M1_VALUES, dequantize  # noqa: E402
+from nas.child import load_pretrained  # noqa: E402
+from nas.child.formats.modelopt import E2M1_VALUES, dequantize  # noqa: E402
 from nas.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -161,7 +161,7 @@ def test_modelopt_parent_reads_as_one_bf16_model(modelopt_parent):
     want = load_pretrained(ref).eval()
     for (k, a), (_, b) in zip(ours.state_dict().items(), want.state_dict().items()):
         assert torch.equal(a, b), k
-    from nas.build.checkpoint import CheckpointReader
+    from nas.child.checkpoint import CheckpointReader
 
     note = CheckpointReader(src).left_out_note
     assert note == ("ModelOpt MIXED_PRECISION: 14 weights dequantized on read; "

@@ -442,7 +442,7 @@ def test_llama3_rope_scaling():
 
 
 def test_rope_scaling_reaches_the_model():
-    from nas.build import build_model
+    from nas.child import build_model
 
     att = Attention(num_heads=2, num_kv_heads=1, head_dim=16)
     base = ModelArch(hidden_size=32, vocab_size=50, blocks=(att, FFN(width=64)))

@@ -39,7 +39,7 @@ def _tokens(tmp_path: Path, n: int = 2048, seed: int = 0) -> Path:
 
 
 def test_the_pool_is_realized_measured_and_the_lowest_measured_kl_chosen(tmp_path, capsys):
-    from nas.build import init_from_parent, load_pretrained
+    from nas.child import init_from_parent, load_pretrained
     from nas.hf import from_hf
     from nas.scoring.realize import load_record, pool_files
 

@@ -220,7 +220,7 @@ def test_sigkilled_build_leftovers_are_removed_by_the_next_run(tmp_path, tiny_bu
     but not the temp entries of a live process nor names it did not make."""
     _, cfg = tiny_build
     out = tmp_path / "child"
-    code = ("import os, signal, sys\nimport nas.build.checkpoint as bc\n"
+    code = ("import os, signal, sys\nimport nas.child.checkpoint as bc\n"
             "bc.swap_in_dir = lambda staged, path: os.kill(os.getpid(), signal.SIGKILL)\n"
             "from nas.cli import main\n"
             f"sys.exit(main(['build', {str(cfg)!r}, '-o', {str(out)!r}]))")
@@ -266,7 +266,7 @@ def writers(tmp_path_factory):
     import numpy as np
     from conftest import tiny_llama_checkpoint
 
-    from nas.build import build_model, save_pretrained
+    from nas.child import build_model, save_pretrained
 
     pdir, cfg, _, small = tiny_llama_checkpoint(tmp_path)
     child = save_pretrained(build_model(small, seed=1), tmp_path / "childck")
@@ -400,7 +400,7 @@ def test_parent_weights_nan_or_integer_are_refused(tmp_path, tiny_build, capsys,
     from safetensors.torch import load_file, save_file
 
     from hwprofiles.errors import InputError
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     pdir, cfg = tiny_build
     f = pdir / "model.safetensors"

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from hwprofiles.errors import InputError  # noqa: E402
 from nas.arch import FFN, MLA, Attention, Linear, Mamba, ModelArch, MoE, NoOp  # noqa: E402
-from nas.build import build_model, load_pretrained, save_pretrained  # noqa: E402
+from nas.child import build_model, load_pretrained, save_pretrained  # noqa: E402
 from nas.hf import DIALECTS, from_hf, load_config  # noqa: E402
 from nas.hf.remote import AUTO_MAP, TRANSFORMERS_TYPES, remote_files  # noqa: E402
 

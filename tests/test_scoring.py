@@ -22,7 +22,7 @@ from tiny_parent import PARENT, SEQ  # noqa: E402
 
 from hwprofiles.errors import InputError  # noqa: E402
 from nas.arch import FFN, Attention  # noqa: E402
-from nas.build import init_from_parent, load_pretrained, save_pretrained  # noqa: E402
+from nas.child import init_from_parent, load_pretrained, save_pretrained  # noqa: E402
 from nas.cli import main as cli  # noqa: E402
 from nas.hf import to_hf  # noqa: E402
 from nas.scoring import Settings, init_block, prepare, run  # noqa: E402
@@ -706,7 +706,7 @@ def test_plan_reads_the_specs_parent_as_the_search_does(tmp_path, capsys):
 def test_a_run_opens_the_parent_once(work, tmp_path, monkeypatch):
     """One scoring run opens the parent's checkpoint once: the note on tensors left out
     and the loaded model come from the one reader the job holds (Job.reader)."""
-    from nas.build import checkpoint
+    from nas.child import checkpoint
 
     opened = []
     init = checkpoint.CheckpointReader.__init__
@@ -761,7 +761,7 @@ def test_the_teacher_target_is_the_last_hidden_state_not_the_vocabulary(dtype):
     Each token's cross entropy moves by about one such step, of either sign, so the n-token
     sum is held to 4 sqrt(n) steps (measured: 4.4 under AVX2)."""
     from nas.arch import ModelArch
-    from nas.build import build_model
+    from nas.child import build_model
     from nas.scoring.core import kl_sums
     from nas.scoring.data import Split
 

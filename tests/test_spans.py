@@ -215,7 +215,7 @@ def test_paired_parent_keeps_depth_with_noop_pairs():
 
 def test_builder_counts_match_a_child_with_spans(super_wide):
     torch = pytest.importorskip("torch")
-    from nas.build import build_model
+    from nas.child import build_model
 
     problem, alts, _, _, _ = super_wide
     small = problem.parent.model_copy(update={"hidden_size": 64, "vocab_size": 128})
@@ -322,8 +322,8 @@ def test_init_from_parent_for_a_shorter_child():
     kept block is its parent block's tensors, the child computes what the parent-depth
     layout with no-ops computes, and the stored parameters are the architecture's."""
     torch = pytest.importorskip("torch")
-    from nas.build import build_model
-    from nas.build.spans import expanded, init_from_parent_spans
+    from nas.child import build_model
+    from nas.child.spans import expanded, init_from_parent_spans
 
     small = ModelArch_small()
     parent = build_model(small, seed=0)
@@ -403,7 +403,7 @@ def test_cli_build_initializes_a_span_child_from_its_stand_in_blocks(tmp_path, c
     child is built from the parent blocks its ``stand_in`` names, saved, and reloads with the
     architecture's exact parameter count; a malformed stand_in is one line, exit 2."""
     torch = pytest.importorskip("torch")
-    from nas.build import build_model, load_pretrained, save_pretrained
+    from nas.child import build_model, load_pretrained, save_pretrained
     from nas.cli import main
 
     small = ModelArch_small()

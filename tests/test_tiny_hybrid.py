@@ -54,7 +54,7 @@ def test_every_stage_completes_and_the_artifacts_agree(smoke):
         assert (out / "iterative" / f"seed-{s}" / "stage-1" / "scores" / "scores.csv").is_file()
     # independently of the script's own checks: built parameters are the blueprint's, and
     # the score file holds exactly the alternatives of the library the search priced
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     bp = json.loads((out / "methods" / "a" / "seed-0" / "search" / "blueprint.json").read_text())
     child = load_pretrained(out / "methods" / "a" / "seed-0" / "distill" / "model")
@@ -104,7 +104,7 @@ def test_the_parent_rate_is_the_sweeps_choice_and_the_run_after_it_is_the_plain_
     the lowest validation loss wins), and the parent is then exactly a plain run at that
     rate from the same init: the sweep leaves nothing behind in the weights."""
     run, d, _, res = smoke
-    from nas.build import build_model, load_pretrained
+    from nas.child import build_model, load_pretrained
     from nas.hf import from_hf
 
     cfg = run.SMOKE

@@ -50,7 +50,7 @@ def test_retraining_from_the_corpus_lands_near_the_frozen_parent():
 
 
 def test_frozen_parent_is_the_checkpoint_as_saved():
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     a, _, held, _ = frozen_parent()
     b = load_pretrained(FROZEN)  # its own config (nemotron_h_puzzle): the same numerics

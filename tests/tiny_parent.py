@@ -19,7 +19,7 @@ from nas.arch import FFN, Attention, Mamba, ModelArch, MoE
 DATA = Path(__file__).resolve().parent / "data"
 CORPUS = DATA / "english.txt"
 CORPUS_SHA256 = "091ddcbcdaca2890ef047d1e2449366a022f06dab1c5403290ff34137ebd99c3"
-FROZEN = DATA / "tiny-parent"  # train_parent(0) as saved by nas.build.save_pretrained
+FROZEN = DATA / "tiny-parent"  # train_parent(0) as saved by nas.child.save_pretrained
 FROZEN_SHA256 = {
     "config.json": "e65976f915c2d0cff7a6e49f276037a586a7927d94bc7d74bd5a7cb0b4162e6a",
     "model.safetensors": "4430a8a1713f91f4cb4a016ac61e488a5dfa85aafc0eb0da5e5af6e138780462",
@@ -64,7 +64,7 @@ def train_parent(seed: int = 0):  # type: ignore[no-untyped-def]
     10 %, ``data`` the whole byte stream."""
     import torch
 
-    from nas.build import build_model
+    from nas.child import build_model
 
     data = torch.tensor(list(english_bytes()), dtype=torch.long)
     assert len(data) > 100_000
@@ -105,7 +105,7 @@ def frozen_parent():  # type: ignore[no-untyped-def]
     trained: the same parent on every machine."""
     import torch
 
-    from nas.build import build_model, load_pretrained
+    from nas.child import build_model, load_pretrained
 
     for name, want in FROZEN_SHA256.items():
         _check(FROZEN / name, want)

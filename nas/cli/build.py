@@ -1,7 +1,7 @@
 """``puzzle-nas build BLUEPRINT_OR_CONFIG [--parent DIR --calib FILE] -o DIR``.
 
 Builds the child model as torch modules, optionally initializes it from a parent
-checkpoint (:func:`nas.build.init_from_parent`), saves ``config.json`` +
+checkpoint (:func:`nas.child.init_from_parent`), saves ``config.json`` +
 ``model.safetensors`` and prints a parameter summary.
 
 Input: a blueprint JSON (the child HF config under the key ``child``), a plain HF
@@ -35,8 +35,8 @@ from nas.tokens import BYTES, TOKENIZER_FILES, add_token_flags
 DTYPES = ("float32", "bfloat16", "float16")
 RECORD = "build.json"
 """The build record in the output folder (:class:`BuildRecord`;
-``nas.build.checkpoint.BUILD_RECORD``)."""
-# what a checkpoint folder holds (nas.build.checkpoint.CHECKPOINT_FILES, repeated here
+``nas.child.checkpoint.BUILD_RECORD``)."""
+# what a checkpoint folder holds (nas.child.checkpoint.CHECKPOINT_FILES, repeated here
 # because that module imports torch; the modeling files of nas.hf.remote are added where
 # they are read)
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json",
@@ -91,7 +91,7 @@ def read_child_config(path: str | Path) -> tuple[dict[str, Any], str]:
 
 def read_stand_in(path: str | Path, num_blocks: int) -> list[int] | None:
     """A blueprint's ``stand_in`` (the parent block each child block is initialized from,
-    written when the search space had spans; see :mod:`nas.build.spans`), or ``None``."""
+    written when the search space had spans; see :mod:`nas.child.spans`), or ``None``."""
     path = Path(path)
     if path.is_dir():
         return None
@@ -350,7 +350,7 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError:
         raise InputError("building needs torch: pip install 'puzzle-nas[torch]'") from None
 
-    from nas.build import (
+    from nas.child import (
         build_model,
         check_memory,
         estimate_build_memory,
@@ -373,18 +373,18 @@ def _run(args: argparse.Namespace) -> int:
     elif args.parent:
         # the parent is streamed from its safetensors one block at a time; the child is
         # materialized block by block in the target dtype
-        from nas.build.checkpoint import CheckpointReader
+        from nas.child.checkpoint import CheckpointReader
 
         reader = CheckpointReader(args.parent)
         left_out = reader.left_out_note
         tokens = read_calibration(args.calib, args.calib_len, args.tokenizer, args.bin_dtype)
         dtype = getattr(torch, args.dtype) if args.dtype else reader.stored_dtype()
-        from nas.build.inherit import MAX_TOKENS
+        from nas.child.inherit import MAX_TOKENS
 
         if stand_in is not None:
             # a child with spans: laid out at the parent's depth (no-ops in the removed
-            # places), initialized there, the no-ops dropped (nas.build.spans)
-            from nas.build.spans import expanded, init_from_parent_spans
+            # places), initialized there, the no-ops dropped (nas.child.spans)
+            from nas.child.spans import expanded, init_from_parent_spans
 
             wide = expanded(arch, reader.arch, stand_in)
         else:

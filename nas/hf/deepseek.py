@@ -21,7 +21,7 @@ hold, e.g. a no-op or narrower MoE at some layers): the model-level fields of th
 format plus ``block_configs``, one object per residual block (its ``kind`` and fields, as
 :class:`nas.arch.ModelArch` writes blocks), and ``mtp_block_configs`` for the MTP head's
 blocks when there is one (MTP tensors are not built, as for ``deepseek_v3``). transformers has no such type and refuses to
-load it (never silently building another model); :func:`nas.build.load_pretrained` reads
+load it (never silently building another model); :func:`nas.child.load_pretrained` reads
 it, with the stock tensor names.
 """
 

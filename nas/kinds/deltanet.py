@@ -2,7 +2,7 @@
 whole kind.
 
 Its pricing is :mod:`costmodels.kinds.deltanet`, its torch module
-:mod:`nas.modules.deltanet`, its inheritance rule :mod:`nas.build.inherit.deltanet` and the
+:mod:`nas.modules.deltanet`, its inheritance rule :mod:`nas.child.inherit.deltanet` and the
 family that ships it :mod:`nas.hf.qwen3_next`; everything else the library asks of a kind
 is declared here.
 """
@@ -132,7 +132,7 @@ SPEC = register(KindSpec(
     tp_check=_tp_check,
     engine_axes={"v_heads": lambda b: b.num_v_heads, "k_heads": lambda b: b.num_k_heads},
     stateful=True,  # conv + recurrent state
-    inherit="nas.build.inherit.deltanet:inherit_deltanet",
+    inherit="nas.child.inherit.deltanet:inherit_deltanet",
     # no linears: the Qwen3-Next quantization configs list none of its layers
     hf_dialects=frozenset(_DIALECTS),
     hf_module=dict.fromkeys(_DIALECTS, "linear_attn."),

@@ -1,7 +1,7 @@
 """Mamba-1 (the selective SSM of arXiv 2312.00752, in Jamba's layout): the whole kind.
 
 Its pricing is :mod:`costmodels.kinds.mamba1`, its torch module :mod:`nas.modules.mamba1`,
-its inheritance rule :mod:`nas.build.inherit.mamba1` and the family that ships it
+its inheritance rule :mod:`nas.child.inherit.mamba1` and the family that ships it
 :mod:`nas.hf.jamba`; everything else the library asks of a kind is declared here.
 """
 
@@ -115,7 +115,7 @@ SPEC = register(KindSpec(
     tp_check=_tp_check,
     engine_axes={"inner_size": lambda b: b.inner_size, "state_size": lambda b: b.state_size},
     stateful=True,  # conv + SSM state
-    inherit="nas.build.inherit.mamba1:inherit_mamba1",
+    inherit="nas.child.inherit.mamba1:inherit_mamba1",
     linears=tuple((n, TensorRole.MAMBA) for n in ("in_proj", "x_proj", "dt_proj", "out_proj")),
     hf_dialects=frozenset({"jamba"}),
     hf_module={"jamba": "mamba."},

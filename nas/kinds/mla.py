@@ -1,7 +1,7 @@
 """Multi-head latent attention (DeepSeek-V2/V3, arXiv 2405.04434): the whole kind.
 
 Its pricing is :mod:`costmodels.kinds.mla`, its torch module :mod:`nas.modules.mla`, its
-inheritance rule :mod:`nas.build.inherit.mla` and the family that ships it
+inheritance rule :mod:`nas.child.inherit.mla` and the family that ships it
 :mod:`nas.hf.deepseek`; everything else the library asks of a kind is declared here.
 """
 
@@ -135,7 +135,7 @@ SPEC = register(KindSpec(
     engine_axes={"heads": lambda b: b.num_heads, "kv_lora_rank": lambda b: b.kv_lora_rank,
                  "q_lora_rank": lambda b: b.q_lora_rank},
     stateful=True,  # the latent KV cache
-    inherit="nas.build.inherit.mla:inherit_mla",
+    inherit="nas.child.inherit.mla:inherit_mla",
     # the writers that hold (or check) it: DeepSeek-V3's family, and gpt-oss's, which shares
     # its refusal rules
     hf_dialects=frozenset({"deepseek_v3", "deepseek_v3_puzzle", "kimi_k2", "gpt_oss",

@@ -20,11 +20,11 @@ then up) and ``shared_mlp.output_linear.weight`` ``(h, S)``. Routing: softmax ov
 router logits, i.e. :meth:`~nas.modules.moe.MoEMixer.route` with a softmax router and
 ``norm_topk``. The mixer exposes the :class:`~nas.modules.moe.MoEMixer` views (``gate``,
 ``experts_gate``, ``experts_up``, ``experts_down``, ``shared_experts``) as views of these
-tensors, so the MoE inheritance rules of :mod:`nas.build.inherit` read and write them
+tensors, so the MoE inheritance rules of :mod:`nas.child.inherit` read and write them
 unchanged. A dense layer (``num_local_experts: 0``) is the shared MLP alone
 (:class:`GraniteFFNMixer`). Mamba-2 and attention layers are
 :class:`~nas.modules.mamba.MambaMixer` and :class:`~nas.modules.layers.AttentionMixer`
-(the HF names ``mamba.*`` / ``self_attn.*`` are a prefix change, :mod:`nas.build.checkpoint`).
+(the HF names ``mamba.*`` / ``self_attn.*`` are a prefix change, :mod:`nas.child.checkpoint`).
 """
 
 from __future__ import annotations

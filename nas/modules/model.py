@@ -1,6 +1,6 @@
 """Pre-norm residual blocks and the causal LM that stacks any :class:`~nas.arch.ModelArch`.
 
-Module names (what ``state_dict`` keys look like; :mod:`nas.build` maps them to HF names):
+Module names (what ``state_dict`` keys look like; :mod:`nas.child` maps them to HF names):
 ``embed.weight``, ``blocks.{i}.norm.weight``, ``blocks.{i}.mixer.<mixer params>``,
 ``norm.weight`` (final norm), ``lm_head.weight`` (absent when embeddings are tied).
 MTP blocks (``arch.mtp_blocks``) are not built: they are a training / speculative-decoding
@@ -143,7 +143,7 @@ class Cache:
 class CausalLM(nn.Module):
     """A decoder-only LM over any (heterogeneous) :class:`ModelArch`."""
 
-    init_report: list[str]  # what happened to each block, where nas.build set it
+    init_report: list[str]  # what happened to each block, where nas.child set it
 
     def __init__(self, arch: ModelArch):
         super().__init__()

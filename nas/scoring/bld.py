@@ -141,7 +141,7 @@ class _Parent:
         self.model = parent if isinstance(parent, CausalLM) else None
         self.reader = None
         if not isinstance(parent, CausalLM):
-            from nas.build.checkpoint import CheckpointReader
+            from nas.child.checkpoint import CheckpointReader
 
             self.reader = CheckpointReader(parent)
             self.folder = Path(parent)
@@ -211,7 +211,7 @@ def assemble_child(child_arch: ModelArch, parent: CausalLM | str | Path, score_d
     time."""
     from safetensors import safe_open
 
-    from nas.build import build_model
+    from nas.child import build_model
 
     src = _Parent(parent, Path(score_dir), dtype)
     pa = src.arch

@@ -3,8 +3,8 @@
 For every (block ``i``, alternative ``j``) of ``search.alternatives(problem)``:
 
 1. the alternative is built as a :class:`~nas.modules.model.Block` and initialized from
-   parent block ``i`` by the rules of :func:`nas.build.inherit.inherit_block` (what
-   :func:`nas.build.init_from_parent` does per block), fed the parent's own activations at
+   parent block ``i`` by the rules of :func:`nas.child.inherit.inherit_block` (what
+   :func:`nas.child.init_from_parent` does per block), fed the parent's own activations at
    block ``i`` on the calibration rows (seeded random init where no rule applies);
 2. optionally trained by blockwise local distillation (:mod:`nas.scoring.bld`);
 3. the held-out rows run from the cached parent stream at block ``i``
@@ -34,7 +34,7 @@ from typing import Any, cast
 import torch
 
 from nas.arch import BlockConfig, ModelArch
-from nas.build.inherit import MAX_TOKENS, inherit_block
+from nas.child.inherit import MAX_TOKENS, inherit_block
 from nas.kinds import swap_of
 from nas.modules.layers import default_out_std
 from nas.modules.mamba import MambaMixer
@@ -103,7 +103,7 @@ def init_block(parent: CausalLM, i: int, child: BlockConfig, x: torch.Tensor,
                ) -> tuple[Block, str]:
     """Block ``i`` of the parent replaced by ``child``, initialized from the parent block
     given the parent's residual stream ``x`` entering block ``i`` on calibration tokens
-    (the per-block step of :func:`nas.build.init_from_parent`); returns the block and what
+    (the per-block step of :func:`nas.child.init_from_parent`); returns the block and what
     was done. ``block_of(j)`` gives parent block ``j`` when an attention <-> DeltaNet swap
     initializes from another block (default ``parent.blocks[j]``; a pipeline stage that
     does not hold block ``j`` reads it from the checkpoint)."""
@@ -119,7 +119,7 @@ def init_block(parent: CausalLM, i: int, child: BlockConfig, x: torch.Tensor,
         cb.load_state_dict(pb.state_dict())
         what = "copied"
     elif swap_of(pc, child) is not None:
-        from nas.build.inherit import swap_init, swap_source
+        from nas.child.inherit import swap_init, swap_source
 
         j = swap_source(pa, i, child)
         what = (f"random (no parent {child.kind} block of this config)"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-import nas.build.inherit
+import nas.child.inherit
 import nas.kinds
 import nas.modules
 
@@ -40,7 +40,7 @@ def code_digest() -> str:
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).parent
     files = sorted(Path(nas.modules.__file__).parent.glob("*.py")) + [
-        *sorted(Path(nas.build.inherit.__file__).parent.glob("*.py")),
+        *sorted(Path(nas.child.inherit.__file__).parent.glob("*.py")),
         *sorted(Path(nas.kinds.__file__).parent.glob("*.py")),  # configs, quantized linears
         here / "core.py", here / "bld.py", here / "pipeline.py", here / "fakequant.py"]
     for f in files:

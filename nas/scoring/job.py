@@ -62,11 +62,11 @@ class Job:
     _reader: Any = field(default=None, init=False, repr=False, compare=False)
 
     def reader(self) -> Any:
-        """The parent's checkpoint (:class:`nas.build.checkpoint.CheckpointReader`), opened
+        """The parent's checkpoint (:class:`nas.child.checkpoint.CheckpointReader`), opened
         once for the job and handed to whatever reads it (its note on tensors left out, the
         whole model, a rank's pipeline stage); torch side."""
         if self._reader is None:
-            from nas.build.checkpoint import CheckpointReader
+            from nas.child.checkpoint import CheckpointReader
 
             self._reader = CheckpointReader(self.parent_dir)
         return self._reader

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nas.build.checkpoint import CheckpointReader
+from nas.child.checkpoint import CheckpointReader
 from nas.modules.model import Block, CausalLM
 from nas.scoring.cache import PrefixCache
 from nas.scoring.core import MAX_TOKENS, Item, Scorer, Sums, head_of

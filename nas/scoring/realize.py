@@ -6,7 +6,7 @@ and the assembled child's KL to the parent 3.38), so the child that the sum rank
 need not be the best. :func:`realize` builds every child of a search's pool
 (``blueprint.json``, ``blueprint-2.json``, ...: the ``solver.diverse`` solutions), each
 from the parent (from the BLD-trained blocks of ``score_dir`` where the scoring run trained
-them, else initialized from the parent by ``nas.build``'s rules), measures its held-out KL
+them, else initialized from the parent by ``nas.child``'s rules), measures its held-out KL
 to the parent (``nas.train.distill.evaluate``: KL, LM loss, next-token accuracy, top-1
 agreement) and writes ``realized.json`` (:class:`RealizeRecord`) beside them: the
 measurement beside the additive prediction, Spearman's rank correlation of the two, and the
@@ -44,7 +44,7 @@ class RealizedChild(BaseModel):
     predicted: float = Field(description="the additive prediction: the blueprint's quality "
                              "value (sum of its blocks' scores)")
     params: int = Field(description="stored parameters of the child")
-    init: str = Field(description="bld (blocks from the scoring run) or parent (nas.build "
+    init: str = Field(description="bld (blocks from the scoring run) or parent (nas.child "
                       "rules)")
     measured: dict[str, float] = Field(description="held-out figures against the parent: "
                                        "kl_div and lm_loss (nats), accuracy, top1_agreement")
@@ -103,12 +103,12 @@ def realize(search_dir: str | Path, parent_dir: str | Path, tokens: np.ndarray,
     scores were computed on where possible), write ``realized.json`` and
     ``blueprint-realized.json`` (the chosen child's blueprint) into ``search_dir``, and
     return the record. ``score_dir``: a scoring run's folder whose BLD blocks build the
-    children (None: init from the parent by ``nas.build``'s rules, calibrated on ``calib``,
+    children (None: init from the parent by ``nas.child``'s rules, calibrated on ``calib``,
     1-D ids, default the first 8 rows of ``tokens``). The children are not kept:
     ``puzzle-nas build blueprint-realized.json`` makes the chosen one."""
     import torch
 
-    from nas.build import init_from_parent, load_pretrained
+    from nas.child import init_from_parent, load_pretrained
     from nas.hf import from_hf
     from nas.scoring.bld import assemble_child
     from nas.train.distill import evaluate

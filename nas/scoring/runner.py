@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch
-from nas.build import load_pretrained
+from nas.child import load_pretrained
 from nas.io import atomic_write_json
 from nas.progress import Progress
 from nas.scoring import bld
@@ -72,7 +72,7 @@ class RunRecord(BaseModel):
     summary: list[str]
     parent_left_out: str | None = None
     """What the parent checkpoint holds that is not read, and why (e.g. a wrapper's vision
-    tower): :attr:`nas.build.checkpoint.CheckpointReader.left_out_note`, as ``puzzle-nas
+    tower): :attr:`nas.child.checkpoint.CheckpointReader.left_out_note`, as ``puzzle-nas
     build`` reports it; ``None`` when every tensor is read."""
     scoring_seconds: float | None = None
     """Seconds of the scoring phase on rank 0 (after the parent is loaded and its prefix

@@ -188,7 +188,7 @@ def make_blueprint(problem: Any, library: Any, alts: Any, result: Any, cons: Any
         qc = quantization_config(child, recipes, child_hf["model_type"], __version__)
         if qc is not None:
             child_hf["quantization_config"] = qc
-        # the parent block each child block stands in for (nas.build.spans inits from it)
+        # the parent block each child block stands in for (nas.child.spans inits from it)
         extra = {"stand_in": stand_in(pa, kids, origin), "precision": recipes}
     pred_c = predict(child, problem, recipes)
     extra["engines"] = engines_section(problem, cons, child, recipes)

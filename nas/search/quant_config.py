@@ -7,7 +7,7 @@ checkpoint dtype, and ``kv_cache_quant_algo`` names the KV-cache format (vLLM re
 layout as ``ModelOptMixedPrecisionConfig``). :func:`quantization_config` writes that layout
 for a child whose blocks each have a recipe (``nas.space.spans``):
 
-* module names follow the checkpoint layout of ``nas.build.checkpoint`` for the export type
+* module names follow the checkpoint layout of ``nas.child.checkpoint`` for the export type
   (``backbone.layers.{i}.mixer.in_proj`` for ``nemotron_h*``;
   ``model.layers.{i // 2}.self_attn.q_proj`` / ``.mlp.up_proj`` for paired types;
   ``model.layers.{i // 2}.mamba.x_proj`` / ``.feed_forward.up_proj`` for ``jamba``;
@@ -61,7 +61,7 @@ def _modules(b: BlockConfig, model_type: str, i: int) -> list[tuple[str, TensorR
         else:
             pre = layer + ("block_sparse_moe." if model_type == "mixtral"
                            and isinstance(b, MoE) else "mlp.")
-    if model_type == "jamba":  # mamba / self_attn, then feed_forward (nas.build.checkpoint)
+    if model_type == "jamba":  # mamba / self_attn, then feed_forward (nas.child.checkpoint)
         pre = f"model.layers.{i // 2}." + ("feed_forward." if i % 2 else
                                           hf_module(b, "jamba") or "self_attn.")
     registered = spec_of(b)

@@ -29,7 +29,7 @@ is 1 - (fraction of the parent block's capacity kept), with capacity taken as:
 * Gated DeltaNet: ``(v_heads/V0) * (k_heads/K0)**0.3``;
 * attention -> DeltaNet swap: damage 0.4 (a fixed-size state loses exact long-range
   recall); DeltaNet -> attention: 0.3 (more capacity, but its weights come from another
-  layer: see ``nas.build.inherit``);
+  layer: see ``nas.child.inherit``);
 * parallel attention + Mamba (Falcon-H1): each branch's capacity kept as above
   (attention: 0 when dropped; Mamba: 0 when dropped), weighted by its share of the
   parent's mixer channels (``heads x head_dim`` of each branch; Falcon-H1-7B: 1,536

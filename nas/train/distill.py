@@ -49,7 +49,7 @@ checkpointing** (``checkpointing``) recomputes each block in the backward pass
 (:func:`torch.utils.checkpoint.checkpoint`); the weights are the same bit for bit.
 
 Outputs in ``DIR``: ``model/`` (the distilled child: ``config.json`` + ``model.safetensors``,
-a checkpoint :func:`nas.build.load_pretrained` reads and ``puzzle-nas score`` takes as a
+a checkpoint :func:`nas.child.load_pretrained` reads and ``puzzle-nas score`` takes as a
 parent, with the student's tokenizer files, else the teacher's:
 :func:`nas.tokens.copy_tokenizer`), ``distill.json`` (:class:`DistillRecord`: settings,
 hashes, the KD curve), ``kd_curve.png``, and ``checkpoint/`` while the run is going (for
@@ -85,7 +85,7 @@ from pydantic import (
 )
 
 from hwprofiles.errors import InputError, first_error, read_json
-from nas.build import load_pretrained
+from nas.child import load_pretrained
 from nas.io import atomic_write_json, remove_dir, staged_dir
 from nas.modules.model import CausalLM
 from nas.modules.moe import MoEMixer
@@ -689,7 +689,7 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    from nas.build.checkpoint import CheckpointReader
+    from nas.child.checkpoint import CheckpointReader
     from nas.scoring.digest import combine_lines, tensor_line
 
     reader = CheckpointReader(path)
@@ -833,8 +833,8 @@ _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"
 
 def _st_header(header: dict[str, Any], digests: dict[str, str]) -> bytes:
     """A safetensors header (length, JSON padded to 8 bytes) with this project's per-tensor
-    digests in its metadata (:data:`nas.build.checkpoint.DIGESTS_KEY`)."""
-    from nas.build.checkpoint import DIGESTS_KEY
+    digests in its metadata (:data:`nas.child.checkpoint.DIGESTS_KEY`)."""
+    from nas.child.checkpoint import DIGESTS_KEY
 
     meta = {"format": "pt", DIGESTS_KEY: json.dumps(digests)}
     raw = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
@@ -846,7 +846,7 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
                    max_shard_bytes: int | None = None,
                    extra: Callable[[Path], object] | None = None) -> None:
     """Write a sharded model as a checkpoint folder (``config.json`` + safetensors, as
-    :func:`nas.build.save_pretrained` writes it, digests included), gathering one tensor
+    :func:`nas.child.save_pretrained` writes it, digests included), gathering one tensor
     at a time (a collective: every rank calls it; rank 0 writes). The safetensors files
     are streamed: the header (offsets from the shapes, digests as placeholders of their
     fixed length) first, then each tensor's bytes as it is gathered, then the header again
@@ -859,7 +859,7 @@ def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
 
     from torch.distributed.tensor import DTensor
 
-    from nas.build.checkpoint import (
+    from nas.child.checkpoint import (
         MAX_SHARD_BYTES,
         WEIGHTS,
         export_config,
@@ -1392,7 +1392,7 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         dist.barrier()
         return None
     if not sharded:
-        from nas.build import save_pretrained
+        from nas.child import save_pretrained
 
         save_pretrained(student, out / "model", extra=tokenizer)
     record = DistillRecord(

@@ -282,7 +282,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
 
     import torch
 
-    from nas.build import save_pretrained
+    from nas.child import save_pretrained
     from nas.hf import from_hf
     from nas.scoring import prepare
     from nas.scoring import run as run_scoring

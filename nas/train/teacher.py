@@ -122,12 +122,12 @@ def load_pipelined(path: str | Path, dtype: torch.dtype | None, device: str,
     """The checkpoint ``path`` as a :class:`PipelinedTeacher` over the ranks of the default
     group, its :func:`nas.scoring.digest.weights_digest` and its stored dtype.
 
-    Rank ``r`` reads (through :class:`nas.build.checkpoint.CheckpointReader`, every check of
+    Rank ``r`` reads (through :class:`nas.child.checkpoint.CheckpointReader`, every check of
     a normal load) and holds only its range of blocks, the final norm and the head (rank 0
     the embedding too); the rest stays on the meta device. Each rank hashes the tensors it
     is the first holder of, and the lines gathered give the whole model's digest, unless
     ``digest`` (recorded by an earlier start) is given."""
-    from nas.build.checkpoint import CheckpointReader
+    from nas.child.checkpoint import CheckpointReader
     from nas.scoring.digest import combine_lines, tensor_line
     from nas.train.plan import teacher_stages
 

@@ -1,6 +1,6 @@
 """Writes ``modelopt_vectors.safetensors``: weights quantized and dequantized by NVIDIA's
 ModelOpt itself (``nvidia-modelopt`` 0.47.0, CPU, ``NVFP4QTensor`` and ``FP8QTensor`` of
-``modelopt.torch.quantization.qtensor``), so that the suite checks ``nas.build.formats.modelopt``
+``modelopt.torch.quantization.qtensor``), so that the suite checks ``nas.child.formats.modelopt``
 against ModelOpt's own results on machines without ModelOpt. Run once by hand::
 
     pip install torch==2.13.0 safetensors && pip install --no-deps nvidia-modelopt==0.47.0

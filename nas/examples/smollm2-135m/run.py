@@ -336,7 +336,7 @@ def block_influence(parent_dir: Path, tokens: np.ndarray, seq_len: int) -> list[
     block after it): mean over tokens of 1 - cos(hidden before the layer, hidden after)."""
     import torch
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     model = load_pretrained(parent_dir).eval()
     blocks = list(model.blocks)
@@ -450,7 +450,7 @@ class Child:
 
 def build_child(child: Child, parent: Path, scores: Path) -> Path:
     """The child's checkpoint (BLD blocks where it differs from the parent), once."""
-    from nas.build import save_pretrained
+    from nas.child import save_pretrained
     from nas.hf import from_hf
     from nas.scoring.bld import assemble_child
 
@@ -475,7 +475,7 @@ def measured_kl(model_dir: Path, parent_model: Any, tokens: np.ndarray, seq_len:
     evaluate: KL, LM loss, next-token and top-1 agreement)."""
     import torch
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
     from nas.train.distill import evaluate
 
     rows = torch.as_tensor(tokens[: len(tokens) // seq_len * seq_len].astype(np.int64))
@@ -595,7 +595,7 @@ def speed_of(model_dir: Path, cfg: Config, vocab: int) -> dict[str, Any]:
     (``trust_remote_code`` where the folder carries code)."""
     import torch
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     isl, osl = cfg.workload["isl"], cfg.workload["osl"]
     g = torch.Generator().manual_seed(0)
@@ -667,7 +667,7 @@ def measure(cfg: Config, out: Path, parent: Path, data: Path, kids: list[Child],
     (``save()`` after each child: results.json as far as measured)."""
     import torch
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
     from nas.scoring.realize import spearman
 
     parent_model = load_pretrained(parent).eval()
@@ -753,7 +753,7 @@ def distill_all(cfg: Config, parent: Path, data: Path, res: dict[str, Any],
     """Distill every child ``which(row)`` selects with each of ``seeds``; the figures go
     into the row's ``distilled`` (by seed), and ``save()`` runs after each (results.json
     as far as distilled)."""
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     parent_model = load_pretrained(parent).eval()
     ev = np.load(data / "eval.npy")
@@ -867,7 +867,7 @@ def rebuild_child(cfg: Config, out: Path, parent: Path, data: Path, row: dict[st
     "seconds"}``; raises ``SystemExit`` when the rebuilt child is not the recorded one."""
     import torch
 
-    from nas.build import save_pretrained
+    from nas.child import save_pretrained
     from nas.scoring.bld import assemble_child
 
     folder = out / "rebuilt" / f"x{row['budget']:g}" / row["name"]
@@ -880,7 +880,7 @@ def rebuild_child(cfg: Config, out: Path, parent: Path, data: Path, row: dict[st
     if need:
         model = assemble_child(arch, parent, scores)
     else:  # the parent's own blocks and no-ops: nothing trained, nothing to score
-        from nas.build import init_from_parent
+        from nas.child import init_from_parent
 
         model = init_from_parent(arch, parent, torch.as_tensor(ev[: cfg.seq_len].astype(
             np.int64)), progress=False)
@@ -912,7 +912,7 @@ def finish_seeds(cfg: Config, out: Path, parent: Path, data: Path, res: dict[str
     child and the best baseline of each budget (as recorded) with every seed they lack,
     each rebuilt once (:func:`rebuild_child`) and distilled as every child is. A rebuilt
     row records ``rebuilt`` (its check) and keeps its old ``folder`` as ``folder_first``."""
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     parent_model = load_pretrained(parent).eval()
     ev = np.load(data / "eval.npy")
@@ -1019,7 +1019,7 @@ def iterate_all(cfg: Config, out: Path, parent: Path, profile: Path, data: Path,
                 res: dict[str, Any], kids: list[Child], save: Any = None) -> None:
     """(b) at every budget (seed 0: each seed is another scoring pass per stage), its row
     added to ``res["children"]``."""
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     parent_model = load_pretrained(parent).eval()
     for speed in cfg.budgets:
@@ -1069,7 +1069,7 @@ def finish_iterate(cfg: Config, out: Path, parent: Path, data: Path, res: dict[s
     (:func:`iterate_child`, stage 0 searching the committed scores), its row added to
     ``res["children"]``. The parent's predicted figures come from stage 0's blueprint
     (priced on the same profile, against the same parent)."""
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     missing = [rel for rel in STATE_FILES if not (state / rel).is_file()]
     if missing:

@@ -279,7 +279,7 @@ def train_parent(cfg: Config, spec: dict[str, Any], data: dict[str, Path], cache
     """
     import torch
 
-    from nas.build import build_model, save_pretrained
+    from nas.child import build_model, save_pretrained
     from nas.hf import from_hf
     from nas.progress import Progress
 
@@ -350,7 +350,7 @@ def search_build_distill(spec_path: Path, folder: Path, parent: Path, scores: Pa
     """Search ``spec_path`` into ``folder/search``, build the child from the BLD blocks of
     ``scores``, distill it from ``parent``; returns the figures of the child."""
     from nas import search
-    from nas.build import load_pretrained, save_pretrained
+    from nas.child import load_pretrained, save_pretrained
     from nas.hf import from_hf
     from nas.scoring.bld import assemble_child
     from nas.spec import load_spec
@@ -405,7 +405,7 @@ def task_figures(model_dir: Path, data: dict[str, Path], seq_len: int) -> dict[s
     import torch
     from tokenizers import Tokenizer
 
-    from nas.build import load_pretrained
+    from nas.child import load_pretrained
 
     tok = Tokenizer.from_file(str(data["tokenizer.json"]))
     strs = [tok.decode([i]) for i in range(tok.get_vocab_size())]
@@ -813,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
                           ssk, kd, eval_data=data["held.npy"], parent_scores=out / "scores",
                           progress=False, log=log)
         last = rec.stages[-1]
-        from nas.build import load_pretrained
+        from nas.child import load_pretrained
         from nas.train.distill import load_record
 
         bp = json.loads(Path(last.blueprint).read_text())

@@ -2,7 +2,7 @@
 
 transformers ships no class for most heterogeneous children (``nemotron_h_puzzle``,
 ``nemotron-nas``, ``deepseek_v3_puzzle``, ``gpt_oss_puzzle``, the ``puzzle_layers``
-extension), so :func:`nas.build.save_pretrained` writes, beside ``config.json`` and the
+extension), so :func:`nas.child.save_pretrained` writes, beside ``config.json`` and the
 weights, a self-contained, torch-only copy of this project's own modules and an ``auto_map``
 pointing at it. Then::
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hwprofiles.errors import InputError
-from nas.build.checkpoint import (
+from nas.child.checkpoint import (
     export_config,
     hf_layout,
     load_pretrained,

@@ -1,6 +1,6 @@
 """Random initialization of a model: built on the meta device and materialized block by
 block in the target dtype (:func:`build_model`); :class:`Materializer` is shared with
-:mod:`nas.build.inherit`, which materializes the blocks it does not inherit the same way.
+:mod:`nas.child.inherit`, which materializes the blocks it does not inherit the same way.
 
 Importing this module needs torch (an optional extra of puzzle-nas).
 """

@@ -4,8 +4,8 @@ parent with the builder's own rules.
 Each child block stands in for one parent block (:func:`nas.space.spans.stand_in`: the first of
 its kind in its span). The child is laid out at the parent's depth with those blocks in
 their parent's places and no-ops elsewhere, initialized by
-:func:`nas.build.init_from_parent` (each block fed the parent's own stream entering its
-place, the rules of ``nas.build.inherit``), and the no-ops are dropped: the child's blocks,
+:func:`nas.child.init_from_parent` (each block fed the parent's own stream entering its
+place, the rules of ``nas.child.inherit``), and the no-ops are dropped: the child's blocks,
 embeddings, final norm and head are exactly those tensors. Parameter counts are the
 child architecture's (the no-ops have none).
 """
@@ -20,7 +20,7 @@ import torch
 
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch, NoOp
-from nas.build import init_from_parent
+from nas.child import init_from_parent
 from nas.modules.model import CausalLM
 
 
@@ -51,7 +51,7 @@ def init_from_parent_spans(child: ModelArch, positions: Sequence[int],
     if isinstance(parent_model, CausalLM):
         pa = parent_model.arch
     else:
-        from nas.build.checkpoint import CheckpointReader
+        from nas.child.checkpoint import CheckpointReader
 
         pa = CheckpointReader(parent_model).arch
     wide = init_from_parent(expanded(child, pa, positions), parent_model, calibration_tokens,

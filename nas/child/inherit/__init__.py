@@ -40,11 +40,11 @@ mamba / MoE -> linear        least-squares fit of the block output on its input
 a registered kind           its own rule, the ``inherit`` its :mod:`nas.kinds` entry names
                              (Mamba-1: channels ranked by their gated output's contribution
                              into ``out_proj``, state dims by the energy of their share of
-                             the scan output; :mod:`~nas.build.inherit.mamba1`)
+                             the scan output; :mod:`~nas.child.inherit.mamba1`)
 MLA, fewer query heads       heads ranked by channel contribution into ``o_proj``; kept
                              heads' q_b / kv_b rows and o_proj columns copied
 MLA, smaller kv / q rank     SVD of the (norm-folded) up-projection: top-r directions, the
-                             down-projection rotated onto them (:mod:`~nas.build.inherit.mla`)
+                             down-projection rotated onto them (:mod:`~nas.child.inherit.mla`)
 parallel attention + Mamba   each kept branch by its own rule above (attention, Mamba) on
                              the block's normed input; a dropped branch is gone and the
                              other keeps the parent's weights
@@ -57,11 +57,11 @@ Growing a width (more channels / experts than the parent) keeps the parent's and
 channels whose output weights are zero, so the function is unchanged.
 The per-block outcome is kept in ``child.init_report``.
 
-One module per block kind holds its rules (:mod:`~nas.build.inherit.attention`,
-:mod:`~nas.build.inherit.ffn`, :mod:`~nas.build.inherit.moe`, :mod:`~nas.build.inherit.mamba`,
-:mod:`~nas.build.inherit.deltanet`, :mod:`~nas.build.inherit.mla`,
-:mod:`~nas.build.inherit.parallel`, and a registered kind's where its :mod:`nas.kinds` entry
-names it; swaps between kinds in :mod:`~nas.build.inherit.swap`); this module dispatches on the block configs and runs the
+One module per block kind holds its rules (:mod:`~nas.child.inherit.attention`,
+:mod:`~nas.child.inherit.ffn`, :mod:`~nas.child.inherit.moe`, :mod:`~nas.child.inherit.mamba`,
+:mod:`~nas.child.inherit.deltanet`, :mod:`~nas.child.inherit.mla`,
+:mod:`~nas.child.inherit.parallel`, and a registered kind's where its :mod:`nas.kinds` entry
+names it; swaps between kinds in :mod:`~nas.child.inherit.swap`); this module dispatches on the block configs and runs the
 parent block by block (:func:`init_from_parent`).
 """
 
@@ -85,15 +85,15 @@ from nas.arch import (
     NoOp,
     Parallel,
 )
-from nas.build.checkpoint import CheckpointReader
-from nas.build.inherit.attention import _attention, _attention_to_linear
-from nas.build.inherit.common import _copy, _copy_all
-from nas.build.inherit.ffn import _ffn, _ffn_to_linear, _lstsq_linear
-from nas.build.inherit.mamba import _mamba
-from nas.build.inherit.moe import _moe
-from nas.build.inherit.parallel import _parallel
-from nas.build.inherit.swap import swap_init, swap_source
-from nas.build.random import Materializer
+from nas.child.checkpoint import CheckpointReader
+from nas.child.inherit.attention import _attention, _attention_to_linear
+from nas.child.inherit.common import _copy, _copy_all
+from nas.child.inherit.ffn import _ffn, _ffn_to_linear, _lstsq_linear
+from nas.child.inherit.mamba import _mamba
+from nas.child.inherit.moe import _moe
+from nas.child.inherit.parallel import _parallel
+from nas.child.inherit.swap import swap_init, swap_source
+from nas.child.random import Materializer
 from nas.kinds import spec_of, swap_of
 from nas.modules.granite import scalars_of
 from nas.modules.mamba import MambaMixer
@@ -173,14 +173,14 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
     """A :class:`CausalLM` of ``child_arch`` initialized from the parent (see the module
     docstring for the rule per block); ``calibration_tokens`` are token ids
     ``(batch, length)`` or ``(length,)``. Blocks without a rule keep a random init
-    (seeded by ``seed``: the same values :func:`nas.build.build_model` draws);
+    (seeded by ``seed``: the same values :func:`nas.child.build_model` draws);
     ``child.init_report`` says what happened to each block.
 
     ``parent_model`` is a model in memory, or a checkpoint folder (ours or one transformers
     wrote; sharded, bf16 / fp16 / fp32): then the parent is streamed from its safetensors
     one block at a time in float32, and the child is built on the meta device and
     materialized block by block, so the peak memory is about the child in ``dtype`` plus one
-    parent and one child block in float32 (:func:`nas.build.estimate_build_memory`).
+    parent and one child block in float32 (:func:`nas.child.estimate_build_memory`).
     ``dtype`` is the child's (default: the parent's as stored); with a parent in memory the
     rules compute in the parent's dtype.
     """

@@ -9,7 +9,7 @@ import torch
 from nas.arch import (
     FFN,
 )
-from nas.build.inherit.common import _copy, _flat, _lsq_scale, _top
+from nas.child.inherit.common import _copy, _flat, _lsq_scale, _top
 from nas.modules.layers import FFNMixer, LinearMixer
 
 

@@ -1,4 +1,4 @@
-"""Inheritance rules for MLA blocks (DeepSeek-V3, Kimi; used by :mod:`nas.build.inherit`):
+"""Inheritance rules for MLA blocks (DeepSeek-V3, Kimi; used by :mod:`nas.child.inherit`):
 
 * MLA, fewer query heads: heads ranked by their channel contribution on the calibration data
   (``mean |o_h| * ||W_o[:, h]||`` summed over the head's ``v_head_dim`` channels); the kept

@@ -67,13 +67,13 @@ import torch
 
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch
-from nas.build.formats.fp8 import block_size as fp8_block_size
-from nas.build.formats.fp8 import scale_name as fp8_scale_name
-from nas.build.formats.fp8 import unscale_fp8
-from nas.build.formats.modelopt import dequantize as modelopt_dequantize
-from nas.build.formats.modelopt import layout as modelopt_layout
-from nas.build.formats.modelopt import quant_config as modelopt_config
-from nas.build.formats.mxfp4 import packed_names, unpack_mxfp4
+from nas.child.formats.fp8 import block_size as fp8_block_size
+from nas.child.formats.fp8 import scale_name as fp8_scale_name
+from nas.child.formats.fp8 import unscale_fp8
+from nas.child.formats.modelopt import dequantize as modelopt_dequantize
+from nas.child.formats.modelopt import layout as modelopt_layout
+from nas.child.formats.modelopt import quant_config as modelopt_config
+from nas.child.formats.mxfp4 import packed_names, unpack_mxfp4
 from nas.hf import NEMOTRON_H, ExportError, load_config, to_hf
 from nas.hf.deepseek import is_mtp_tensor
 from nas.hf.remote import AUTO_MAP, REMOTE_FILES, needs_remote_code, remote_config, remote_files
@@ -278,7 +278,7 @@ def export_config(model: CausalLM, model_type: str | None,
 
 PACKED_QUANT_METHODS = ("fp8", "mxfp4")
 """``quantization_config.quant_method`` of checkpoints whose packed weights
-:class:`CheckpointReader` unpacks on load (:mod:`nas.build.formats.fp8`, :mod:`nas.build.formats.mxfp4`); a
+:class:`CheckpointReader` unpacks on load (:mod:`nas.child.formats.fp8`, :mod:`nas.child.formats.mxfp4`); a
 saved model writes plain tensors, so that config is not carried into its ``config.json``."""
 
 
@@ -477,7 +477,7 @@ class CheckpointReader:
         qc = modelopt_config(folder, self.arch.hf_extra)
         self.modelopt = None if qc is None else modelopt_layout(
             qc, set(self.files), expected, str(folder))
-        """The :class:`nas.build.formats.modelopt.ModelOptLayout` of a ModelOpt checkpoint, else None."""
+        """The :class:`nas.child.formats.modelopt.ModelOptLayout` of a ModelOpt checkpoint, else None."""
         if self.modelopt is not None:
             expected |= self.modelopt.names
         missing = [name for _, name, _ in self.layout if name not in self.files]
@@ -602,19 +602,19 @@ class CheckpointReader:
             full = self._shapes[key]
             want = tuple(full[1:] if j is not None else full)
             try:
-                if name in self.packed:  # MXFP4 blocks + scales (nas.build.formats.mxfp4)
+                if name in self.packed:  # MXFP4 blocks + scales (nas.child.formats.mxfp4)
                     blk, sc = self.packed[name]
                     t = unpack_mxfp4(h.get_tensor(blk),
                                      self._handle(self.files[sc]).get_tensor(sc))
                 else:
                     t = h.get_tensor(name)
                 if self.modelopt is not None and name in self.modelopt.scales:
-                    sc, sc2 = self.modelopt.scales[name]  # nas.build.formats.modelopt
+                    sc, sc2 = self.modelopt.scales[name]  # nas.child.formats.modelopt
                     t = modelopt_dequantize(
                         t, self._handle(self.files[sc]).get_tensor(sc),
                         None if sc2 is None else self._handle(self.files[sc2]).get_tensor(sc2),
                         name)
-                if name in self.fp8_scales:  # FP8 + per-block scales (nas.build.formats.fp8)
+                if name in self.fp8_scales:  # FP8 + per-block scales (nas.child.formats.fp8)
                     sc = self.fp8_scales[name]
                     t = unscale_fp8(t, self._handle(self.files[sc]).get_tensor(sc),
                                     self.fp8_block)

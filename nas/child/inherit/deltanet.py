@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from nas.arch import DeltaNet
-from nas.build.inherit.common import _copy, _top
+from nas.child.inherit.common import _copy, _top
 from nas.modules.deltanet import DeltaNetMixer
 
 

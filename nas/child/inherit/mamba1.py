@@ -1,5 +1,5 @@
 """Child initialization of a Mamba-1 (Jamba) block from its parent block
-(:func:`nas.build.inherit.inherit_block` calls :func:`inherit_mamba1`).
+(:func:`nas.child.inherit.inherit_block` calls :func:`inherit_mamba1`).
 
 The recurrence is independent per channel ``c`` and per state dim ``n``: ``y_t[c] = sum_n
 S_t[c, n] C_t[n]`` with ``S_t[c, n]`` driven by ``x[c]``, ``dt[c]``, ``A[c, n]`` and

@@ -9,7 +9,7 @@ import torch
 from nas.arch import (
     Attention,
 )
-from nas.build.inherit.common import _copy, _flat, _lsq_scale
+from nas.child.inherit.common import _copy, _flat, _lsq_scale
 from nas.modules.gpt_oss import SinkAttentionMixer
 from nas.modules.layers import AttentionMixer, LinearMixer
 

@@ -10,7 +10,7 @@ from nas.arch import (
     BlockConfig,
     ModelArch,
 )
-from nas.build.inherit.common import _copy_all, _flat, _lsq_scale
+from nas.child.inherit.common import _copy_all, _flat, _lsq_scale
 
 
 def _branch(b: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ import torch
 from nas.arch import (
     MoE,
 )
-from nas.build.inherit.common import _copy, _flat, _top
-from nas.build.inherit.ffn import _ffn
+from nas.child.inherit.common import _copy, _flat, _top
+from nas.child.inherit.ffn import _ffn
 from nas.modules.gpt_oss import GptOssMoEMixer
 from nas.modules.moe import MoEMixer
 

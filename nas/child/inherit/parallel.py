@@ -9,9 +9,9 @@ import torch
 from nas.arch import (
     Parallel,
 )
-from nas.build.inherit.attention import _attention
-from nas.build.inherit.common import _copy_all
-from nas.build.inherit.mamba import _mamba
+from nas.child.inherit.attention import _attention
+from nas.child.inherit.common import _copy_all
+from nas.child.inherit.mamba import _mamba
 from nas.modules.parallel import ParallelMixer
 
 

@@ -9,7 +9,7 @@ import torch
 from nas.arch import (
     Mamba,
 )
-from nas.build.inherit.common import _copy, _flat, _top
+from nas.child.inherit.common import _copy, _flat, _top
 from nas.modules.mamba import MambaMixer, ssd_chunked
 
 
