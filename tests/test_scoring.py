@@ -695,8 +695,8 @@ def test_plan_reads_the_specs_parent_as_the_search_does(tmp_path, capsys):
         path = tmp_path / "spec.json"
         path.write_text(json.dumps(dict(spec, parent=parent)))
         sp, base, _ = load_spec(path)
-        arch, raw = read_parent(sp.parent, base)
-        assert raw == cfg and arch == resolve(sp, base).parent
+        got = read_parent(sp.parent, base)
+        assert got.config == cfg and got.arch == resolve(sp, base).parent
         capsys.readouterr()
         assert cli(["score", str(path), "--plan", "--nproc", "8"]) == 0, capsys.readouterr().err
         outs.append(capsys.readouterr().out)

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -450,12 +451,14 @@ class CheckpointReader:
     tensors (``mtp.*``) are skipped: MTP blocks are not built.
     """
 
-    def __init__(self, path: str | Path, strict: bool = True):
+    def __init__(self, path: str | Path, strict: bool = True, arch: ModelArch | None = None):
+        """``arch``: the folder's ``config.json`` as the caller already read it
+        (:class:`nas.hf.Parent`), so it is not read again; None reads it."""
         folder = Path(path)
         if not folder.is_dir():
             raise InputError("not a checkpoint folder", path=str(folder))
         self.folder = folder
-        self.arch = load_config(folder)
+        self.arch = load_config(folder) if arch is None else arch
         mt = self.arch.model_type
         with torch.device("meta"):
             self.model = CausalLM(self.arch)
@@ -707,3 +710,115 @@ def load_pretrained(path: str | Path | CheckpointReader, strict: bool = True,
 def arch_of(path: str | Path) -> ModelArch:
     """The architecture of a checkpoint folder (its ``config.json``)."""
     return load_config(path)
+
+
+# ---- sharded export (torch.distributed) ---------------------------------------------------
+ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+             torch.float64: "F64"}
+"""safetensors' dtype names of the dtypes a model is exported in."""
+
+
+def safetensors_header(header: dict[str, Any], digests: dict[str, str]) -> bytes:
+    """A safetensors header (length, JSON padded to 8 bytes) with this project's per-tensor
+    digests in its metadata (:data:`DIGESTS_KEY`): ``header`` maps each tensor's name to
+    its ``dtype`` (:data:`ST_DTYPES`), ``shape`` and ``data_offsets``. The same header with
+    other digests has the same length (a digest is 64 hex characters), so a file can be
+    written with placeholders first and its header rewritten in place
+    (:func:`export_sharded`)."""
+    meta = {"format": "pt", DIGESTS_KEY: json.dumps(digests)}
+    raw = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
+                   max_shard_bytes: int | None = None,
+                   extra: Callable[[Path], object] | None = None) -> None:
+    """Write a sharded model as a checkpoint folder (``config.json`` + safetensors, as
+    :func:`nas.child.save_pretrained` writes it, digests included), gathering one tensor
+    at a time (a collective: every rank calls it; rank 0 writes). The safetensors files
+    are streamed: the header (offsets from the shapes, digests as placeholders of their
+    fixed length) first, then each tensor's bytes as it is gathered, then the header again
+    with the digests. Parameters are written in ``dtype``, buffers as they are (float32).
+    ``extra(folder)`` writes more files (a tokenizer) into the staged folder on rank 0
+    before the swap."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    rank = dist.get_rank()
+    limit = max_shard_bytes or MAX_SHARD_BYTES
+    sd = model.state_dict(keep_vars=True)
+    buffers = {k for k, _ in model.named_buffers()}
+    cfg = export_config(model, None)
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    rows = hf_layout(model, cfg["model_type"])
+
+    def out_dtype(key: str) -> torch.dtype:
+        return sd[key].dtype if key in buffers else dtype
+
+    def shape(key: str, j: int | None) -> list[int]:
+        s = list(sd[key].shape)
+        return s[1:] if j is not None else s
+
+    def nbytes(key: str, j: int | None) -> int:
+        return math.prod(shape(key, j)) * out_dtype(key).itemsize
+
+    files: list[list[tuple[str, str, int | None]]] = [[]]
+    size = 0
+    for row in rows:
+        n = nbytes(row[0], row[2])
+        if files[-1] and size + n > limit:
+            files.append([])
+            size = 0
+        files[-1].append(row)
+        size += n
+    names = [WEIGHTS] if len(files) == 1 else \
+        [f"model-{k + 1:05d}-of-{len(files):05d}.safetensors" for k in range(len(files))]
+    tmp: Path | None = None
+    if rank == 0:
+        check_output_dir(path, is_checkpoint_file, "output folder")
+        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
+    try:
+        wmap: dict[str, str] = {}
+        total = 0
+        last: tuple[str, torch.Tensor] | None = None
+        for fname, frows in zip(names, files):
+            header: dict[str, Any] = {}
+            off = 0
+            for key, name, j in frows:
+                n = nbytes(key, j)
+                header[name] = {"dtype": ST_DTYPES[out_dtype(key)], "shape": shape(key, j),
+                                "data_offsets": [off, off + n]}
+                off += n
+                wmap[name] = fname
+            total += off
+
+            digests = {name: "0" * 64 for _, name, _ in frows}
+            fh = open(tmp / fname, "wb") if tmp is not None else None  # noqa: SIM115
+            try:
+                if fh is not None:
+                    fh.write(safetensors_header(header, digests))
+                for key, name, j in frows:
+                    if last is None or last[0] != key:  # stacked experts: gathered once
+                        t = sd[key].detach()
+                        full = t.full_tensor() if isinstance(t, DTensor) else t
+                        last = (key, full.to(out_dtype(key)).cpu().contiguous())
+                    if fh is not None:
+                        v = last[1] if j is None else last[1][j].contiguous()
+                        data = v.reshape(-1).view(torch.uint8).numpy()
+                        digests[name] = hashlib.sha256(data.data).hexdigest()
+                        fh.write(data.data)
+                if fh is not None:
+                    fh.seek(0)
+                    fh.write(safetensors_header(header, digests))  # same length: the digests' hex is fixed-size
+            finally:
+                if fh is not None:
+                    fh.close()
+        last = None
+        if tmp is not None:
+            finish_checkpoint(tmp, path, cfg, wmap if len(files) > 1 else None, total, extra)
+            tmp = None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    dist.barrier()

@@ -21,6 +21,7 @@ import torch
 from hwprofiles.errors import InputError
 from nas.arch import ModelArch, NoOp
 from nas.child import init_from_parent
+from nas.child.checkpoint import CheckpointReader
 from nas.modules.model import CausalLM
 
 
@@ -41,19 +42,18 @@ def expanded(child: ModelArch, parent: ModelArch, positions: Sequence[int]) -> M
 
 @torch.no_grad()
 def init_from_parent_spans(child: ModelArch, positions: Sequence[int],
-                           parent_model: CausalLM | str | Path,
+                           parent_model: CausalLM | CheckpointReader | str | Path,
                            calibration_tokens: torch.Tensor | list, seed: int = 0,
                            dtype: torch.dtype | None = None, progress: bool | None = None
                            ) -> CausalLM:
     """A :class:`CausalLM` of ``child`` (fewer blocks than the parent) whose block ``k`` is
     initialized from parent block ``positions[k]`` (see the module doc); ``init_report``
     says what happened to each block."""
-    if isinstance(parent_model, CausalLM):
+    if isinstance(parent_model, (CausalLM, CheckpointReader)):
         pa = parent_model.arch
     else:
-        from nas.child.checkpoint import CheckpointReader
-
-        pa = CheckpointReader(parent_model).arch
+        parent_model = CheckpointReader(parent_model)  # opened once, handed to the init
+        pa = parent_model.arch
     wide = init_from_parent(expanded(child, pa, positions), parent_model, calibration_tokens,
                             seed=seed, dtype=dtype, progress=progress)
     with torch.device("meta"):

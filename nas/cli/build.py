@@ -375,7 +375,7 @@ def _run(args: argparse.Namespace) -> int:
         # materialized block by block in the target dtype
         from nas.child.checkpoint import CheckpointReader
 
-        reader = CheckpointReader(args.parent)
+        reader = CheckpointReader(args.parent)  # opened once: the init reads it as it is
         left_out = reader.left_out_note
         tokens = read_calibration(args.calib, args.calib_len, args.tokenizer, args.bin_dtype)
         dtype = getattr(torch, args.dtype) if args.dtype else reader.stored_dtype()
@@ -392,10 +392,10 @@ def _run(args: argparse.Namespace) -> int:
         check_memory(estimate_build_memory(wide, dtype, reader.arch,
                                            min(tokens.numel(), MAX_TOKENS)), args.force)
         if stand_in is not None:
-            model = init_from_parent_spans(arch, stand_in, args.parent, tokens,
+            model = init_from_parent_spans(arch, stand_in, reader, tokens,
                                            seed=args.seed, dtype=dtype)
         else:
-            model = init_from_parent(arch, args.parent, tokens, seed=args.seed, dtype=dtype)
+            model = init_from_parent(arch, reader, tokens, seed=args.seed, dtype=dtype)
         report = model.init_report
     else:
         dtype = getattr(torch, args.dtype or "float32")

@@ -184,7 +184,7 @@ def _resolved(s, args: argparse.Namespace):
     dts = []
     for d in (args.child, args.teacher):
         try:
-            dts.append(stored_dtype(_read_config(Path(d))))
+            dts.append(stored_dtype(_read_config(args, Path(d))))
         except InputError:
             dts.append("float32")  # refused later, by the check that names it
     try:
@@ -194,19 +194,31 @@ def _resolved(s, args: argparse.Namespace):
     return s.model_copy(update={"mixed_precision": mp})
 
 
-def _read_config(path: Path) -> dict:
-    from nas.cli.build import read_child_config
-
+def _read_config(args: argparse.Namespace, path: Path) -> dict:
     if not (path / "config.json").is_file() and not path.is_file():
         raise InputError("not found", path=str(path))
-    return read_child_config(path)[0]
+    return parent_of(args, path).config
+
+
+def parent_of(args: argparse.Namespace, path: str | Path):
+    """The :class:`nas.hf.Parent` of CHILD or ``--teacher`` (a checkpoint folder, a
+    config.json or a blueprint.json), read once per command: the settings, the plan, the
+    checks and the run all take it from here (kept on ``args`` by path)."""
+    from nas.cli.build import read_child_config
+    from nas.hf import Parent, from_hf
+
+    memo = vars(args).setdefault("parents_read", {})
+    key = str(path)
+    if key not in memo:
+        cfg, src = read_child_config(path)
+        p = Path(path)
+        memo[key] = Parent(from_hf(cfg, source=src), cfg, p / "config.json" if p.is_dir() else p)
+    return memo[key]
 
 
 def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None):
     """The run's :class:`nas.train.plan.DistillPlan` from the two configs alone."""
     import hwprofiles
-    from nas.cli.build import read_child_config
-    from nas.hf import from_hf
     from nas.train.plan import distill_plan, stored_dtype
 
     s = settings_of(args)
@@ -216,8 +228,8 @@ def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None)
         if not (path / "config.json").is_file() and not path.is_file():
             raise InputError("expected a checkpoint folder, a config.json or a blueprint.json",
                              path=str(d), field=flag)
-        cfg, src = read_child_config(path)
-        models.append((from_hf(cfg, source=src), cfg))
+        par = parent_of(args, path)
+        models.append((par.arch, par.config))
     (child, c_cfg), (teacher, t_cfg) = models
     hw = None if not args.hardware else hwprofiles.get(args.hardware)
     if capacity is None and args.device_memory:
@@ -254,11 +266,7 @@ def _check_expert_parallel(args: argparse.Namespace, nproc: int) -> None:
     """``--expert-parallel on`` that cannot run is refused before any rank starts."""
     if getattr(args, "expert_parallel", "auto") != "on":
         return
-    from nas.cli.build import read_child_config
-    from nas.hf import from_hf
-
-    cfg, src = read_child_config(Path(args.child))
-    _ep_mode(args, from_hf(cfg, source=src), nproc)
+    _ep_mode(args, parent_of(args, args.child).arch, nproc)
 
 
 def _print_plan(args: argparse.Namespace) -> int:
@@ -339,7 +347,9 @@ def run_local(args: argparse.Namespace) -> int:
     train = load_tokens(args.data, args.tokenizer, args.bin_dtype)
     held = None if not args.eval_data else load_tokens(args.eval_data, args.tokenizer,
                                                        args.bin_dtype)
-    rec = distill(args.child, args.teacher, train, args.output, settings_of(args), held=held,
+    # the configs as read for the checks above: the run does not read them again
+    rec = distill(parent_of(args, args.child), parent_of(args, args.teacher), train,
+                  args.output, settings_of(args), held=held,
                   data_source=args.data, eval_source=args.eval_data, device=args.device,
                   replicas=args.replicas, checkpointing=args.activation_checkpointing,
                   teacher_layout=args.teacher_layout,

@@ -91,19 +91,24 @@ def _settings(args: argparse.Namespace):
         raise InputError(f"{name}: {msg}") from None
 
 
-def _plan(args: argparse.Namespace, nproc: int):
-    """The run's :class:`nas.scoring.plan.Plan` from configs alone (no weights, no data)."""
+def _plan(args: argparse.Namespace, nproc: int, job=None):
+    """The run's :class:`nas.scoring.plan.Plan` from configs alone (no weights, no data):
+    ``job``'s parent checkpoint as it was read, else the configs read here."""
     import hwprofiles
     from nas import space
     from nas.hf import read_parent
     from nas.scoring.plan import plan
     from nas.spec import load_spec
 
-    spec, base, _ = load_spec(args.spec)
-    # the configs alone (a .gguf's: nothing is dequantized); --parent as given, the spec's
-    # relative to its folder
-    arch, cfg = (read_parent(args.parent) if args.parent
-                 else read_parent(spec.parent, base, f"{args.spec}: parent"))
+    if job is not None and job.checkpoint is not None:
+        spec, base, parent = job.spec, job.spec_path.resolve().parent, job.checkpoint
+    else:
+        spec, base, _ = load_spec(args.spec)
+        # the configs alone (a .gguf's: nothing is dequantized); --parent as given, the
+        # spec's relative to its folder
+        parent = (read_parent(args.parent) if args.parent
+                  else read_parent(spec.parent, base, f"{args.spec}: parent"))
+    arch, cfg = parent.arch, parent.config
     dtype = args.dtype or {"bfloat16": "bfloat16", "float16": "float16"}.get(
         str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"), "float32")
     from nas.search.problem import resolve_profile
@@ -118,8 +123,8 @@ def _plan(args: argparse.Namespace, nproc: int):
                 cache_bytes=args.cache_gib * 2**30)
 
 
-def _print_plan(args: argparse.Namespace, nproc: int, quiet: bool = False) -> int:
-    p = _plan(args, nproc)
+def _print_plan(args: argparse.Namespace, nproc: int, quiet: bool = False, job=None) -> int:
+    p = _plan(args, nproc, job)
     for line in ([] if quiet else p.lines()):
         print(line)
     if not p.fits():
@@ -157,7 +162,7 @@ def _check_fits(args: argparse.Namespace, job) -> None:
         return
     args.device_memory = cap / 2**30
     if args.parent is not None:
-        _print_plan(args, args.nproc, quiet=True)
+        _print_plan(args, args.nproc, quiet=True, job=job)
 
 
 def _job(args: argparse.Namespace):

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +63,8 @@ GENERIC_EXPORTS: tuple[str, ...] = ("nemotron-nas", "nemotron_h_puzzle")
 """Tried in this order when a model no longer fits its own type (nor its fallbacks)."""
 
 __all__ = ["DIALECTS", "Dialect", "ExportError", "FAMILIES", "GENERIC_EXPORTS", "LLAMA_LIKE",
-           "MOE_LIKE", "NEMOTRON_H", "SUPPORTED_TYPES", "from_hf", "load_config", "register",
-           "to_hf"]
+           "MOE_LIKE", "NEMOTRON_H", "Parent", "SUPPORTED_TYPES", "from_hf", "load_config",
+           "read_parent", "register", "to_hf"]
 
 
 def load_config(path: str | Path) -> ModelArch:
@@ -78,25 +80,56 @@ def load_config(path: str | Path) -> ModelArch:
     return from_hf(read_json(path), source=str(path))
 
 
+@dataclass(frozen=True)
+class Parent:
+    """A parent read once (:func:`read_parent`): its architecture, its HF config as read (for
+    fields the architecture does not keep, such as ``torch_dtype``) and the file it came
+    from. Commands resolve it once and hand it down (the plan, the scoring job, the
+    checkpoint reader), so its ``config.json`` is read once per command."""
+
+    arch: ModelArch
+    config: dict[str, Any]
+    path: Path | None
+    """The ``config.json`` or ``.gguf`` read; None for an inline config."""
+
+    @property
+    def folder(self) -> Path | None:
+        """The folder of its ``config.json`` (a checkpoint folder when it holds weights);
+        None for an inline config or a ``.gguf``."""
+        if self.path is None or self.path.suffix.lower() == ".gguf":
+            return None
+        return self.path.parent
+
+    def read_from(self, path: str | Path) -> bool:
+        """Whether this parent was read from ``path`` (a ``config.json``, a ``.gguf`` or a
+        folder holding a ``config.json``): the same file, whatever path names it."""
+        f = Path(path)
+        if f.is_dir():
+            f = f / "config.json"
+        try:
+            return self.path is not None and os.path.samefile(self.path, f)
+        except OSError:
+            return False
+
+
 def read_parent(parent: str | Path | dict[str, Any], base_dir: str | Path = ".",
-                source: str = "parent") -> tuple[ModelArch, dict[str, Any]]:
+                source: str = "parent") -> Parent:
     """A parent as a spec or a command names it, read once: a ``config.json``, a folder
     holding one or a ``.gguf`` file (a relative path is taken against ``base_dir``, the
-    spec's folder), or an inline HF config (``source`` names it in errors). Returns its
-    :class:`ModelArch` and its HF config as read (for fields the architecture does not
-    keep, such as ``torch_dtype``). The one rule every command reads a spec's parent by."""
+    spec's folder), or an inline HF config (``source`` names it in errors). The one rule
+    every command reads a spec's parent by."""
     if isinstance(parent, dict):
-        return from_hf(parent, source=source), dict(parent)
+        return Parent(from_hf(parent, source=source), dict(parent), None)
     p = Path(parent)
     if not p.is_absolute():
         p = Path(base_dir) / p
     if p.suffix.lower() == ".gguf":
-        from nas.hf.gguf import gguf_config, load_gguf_arch
+        from nas.hf.gguf import gguf_arch_and_config
 
-        return load_gguf_arch(p), gguf_config(p)
+        return Parent(*gguf_arch_and_config(p), p)
     f = p / "config.json" if p.is_dir() else p
     cfg = read_json(f)
-    return from_hf(cfg, source=str(f)), cfg
+    return Parent(from_hf(cfg, source=str(f)), cfg, f)
 
 
 def from_hf(cfg: Any, source: str = "config") -> ModelArch:

@@ -184,7 +184,14 @@ def _arch(cfg: dict[str, Any], path: str | os.PathLike[str], info: GGUFInfo) -> 
 def load_gguf_arch(path: str | os.PathLike[str]) -> ModelArch:
     """The :class:`ModelArch` of the GGUF file ``path`` from its config alone
     (:func:`gguf_config`: no tensor is dequantized)."""
-    return _arch(gguf_config(path), path, read_info(path))
+    return gguf_arch_and_config(path)[0]
+
+
+def gguf_arch_and_config(path: str | os.PathLike[str]) -> tuple[ModelArch, dict[str, Any]]:
+    """The :class:`ModelArch` of the GGUF file ``path`` and the HF config it was read from
+    (:func:`gguf_config`, read once)."""
+    cfg = gguf_config(path)
+    return _arch(cfg, path, read_info(path)), cfg
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -28,6 +28,9 @@ from nas.io import atomic_write, atomic_write_json
 from nas.modules.mamba import MambaMixer
 from nas.modules.model import Block, CausalLM
 from nas.scoring.digest import weights_digest
+
+if TYPE_CHECKING:
+    from nas.child.checkpoint import CheckpointReader
 
 META_KEY = "puzzle_nas_bld"
 
@@ -136,15 +139,17 @@ class _Parent:
     """Where :func:`assemble_child` reads the parent's tensors from: a loaded model, or a
     checkpoint folder read one submodule at a time (:class:`CheckpointReader`)."""
 
-    def __init__(self, parent: CausalLM | str | Path, score_dir: Path,
+    def __init__(self, parent: CausalLM | CheckpointReader | str | Path, score_dir: Path,
                  dtype: torch.dtype | None):
         self.model = parent if isinstance(parent, CausalLM) else None
         self.reader = None
         if not isinstance(parent, CausalLM):
             from nas.child.checkpoint import CheckpointReader
 
-            self.reader = CheckpointReader(parent)
-            self.folder = Path(parent)
+            # an open reader as it is (its config already read); a folder is opened here
+            self.reader = parent if isinstance(parent, CheckpointReader) \
+                else CheckpointReader(parent)
+            self.folder = self.reader.folder
             self.dtype = dtype or self.reader.stored_dtype()
             self.dname = "stored" if dtype is None else str(dtype)[6:]
             self.arch = self.reader.arch
@@ -198,13 +203,14 @@ def _weight(m: torch.nn.Module) -> torch.Tensor:
 
 
 @torch.no_grad()
-def assemble_child(child_arch: ModelArch, parent: CausalLM | str | Path, score_dir: str | Path,
-                   dtype: torch.dtype | None = None) -> CausalLM:
+def assemble_child(child_arch: ModelArch, parent: CausalLM | CheckpointReader | str | Path,
+                   score_dir: str | Path, dtype: torch.dtype | None = None) -> CausalLM:
     """The child of ``child_arch`` built from ``parent``: blocks equal to the parent's are
     copied, every other block is loaded from the BLD-trained blocks in ``score_dir``.
     ``child.init_report`` says where each block came from.
 
-    ``parent`` is a loaded model or a checkpoint folder; a folder is read one submodule at a
+    ``parent`` is a loaded model, a checkpoint folder or one opened
+    (:class:`~nas.child.checkpoint.CheckpointReader`); a folder is read one submodule at a
     time in ``dtype`` (default its stored dtype), so the memory is the child plus one
     parent block, and its digest (checked against the one the blocks were trained on) is
     the scoring run's record when the files are unchanged, else hashed one submodule at a

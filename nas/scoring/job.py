@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from hwprofiles.errors import InputError
 from nas import space
 from nas.arch import ModelArch
-from nas.hf import load_config, read_parent
+from nas.hf import Parent, read_parent
 from nas.scoring.data import Split, load_tokens, split_tokens
 from nas.space import Alternative
 from nas.spec import SearchSpec, load_spec
@@ -59,6 +59,9 @@ class Job:
     base_recipe: str | None = None
     """The spec's recipe when precision is searched per block (``nas.space.spans``): every
     alternative is scored with its weights fake-quantized; None: nothing is quantized."""
+    checkpoint: Parent | None = None
+    """The parent checkpoint's config as read once (``parent_dir/config.json``): the plan and
+    the reader take it instead of reading the file again."""
     _reader: Any = field(default=None, init=False, repr=False, compare=False)
 
     def reader(self) -> Any:
@@ -68,25 +71,30 @@ class Job:
         if self._reader is None:
             from nas.child.checkpoint import CheckpointReader
 
-            self._reader = CheckpointReader(self.parent_dir)
+            arch = None if self.checkpoint is None else self.checkpoint.arch
+            self._reader = CheckpointReader(self.parent_dir, arch=arch)
         return self._reader
 
 
 def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
             settings: Settings, tokenizer: str | Path | None = None,
-            bin_dtype: str | None = None) -> Job:
+            bin_dtype: str | None = None, checkpoint: Parent | None = None) -> Job:
     """Check every input (spec, parent config vs spec, data) without loading weights.
+    ``checkpoint``: ``parent_dir``'s config as the caller already read it (not read again).
 
     The alternatives are ``space.alternatives(parent, spec.search_space)``, what
     ``search.alternatives`` returns for the spec (same labels as ``library.json``); the
     spec's hardware and workloads play no part in scoring.
     """
     spec, base, _ = load_spec(spec_path)
-    parent = read_parent(spec.parent, base, f"{spec_path}: parent")[0]
     pdir = Path(parent_dir)
     if not pdir.is_dir():
         raise InputError("not a checkpoint folder (config.json + safetensors)", path=str(pdir))
-    check_parent(load_config(pdir), parent, str(pdir / "config.json"))
+    named = read_parent(spec.parent, base, f"{spec_path}: parent")
+    # the checkpoint's config: the file the spec named when it is the same one (read once)
+    ckpt = checkpoint or (named if named.read_from(pdir) else read_parent(pdir))
+    parent = named.arch
+    check_parent(ckpt.arch, parent, str(pdir / "config.json"))
     tokens = load_tokens(data, tokenizer, bin_dtype)
     split = split_tokens(tokens, parent.vocab_size, settings.seq_len,
                          settings.max_tokens, settings.calib_tokens, str(data))
@@ -104,7 +112,8 @@ def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         alts = spans.widen(parent, spec.search_space, recipe, alts)  # the search's labels
         if spec.search_space.precision.searched():
             base_recipe = pr
-    return Job(spec, parent, alts, pdir, split, settings, Path(spec_path), base_recipe)
+    return Job(spec, parent, alts, pdir, split, settings, Path(spec_path), base_recipe,
+               ckpt)
 
 
 def check_parent(found: ModelArch, expected: ModelArch, source: str) -> None:

@@ -31,7 +31,7 @@ from hwprofiles.errors import InputError
 from hwprofiles.schema import HardwareProfile
 from nas import engines, space
 from nas.arch import ModelArch, NoOp, blocks_table, mtp_table
-from nas.hf import read_parent
+from nas.hf import Parent, read_parent
 from nas.library import BlockLibrary
 from nas.progress import Progress
 from nas.search import blueprint as bpm
@@ -96,10 +96,16 @@ def resolve_profile(profile: str, base_dir: str | Path = ".") -> HardwareProfile
     return hwprofiles.get(str(pp) if profile.endswith(".json") and pp.exists() else profile)
 
 
-def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "") -> Problem:
-    """Load the parent, the hardware profile and the recipe a spec names."""
+def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "",
+            known: Parent | None = None) -> Problem:
+    """Load the parent, the hardware profile and the recipe a spec names. ``known``: a
+    parent the caller already read; taken as the spec's when it was read from the file the
+    spec names (so it is not read again)."""
     base = Path(base_dir)
-    parent = read_parent(spec.parent, base, "spec: parent")[0]
+    if known is not None and isinstance(spec.parent, str) and known.read_from(base / spec.parent):
+        parent = known.arch
+    else:
+        parent = read_parent(spec.parent, base, "spec: parent").arch
     parent.check_tp(spec.hw.tp, "hardware.tp", attention=not spec.hw.attention_dp)
     hw = resolve_profile(spec.hw.profile, base)
     if isinstance(spec.precision, str):

@@ -86,6 +86,8 @@ from pydantic import (
 
 from hwprofiles.errors import InputError, first_error, read_json
 from nas.child import load_pretrained
+from nas.child.checkpoint import CheckpointReader, export_sharded
+from nas.hf import Parent
 from nas.io import atomic_write_json, remove_dir, staged_dir
 from nas.modules.model import CausalLM
 from nas.modules.moe import MoEMixer
@@ -658,7 +660,7 @@ def _held(model: torch.nn.Module) -> int:
                for t in seen.values())
 
 
-def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device: str, *,
+def load_sharded(path: str | Path | CheckpointReader, dtype: torch.dtype | None, mesh: Any, device: str, *,
                  train: bool, mp_dtype: torch.dtype | None = None,
                  checkpointing: bool = False, digest: str | None = None,
                  expert_parallel: bool = False) -> tuple[CausalLM, str, torch.dtype]:
@@ -689,10 +691,9 @@ def load_sharded(path: str | Path, dtype: torch.dtype | None, mesh: Any, device:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    from nas.child.checkpoint import CheckpointReader
     from nas.scoring.digest import combine_lines, tensor_line
 
-    reader = CheckpointReader(path)
+    reader = path if isinstance(path, CheckpointReader) else CheckpointReader(path)
     model = reader.model
     stored = reader.stored_dtype()
     dt = dtype or stored
@@ -827,127 +828,6 @@ def _load_sharded_checkpoint(folder: Path, state: _State, student: torch.nn.Modu
     return sd.get("best")
 
 
-_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
-              torch.float64: "F64"}
-
-
-def _st_header(header: dict[str, Any], digests: dict[str, str]) -> bytes:
-    """A safetensors header (length, JSON padded to 8 bytes) with this project's per-tensor
-    digests in its metadata (:data:`nas.child.checkpoint.DIGESTS_KEY`)."""
-    from nas.child.checkpoint import DIGESTS_KEY
-
-    meta = {"format": "pt", DIGESTS_KEY: json.dumps(digests)}
-    raw = json.dumps({"__metadata__": meta, **header}, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return len(raw).to_bytes(8, "little") + raw
-
-
-def export_sharded(model: CausalLM, path: Path, dtype: torch.dtype,
-                   max_shard_bytes: int | None = None,
-                   extra: Callable[[Path], object] | None = None) -> None:
-    """Write a sharded model as a checkpoint folder (``config.json`` + safetensors, as
-    :func:`nas.child.save_pretrained` writes it, digests included), gathering one tensor
-    at a time (a collective: every rank calls it; rank 0 writes). The safetensors files
-    are streamed: the header (offsets from the shapes, digests as placeholders of their
-    fixed length) first, then each tensor's bytes as it is gathered, then the header again
-    with the digests. Parameters are written in ``dtype``, buffers as they are (float32).
-    ``extra(folder)`` writes more files (a tokenizer) into the staged folder on rank 0
-    before the swap."""
-    import hashlib as _hl
-    import shutil
-    import tempfile
-
-    from torch.distributed.tensor import DTensor
-
-    from nas.child.checkpoint import (
-        MAX_SHARD_BYTES,
-        WEIGHTS,
-        export_config,
-        finish_checkpoint,
-        hf_layout,
-        is_checkpoint_file,
-    )
-    from nas.io import check_output_dir, temp_prefix
-
-    rank = dist.get_rank()
-    limit = max_shard_bytes or MAX_SHARD_BYTES
-    sd = model.state_dict(keep_vars=True)
-    buffers = {k for k, _ in model.named_buffers()}
-    cfg = export_config(model, None)
-    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
-    rows = hf_layout(model, cfg["model_type"])
-
-    def out_dtype(key: str) -> torch.dtype:
-        return sd[key].dtype if key in buffers else dtype
-
-    def shape(key: str, j: int | None) -> list[int]:
-        s = list(sd[key].shape)
-        return s[1:] if j is not None else s
-
-    def nbytes(key: str, j: int | None) -> int:
-        return math.prod(shape(key, j)) * out_dtype(key).itemsize
-
-    files: list[list[tuple[str, str, int | None]]] = [[]]
-    size = 0
-    for row in rows:
-        n = nbytes(row[0], row[2])
-        if files[-1] and size + n > limit:
-            files.append([])
-            size = 0
-        files[-1].append(row)
-        size += n
-    names = [WEIGHTS] if len(files) == 1 else \
-        [f"model-{k + 1:05d}-of-{len(files):05d}.safetensors" for k in range(len(files))]
-    tmp: Path | None = None
-    if rank == 0:
-        check_output_dir(path, is_checkpoint_file, "output folder")
-        tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
-    try:
-        wmap: dict[str, str] = {}
-        total = 0
-        last: tuple[str, torch.Tensor] | None = None
-        for fname, frows in zip(names, files):
-            header: dict[str, Any] = {}
-            off = 0
-            for key, name, j in frows:
-                n = nbytes(key, j)
-                header[name] = {"dtype": _ST_DTYPES[out_dtype(key)], "shape": shape(key, j),
-                                "data_offsets": [off, off + n]}
-                off += n
-                wmap[name] = fname
-            total += off
-
-            digests = {name: "0" * 64 for _, name, _ in frows}
-            fh = open(tmp / fname, "wb") if tmp is not None else None  # noqa: SIM115
-            try:
-                if fh is not None:
-                    fh.write(_st_header(header, digests))
-                for key, name, j in frows:
-                    if last is None or last[0] != key:  # stacked experts: gathered once
-                        t = sd[key].detach()
-                        full = t.full_tensor() if isinstance(t, DTensor) else t
-                        last = (key, full.to(out_dtype(key)).cpu().contiguous())
-                    if fh is not None:
-                        v = last[1] if j is None else last[1][j].contiguous()
-                        data = v.reshape(-1).view(torch.uint8).numpy()
-                        digests[name] = _hl.sha256(data.data).hexdigest()
-                        fh.write(data.data)
-                if fh is not None:
-                    fh.seek(0)
-                    fh.write(_st_header(header, digests))  # same length: the digests' hex is fixed-size
-            finally:
-                if fh is not None:
-                    fh.close()
-        last = None
-        if tmp is not None:
-            finish_checkpoint(tmp, path, cfg, wmap if len(files) > 1 else None, total, extra)
-            tmp = None
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    dist.barrier()
-
-
 # ---- the run ----------------------------------------------------------------------------
 def _point(step: int, s: DistillSettings, ev: dict[str, float],
            train_loss: float | None) -> CurvePoint:
@@ -960,17 +840,21 @@ LAYOUTS = {"full": "written whole by one process (1 rank, or --replicas)",
            "sharded": "sharded over the ranks (FSDP2, torch.distributed.checkpoint)"}
 
 
-def resolve_precision(settings: DistillSettings, student_dir: str | Path,
-                      teacher_dir: str | Path, replicas: bool = False) -> DistillSettings:
+def resolve_precision(settings: DistillSettings, student_dir: str | Path | Parent,
+                      teacher_dir: str | Path | Parent, replicas: bool = False
+                      ) -> DistillSettings:
     """``settings`` with ``mixed_precision="auto"`` resolved from the two checkpoints'
-    stored dtypes (:func:`nas.train.plan.resolve_mixed_precision`); an
-    :class:`InputError` for a 16-bit checkpoint on replicas."""
+    stored dtypes (:func:`nas.train.plan.resolve_mixed_precision`; a :class:`Parent` is
+    read as it was read); an :class:`InputError` for a 16-bit checkpoint on replicas."""
     from nas.train.plan import resolve_mixed_precision, stored_dtype
 
     if settings.mixed_precision != "auto":
         return settings
     dts = []
     for d in (student_dir, teacher_dir):
+        if isinstance(d, Parent):
+            dts.append(stored_dtype(d.config))
+            continue
         path = Path(d)
         cfg = path if path.suffix == ".json" else path / "config.json"
         dts.append(stored_dtype(read_json(cfg)) if cfg.is_file() else "float32")
@@ -991,7 +875,8 @@ def layout_of(world: int, settings: DistillSettings, replicas: bool = False
     return "sharded" if (world > 1 and not replicas) or settings.mixed_precision else "full"
 
 
-def _expert_parallel(student_dir: str | Path, mode: str, world: int, layout: str) -> bool:
+def _expert_parallel(student_dir: str | Path | Parent, mode: str, world: int, layout: str
+                     ) -> bool:
     """Whether the student's experts are sharded over the ranks
     (:func:`nas.train.plan.resolve_expert_parallel` of its config; ``on`` where it cannot
     run is refused in one line)."""
@@ -1003,7 +888,8 @@ def _expert_parallel(student_dir: str | Path, mode: str, world: int, layout: str
     plan_layout = "sharded" if layout == "sharded" and world > 1 else \
         ("whole" if world == 1 else "replicas")
     try:
-        return resolve_expert_parallel(mode, load_config(student_dir), world, plan_layout)
+        arch = student_dir.arch if isinstance(student_dir, Parent) else load_config(student_dir)
+        return resolve_expert_parallel(mode, arch, world, plan_layout)
     except ValueError as exc:
         raise InputError(str(exc), field="--expert-parallel") from None
 
@@ -1067,7 +953,8 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
+def distill(student_dir: str | Path | Parent, teacher_dir: str | Path | Parent,
+            train: np.ndarray,
             out_dir: str | Path, settings: DistillSettings, *, held: np.ndarray | None = None,
             data_source: str = "data", eval_source: str | None = None, device: str = "cpu",
             progress: bool | None = None, log: Callable[[str], None] | None = None,
@@ -1095,7 +982,11 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
     ``ceil(E / N)`` per rank, the last fewer), ``on`` refuses a run where they cannot (no
     MoE block, or not sharded),
     ``off`` leaves them to FSDP2 (every block gathered whole); the figures are the same
-    within float32 summation order, and a checkpoint of either resumes in the other."""
+    within float32 summation order, and a checkpoint of either resumes in the other.
+
+    ``student_dir`` and ``teacher_dir`` are checkpoint folders, or :class:`nas.hf.Parent`
+    of one as the caller read it (``puzzle-nas distill``): its config is then not read
+    again."""
     s = resolve_precision(settings, student_dir, teacher_dir, replicas)
     if replicas and s.mixed_precision:
         raise InputError("--mixed-precision runs on FSDP2 (sharded ranks): drop --replicas")
@@ -1110,7 +1001,23 @@ def distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
             dist.destroy_process_group()
 
 
-def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray,
+def _folder(d: str | Path | Parent, flag: str) -> str | Path:
+    """The checkpoint folder of ``d``."""
+    if not isinstance(d, Parent):
+        return d
+    if d.folder is None:
+        raise InputError("expected a checkpoint folder", path=str(d.path), field=flag)
+    return d.folder
+
+
+def _source(folder: str | Path, par: Parent | None) -> str | Path | CheckpointReader:
+    """What the loaders read ``folder`` from: a reader opened with its config as already
+    read (``par``), else the folder (its config read there)."""
+    return folder if par is None else CheckpointReader(folder, arch=par.arch)
+
+
+def _distill(student_in: str | Path | Parent, teacher_in: str | Path | Parent,
+             train: np.ndarray,
              out_dir: str | Path, s: DistillSettings, held: np.ndarray | None,
              data_source: str, eval_source: str | None, device: str, progress: bool | None,
              log: Callable[[str], None] | None, replicas: bool, checkpointing: bool,
@@ -1118,6 +1025,9 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
              expert_parallel: str = "auto") -> DistillRecord | None:
     t0 = time.perf_counter()
     rss0 = _rss_mib()
+    s_par = student_in if isinstance(student_in, Parent) else None
+    t_par = teacher_in if isinstance(teacher_in, Parent) else None
+    student_dir, teacher_dir = _folder(student_in, "student"), _folder(teacher_in, "teacher")
     log = log if log is not None else (lambda m: print(m, file=sys.stderr))
     rank, world = rank_and_world()
     layout = layout_of(world, s, replicas)
@@ -1150,29 +1060,30 @@ def _distill(student_dir: str | Path, teacher_dir: str | Path, train: np.ndarray
         if t_layout == "pipelined":
             from nas.train.teacher import load_pipelined
 
-            teacher, t_hash, _ = load_pipelined(teacher_dir, mp or dtype, device,
+            teacher, t_hash, _ = load_pipelined(_source(teacher_dir, t_par), mp or dtype, device,
                                                 digest=t_known)
         else:  # its experts sharded whole too where they divide (it only runs forward)
             ep_t = expert_parallel != "off" and \
-                _expert_parallel(teacher_dir, "auto", world, layout)
-            teacher, t_hash, _ = load_sharded(teacher_dir, mp or dtype, mesh, device,
+                _expert_parallel(t_par or teacher_dir, "auto", world, layout)
+            teacher, t_hash, _ = load_sharded(_source(teacher_dir, t_par), mp or dtype, mesh,
+                                              device,
                                               train=False, digest=t_known,
                                               expert_parallel=ep_t)
         # (recorded in distill.json as expert_parallel; the plan printed before says it)
-        ep = _expert_parallel(student_dir, expert_parallel, world, layout)
+        ep = _expert_parallel(s_par or student_dir, expert_parallel, world, layout)
         student, s_hash, s_stored = load_sharded(
-            student_dir, torch.float32 if mp else dtype, mesh, device, train=True,
+            _source(student_dir, s_par), torch.float32 if mp else dtype, mesh, device, train=True,
             mp_dtype=mp, checkpointing=checkpointing, digest=s_known, expert_parallel=ep)
         teacher.eval()
         export_dtype = s_stored if mp else student.embed.weight.dtype
     else:
         t_layout, ep = "whole", False
         if expert_parallel == "on":
-            _expert_parallel(student_dir, expert_parallel, world, layout)  # the refusal
-        teacher = load_pretrained(teacher_dir, dtype=dtype).to(device).eval()
+            _expert_parallel(s_par or student_dir, expert_parallel, world, layout)  # refusal
+        teacher = load_pretrained(_source(teacher_dir, t_par), dtype=dtype).to(device).eval()
         for p in teacher.parameters():
             p.requires_grad_(False)
-        student = load_pretrained(student_dir, dtype=dtype).to(device)
+        student = load_pretrained(_source(student_dir, s_par), dtype=dtype).to(device)
         if checkpointing:
             for blk in student.blocks:
                 if blk.mixer is not None:

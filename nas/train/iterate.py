@@ -283,7 +283,8 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
     import torch
 
     from nas.child import save_pretrained
-    from nas.hf import from_hf
+    from nas.child.checkpoint import CheckpointReader
+    from nas.hf import from_hf, read_parent
     from nas.scoring import prepare
     from nas.scoring import run as run_scoring
     from nas.scoring.bld import assemble_child
@@ -301,7 +302,11 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     teacher = Path(teacher or parent_dir)
-    problem0 = search.resolve(spec, base)
+    # the teacher's config, read once for every stage's distillation (its precision, its
+    # reader) and for the spec's parent where that is the same file; a stage's parent is
+    # read once per stage (its spec, scoring, the build)
+    t_par = read_parent(teacher) if (teacher / "config.json").is_file() else None
+    problem0 = search.resolve(spec, base, known=t_par)
     train = load_tokens(data, tokenizer, bin_dtype)
     held = None if eval_data is None else load_tokens(eval_data, tokenizer, bin_dtype)
     current = Path(parent_dir)
@@ -311,7 +316,9 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         sdir = out / f"stage-{k}"
         sdir.mkdir(exist_ok=True)
         budgets = absolute_budgets(problem0, st.budgets)
-        parent_cfg = read_json(current / "config.json")
+        cur = t_par if t_par is not None and t_par.read_from(current) \
+            else read_parent(current)
+        parent_cfg = cur.config
         sdata, pruned = _stage_spec(spec_data, spec, parent_cfg, k, budgets, base)
         if pruned:
             log(f"stage {k}: values no block of its parent can take are left out: "
@@ -345,7 +352,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
                 + (f" on {nproc} ranks" if nproc > 1 else ""))
             sd = data if score_data is None else score_data
             job = prepare(sdir / "spec.json", current, sd, score_settings, tokenizer,
-                          bin_dtype)
+                          bin_dtype, checkpoint=cur)
             if nproc > 1:
                 _ranks(k, "scoring", "nas.cli.score", nproc, score_argv(
                     sdir / "spec.json", current, sd, scores, score_settings, tokenizer,
@@ -362,7 +369,8 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         # 3. build from the BLD blocks
         child_arch = from_hf(bp.child, source=str(sdir / "search" / "blueprint.json"))
         dtype = None if score_settings.dtype is None else getattr(torch, score_settings.dtype)
-        child = assemble_child(child_arch, current, scores, dtype)  # one block at a time
+        child = assemble_child(child_arch, CheckpointReader(current, arch=cur.arch), scores,
+                               dtype)  # one block at a time
         save_pretrained(child, sdir / "child",  # with its parent's tokenizer
                         extra=partial(copy_tokenizer, [current]))
         # 4. distill
@@ -375,7 +383,8 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
                 resume_conflict,
             )
 
-            ds = resolve_precision(distill_settings, sdir / "child", teacher, replicas)
+            ds = resolve_precision(distill_settings, sdir / "child", t_par or teacher,
+                                   replicas)
             why = resume_conflict(dist_dir, ds, layout_of(nproc, ds, replicas))
             if why is not None:
                 raise InputError(f"stage {k}: {why}")
@@ -384,7 +393,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
                 tokenizer, bin_dtype, device, replicas, checkpointing, keep_checkpoint))
             rec_d: DistillRecord | None = load_record(dist_dir)
         else:
-            rec_d = distill(sdir / "child", teacher, train, dist_dir, distill_settings,
+            rec_d = distill(sdir / "child", t_par or teacher, train, dist_dir, distill_settings,
                             held=held, data_source=str(data),
                             eval_source=None if eval_data is None else str(eval_data),
                             progress=progress, log=log, device=device,

@@ -22,13 +22,16 @@ ops on the same rows (the microbatch is the rank's rows).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from nas.modules.model import Block, CausalLM
+
+if TYPE_CHECKING:
+    from nas.child.checkpoint import CheckpointReader
 
 
 class TeacherStage(nn.Module):
@@ -117,7 +120,7 @@ class PipelinedTeacher(nn.Module):
         return mine[:n]
 
 
-def load_pipelined(path: str | Path, dtype: torch.dtype | None, device: str,
+def load_pipelined(path: str | Path | CheckpointReader, dtype: torch.dtype | None, device: str,
                    digest: str | None = None) -> tuple[PipelinedTeacher, str, torch.dtype]:
     """The checkpoint ``path`` as a :class:`PipelinedTeacher` over the ranks of the default
     group, its :func:`nas.scoring.digest.weights_digest` and its stored dtype.
@@ -132,7 +135,7 @@ def load_pipelined(path: str | Path, dtype: torch.dtype | None, device: str,
     from nas.train.plan import teacher_stages
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    reader = CheckpointReader(path)
+    reader = path if isinstance(path, CheckpointReader) else CheckpointReader(path)
     model = reader.model
     stored = reader.stored_dtype()
     dt = dtype or stored

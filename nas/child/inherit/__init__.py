@@ -166,7 +166,8 @@ def _tokens(calibration_tokens: torch.Tensor | list, vocab: int) -> torch.Tensor
 
 
 @torch.no_grad()
-def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
+def init_from_parent(child_arch: ModelArch,
+                     parent_model: CausalLM | CheckpointReader | str | Path,
                      calibration_tokens: torch.Tensor | list, seed: int = 0,
                      dtype: torch.dtype | None = None, progress: bool | None = None
                      ) -> CausalLM:
@@ -193,7 +194,9 @@ def init_from_parent(child_arch: ModelArch, parent_model: CausalLM | str | Path,
         device = parent_model.embed.weight.device
         target = dtype or compute
     else:
-        reader = CheckpointReader(parent_model)
+        # an open reader is read as it is (its config already read); a folder is opened
+        reader = parent_model if isinstance(parent_model, CheckpointReader) \
+            else CheckpointReader(parent_model)
         pa = reader.arch
         compute, device = torch.float32, torch.device("cpu")
         target = dtype or reader.stored_dtype()
