@@ -368,6 +368,38 @@ def test_replicas_keep_a_whole_copy_per_rank_and_match_one_rank(work, one_rank, 
     _curves_agree(one_rank, out)
 
 
+def test_micro_batches_train_as_the_whole_batch_does(work, one_rank, tmp_path):
+    """``--micro-batch``: each rank's share of the batch runs a micro-batch at a time, their
+    gradients added before the step, so one process at 2 rows (4 passes per step), two
+    sharded ranks at 1 row (4 passes each) and two DDP replicas at 2 rows train as the
+    whole batch does (float32 summation order); the sharded run sends what its plan says
+    (FSDP2 gathers and reduce-scatters once per micro-batch) and the plan holds one row's
+    activations."""
+    runs = {"one": (tmp_path / "m1", ["--micro-batch", "2"]),
+            "sharded": (tmp_path / "m2", ["--nproc", "2", "--micro-batch", "1"]),
+            "replicas": (tmp_path / "m3", ["--nproc", "2", "--replicas", "--micro-batch", "2"])}
+    for out, extra in runs.values():
+        p = _cli(work, out, *extra)
+        assert p.returncode == 0, p.stderr[-3000:]
+        _curves_agree(one_rank, out)
+    rec = load_record(runs["sharded"][0])
+    assert rec.settings["micro_batch"] == 1
+    plan = _plan_of_run(work, rec, "pipelined", micro_batch=1)
+    assert max(rec.sent_bytes_per_step) == pytest.approx(plan.sent_per_step, rel=0.2)
+    whole = _plan_of_run(work, rec, "pipelined")
+    assert plan.activations == pytest.approx(whole.activations / 4)  # 1 row of 4
+    assert plan.sent_per_step > whole.sent_per_step  # the student moved 4 times
+
+
+def test_a_micro_batch_that_does_not_divide_the_share_is_one_line(work, tmp_path):
+    p = _cli(work, tmp_path / "bad", "--nproc", "2", "--micro-batch", "3")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [
+        "puzzle-nas distill: error: --micro-batch 3 must divide each rank's share of the "
+        "batch (--batch 8 over --nproc 2: 4)"]
+    assert not (tmp_path / "bad").exists()
+
+
 def test_a_keep_last_run_resumes_past_a_better_early_evaluation(work, tmp_path):
     """With --keep-last no best weights are kept in the checkpoint, and the resume needs
     none (on one process and sharded)."""
@@ -552,7 +584,8 @@ def test_a_rerun_reads_the_recorded_digests_instead_of_hashing(work, tmp_path, m
     assert calls and third == first  # hashed again, the same content: the same run
 
 
-def _plan_of_run(work: Path, rec, teacher_layout: str, expert_parallel: str = "auto"):
+def _plan_of_run(work: Path, rec, teacher_layout: str, expert_parallel: str = "auto",
+                 micro_batch: int | None = None):
     from nas.hf import load_config
     from nas.train.plan import distill_plan
 
@@ -562,7 +595,7 @@ def _plan_of_run(work: Path, rec, teacher_layout: str, expert_parallel: str = "a
                         teacher_dtype="float32", student_dtype="float32", mixed_precision=None,
                         keep_best=True, lr_sweep=0, sweep_steps=None, checkpointing=False,
                         teacher_layout=teacher_layout, backend="gloo",
-                        expert_parallel=expert_parallel)
+                        expert_parallel=expert_parallel, micro_batch=micro_batch)
 
 
 @pytest.mark.parametrize("n,layout", [(2, "pipelined"), (2, "sharded"), (4, "pipelined"),

@@ -130,6 +130,34 @@ def test_more_ranks_hold_less_and_checkpointing_keeps_less():
     assert mp.student_weights == 2 * two.student_weights  # float32 master weights
 
 
+def test_micro_batches_hold_one_micro_batchs_activations_and_move_the_student_each_time():
+    """Gradient accumulation (``micro_batch``): activations and logits are one pass's rows,
+    weights, gradients and optimizer state are unchanged, the sharded student is gathered
+    and reduce-scattered once per pass (its bytes times the passes), the rows sent to and
+    from the pipelined teacher are the same in all; a plan with more than one row per pass
+    suggests one."""
+    from nas.train.plan import distill_plan
+
+    kw = dict(world=2, batch=8, seq_len=256, tokens=65536, eval_every=50, eval_tokens=4096,
+              teacher_dtype="bfloat16", student_dtype="bfloat16", mixed_precision="bfloat16",
+              keep_best=False, lr_sweep=0, sweep_steps=None, replicas=False,
+              checkpointing=True, backend="nccl", expert_parallel="off")
+    whole = distill_plan(ARCH, ARCH, **kw)
+    one = distill_plan(ARCH, ARCH, micro_batch=1, **kw)  # 4 passes of 1 row per rank
+    two = distill_plan(ARCH, ARCH, micro_batch=2, **kw)
+    assert distill_plan(ARCH, ARCH, micro_batch=4, **kw) == whole
+    assert one.activations == pytest.approx(whole.activations / 4)
+    assert two.activations == pytest.approx(whole.activations / 2)
+    assert one.logits < whole.logits
+    for f in ("teacher_weights", "student_weights", "gradients", "optimizer", "gathered"):
+        assert getattr(one, f) == getattr(whole, f), f
+    p_s = float(ARCH.block_params().sum() + sum(ARCH.nonblock_role_params().values()))
+    student = (2 * p_s * 2 + p_s * 4) / 2  # bf16 gathers twice, float32 reduce-scatter
+    assert one.sent_per_step - whole.sent_per_step == pytest.approx(3 * student)
+    assert any("--micro-batch 1" in h for h in whole.hints)
+    assert not any("--micro-batch" in h for h in one.hints)
+
+
 def test_a_run_whose_plan_does_not_fit_is_refused_before_anything_loads(tmp_path):
     pytest.importorskip("torch")
     from nas.child import save_pretrained

@@ -53,6 +53,11 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
     p.add_argument("--batch", type=int, default=8,
                    help="rows per step over all ranks (the global batch; default 8)")
+    p.add_argument("--micro-batch", type=int, default=None, metavar="ROWS",
+                   help="rows per forward and backward pass on each rank: its share of the "
+                   "batch runs as micro-batches whose gradients add up before the step "
+                   "(gradient accumulation: the same step, activations for ROWS rows only); "
+                   "must divide --batch / --nproc (default: the whole share at once)")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
     p.add_argument("--min-lr-fraction", type=float, default=0.1,
                    help="cosine decay ends at this fraction of --lr (default 0.1)")
@@ -141,7 +146,8 @@ def settings_of(args: argparse.Namespace):
     from nas.train.distill import DistillSettings
 
     mixed = _mixed_flag(args)  # first: --pure-bf16 sets --dtype
-    kw = dict(tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch, lr=args.lr,
+    kw = dict(tokens=args.tokens, seq_len=args.seq_len, batch_size=args.batch,
+              micro_batch=getattr(args, "micro_batch", None), lr=args.lr,
               min_lr_fraction=args.min_lr_fraction, warmup_steps=args.warmup_steps,
               weight_decay=args.weight_decay, grad_clip=args.grad_clip,
               lm_weight=args.lm_weight, eval_every=args.eval_every,
@@ -149,7 +155,7 @@ def settings_of(args: argparse.Namespace):
               seed=args.seed, dtype=args.dtype, lr_sweep=args.lr_sweep,
               sweep_steps=args.sweep_steps, patience=args.patience,
               keep_best=not args.keep_last, mixed_precision=mixed)
-    flags = {"batch_size": "--batch"}
+    flags = {"batch_size": "--batch", "micro_batch": "--micro-batch"}
     try:
         s = DistillSettings(**kw)
     except ValidationError as exc:
@@ -245,7 +251,7 @@ def plan_of(args: argparse.Namespace, nproc: int, capacity: float | None = None)
         checkpointing=args.activation_checkpointing, hw=hw, capacity=capacity,
         teacher_layout=getattr(args, "teacher_layout", "pipelined"),
         backend="nccl" if args.device == "cuda" or args.hardware else "gloo",
-        expert_parallel=_ep_mode(args, child, nproc))
+        expert_parallel=_ep_mode(args, child, nproc), micro_batch=s.micro_batch)
 
 
 def _ep_mode(args: argparse.Namespace, child: ModelArch, nproc: int) -> str:
@@ -377,7 +383,7 @@ def forward_args(args: argparse.Namespace) -> list[str]:
     """The rank command line for ``args`` (everything but ``--nproc``)."""
     out = [args.child, "--teacher", args.teacher, "--data", args.data, "-o", args.output]
     for name in ("eval_data", "tokenizer", "bin_dtype", "dtype", "mixed_precision",
-                 "teacher_layout", "expert_parallel"):
+                 "teacher_layout", "expert_parallel", "micro_batch"):
         if getattr(args, name, None) and getattr(args, name) != "auto":
             out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
     for name in ("tokens", "seq_len", "batch", "lr", "min_lr_fraction", "warmup_steps",
@@ -424,6 +430,10 @@ def run(args: argparse.Namespace) -> int:
 
     args.teacher = resolve_parent(args.teacher, "teacher")  # a .gguf: converted once
     _check(args)
+    share = args.batch // args.nproc
+    if args.micro_batch and args.batch % args.nproc == 0 and share % args.micro_batch:
+        raise InputError(f"--micro-batch {args.micro_batch} must divide each rank's share of "
+                         f"the batch (--batch {args.batch} over --nproc {args.nproc}: {share})")
     _check_expert_parallel(args, args.nproc)
     _check_fits(args, args.nproc)
     # one run at a time per output folder (two would train into the same checkpoint): a

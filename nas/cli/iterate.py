@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bld-lr", type=float, default=1e-3, help="scoring: BLD learning rate")
     p.add_argument("--kd-tokens", type=int, required=True, help="KD: training tokens per stage")
     p.add_argument("--kd-batch", type=int, default=8, help="KD: rows per step")
+    p.add_argument("--kd-micro-batch", type=int, default=None, metavar="ROWS",
+                   help="KD: rows per forward and backward pass on each rank (gradient "
+                   "accumulation; see distill --micro-batch)")
     p.add_argument("--kd-lr", type=float, default=3e-4, help="KD: peak learning rate")
     p.add_argument("--kd-lm-weight", type=float, default=0.0, help="KD: LM loss weight")
     p.add_argument("--kd-eval-every", type=int, default=50, help="KD: steps between evals")
@@ -121,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
                       calib_tokens=args.calib_tokens, bld_steps=args.bld_steps,
                       bld_lr=args.bld_lr, seed=args.seed, dtype=args.dtype)
         ds = DistillSettings(tokens=args.kd_tokens, seq_len=args.seq_len,
-                             batch_size=args.kd_batch, lr=args.kd_lr,
+                             batch_size=args.kd_batch, micro_batch=args.kd_micro_batch,
+                             lr=args.kd_lr,
                              lm_weight=args.kd_lm_weight, eval_every=args.kd_eval_every,
                              eval_tokens=args.kd_eval_tokens, seed=args.seed,
                              dtype=args.dtype, lr_sweep=args.kd_lr_sweep,

@@ -60,6 +60,7 @@ finished run reads ``distill.json`` back and needs no checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -119,6 +120,12 @@ class DistillSettings(BaseModel):
                         "* seq_len)))")
     seq_len: int = Field(default=256, ge=2, description="tokens per row")
     batch_size: int = Field(default=8, ge=1, description="rows per step, over all ranks")
+    micro_batch: int | None = Field(default=None, ge=1, description="rows per forward and "
+                                    "backward pass on each rank: a rank's share of the batch "
+                                    "runs as micro-batches of this many rows whose gradients "
+                                    "add up before the optimizer step (the same step; "
+                                    "activations held for these rows only). None: the "
+                                    "rank's whole share at once")
     lr: float = Field(default=3e-4, gt=0, description="peak AdamW learning rate")
     min_lr_fraction: float = Field(default=0.1, ge=0, le=1,
                                    description="cosine decay ends at this fraction of lr")
@@ -1130,11 +1137,19 @@ def _distill(student_in: str | Path | Parent, teacher_in: str | Path | Parent,
     elif state is not None:
         _load_full_checkpoint(ckpt, student, opt)
     model: torch.nn.Module = student
+    ddp = None
     if world > 1 and not sharded:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(student)  # every parameter is used (experts are stacked tensors)
+        ddp = DDP(student)  # every parameter is used (experts are stacked tensors)
+        model = ddp
     local = s.batch_size // world
+    micro = s.micro_batch or local
+    if local % micro:
+        raise InputError(f"--micro-batch {micro} must divide each rank's share of the batch "
+                         f"({s.batch_size} rows over {world} ranks: {local})",
+                         field="--micro-batch")
+    n_micro = local // micro
 
     sent: list[int] = []  # bytes written per training step (gloo's sends)
 
@@ -1147,17 +1162,24 @@ def _distill(student_in: str | Path | Parent, teacher_in: str | Path | Parent,
         for step in range(start, stop):
             w0 = _bytes_written()
             idx = step_rows(step, len(tr), run)[rank * local:(rank + 1) * local]
-            t = tr[idx].to(device)
-            with torch.no_grad():
-                ht = teacher(t, hidden=True)
-            hs = model(t, hidden=True)
-            _unshard_roots(student, teacher)  # the head, for the chunks and their recompute
-            loss, _, _ = kd_loss_hidden(student, teacher, hs, ht, t, run.lm_weight)
             for group in optim.param_groups:
                 group["lr"] = lr_at(step, run)
             optim.zero_grad(set_to_none=True)
-            loss.backward()
-            _reshard_roots(teacher)  # the student's: FSDP2 after its backward
+            loss = torch.zeros((), device=device)
+            for j in range(n_micro):  # the rank's rows, a micro-batch at a time
+                t = tr[idx[j * micro:(j + 1) * micro]].to(device)
+                with torch.no_grad():
+                    ht = teacher(t, hidden=True)
+                # DDP: the gradients are all-reduced once, after the last micro-batch (FSDP2
+                # reduce-scatters each one's into the sharded gradients: memory stays sharded)
+                last_one = j == n_micro - 1
+                with contextlib.nullcontext() if ddp is None or last_one else ddp.no_sync():
+                    hs = model(t, hidden=True)
+                    _unshard_roots(student, teacher)  # the head, for the chunks and recompute
+                    part, _, _ = kd_loss_hidden(student, teacher, hs, ht, t, run.lm_weight)
+                    (part / n_micro).backward()  # the mean over the rank's rows, as one pass
+                _reshard_roots(teacher)  # the student's: FSDP2 after its backward
+                loss = loss + part.detach() / n_micro
             if run.grad_clip:
                 torch.nn.utils.clip_grad_norm_(student.parameters(), run.grad_clip)
             optim.step()

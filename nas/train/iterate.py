@@ -219,7 +219,7 @@ def distill_argv(child: Path, teacher: Path, data: str | Path, out: Path, settin
     after it finishes)."""
     s = settings
     argv = [str(child), "--teacher", str(teacher), "--data", str(data), "-o", str(out)]
-    argv += _flag("batch", s.batch_size)
+    argv += _flag("batch", s.batch_size) + _flag("micro_batch", s.micro_batch)
     for name in ("tokens", "seq_len", "lr", "min_lr_fraction", "warmup_steps", "weight_decay",
                  "grad_clip", "lm_weight", "eval_every", "eval_tokens", "checkpoint_every",
                  "seed", "dtype", "patience", "sweep_steps"):

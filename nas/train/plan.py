@@ -23,10 +23,11 @@ a multiple of ``N``, at most ``N - 1`` rows per tensor more than ``P / N``):
   ``N`` divides ``E``; its weights, gradients and AdamW state are priced at that share),
   and, under mixed precision, casts one block's local experts to the compute dtype at a
   time (``ceil(E / N) / E`` of the largest block's experts);
-* **activations**: for the rank's rows (the global batch over ``N``) of ``seq_len``
-  tokens, what autograd keeps for the backward pass per block and token, read off the
-  modules (:mod:`nas.modules`; checked against ``torch.autograd.graph.saved_tensors_hooks``
-  on each block kind in the tests):
+* **activations**: for the rows of one forward pass (the rank's share of the global
+  batch, ``batch / N``, or one micro-batch of it under gradient accumulation) of
+  ``seq_len`` tokens, what autograd keeps for the backward pass per block and token,
+  read off the modules (:mod:`nas.modules`; checked against
+  ``torch.autograd.graph.saved_tensors_hooks`` on each block kind in the tests):
 
   - every block: its input, the norm's output and the branch output, ``3 h`` values, plus
     twice its widest intermediate (the inputs and outputs of its projections; the widest
@@ -355,8 +356,14 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
                  keep_best: bool, lr_sweep: int, sweep_steps: int | None,
                  checkpointing: bool, hw: HardwareProfile | None = None,
                  capacity: float | None = None, teacher_layout: str = "pipelined",
-                 backend: str = "nccl", expert_parallel: str | bool = "auto") -> DistillPlan:
+                 backend: str = "nccl", expert_parallel: str | bool = "auto",
+                 micro_batch: int | None = None) -> DistillPlan:
     """The plan of distilling ``child`` from ``teacher`` on ``world`` ranks.
+
+    ``micro_batch``: rows per forward and backward pass on a rank (gradient accumulation
+    over the rank's ``batch / world`` rows; None: all of them at once): the activations
+    and logits are a micro-batch's, and the sharded student is gathered for each
+    micro-batch's forward and backward and its gradients reduce-scattered each time.
 
     ``backend``: the collectives' (``nccl``, or ``gloo`` on the CPU), for the bytes sent;
     ``teacher_dtype`` / ``student_dtype``: the dtypes each is loaded in (``--dtype`` or the
@@ -382,6 +389,10 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
     root_t, embed_t = _root_and_embed(teacher)
     steps = math.ceil(tokens / (batch * seq_len))
     local = batch // world * seq_len  # tokens per rank and step
+    rows = batch // world
+    micro = min(micro_batch or rows, max(rows, 1))  # rows per forward / backward pass
+    n_micro = max(1, rows // micro)
+    passed = micro * seq_len  # tokens per pass: what the activations and logits hold
 
     weights_t, weights_s = p_t * e_t * share, p_s * e_m * share
     if piped:  # the largest rank's range of blocks, the head and final norm on every rank
@@ -413,18 +424,19 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
             gathered += (root_t + top_t) * e_t
     saved = saved_values_per_token(child)
     if checkpointing:
-        acts = local * e_c * (child.hidden_size * np.count_nonzero(saved)
-                              + (saved.max() if saved.size else 0.0))
+        acts = passed * e_c * (child.hidden_size * np.count_nonzero(saved)
+                               + (saved.max() if saved.size else 0.0))
     else:
-        acts = local * e_c * saved.sum()
-    rows = batch // world
-    chunk = rows * max(1, CHUNK_BYTES // (4 * child.vocab_size * max(rows, 1)))
-    logits = (local * child.hidden_size * (e_c + e_t)
-              + min(chunk, local) * child.vocab_size * (e_c + e_t + 4 * KL_FLOAT32_TENSORS))
+        acts = passed * e_c * saved.sum()
+    chunk = micro * max(1, CHUNK_BYTES // (4 * child.vocab_size * max(micro, 1)))
+    logits = (passed * child.hidden_size * (e_c + e_t)
+              + min(chunk, passed) * child.vocab_size * (e_c + e_t + 4 * KL_FLOAT32_TENSORS))
 
     hints = []
     if not checkpointing:
         hints.append("use --activation-checkpointing")
+    if micro > 1:
+        hints.append("--micro-batch 1 (gradients accumulated a row at a time)")
     if keep_best or lr_sweep:
         hints.append("--keep-last without --lr-sweep (no kept copy)")
     if mixed_precision:
@@ -437,7 +449,7 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
         phases = _phases(child, teacher, hw, world, layout, local, steps, eval_every,
                          eval_tokens, lr_sweep, sweep_steps, checkpointing, p_s, p_t,
                          e_t, e_c, e_m, mixed_precision, piped, batch * seq_len, backend,
-                         ep, ep_t)
+                         ep, ep_t, n_micro)
     return DistillPlan(world, layout, weights_t, weights_s, grads, optim, copies, gathered,
                        float(acts), float(logits), phases, steps, steps * batch * seq_len,
                        (mixed_precision or teacher_dtype,
@@ -447,17 +459,20 @@ def distill_plan(child: ModelArch, teacher: ModelArch, *, world: int, replicas: 
                        "pipelined" if piped else ("sharded" if layout == "sharded" else "whole"),
                        step_bytes_sent(child, teacher, world, layout, batch * seq_len, e_t, e_c,
                                        e_m, bool(mixed_precision), piped, backend, ep,
-                                       checkpointing, ep_t), ep, ep_t)
+                                       checkpointing, ep_t, n_micro), ep, ep_t)
 
 
 def step_bytes_sent(child: ModelArch, teacher: ModelArch, world: int, layout: str,
                     global_tokens: int, e_t: int, e_c: int, e_m: int, mixed: bool,
                     piped: bool, backend: str = "nccl", expert_parallel: bool = False,
-                    checkpointing: bool = False, teacher_expert_parallel: bool = False
-                    ) -> float:
+                    checkpointing: bool = False, teacher_expert_parallel: bool = False,
+                    micro_batches: int = 1) -> float:
     """Bytes the busiest rank sends in one training step (evaluations and checkpoints
     apart), as the run moves them: ring collectives send ``(N - 1) / N`` of what they
-    gather or reduce.
+    gather or reduce. ``micro_batches``: passes per step (gradient accumulation): the
+    sharded student's gathers and reduce-scatters and the counts exchanges happen in each,
+    DDP's all-reduce once; the rows sent (teacher activations, routed tokens) are the
+    same in all.
 
     * **replicas** (DDP): the gradients' all-reduce, twice the student in its dtype;
     * **sharded student** (FSDP2): its parameters gathered for the forward and again for
@@ -484,8 +499,9 @@ def step_bytes_sent(child: ModelArch, teacher: ModelArch, world: int, layout: st
     if expert_parallel:
         p_s -= float(routed_expert_params(child).sum())
         fwd = 2 if checkpointing else 1
-        a2a += _a2a_bytes(child, global_tokens / world, e_c, 2 * fwd + 2, fwd, world) * ring
-    sent = (2 * p_s * e_c + rs * p_s * (4 if mixed else e_m)) * ring + a2a
+        a2a += _a2a_bytes(child, global_tokens / world, e_c, 2 * fwd + 2,
+                          fwd * micro_batches, world) * ring
+    sent = (2 * p_s * e_c + rs * p_s * (4 if mixed else e_m)) * ring * micro_batches + a2a
     if piped:
         return sent + global_tokens * teacher.hidden_size * e_t + global_tokens / world * 8
     if teacher_expert_parallel:
@@ -514,8 +530,8 @@ def _phases(child: ModelArch, teacher: ModelArch, hw: HardwareProfile, world: in
             lr_sweep: int, sweep_steps: int | None, checkpointing: bool, p_s: float,
             p_t: float, e_t: int, e_c: int, e_m: int, mixed_precision: str | None,
             piped: bool = False, global_tokens: int = 0, backend: str = "nccl",
-            expert_parallel: bool = False, teacher_expert_parallel: bool = False
-            ) -> dict[str, float]:
+            expert_parallel: bool = False, teacher_expert_parallel: bool = False,
+            micro_batches: int = 1) -> dict[str, float]:
     from costmodels.roofline import Roof
 
     roof = Roof(hw)
@@ -543,7 +559,7 @@ def _phases(child: ModelArch, teacher: ModelArch, hw: HardwareProfile, world: in
     if world > 1:
         moved = step_bytes_sent(child, teacher, world, layout, global_tokens, e_t, e_c, e_m,
                                 bool(mixed_precision), piped, backend, expert_parallel,
-                                checkpointing, teacher_expert_parallel)
+                                checkpointing, teacher_expert_parallel, micro_batches)
         bw = hw.interconnect.bandwidth.value * float(hw.efficiency.link.at(moved))
         out["communication"] = moved / bw * (steps + (lr_sweep * trial if lr_sweep else 0))
     return out
