@@ -29,6 +29,17 @@ weights once, so this is an upper bound when decodes ride along). Batch mode has
 decodes in its prefill step, so there the composition is exact. One device only: ``tp``,
 ``ep`` > 1, attention DP and speculative decoding are refused (nothing of them was timed).
 
+**The non-block step** (:attr:`BlockMeasurements.nonblock`, :func:`nonblock_steps`): the
+profile also times the model around its blocks, a model of the same embedding, final norm
+and head whose blocks are no-ops, at the same points, the next token taken as greedy
+decoding takes it (argmax of the last position's logits): the embedding lookup, the final
+norm, the head's GEMM and whatever the eager model's forward and the sampling cost per step
+beyond the blocks. Where it was timed, :func:`costmodels.model.price_nonblock` takes these
+times instead of its roofline's (the engine's overheads added as to the roofline's): on a
+CPU a 1-row GEMM of the head runs at the GEMM library's rate, not the memory roofline's,
+and the step's host work is not in any block (on SmolLM2-135M, the roofline priced the
+non-block step at 6.5 ms of a measured 10.7).
+
 **Calibration** (:func:`fit_blocks`): the model of what ran priced at each measured point
 against the measured median (:func:`predict_points`): a point whose op trace was recorded
 as eager torch ran it, op by op (:mod:`costmodels.eager`); an older point without one by
@@ -203,6 +214,10 @@ class BlockMeasurements(BaseModel):
     gemm: list[GemmTiming] = Field(default_factory=list, description="GEMMs in the blocks' "
                                    "layout, timed with the same discipline")
     blocks: list[BlockEntry] = Field(default_factory=list)
+    nonblock: BlockEntry | None = Field(
+        default=None, description="the model around its blocks (embedding, final norm, head "
+        "and the greedy next token) timed at the plan's points; kind 'nonblock', row "
+        "nonblock_row(...). Absent in tables timed before it was: priced by the roofline")
 
     @model_validator(mode="after")
     def _unique(self) -> BlockMeasurements:
@@ -294,6 +309,52 @@ class BlockMeasurements(BaseModel):
             + "); run `puzzle-nas profile --blocks` on this spec", field=where or "blocks")
 
 
+NONBLOCK: Final = "nonblock"
+"""The kind name of :attr:`BlockMeasurements.nonblock`."""
+
+
+def nonblock_row(hidden: int, vocab: int, tied: bool, final_norm: bool) -> dict[str, int]:
+    """The shape of a model's non-block parts as :attr:`BlockMeasurements.nonblock` keys it
+    (its non-zero columns)."""
+    return _nonzero({"hidden": hidden, "vocab": vocab, "tied": int(tied),
+                     "final_norm": int(final_norm)})
+
+
+def describe_nonblock(row: dict[str, int]) -> str:
+    """``embedding 49152 x 576, final norm, head tied``."""
+    return (f"embedding {row.get('vocab', 0)} x {row.get('hidden', 0)}"
+            + (", final norm" if row.get("final_norm") else "")
+            + (", head tied" if row.get("tied") else ", head"))
+
+
+def nonblock_steps(meas: BlockMeasurements, row: dict[str, int], where: str = "costs.measured"
+                   ) -> Callable[[Workload], tuple[float, float]] | None:
+    """The measured non-block step of the model of shape ``row`` (:func:`nonblock_row`):
+    ``workload -> (mixed step seconds, decode step seconds)``, composed as
+    :func:`price_measured` composes a block's (a mixed step: the prefill of its prompts
+    plus the decode of its decoding sequences). None when the table holds no non-block
+    timings (older tables: the roofline prices it); an :class:`InputError` when it holds
+    another model's."""
+    e = meas.nonblock
+    if e is None:
+        return None
+    if e.row != _nonzero(row):
+        raise InputError(f"the non-block parts were timed for {describe_nonblock(e.row)}; "
+                         f"this model has {describe_nonblock(_nonzero(row))}: run `puzzle-nas "
+                         "profile --blocks` on this spec", field=where)
+
+    def steps(w: Workload) -> tuple[float, float]:
+        s = step_shapes(w)
+        mix = _along_batch(e, "prefill", s.prompts, s.isl, 0, where, meas.estimate)
+        if s.decodes_in_mix > 0:
+            mix += _along_batch(e, "decode", s.decodes_in_mix, 1, s.context, where,
+                                meas.estimate)
+        return mix, _along_batch(e, "decode", float(s.batch), 1, s.context, where,
+                                 meas.estimate)
+
+    return steps
+
+
 def row_key(row: dict[str, int]) -> str:
     """Canonical key of a block shape: its non-zero BlockTable columns, sorted."""
     r = _nonzero(row)
@@ -325,11 +386,13 @@ def _along_batch(e: BlockEntry, mode: Mode, batch: float, tokens: int, context: 
                  if t.mode == mode and t.tokens == tokens and t.context == context)
     what = (f"prefill of {tokens}-token prompts" if mode == "prefill"
             else f"decode at context {context}")
+    name = (f"the non-block parts ({describe_nonblock(e.row)})" if e.kind == NONBLOCK
+            else f"block {describe_row(e.row)}")
     if not pts:
         have = sorted({(t.mode, t.tokens if t.mode == "prefill" else t.context)
                        for t in e.timings})
         raise InputError(
-            f"block {describe_row(e.row)}: no {what} was measured (measured: "
+            f"{name}: no {what} was measured (measured: "
             f"{[f'{m} {n}' for m, n in have]}); run `puzzle-nas profile --blocks` with this "
             "spec's workloads", field=where or "blocks")
     bs = [b for b, _ in pts]
@@ -338,7 +401,7 @@ def _along_batch(e: BlockEntry, mode: Mode, batch: float, tokens: int, context: 
             return float(s)
     if not bs[0] <= batch <= bs[-1]:
         raise InputError(
-            f"block {describe_row(e.row)}: {what} at batch {batch:g} is outside the "
+            f"{name}: {what} at batch {batch:g} is outside the "
             f"measured batches {bs}; add it with `puzzle-nas profile --blocks --batches`",
             field=where or "blocks")
     return float(np.interp(batch, bs, [s for _, s in pts]))

@@ -61,7 +61,7 @@ not overlap), so the search's bounds stay linear; it prices with no engine named
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -200,9 +200,15 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
                    request_overhead_s: float | None = None, attention_dp: bool = False,
                    draft: bool = False, engine: str | None = None,
                    engines: Mapping[str, EngineProfile] | None = None,
-                   overlap: bool | None = None) -> NonBlockCosts:
+                   overlap: bool | None = None,
+                   measured: Callable[[Workload], tuple[float, float]] | None = None
+                   ) -> NonBlockCosts:
     """Price embeddings + final norm + LM head (vocab-sharded over ``tp``) per workload,
     plus the engine's overheads (see the module docstring).
+
+    ``measured``: ``workload -> (mixed step, decode step)`` seconds of the non-block parts as
+    a profile timed them (:func:`costmodels.measured.nonblock_steps`; one device), taken
+    instead of the roofline's; the engine's overheads are added to them alike.
 
     In a prefill chunk step the LM head runs on the last token of the prompts that finish in
     it (``B / n_c``); in decode on the B tokens of the step. ``step_overhead_s`` is added once
@@ -246,8 +252,15 @@ def price_nonblock(shape: NonBlockShape, hw: HardwareProfile, recipe: PrecisionR
     oeff = 1.0 + (Osl - 1.0) / A
     Bp = B / NC
     Dm = wc["MX"][0] * B * np.minimum(NC - 1.0, oeff - 1.0) / NC
-    mix = step(Bp * S + Dm * (1 + D), Bp + Dm * (1 + D))
-    dec = step(B * (1 + D), B * (1 + D))
+    if measured is not None:  # timed on the device (one device, no speculative decoding)
+        if tp != 1 or attention_dp or draft or np.any(D > 0):
+            raise ValueError("measured non-block steps are of one device without "
+                             "speculative decoding")
+        timed = np.array([measured(w) for w in wls], dtype=np.float64).reshape(len(wls), 2)
+        mix, dec = timed[:, 0] + so, timed[:, 1] + so
+    else:
+        mix = step(Bp * S + Dm * (1 + D), Bp + Dm * (1 + D))
+        dec = step(B * (1 + D), B * (1 + D))
     if draft:
         mix = mix + D * step(Dm, Dm, 0.0)
         dec = dec + D * step(B, B, 0.0)

@@ -70,6 +70,10 @@ def _without_times(t: BlockMeasurements) -> dict:
                                 if k not in ("median_s", "min_s", "max_s")}
                                for x in b["timings"]), key=json.dumps)
     d["blocks"].sort(key=lambda b: b["key"])
+    if d.get("nonblock"):
+        d["nonblock"]["timings"] = sorted(({k: v for k, v in x.items()
+                                            if k not in ("median_s", "min_s", "max_s")}
+                                           for x in d["nonblock"]["timings"]), key=json.dumps)
     d["gemm"] = [{k: v for k, v in g.items() if k not in ("median_s", "min_s", "flop_per_s")}
                  for g in d["gemm"]]
     d["attention"] = [{k: v for k, v in a.items() if k not in ("median_s", "min_s")}
@@ -101,6 +105,13 @@ def test_block_table_times_each_distinct_shape_once(tmp_path):
     dec = {t.batch: t.peak_bytes for t in att.timings if t.mode == "decode"}
     assert dec[2] > dec[1]
     assert table.gemm and all(g.flop_per_s > 0 for g in table.gemm)
+    # the model around the blocks: embedding, final norm and the untied head, every point
+    nb = table.nonblock
+    assert nb is not None and nb.kind == "nonblock"
+    assert nb.row == {"hidden": 64, "vocab": 256, "final_norm": 1}
+    assert nb.weight_bytes == 2 * (2 * 256 * 64 + 64)
+    assert {t.point for t in nb.timings} == set(plan)
+    assert all(t.peak_bytes >= nb.weight_bytes for t in nb.timings)
 
 
 def test_resumed_profile_equals_uninterrupted(tmp_path, monkeypatch):
@@ -120,8 +131,8 @@ def test_resumed_profile_equals_uninterrupted(tmp_path, monkeypatch):
         return progress
 
     part = tmp_path / "part.json"
-    with pytest.raises(Stop):
-        run_profile(part, progress=stop_after(7))
+    with pytest.raises(Stop):  # the non-block parts first (4 points), then 2 groups of 4
+        run_profile(part, progress=stop_after(11))
     kept = load_blocks(part)  # the file holds every block timed before the interruption
     n_kept = sum(len(b.timings) for b in kept.blocks)
     # on a CPU a group's points are timed interleaved and written together: whole groups
@@ -130,7 +141,7 @@ def test_resumed_profile_equals_uninterrupted(tmp_path, monkeypatch):
                 and len(kept.blocks) == len(full.blocks))
     seen: list[int] = []
     resumed = run_profile(part, progress=lambda d, t, n: seen.append(d))
-    assert seen[0] == n_kept  # the resumed run starts from the points already timed
+    assert seen[0] == n_kept + 4  # the resumed run starts from the points already timed
     assert _without_times(resumed) == _without_times(full)
     assert load_blocks(part) == resumed
     # the points timed before the interruption are kept as they were, not timed again
@@ -139,6 +150,56 @@ def test_resumed_profile_equals_uninterrupted(tmp_path, monkeypatch):
         assert again[b.key][:len(b.timings)] == b.timings
     # a finished table resumes to itself without timing anything
     assert run_profile(part) == resumed
+
+
+def test_the_non_block_step_is_timed_and_prices_the_models_step(tmp_path):
+    """The model around the blocks is timed at the plan's points, and where a spec prices
+    its blocks from the table the non-block step is the timed one too: a decode step
+    (TPOT of the batch-mode workload) is the parent's blocks' timed decode plus the
+    non-block parts' timed decode plus the engine's step overhead, exactly. A table
+    written before the non-block parts were timed resumes by timing only them, and
+    still prices (the roofline then prices them)."""
+    from costmodels.measured import nonblock_row
+    from nas.search.blueprint import predict
+
+    out = tmp_path / "BLOCKS.json"
+    table = run_profile(out)
+    spec = tiny_spec(costs={"measured": str(out)})
+    problem = resolve(parse_spec(spec), ".")
+    parent = problem.parent
+    got = predict(parent, problem)["w"]["tpot_s"]
+    ctx = next(t.context for t in table.nonblock.timings if t.mode == "decode")
+    blocks = sum(table.seconds(r, "decode", 2.0, 1, ctx) for r in
+                 (dict(zip(parent.table.columns(), map(int, row)))
+                  for row in zip(*(getattr(parent.table, c) for c in parent.table.columns()))))
+    from costmodels.measured import nonblock_steps
+    from costmodels.model import price_nonblock
+    from nas.search.blueprint import nonblock_shape
+
+    row = nonblock_row(64, 256, False, True)
+    wls = list(problem.workloads.values())
+
+    def nonblock(t):
+        return price_nonblock(nonblock_shape(parent), problem.hw, problem.recipe, wls,
+                              measured=nonblock_steps(t, row)).decode_s[0]
+
+    assert got == pytest.approx(blocks + nonblock(table), rel=1e-12)
+    # one more millisecond timed per decode step is one more millisecond of TPOT
+    later = [t.model_copy(update={k: getattr(t, k) + 1e-3 for k in ("min_s", "median_s",
+                                                                     "max_s")})
+             if t.mode == "decode" else t for t in table.nonblock.timings]
+    slower = table.model_copy(update={"nonblock": table.nonblock.model_copy(
+        update={"timings": later})})
+    assert nonblock(slower) - nonblock(table) == pytest.approx(1e-3, rel=1e-9)
+    assert table.nonblock.row == row
+    # an older table (no non-block timings) prices by the roofline, and resumes
+    old = table.model_copy(update={"nonblock": None})
+    out.write_text(old.model_dump_json())
+    roofline = predict(parent, resolve(parse_spec(spec), "."))["w"]["tpot_s"]
+    assert roofline != got
+    resumed = run_profile(out)
+    assert [b.timings for b in resumed.blocks] == [b.timings for b in table.blocks]
+    assert {t.point for t in resumed.nonblock.timings} == {t.point for t in table.nonblock.timings}
 
 
 def test_resume_refuses_another_runs_file(tmp_path):

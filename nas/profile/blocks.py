@@ -62,20 +62,23 @@ from torch.utils._pytree import tree_leaves
 
 from costmodels.eager import AttentionOp, GemmOp, OpTrace
 from costmodels.measured import (
+    NONBLOCK,
     AttentionTiming,
     BlockEntry,
     BlockMeasurements,
     GemmTiming,
     Point,
     Timing,
+    describe_nonblock,
     describe_row,
     load_blocks,
+    nonblock_row,
     row_key,
 )
 from hwprofiles.errors import InputError
-from nas.arch import BlockConfig, ModelArch, block_row
+from nas.arch import BlockConfig, ModelArch, NoOp, block_row
 from nas.kinds import kinds
-from nas.modules.model import Block
+from nas.modules.model import Block, CausalLM
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -358,6 +361,37 @@ class BlockTimer:
         return AttentionTiming(batch=batch, tokens=tokens, heads=heads, kv_heads=kv_heads,
                                head_dim=head_dim, flops=flops, median_s=med, min_s=fastest)
 
+    # -- the model around the blocks -----------------------------------------------------
+    @torch.no_grad()
+    def time_nonblock(self, arch: ModelArch, points: Sequence[Point], base: int
+                      ) -> tuple[list[Timing], int]:
+        """The non-block parts of ``arch`` (embedding, final norm, head) at each point, as
+        the eager model runs them: a model of them whose one block is a no-op, called as
+        greedy decoding calls it (prefill: the prompt's forward, then the argmax of the last
+        position's logits; decode: one token's forward through the cache at ``context``
+        tokens, then its argmax). Returns the timings (in ``points``' order) and the
+        parameters' bytes."""
+        torch.manual_seed(self.seed)
+        model = CausalLM(arch.model_copy(update={"blocks": (NoOp(),), "mtp_blocks": ()}))
+        model.reset_parameters()
+        model = model.to(device=self.dev, dtype=self.tdtype).eval()
+        g = torch.Generator(device="cpu").manual_seed(self.seed + 4)
+        out = []
+        for p in points:
+            n = p.tokens if p.mode == "prefill" else 1
+            toks = torch.randint(0, arch.vocab_size, (p.batch, n), generator=g).to(self.dev)
+            cache = model.new_cache(p.context + 1) if p.mode == "decode" else None
+
+            def fn(toks: torch.Tensor = toks, cache: Any = cache, ctx: int = p.context
+                   ) -> torch.Tensor:
+                if cache is not None:
+                    cache.offset = ctx  # the step after a prompt of ctx tokens, every call
+                return model(toks, cache)[:, -1].argmax(-1, keepdim=True)
+
+            resident = [*model.parameters(), toks]
+            out.append(self._timing(fn, resident, p, self.time_fn(fn), base))
+        return out, _storage_bytes(list(model.parameters()))
+
     # -- one block ------------------------------------------------------------------------
     def build(self, cfg: BlockConfig, arch: ModelArch) -> Block:
         """The real block with random weights (seeded) in the run's dtype, on the device."""
@@ -562,16 +596,37 @@ def profile_blocks(blocks: Sequence[BlockConfig], arch: ModelArch, plan: Sequenc
 
     todo = [(k, b, p) for k, b in shapes for p in table.plan
             if not any(t.point == p for t in timed(k))]
-    total = len(shapes) * len(table.plan)
-    done = total - len(todo)
+    nb_row = nonblock_row(hidden, arch.vocab_size, arch.tie_embeddings, arch.final_norm)
+    if table.nonblock is not None and table.nonblock.row != nb_row:
+        raise InputError(f"exists and timed the non-block parts of another model "
+                         f"({describe_nonblock(table.nonblock.row)}; this spec's: "
+                         f"{describe_nonblock(nb_row)}); give a new -o", path=str(out),
+                         field="nonblock")
+    nb_todo = [p for p in table.plan if table.nonblock is None
+               or not any(t.point == p for t in table.nonblock.timings)]
+    total = (len(shapes) + 1) * len(table.plan)
+    done = total - len(todo) - len(nb_todo)
     if progress:
         progress(done, total, "")
-    if not todo:
+    if not todo and not nb_todo:
         return table
     base = 0
     if timer.kind == "cuda":
         torch.cuda.synchronize(timer.dev)
         base = int(torch.cuda.memory_allocated(timer.dev))
+    if nb_todo:  # the model around the blocks, first (one small model, every point)
+        ts, wbytes = timer.time_nonblock(arch, nb_todo, base)
+        if table.nonblock is None:
+            table.nonblock = BlockEntry(key=row_key(nb_row), kind=NONBLOCK,
+                                        describe=describe_nonblock(nb_row), row=nb_row,
+                                        weight_bytes=wbytes)
+        table.nonblock.timings.extend(ts)
+        atomic_write_json(out, table.model_dump(mode="json"))
+        done += len(nb_todo)
+        if progress:
+            progress(done, total, f"non-block parts, {len(nb_todo)} points")
+        if not todo:
+            return table
     groups: dict[str, tuple[BlockConfig, list[Point]]] = {}
     for k, cfg, p in todo:
         groups.setdefault(k, (cfg, []))[1].append(p)

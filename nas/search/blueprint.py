@@ -24,8 +24,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from costmodels.blocks import BlockCosts, price_blocks
-from costmodels.measured import BlockMeasurements, load_blocks, price_measured
+from costmodels.measured import (
+    BlockMeasurements,
+    load_blocks,
+    nonblock_row,
+    nonblock_steps,
+    price_measured,
+)
 from costmodels.model import NonBlockShape, max_concurrency, price_nonblock, summarize
+from costmodels.workload import Workload
 from hwprofiles.errors import InputError
 from hwprofiles.units import gb_gib
 from nas import __version__
@@ -82,13 +89,15 @@ def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
     else:
         blocks = price_blocks(arch.table, problem.hw, problem.recipe, wls, **kw)
     mtp = any(w.draft_tokens > 0 for w in wls)  # speculative decoding with the MTP head
-    nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls,
-                        **target.nonblock_kwargs([mtp]))
     meas = measured_blocks(problem)
     if meas is not None:  # block runtimes measured (nas.search prices the library the same)
         blocks = price_measured(arch.table, problem.hw, problem.recipe, meas, wls,
                                 tp=target.tp, ep=target.ep,
                                 attention_dp=target.attention_dp)
+    # after the measured blocks, which refuse what was not timed (TP, drafts) in one line
+    nb = price_nonblock(nonblock_shape(arch), problem.hw, problem.recipe, wls,
+                        **target.nonblock_kwargs([mtp]),
+                        measured=measured_nonblock(meas, arch))
     if mtp:  # the MTP head's draft rows, priced as nas.search prices them
         head = mtp_table(arch)
         if head is None:
@@ -111,6 +120,16 @@ def predict(arch: ModelArch, problem: Any, recipes: list[str] | None = None
         row["context"] = w.max_context
         out[w.name] = row
     return out
+
+
+def measured_nonblock(meas: BlockMeasurements | None, arch: ModelArch
+                      ) -> Callable[[Workload], tuple[float, float]] | None:
+    """The measured non-block step of ``arch`` when the spec's block table timed it
+    (:func:`costmodels.measured.nonblock_steps`), else None (the roofline prices it)."""
+    if meas is None:
+        return None
+    return nonblock_steps(meas, nonblock_row(arch.hidden_size, arch.vocab_size,
+                                             arch.tie_embeddings, arch.final_norm))
 
 
 def measured_blocks(problem: Any) -> BlockMeasurements | None:

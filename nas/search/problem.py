@@ -236,7 +236,9 @@ def price(problem: Problem, alts: list[list[space.Alternative]],
         bar.update(len(flat))
     rows = _measured_rows(problem, flat, table, wl, rows)
     nb = price_nonblock(nonblock_shape(problem.parent), problem.hw, problem.recipe, wl,
-                        **problem.target.nonblock_kwargs([problem.mtp]))
+                        **problem.target.nonblock_kwargs([problem.mtp]),
+                        measured=bpm.measured_nonblock(bpm.measured_blocks(problem),
+                                                       problem.parent))
     head = price_head(problem)
     # activation workspace is a max over blocks, not a sum: hold the parent's (a child is no
     # wider; with its MTP head) as a constant, so memory budgets stay linear and
