@@ -37,8 +37,8 @@ norm, the head's GEMM and whatever the eager model's forward and the sampling co
 beyond the blocks. Where it was timed, :func:`costmodels.model.price_nonblock` takes these
 times instead of its roofline's (the engine's overheads added as to the roofline's): on a
 CPU a 1-row GEMM of the head runs at the GEMM library's rate, not the memory roofline's,
-and the step's host work is not in any block (on SmolLM2-135M, the roofline priced the
-non-block step at 6.5 ms of a measured 10.7).
+and the step's host work is not in any block (on SmolLM2-135M the roofline priced the
+non-block decode step at 6.5 ms; it times 7.7 ms).
 
 **Calibration** (:func:`fit_blocks`): the model of what ran priced at each measured point
 against the measured median (:func:`predict_points`): a point whose op trace was recorded

@@ -406,3 +406,37 @@ def test_decode_steps_keep_the_filled_cache():
             blk = timer.build(cfg, arch)
             peaks.append(timer.time_point(blk, cfg, 64, p, 0).peak_bytes)
         assert peaks[0] == peaks[1], cfg.kind
+
+
+def test_cold_timing_rotates_copies_of_each_block_beyond_the_cores_l2(tmp_path):
+    """``--cold`` (CPU): each call of a point runs on the next of several copies of the block,
+    distinct tensors of at least twice the core's L2 in all, so that its weights come from
+    beyond the core's caches as in a model; the table says so, and a warm table is not
+    resumed as a cold one."""
+    from nas.profile.blocks import BlockTimer, l2_bytes, profile_blocks
+
+    blocks, arch, plan = tiny_blocks()
+    timer = BlockTimer("cpu", "bf16", warmup=0, repeats=2, min_time_s=0.0, cold=True)
+    assert timer.cold_bytes == 2 * l2_bytes() > 0
+    seen: list[int] = []
+    real = timer.prepare
+
+    def prepare(blk, cfg, hidden, p):  # type: ignore[no-untyped-def]
+        seen.append(id(next(blk.parameters())))
+        return real(blk, cfg, hidden, p)
+
+    timer.prepare = prepare  # type: ignore[method-assign]
+    blk = timer.build(blocks[1], arch)
+    fn, resident = timer._rotated(blk, blocks[1], arch.hidden_size, plan[-1])
+    from nas.profile.blocks import _storage_bytes
+
+    assert len(seen) == len(set(seen)) >= 2  # distinct copies
+    assert len(seen) * _storage_bytes(resident) >= timer.cold_bytes or len(seen) == 64
+    fn()
+    out = tmp_path / "COLD.json"
+    timer.prepare = real  # type: ignore[method-assign]
+    table = profile_blocks(blocks, arch, plan, out, timer, spec="tiny")
+    assert "another copy of the block" in table.timing
+    assert all(table.complete(b) for b in table.blocks)
+    with pytest.raises(InputError, match="another run"):
+        run_profile(out)  # the default (warm) timing of the same spec

@@ -247,3 +247,31 @@ def test_finish_iterate_without_state_is_one_line(smoke, tmp_path):
         run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(tmp_path / "fresh"),
                   "--results", str(tmp_path / "res"), "--finish-iterate",
                   "--state", str(tmp_path / "nostate"), "--threads", "1"])
+
+
+def test_reprice_nonblock_times_the_step_and_prices_every_child_again(smoke, tmp_path):
+    """``--reprice-nonblock`` on committed results and a state whose block table predates
+    the non-block timings: the parent's non-block step is timed into state/nonblock/ (the
+    blocks kept as they were), and every child with recorded choices gets its predicted
+    speedups priced with it, beside the ones it was searched with; the verdict reports both."""
+    run, d, _, res = smoke
+    state = tmp_path / "state" / "profile"
+    state.mkdir(parents=True)
+    table = json.loads((d / "out" / "profile" / "cpu.blocks.json").read_text())
+    assert table.pop("nonblock") is not None  # the run's own profile timed it
+    (state / "cpu.blocks.json").write_text(json.dumps(table))
+    (state / "cpu.json").write_bytes((d / "out" / "profile" / "cpu.json").read_bytes())
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "results.json").write_text(json.dumps(res))
+    assert run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(d / "out"),
+                     "--results", str(tmp_path / "res"), "--state", str(tmp_path / "state"),
+                     "--reprice-nonblock", "--threads", "1"]) == 0
+    timed = json.loads((tmp_path / "state" / "nonblock" / "cpu.blocks.json").read_text())
+    assert timed["blocks"] == table["blocks"] and timed["nonblock"]["timings"]
+    new = json.loads((tmp_path / "res" / "results.json").read_text())
+    rows = [r for r in new["children"] if r["method"] != "b"]
+    assert rows and all(r["predicted_throughput_x_nonblock_timed"] > 1.0 for r in rows)
+    assert [r["predicted_throughput_x"] for r in rows] == \
+        [r["predicted_throughput_x"] for r in res["children"] if r["method"] != "b"]
+    assert set(new["nonblock"]["parent_step_ms"]) == {"timed", "roof"}
+    assert "with the non-block step timed" in (tmp_path / "res" / "results.md").read_text()

@@ -69,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--repeats", type=int, default=None,
                    help="timed samples per point (default 30 on CUDA, whose median stands "
                    "for the point; 14 on CPU, whose fastest does)")
+    g.add_argument("--cold", action="store_true",
+                   help="CPU: time each call with the core's caches cold (twice its L2 of "
+                   "other data written first, untimed), as a block runs in a model after the "
+                   "others; by default calls run back to back, the block's tensors warm")
     g.add_argument("--calibrate", action="store_true",
                    help="with --blocks, the whole path in one command: probe the device "
                    "(PROFILE.probed.json), time the spec's blocks (PROFILE.blocks.json), fit "
@@ -260,7 +264,7 @@ def run_blocks(args: argparse.Namespace) -> int:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     timer = BlockTimer(device, dtype, warmup=args.warmup, repeats=args.repeats,
-                       threads=args.threads)
+                       threads=args.threads, cold=args.cold)
     shapes = distinct_blocks(blocks, problem.parent.hidden_size)
     print(f"timing {len(shapes)} distinct blocks ({len(blocks)} alternatives) x {len(plan)} "
           f"points on {timer.device_name} ({timer.kind}), {dtype} -> {out}")

@@ -23,6 +23,14 @@ The CPU default is one torch thread, timed by that thread's CPU time (``time.thr
 on a shared machine wall-clock time also counts the time other processes hold the core,
 which is not the block's; with several threads the clock is ``time.perf_counter``.
 
+``cold`` (``profile --blocks --cold``, CPU): each call of a point runs on the next of several
+copies of the block (distinct tensors, at least twice the core's L2 in all), so that its
+weights come from beyond the core's caches as in a model, where the other blocks ran since
+its last call; by default the calls run on one copy, its tensors warm in the L2.
+
+The model around the blocks (embedding, final norm, head, the greedy argmax) is timed too,
+at every point (:meth:`BlockTimer.time_nonblock`, ``BlockMeasurements.nonblock``).
+
 Peak memory per point: on CUDA ``torch.cuda.max_memory_allocated`` during the call, less
 what was allocated before the block was built (so it counts the block's weights, its cache,
 the input and every intermediate). On CPU the same quantity is counted by a dispatch mode
@@ -213,7 +221,12 @@ class BlockTimer:
 
     def __init__(self, device: str = "cpu", dtype: str = "bf16", warmup: int | None = None,
                  repeats: int | None = None, min_time_s: float = 0.01,
-                 threads: int | None = None, seed: int = 0):
+                 threads: int | None = None, seed: int = 0, cold: bool = False):
+        """``cold`` (CPU): consecutive calls of a point run on different copies of the block
+        (each with its own weights, cache and input; at least twice the core's L2 of them
+        in all), so that each call finds its tensors beyond the core's caches, as a block
+        does in a model where the other blocks ran since its last call, while the code that
+        runs it stays warm; by default a point's calls run on one copy, its tensors warm."""
         if dtype not in DTYPES:
             raise InputError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPES)}",
                              field="dtype")
@@ -230,6 +243,7 @@ class BlockTimer:
             self.flush: torch.Tensor | None = torch.empty(max(2 * l2, 256 * 2**20),
                                                           dtype=torch.uint8, device=dev)
             self.threads = None
+            self.cold_bytes = 0  # the L2 is flushed before every call already
             self.clock = time.perf_counter
             self.timing = ("CUDA events around each call after warm-up, L2 flushed before each "
                            "timed call; median over repeats; peak from "
@@ -250,6 +264,13 @@ class BlockTimer:
                      f"time.perf_counter (wall clock, {self.threads} torch threads)")
             self.timing = (f"{clock} around blocks of calls (>= {min_time_s:g} s); median over "
                            "repeats; peak from tensor storages alive during the call")
+            self.cold_bytes = 2 * l2_bytes() if cold else 0
+            if cold:
+                self.timing = (f"{clock} around blocks of calls (>= {min_time_s:g} s), each "
+                               "call on another copy of the block (copies of "
+                               f">= {self.cold_bytes / 2**20:g} MiB in all, twice the core's "
+                               "L2: its tensors cold, as in a model); median over repeats; "
+                               "peak from tensor storages alive during the call")
         else:
             raise InputError(f"expected cpu, cuda or cuda:N, got {device!r}", field="device")
         self.dev = dev
@@ -310,14 +331,36 @@ class BlockTimer:
             times = [s.elapsed_time(e) / 1e3 for s, e in pairs]
         else:
             inner = max(1, min(10_000, math.ceil(self.min_time_s / max(first, 1e-9))))
-            times = []
-            clock = self.clock
-            for _ in range(self.repeats):
-                t0 = clock()
-                for _ in range(inner):
-                    fn()
-                times.append((clock() - t0) / inner)
+            times = [self._sample(fn, inner) for _ in range(self.repeats)]
         return float(statistics.median(times)), min(times), max(times), len(times)
+
+    def _sample(self, fn: Callable[[], Any], inner: int) -> float:
+        """CPU: seconds per call over ``inner`` calls back to back."""
+        clock = self.clock
+        t0 = clock()
+        for _ in range(inner):
+            fn()
+        return (clock() - t0) / inner
+
+    def _rotated(self, blk: Block, cfg: BlockConfig, hidden: int, p: Point
+                 ) -> tuple[Callable[[], Any], list[torch.Tensor]]:
+        """One call of ``blk`` at ``p`` (:meth:`prepare`); when timing cold, each call on the
+        next of as many copies of the block as hold at least ``cold_bytes`` together."""
+        fn, resident = self.prepare(blk, cfg, hidden, p)
+        if not self.cold_bytes:
+            return fn, resident
+        import copy
+        import itertools
+
+        size = max(1, _storage_bytes(resident))
+        n = max(2, min(COLD_COPIES, math.ceil(self.cold_bytes / size)))
+        fns = [fn] + [self.prepare(copy.deepcopy(blk), cfg, hidden, p)[0] for _ in range(n - 1)]
+        turn = itertools.cycle(fns)
+
+        def rotated() -> Any:
+            return next(turn)()
+
+        return rotated, resident
 
     def peak_bytes(self, fn: Callable[[], Any], resident: Sequence[torch.Tensor],
                    base: int) -> int:
@@ -470,7 +513,7 @@ class BlockTimer:
         if self.kind == "cuda":
             return [[self.time_point(b, c, hidden, p, base) for p in pts]
                     for b, c, pts in group]
-        calls = [(self.prepare(b, c, hidden, p), p) for b, c, pts in group for p in pts]
+        calls = [(self._rotated(b, c, hidden, p), p) for b, c, pts in group for p in pts]
         inner = []
         for (fn, _), _ in calls:
             t0 = time.perf_counter()
@@ -480,18 +523,14 @@ class BlockTimer:
                 fn()
             inner.append(max(1, min(10_000, math.ceil(self.min_time_s / max(first, 1e-9)))))
         samples: list[list[float]] = [[] for _ in calls]
-        clock = self.clock
         order = random.Random(self.seed)
         idx = list(range(len(calls)))
         for _ in range(self.repeats):
             order.shuffle(idx)  # no point always follows the same one
             for i in idx:
                 (fn, _), n, dst = calls[i][0], inner[i], samples[i]
-                fn()  # untimed: the point's weights and inputs back in cache after the last
-                t0 = clock()
-                for _ in range(n):
-                    fn()
-                dst.append((clock() - t0) / n)
+                fn()  # untimed: the point's (last) tensors back in cache after the last point
+                dst.append(self._sample(fn, n))
         flat = [self._timing(fn, resident, p, (float(statistics.median(ts)), min(ts),
                                                max(ts), len(ts)), base)
                 for ((fn, resident), p), ts in zip(calls, samples)]
@@ -500,6 +539,24 @@ class BlockTimer:
             per_block.append(flat[k:k + len(pts)])
             k += len(pts)
         return per_block
+
+
+COLD_COPIES = 64
+"""Cold timing: the most copies of one block (a block of 64 KiB rotates 64 copies)."""
+
+
+def l2_bytes() -> int:
+    """The L2 cache of one core (``/sys/devices/system/cpu/cpu0/cache``), else 2 MiB."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for d in sorted(base.glob("index*")):
+            if (d / "level").read_text().strip() == "2":
+                size = (d / "size").read_text().strip().upper()
+                mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+                return int(size.rstrip("KMG")) * mult
+    except (OSError, ValueError):
+        pass
+    return 2 * 2**20
 
 
 GROUP_BYTES = 1 << 30
