@@ -249,11 +249,12 @@ def test_finish_iterate_without_state_is_one_line(smoke, tmp_path):
                   "--state", str(tmp_path / "nostate"), "--threads", "1"])
 
 
-def test_reprice_nonblock_times_the_step_and_prices_every_child_again(smoke, tmp_path):
-    """``--reprice-nonblock`` on committed results and a state whose block table predates
-    the non-block timings: the parent's non-block step is timed into state/nonblock/ (the
-    blocks kept as they were), and every child with recorded choices gets its predicted
-    speedups priced with it, beside the ones it was searched with; the verdict reports both."""
+def test_reprice_times_what_the_profile_missed_and_prices_every_child_again(smoke, tmp_path):
+    """``--reprice-nonblock`` and ``--reprice-cold`` on committed results and a state whose
+    block table predates the non-block timings: the parent's non-block step is timed into
+    state/nonblock/ (the blocks kept as they were), every block cold into state/cold/, and
+    every child with recorded choices gets its predicted speedups priced on each, beside
+    the ones it was searched with; the verdict reports all three."""
     run, d, _, res = smoke
     state = tmp_path / "state" / "profile"
     state.mkdir(parents=True)
@@ -265,13 +266,18 @@ def test_reprice_nonblock_times_the_step_and_prices_every_child_again(smoke, tmp
     (tmp_path / "res" / "results.json").write_text(json.dumps(res))
     assert run.main(["--smoke", "--parent", str(d / "tiny.gguf"), "-o", str(d / "out"),
                      "--results", str(tmp_path / "res"), "--state", str(tmp_path / "state"),
-                     "--reprice-nonblock", "--threads", "1"]) == 0
+                     "--reprice-nonblock", "--reprice-cold", "--threads", "1"]) == 0
     timed = json.loads((tmp_path / "state" / "nonblock" / "cpu.blocks.json").read_text())
     assert timed["blocks"] == table["blocks"] and timed["nonblock"]["timings"]
+    cold = json.loads((tmp_path / "state" / "cold" / "cpu.blocks.json").read_text())
+    assert "another copy of the block" in cold["timing"]
+    assert sorted(b["key"] for b in cold["blocks"]) == sorted(b["key"] for b in table["blocks"])
     new = json.loads((tmp_path / "res" / "results.json").read_text())
     rows = [r for r in new["children"] if r["method"] != "b"]
-    assert rows and all(r["predicted_throughput_x_nonblock_timed"] > 1.0 for r in rows)
+    for tag in ("nonblock_timed", "cold"):
+        assert rows and all(r[f"predicted_throughput_x_{tag}"] > 0 for r in rows)
+        assert set(new[tag]["parent_step_ms"]) == {"repriced", "searched_with", "measured"}
     assert [r["predicted_throughput_x"] for r in rows] == \
         [r["predicted_throughput_x"] for r in res["children"] if r["method"] != "b"]
-    assert set(new["nonblock"]["parent_step_ms"]) == {"timed", "roof"}
-    assert "with the non-block step timed" in (tmp_path / "res" / "results.md").read_text()
+    text = (tmp_path / "res" / "results.md").read_text()
+    assert "with the non-block step timed" in text and "on the cold profile" in text

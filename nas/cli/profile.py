@@ -70,9 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="timed samples per point (default 30 on CUDA, whose median stands "
                    "for the point; 14 on CPU, whose fastest does)")
     g.add_argument("--cold", action="store_true",
-                   help="CPU: time each call with the core's caches cold (twice its L2 of "
-                   "other data written first, untimed), as a block runs in a model after the "
-                   "others; by default calls run back to back, the block's tensors warm")
+                   help="CPU: run each call of a point on the next of several copies of the "
+                   "block (at least twice the core's L2 in all), so that its weights come "
+                   "from beyond the core's caches as in a model; by default a point's calls "
+                   "run back to back on one copy, its tensors warm")
     g.add_argument("--calibrate", action="store_true",
                    help="with --blocks, the whole path in one command: probe the device "
                    "(PROFILE.probed.json), time the spec's blocks (PROFILE.blocks.json), fit "

@@ -266,8 +266,8 @@ class BlockTimer:
                            "repeats; peak from tensor storages alive during the call")
             self.cold_bytes = 2 * l2_bytes() if cold else 0
             if cold:
-                self.timing = (f"{clock} around blocks of calls (>= {min_time_s:g} s), each "
-                               "call on another copy of the block (copies of "
+                self.timing = (f"{clock} around blocks of calls (>= {min_time_s:g} s), "
+                               f"{COLD_MARK} (copies of "
                                f">= {self.cold_bytes / 2**20:g} MiB in all, twice the core's "
                                "L2: its tensors cold, as in a model); median over repeats; "
                                "peak from tensor storages alive during the call")
@@ -539,6 +539,15 @@ class BlockTimer:
             per_block.append(flat[k:k + len(pts)])
             k += len(pts)
         return per_block
+
+
+COLD_MARK = "each call on another copy of the block"
+"""How a cold table's ``timing`` says it (:func:`timed_cold`)."""
+
+
+def timed_cold(table: BlockMeasurements) -> bool:
+    """Whether ``table``'s blocks were timed cold (``profile --blocks --cold``)."""
+    return COLD_MARK in table.timing
 
 
 COLD_COPIES = 64

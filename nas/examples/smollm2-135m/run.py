@@ -270,11 +270,13 @@ def profiled_fractions(cfg: Config, parent: Path) -> list[float]:
 
 
 def measure_profile(cfg: Config, out: Path, parent: Path, smoke: bool) -> Path:
-    """This machine's profile, once: ``puzzle-nas profile --blocks SPEC --calibrate`` probes
-    the device, times every distinct block of the study's space at its workload (one torch
-    thread, CPU time) and calibrates the probe to them; the searches price their blocks
-    from those timings (the spec's ``costs.measured``). Returns ``profile/cpu.json``
-    (``profile/cpu.blocks.json`` beside it)."""
+    """This machine's profile, once: ``puzzle-nas profile --blocks SPEC --calibrate --cold``
+    probes the device, times every distinct block of the study's space at its workload (one
+    torch thread, CPU time; each call on another copy of the block, its weights cold as in
+    the model, and the non-block step) and calibrates the probe to them; the searches price
+    their blocks from those timings (the spec's ``costs.measured``). The committed results
+    were searched on a warm table (before ``--cold``; ``--reprice-cold`` prices them on a
+    cold one). Returns ``profile/cpu.json`` (``profile/cpu.blocks.json`` beside it)."""
     path = out / "profile" / "cpu.json"
     if path.is_file() and path.with_name("cpu.blocks.json").is_file():
         return path
@@ -282,7 +284,7 @@ def measure_profile(cfg: Config, out: Path, parent: Path, smoke: bool) -> Path:
     bspec = write_spec(out / "profile" / "blocks-spec.json", cfg, parent, None, None,
                        ffn={"fractions": profiled_fractions(cfg, parent), "noop": True})
     cmd = [sys.executable, "-m", "nas", "profile", "--blocks", str(bspec), "--calibrate",
-           "--quick", "--device", "cpu", "--threads", "1", "--dtypes", "bf16,fp32",
+           "--cold", "--quick", "--device", "cpu", "--threads", "1", "--dtypes", "bf16,fp32",
            "--name", "this-cpu", "-o", str(path)]
     if smoke:
         cmd += ["--accept-noisy"]
@@ -1094,43 +1096,56 @@ def finish_iterate(cfg: Config, out: Path, parent: Path, data: Path, res: dict[s
         save()
 
 
-def reprice_nonblock(cfg: Config, out: Path, parent: Path, res: dict[str, Any], state: Path
-                     ) -> None:
-    """Each child's predicted speedups again with the parent's non-block step timed
-    (``profile --blocks`` now times the model around the blocks; the committed profile
-    predates it): a copy of the committed block table (``state/nonblock/``, the blocks kept
-    as they were) gets the non-block timings, every child is priced on it ((a), (c), (d),
-    (e) from their recorded choices, (b) from its last stage's child where this machine
-    holds it), and its row gets
-    ``predicted_{decode,throughput}_x_nonblock_timed`` beside the searched-with figures.
-    ``res["nonblock"]`` holds the timings (ms) and both predictions of the parent's step."""
+REPRICED = {"nonblock_timed": "with the non-block step timed",
+            "cold": "on the cold profile (weights cold, the non-block step timed)"}
+"""The repricings of the searched children (``--reprice-nonblock``, ``--reprice-cold``):
+the suffix of their row fields and how the verdict names them."""
+
+
+def reprice(cfg: Config, out: Path, parent: Path, res: dict[str, Any], state: Path,
+            cold: bool = False) -> None:
+    """Each child's predicted speedups again, on a block table that sees what the committed
+    (warm) profile did not: the parent's non-block step timed (``state/nonblock/``: a copy
+    of the committed table, its blocks kept as they were, the non-block step added) or,
+    with ``cold``, every block timed cold as well (``state/cold/``, ``profile --blocks
+    --cold``: each call on another copy of the block, its weights beyond the core's
+    caches as in the model). Every child is priced on it ((a), (c), (d), (e) from their
+    recorded choices, (b) from its last stage's child where this machine holds it); its
+    row gets ``predicted_{decode,throughput}_x_<tag>`` (:data:`REPRICED`) beside the
+    figures it was searched with, and ``res[<tag>]`` the non-block timings (ms) and the
+    parent's predicted decode step on both tables against the measured one."""
     import torch
+    from pydantic import TypeAdapter
 
     from costmodels.measured import load_blocks
+    from nas.arch import Block
     from nas.hf import load_config
-    from nas.profile.blocks import BlockTimer, profile_blocks
+    from nas.profile.blocks import BlockTimer, profile_blocks, timed_cold
     from nas.search import alternatives, resolve
     from nas.search.blueprint import predict
     from nas.spec import load_spec
 
-    dst = state / "nonblock"
+    tag = "cold" if cold else "nonblock_timed"
+    dst = state / ("cold" if cold else "nonblock")
     dst.mkdir(parents=True, exist_ok=True)
-    for name in ("cpu.json", "cpu.blocks.json"):
-        if not (dst / name).is_file():
-            shutil.copy2(state / "profile" / name, dst / name)
-    table = load_blocks(dst / "cpu.blocks.json")
-    if table.nonblock is None or not table.complete(table.nonblock):
-        threads = torch.get_num_threads()
-        try:
-            timer = BlockTimer("cpu", table.dtype, warmup=table.warmup, repeats=table.repeats,
-                               threads=table.threads)
-            table = profile_blocks([], load_config(parent), table.plan,
-                                   dst / "cpu.blocks.json", timer, spec=table.spec)
-        finally:
-            torch.set_num_threads(threads)
-    timed = write_spec(out / "specs" / "nonblock.json", cfg, parent, dst / "cpu.json", None)
-    roof = write_spec(out / "specs" / "roofline.json", cfg, parent, state / "profile" / "cpu.json",
-                      None)
+    warm = load_blocks(state / "profile" / "cpu.blocks.json")
+    shutil.copy2(state / "profile" / "cpu.json", dst / "cpu.json")
+    if not cold and not (dst / "cpu.blocks.json").is_file():
+        shutil.copy2(state / "profile" / "cpu.blocks.json", dst / "cpu.blocks.json")
+    blocks_of = TypeAdapter(Block)
+    threads = torch.get_num_threads()
+    try:  # resumes: what the table holds already is not timed again
+        # the non-block step alone: timed as the table's blocks were (a cold table stays one)
+        timer = BlockTimer("cpu", warm.dtype, warmup=warm.warmup, repeats=warm.repeats,
+                           threads=warm.threads, cold=cold or timed_cold(warm))
+        table = profile_blocks([blocks_of.validate_python(e.config) for e in warm.blocks]
+                               if cold else [], load_config(parent), warm.plan,
+                               dst / "cpu.blocks.json", timer, spec=warm.spec)
+    finally:
+        torch.set_num_threads(threads)
+    timed = write_spec(out / "specs" / f"{tag}.json", cfg, parent, dst / "cpu.json", None)
+    roof = write_spec(out / "specs" / "searched-with.json", cfg, parent,
+                      state / "profile" / "cpu.json", None)
     problems = {k: resolve(*load_spec(p)[:2]) for k, p in (("timed", timed), ("roof", roof))}
     alts = alternatives(problems["timed"])
 
@@ -1144,11 +1159,12 @@ def reprice_nonblock(cfg: Config, out: Path, parent: Path, res: dict[str, Any], 
 
     par = figures(None)
     assert table.nonblock is not None
-    res["nonblock"] = {
-        "timed": {f"{t.mode} {t.batch}x{t.tokens if t.mode == 'prefill' else t.context}":
-                  1e3 * table.estimate(t) for t in table.nonblock.timings},
-        "parent_step_ms": {k: 1e3 * v["tpot_s"] for k, v in par.items()},
-        "parent_measured_step_ms": 1e3 * res["parent_measured"]["speed"]["ours_step_s"]}
+    res[tag] = {
+        "nonblock_ms": {f"{t.mode} {t.batch}x{t.tokens if t.mode == 'prefill' else t.context}":
+                        1e3 * table.estimate(t) for t in table.nonblock.timings},
+        "parent_step_ms": {"repriced": 1e3 * par["timed"]["tpot_s"],
+                           "searched_with": 1e3 * par["roof"]["tpot_s"],
+                           "measured": 1e3 * res["parent_measured"]["speed"]["ours_step_s"]}}
     for row in res["children"]:
         if row["method"] == "b":  # its choices are its last stage's: its child's own config
             found = sorted(Path(row.get("folder", "")).glob("seed-0/stage-*/child/config.json"))
@@ -1162,8 +1178,8 @@ def reprice_nonblock(cfg: Config, out: Path, parent: Path, res: dict[str, Any], 
         else:
             continue
         ch = figures(blocks)["timed"]
-        row["predicted_decode_x_nonblock_timed"] = par["timed"]["tpot_s"] / ch["tpot_s"]
-        row["predicted_throughput_x_nonblock_timed"] = \
+        row[f"predicted_decode_x_{tag}"] = par["timed"]["tpot_s"] / ch["tpot_s"]
+        row[f"predicted_throughput_x_{tag}"] = \
             ch["throughput_tok_s"] / par["timed"]["throughput_tok_s"]
 
 
@@ -1220,14 +1236,16 @@ def verdict(res: dict[str, Any], budgets: tuple[float, ...]) -> list[str]:
             lines.append(f"{tag}: predicted vs measured throughput speedup (project model): "
                          f"worst {100 * max(errs):.1f} %, median {100 * statistics.median(errs):.1f} % "
                          f"(bar 10 %); {sum(e <= 0.10 for e in errs)} of {len(errs)} within")
-        errs = [abs(r["predicted_throughput_x_nonblock_timed"] / r["measured_ours_throughput_x"]
-                    - 1) for r in rows if "predicted_throughput_x_nonblock_timed" in r
-                and "measured_ours_throughput_x" in r]
-        if errs:
-            lines.append(f"{tag}: the same with the non-block step timed (--reprice-nonblock):"
-                         f" worst {100 * max(errs):.1f} %, median "
-                         f"{100 * statistics.median(errs):.1f} %; {sum(e <= 0.10 for e in errs)} "
-                         f"of {len(errs)} within")
+        for how, said in REPRICED.items():
+            errs = [abs(r[f"predicted_throughput_x_{how}"] / r["measured_ours_throughput_x"]
+                        - 1) for r in rows if f"predicted_throughput_x_{how}" in r
+                    and "measured_ours_throughput_x" in r]
+            if errs:
+                lines.append(f"{tag}: the same {said} (--reprice-"
+                             f"{'cold' if how == 'cold' else 'nonblock'}): worst "
+                             f"{100 * max(errs):.1f} %, median "
+                             f"{100 * statistics.median(errs):.1f} %; "
+                             f"{sum(e <= 0.10 for e in errs)} of {len(errs)} within")
         post = [r for r in rows if r.get("distilled")]
         if post:
             pre_kl = [r["quality"]["kl_div"] for r in post]
@@ -1387,6 +1405,8 @@ def main(argv: list[str] | None = None) -> int:
                    "results.json and state/: time the parent's non-block step into "
                    "state/nonblock/ and price every child's speedup with it beside the "
                    "figures it was searched with")
+    p.add_argument("--reprice-cold", action="store_true", help="the same on a table whose "
+                   "blocks are timed cold too (state/cold/, profile --blocks --cold)")
     p.add_argument("--state", default=None, help="where the score phase writes the restart "
                    "state and --finish-iterate reads it (default: this folder's state/)")
     p.add_argument("--report-only", action="store_true", help="write results.md / .png (and "
@@ -1411,7 +1431,8 @@ def main(argv: list[str] | None = None) -> int:
             _write_json(results / "results.json", res)
         return 0
     committed: dict[str, Any] = {}
-    finishing = args.finish_seeds or args.finish_iterate or args.reprice_nonblock
+    finishing = args.finish_seeds or args.finish_iterate or args.reprice_nonblock or \
+        args.reprice_cold
     if finishing:  # read before a phase copies this run's results.json over it
         src = results / "results.json"
         if not src.is_file() or results.resolve() == out.resolve():
@@ -1480,7 +1501,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             save_all()
         if args.reprice_nonblock:
-            reprice_nonblock(cfg, out, parent, res, state)
+            reprice(cfg, out, parent, res, state)
+        if args.reprice_cold:
+            reprice(cfg, out, parent, res, state, cold=True)
         if args.finish_seeds:
             finish_seeds(cfg, out, parent, data, res, save_all)
             res["timings"]["seeds"] = res["timings"].get("seeds", 0.0) + \
