@@ -113,6 +113,37 @@ def test_plan_prints_and_refuses_in_one_line(configs, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blueprint.json", "parent.json"]
 
 
+def test_micro_batch_auto_takes_the_largest_that_fits(configs):
+    """``--micro-batch auto``: the largest divisor of a rank's share whose plan fits the
+    memory per rank, said in one line; the whole share with no memory known; a bad value is
+    refused by the parser."""
+    from nas.train.plan import distill_plan
+
+    child, parent = configs  # the fixture's: ARCH less its second block, and ARCH
+    base = ["distill", str(child), "--teacher", str(parent), "--plan", "--tokens", "65536",
+            "--seq-len", "256", "--batch", "16", "--nproc", "2"]
+    kw = dict(world=2, replicas=False, batch=16, seq_len=256, tokens=65536, eval_every=50,
+              eval_tokens=16384, teacher_dtype="float32", student_dtype="float32",
+              mixed_precision=None, keep_best=True, lr_sweep=0, sweep_steps=None,
+              checkpointing=False, backend="gloo")
+    c, t = ARCH.replace_blocks([*ARCH.blocks[:1], *ARCH.blocks[2:]]), ARCH
+    totals = {m: distill_plan(c, t, micro_batch=m, **kw).total for m in (8, 4, 2, 1)}
+    assert totals[8] > totals[4] > totals[2] > totals[1]
+    cap = (totals[4] + totals[2]) / 2 / 2**30  # fits 2 rows per pass, not 4
+    rc, out, err = _cli([*base, "--micro-batch", "auto", "--device-memory", f"{cap:.9f}"])
+    assert rc == 0, err
+    assert err.strip() == "puzzle-nas distill: --micro-batch auto: 2 of the 8 rows per rank " \
+        "per pass"
+    rc, out, err = _cli([*base, "--micro-batch", "auto", "--hardware", "h100-sxm"])
+    assert rc == 0 and "auto: 8 of the 8 rows" in err, err
+    from nas.cli import main as cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:
+        cli([*base, "--micro-batch", "none"])  # argparse: usage and one line, exit 2
+    assert exc.value.code == 2 and "expected a positive number of rows or auto" in err.getvalue()
+
+
 def test_more_ranks_hold_less_and_checkpointing_keeps_less():
     from nas.train.plan import distill_plan
 

@@ -53,11 +53,13 @@ def add_arguments(p: argparse.ArgumentParser, launcher: bool = True) -> None:
     p.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256)")
     p.add_argument("--batch", type=int, default=8,
                    help="rows per step over all ranks (the global batch; default 8)")
-    p.add_argument("--micro-batch", type=int, default=None, metavar="ROWS",
+    p.add_argument("--micro-batch", type=_micro_arg, default=None, metavar="ROWS|auto",
                    help="rows per forward and backward pass on each rank: its share of the "
                    "batch runs as micro-batches whose gradients add up before the step "
                    "(gradient accumulation: the same step, activations for ROWS rows only); "
-                   "must divide --batch / --nproc (default: the whole share at once)")
+                   "must divide --batch / --nproc (default: the whole share at once). auto: "
+                   "the largest that fits the memory per rank (--device-memory, --hardware's, "
+                   "or on the CPU the memory available), by the plan")
     p.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
     p.add_argument("--min-lr-fraction", type=float, default=0.1,
                    help="cosine decay ends at this fraction of --lr (default 0.1)")
@@ -279,6 +281,7 @@ def _print_plan(args: argparse.Namespace) -> int:
     if args.batch % args.nproc:
         raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of "
                          f"the {args.nproc} ranks (--nproc)")
+    _auto_micro_batch(args, args.nproc)
     p = plan_of(args, args.nproc)
     for line in p.lines():
         print(line)
@@ -287,9 +290,22 @@ def _print_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_fits(args: argparse.Namespace, nproc: int) -> None:
-    """Refuse, before anything is loaded, a run whose plan does not fit: per rank, the
-    ``--device-memory`` given (or ``--hardware``'s), or on the CPU the machine's available
+def _micro_arg(v: str) -> int | str:
+    """``--micro-batch``: a positive number of rows, or ``auto``."""
+    if v == "auto":
+        return v
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of rows or auto, got {v!r}")
+    return n
+
+
+def _capacity(args: argparse.Namespace, nproc: int) -> tuple[float | None, bool]:
+    """Memory per rank the plan is held to, and whether any is known: ``--device-memory``,
+    else ``--hardware``'s (the plan reads it), else on the CPU the machine's available
     memory shared by the ranks."""
     from nas.cli.score import _available_memory
 
@@ -297,7 +313,36 @@ def _check_fits(args: argparse.Namespace, nproc: int) -> None:
     if cap is None and args.hardware is None and args.device == "cpu":
         avail = _available_memory()
         cap = None if avail is None else avail / max(1, nproc)
-    if cap is None and args.hardware is None:
+    return cap, cap is not None or args.hardware is not None
+
+
+def _auto_micro_batch(args: argparse.Namespace, nproc: int) -> None:
+    """``--micro-batch auto``: the largest divisor of a rank's share of the batch whose plan
+    fits the memory per rank (:func:`_capacity`; the whole share when none is known), said
+    in one line; the smallest when none fits (the plan's refusal then says why)."""
+    if args.micro_batch != "auto":
+        return
+    share = max(1, args.batch // nproc)
+    cap, known = _capacity(args, nproc)
+    sizes = [m for m in range(share, 0, -1) if share % m == 0]
+    args.micro_batch = share
+    if known:
+        for m in sizes:
+            args.micro_batch = m
+            if plan_of(args, nproc, cap).fits():
+                break
+    print(f"puzzle-nas distill: --micro-batch auto: {args.micro_batch} of the "
+          f"{share} rows per rank per pass"
+          + ("" if known else " (no memory per rank known: the whole share)"),
+          file=sys.stderr)
+
+
+def _check_fits(args: argparse.Namespace, nproc: int) -> None:
+    """Refuse, before anything is loaded, a run whose plan does not fit: per rank, the
+    ``--device-memory`` given (or ``--hardware``'s), or on the CPU the machine's available
+    memory shared by the ranks."""
+    cap, known = _capacity(args, nproc)
+    if not known:
         return
     p = plan_of(args, nproc, cap)
     if not p.fits():
@@ -426,12 +471,16 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--nproc must be >= 1")
     if args.plan:
         return _print_plan(args)
+    if args.batch % args.nproc:
+        raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of "
+                         f"the {args.nproc} ranks (--nproc)")
     from nas.hf.gguf import resolve_parent
 
     args.teacher = resolve_parent(args.teacher, "teacher")  # a .gguf: converted once
+    _auto_micro_batch(args, args.nproc)  # before anything reads the settings
     _check(args)
     share = args.batch // args.nproc
-    if args.micro_batch and args.batch % args.nproc == 0 and share % args.micro_batch:
+    if args.micro_batch and share % args.micro_batch:
         raise InputError(f"--micro-batch {args.micro_batch} must divide each rank's share of "
                          f"the batch (--batch {args.batch} over --nproc {args.nproc}: {share})")
     _check_expert_parallel(args, args.nproc)
@@ -441,9 +490,6 @@ def run(args: argparse.Namespace) -> int:
     with output_lock(args.output, "-o"):
         if args.nproc == 1:
             return run_local(args)
-        if args.batch % args.nproc:
-            raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of "
-                             f"the {args.nproc} ranks (--nproc)")
         _check(args)  # bad input: one line and exit 2 here, before any rank starts
         _check_resume(args, args.nproc)
         return run_ranks("nas.cli.distill", args.nproc, forward_args(args))
