@@ -57,6 +57,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -344,15 +345,22 @@ def nonblock_steps(meas: BlockMeasurements, row: dict[str, int], where: str = "c
                          "profile --blocks` on this spec", field=where)
 
     def steps(w: Workload) -> tuple[float, float]:
-        s = step_shapes(w)
-        mix = _along_batch(e, "prefill", s.prompts, s.isl, 0, where, meas.estimate)
-        if s.decodes_in_mix > 0:
-            mix += _along_batch(e, "decode", s.decodes_in_mix, 1, s.context, where,
-                                meas.estimate)
-        return mix, _along_batch(e, "decode", float(s.batch), 1, s.context, where,
-                                 meas.estimate)
+        return _step_seconds(step_shapes(w), lambda mode, batch, tokens, context: _along_batch(
+            e, mode, batch, tokens, context, where, meas.estimate))
 
     return steps
+
+
+def _step_seconds(s: StepShapes, seconds: Callable[[Mode, float, int, int], float]
+                  ) -> tuple[float, float]:
+    """``(mixed step, decode step)`` seconds of one workload's steps ``s`` from a measured
+    pass ``seconds(mode, batch, tokens, context)``: a mixed step is the prefill of its
+    prompts plus the decode of its decoding sequences (two passes), a decode step the
+    decode of the batch (the module docstring)."""
+    mix = seconds("prefill", s.prompts, s.isl, 0)
+    if s.decodes_in_mix > 0:
+        mix += seconds("decode", s.decodes_in_mix, 1, s.context)
+    return mix, seconds("decode", float(s.batch), 1, s.context)
 
 
 def row_key(row: dict[str, int]) -> str:
@@ -531,10 +539,7 @@ def price_measured(table: BlockTable, hw: HardwareProfile, recipe: PrecisionReci
                 f"steps (token budget {w.max_num_batched_tokens}); measured costs time whole "
                 "prompts: raise max_num_batched_tokens or price analytically", field=where)
         for i, r in enumerate(rows):
-            mix_u[i, j] = meas.seconds(r, "prefill", s.prompts, s.isl, 0, where)
-            if s.decodes_in_mix > 0:
-                mix_u[i, j] += meas.seconds(r, "decode", s.decodes_in_mix, 1, s.context, where)
-            dec_u[i, j] = meas.seconds(r, "decode", float(s.batch), 1, s.context, where)
+            mix_u[i, j], dec_u[i, j] = _step_seconds(s, partial(meas.seconds, r, where=where))
     inv = np.asarray(inv).reshape(-1)
     mix, dec = mix_u[inv], dec_u[inv]
     prefill, decode, runtime = serving_shares(mix, dec, _workload_columns(wls))

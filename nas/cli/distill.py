@@ -277,10 +277,15 @@ def _check_expert_parallel(args: argparse.Namespace, nproc: int) -> None:
     _ep_mode(args, parent_of(args, args.child).arch, nproc)
 
 
-def _print_plan(args: argparse.Namespace) -> int:
+def _check_batch(args: argparse.Namespace) -> None:
+    """The global batch divides over the ranks (before ``--micro-batch auto`` splits a share)."""
     if args.batch % args.nproc:
         raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of "
                          f"the {args.nproc} ranks (--nproc)")
+
+
+def _print_plan(args: argparse.Namespace) -> int:
+    _check_batch(args)
     _auto_micro_batch(args, args.nproc)
     p = plan_of(args, args.nproc)
     for line in p.lines():
@@ -324,13 +329,11 @@ def _auto_micro_batch(args: argparse.Namespace, nproc: int) -> None:
         return
     share = max(1, args.batch // nproc)
     cap, known = _capacity(args, nproc)
-    sizes = [m for m in range(share, 0, -1) if share % m == 0]
     args.micro_batch = share
-    if known:
-        for m in sizes:
-            args.micro_batch = m
-            if plan_of(args, nproc, cap).fits():
-                break
+    for m in (m for m in range(share, 0, -1) if known and share % m == 0):
+        args.micro_batch = m
+        if plan_of(args, nproc, cap).fits():
+            break
     print(f"puzzle-nas distill: --micro-batch auto: {args.micro_batch} of the "
           f"{share} rows per rank per pass"
           + ("" if known else " (no memory per rank known: the whole share)"),
@@ -471,9 +474,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--nproc must be >= 1")
     if args.plan:
         return _print_plan(args)
-    if args.batch % args.nproc:
-        raise InputError(f"--batch {args.batch} (the global batch) must be a multiple of "
-                         f"the {args.nproc} ranks (--nproc)")
+    _check_batch(args)
     from nas.hf.gguf import resolve_parent
 
     args.teacher = resolve_parent(args.teacher, "teacher")  # a .gguf: converted once

@@ -113,16 +113,19 @@ class Parent:
 
 
 def read_parent(parent: str | Path | dict[str, Any], base_dir: str | Path = ".",
-                source: str = "parent") -> Parent:
+                source: str = "parent", known: Parent | None = None) -> Parent:
     """A parent as a spec or a command names it, read once: a ``config.json``, a folder
     holding one or a ``.gguf`` file (a relative path is taken against ``base_dir``, the
     spec's folder), or an inline HF config (``source`` names it in errors). The one rule
-    every command reads a spec's parent by."""
+    every command reads a spec's parent by. ``known``: a parent the caller already read,
+    returned as it is when it was read from the same file (which is then not read again)."""
     if isinstance(parent, dict):
         return Parent(from_hf(parent, source=source), dict(parent), None)
     p = Path(parent)
     if not p.is_absolute():
         p = Path(base_dir) / p
+    if known is not None and known.read_from(p):
+        return known
     if p.suffix.lower() == ".gguf":
         from nas.hf.gguf import gguf_arch_and_config
 

@@ -53,7 +53,9 @@ run writes the same file an uninterrupted run would, save for timing noise).
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
+import itertools
 import math
 import platform
 import random
@@ -349,9 +351,6 @@ class BlockTimer:
         fn, resident = self.prepare(blk, cfg, hidden, p)
         if not self.cold_bytes:
             return fn, resident
-        import copy
-        import itertools
-
         size = max(1, _storage_bytes(resident))
         n = max(2, min(COLD_COPIES, math.ceil(self.cold_bytes / size)))
         fns = [fn] + [self.prepare(copy.deepcopy(blk), cfg, hidden, p)[0] for _ in range(n - 1)]

@@ -92,7 +92,7 @@ def prepare(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         raise InputError("not a checkpoint folder (config.json + safetensors)", path=str(pdir))
     named = read_parent(spec.parent, base, f"{spec_path}: parent")
     # the checkpoint's config: the file the spec named when it is the same one (read once)
-    ckpt = checkpoint or (named if named.read_from(pdir) else read_parent(pdir))
+    ckpt = checkpoint or read_parent(pdir, known=named)
     parent = named.arch
     check_parent(ckpt.arch, parent, str(pdir / "config.json"))
     tokens = load_tokens(data, tokenizer, bin_dtype)

@@ -102,10 +102,7 @@ def resolve(spec: SearchSpec, base_dir: str | Path = ".", spec_hash: str = "",
     parent the caller already read; taken as the spec's when it was read from the file the
     spec names (so it is not read again)."""
     base = Path(base_dir)
-    if known is not None and isinstance(spec.parent, str) and known.read_from(base / spec.parent):
-        parent = known.arch
-    else:
-        parent = read_parent(spec.parent, base, "spec: parent").arch
+    parent = read_parent(spec.parent, base, "spec: parent", known).arch
     parent.check_tp(spec.hw.tp, "hardware.tp", attention=not spec.hw.attention_dp)
     hw = resolve_profile(spec.hw.profile, base)
     if isinstance(spec.precision, str):

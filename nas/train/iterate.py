@@ -316,8 +316,7 @@ def run_iterate(spec_path: str | Path, parent_dir: str | Path, data: str | Path,
         sdir = out / f"stage-{k}"
         sdir.mkdir(exist_ok=True)
         budgets = absolute_budgets(problem0, st.budgets)
-        cur = t_par if t_par is not None and t_par.read_from(current) \
-            else read_parent(current)
+        cur = read_parent(current, known=t_par)
         parent_cfg = cur.config
         sdata, pruned = _stage_spec(spec_data, spec, parent_cfg, k, budgets, base)
         if pruned:

@@ -839,17 +839,7 @@ def score_alternatives(cfg: Config, parent: Path, data: Path, row: dict[str, Any
                   Settings(seq_len=cfg.seq_len, calib_tokens=cfg.calib_tokens,
                            max_tokens=cfg.score_tokens, bld_steps=cfg.bld_steps,
                            bld_lr=cfg.bld_lr))
-    choices = row["choices"]
-    if len(choices) != len(job.alts):
-        raise SystemExit(f"{row['name']}: {len(choices)} recorded choices for "
-                         f"{len(job.alts)} blocks (another space or parent)")
-    picked = []
-    for i, (alts, label) in enumerate(zip(job.alts, choices)):
-        hit = [a for a in alts if a.label == label]
-        if not hit:
-            raise SystemExit(f"{row['name']}: block {i} has no alternative {label!r} in "
-                             "this space")
-        picked.append(hit[0])
+    picked = chosen(row, job.alts)
     need = {(a.block, a.label) for a in picked if _weighted(a.label)}
     job.alts = [[a for a in alts if a.is_parent or (a.block, a.label) in need]
                 for alts in job.alts]
@@ -857,6 +847,24 @@ def score_alternatives(cfg: Config, parent: Path, data: Path, row: dict[str, Any
         log(f"{row['name']}: scoring its {len(need)} weighted alternatives alone")
         run_scoring(job, scores, progress=None, log=log)
     return job.parent_arch.replace_blocks([a.child for a in picked]), len(need)
+
+
+def chosen(row: dict[str, Any], alts: list[list[Any]]) -> list[Any]:
+    """The alternative of each block that ``row``'s recorded choices name, in ``alts`` (per
+    block, the space's alternatives); ``SystemExit`` naming the block when the space has no
+    such alternative (another space or parent)."""
+    choices = row["choices"]
+    if len(choices) != len(alts):
+        raise SystemExit(f"{row['name']}: {len(choices)} recorded choices for "
+                         f"{len(alts)} blocks (another space or parent)")
+    picked = []
+    for i, (block, label) in enumerate(zip(alts, choices)):
+        hit = [a for a in block if a.label == label]
+        if not hit:
+            raise SystemExit(f"{row['name']}: block {i} has no alternative {label!r} in "
+                             "this space")
+        picked.append(hit[0])
+    return picked
 
 
 def rebuild_child(cfg: Config, out: Path, parent: Path, data: Path, row: dict[str, Any],
@@ -1172,9 +1180,7 @@ def reprice(cfg: Config, out: Path, parent: Path, res: dict[str, Any], state: Pa
                 continue
             blocks: tuple[Any, ...] = load_config(found[-1]).blocks
         elif row.get("choices"):
-            blocks = tuple(next(a.child for a in alts[i]
-                                if a.label == label or (label == "parent" and a.is_parent))
-                           for i, label in enumerate(row["choices"]))
+            blocks = tuple(a.child for a in chosen(row, alts))
         else:
             continue
         ch = figures(blocks)["timed"]
